@@ -1,0 +1,63 @@
+// Element types and devices: the two facts besides the shape that every tensor carries.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace lockstep {
+
+// Room is left for F16/BF16: every switch over DType has no default, so adding one lists the
+// places that must handle it.
+enum class DType : uint8_t { F32, F64, I32, I64, Bool };
+
+inline constexpr DType f32 = DType::F32;
+inline constexpr DType f64 = DType::F64;
+inline constexpr DType i32 = DType::I32;
+inline constexpr DType i64 = DType::I64;
+inline constexpr DType boolean = DType::Bool;
+
+const char* dtype_name(DType dtype);
+size_t dtype_size(DType dtype);
+bool is_floating(DType dtype);
+bool is_integral(DType dtype);  // I32, I64 (not Bool)
+std::ostream& operator<<(std::ostream& os, DType dtype);
+
+// The C++ type that stores one element of a dtype, and back.
+template <typename T>
+constexpr DType dtype_of();
+template <>
+constexpr DType dtype_of<float>() { return DType::F32; }
+template <>
+constexpr DType dtype_of<double>() { return DType::F64; }
+template <>
+constexpr DType dtype_of<int32_t>() { return DType::I32; }
+template <>
+constexpr DType dtype_of<int64_t>() { return DType::I64; }
+template <>
+constexpr DType dtype_of<bool>() { return DType::Bool; }
+
+using Shape = std::vector<int64_t>;
+std::string shape_str(const Shape& shape);
+int64_t shape_numel(const Shape& shape);
+
+enum class DeviceKind : uint8_t { Ref, Cpu, Cuda };
+
+struct Device {
+  DeviceKind kind = DeviceKind::Ref;
+  int index = 0;
+  friend bool operator==(const Device&, const Device&) = default;
+};
+
+std::string device_name(Device device);
+std::ostream& operator<<(std::ostream& os, Device device);
+// Parses "ref", "cpu", "cuda:1". Throws Error on anything else.
+Device parse_device(const std::string& text);
+
+// The device new tensors land on when no device is given.
+Device default_device();
+void set_default_device(Device device);
+
+}  // namespace lockstep

@@ -1,0 +1,199 @@
+// The operations users record. Each checks shapes, dtypes and axes at the call and throws
+// Error naming the op, the shapes and the fix; none computes anything (see runtime.h).
+// Primitives map to one IR op; composites (mean, softmax, clamp, ...) are built from primitives.
+#pragma once
+
+#include <array>
+#include <utility>
+#include <vector>
+
+#include "lockstep/tensor.h"
+
+namespace lockstep {
+
+// ---- creation ----------------------------------------------------------------------------
+Tensor zeros(const Shape& shape, TensorOptions options = {}, Loc loc = Loc::current());
+Tensor ones(const Shape& shape, TensorOptions options = {}, Loc loc = Loc::current());
+Tensor full(const Shape& shape, Scalar value, TensorOptions options = {}, Loc loc = Loc::current());
+Tensor zeros_like(const Tensor& t, Loc loc = Loc::current());
+Tensor ones_like(const Tensor& t, Loc loc = Loc::current());
+Tensor full_like(const Tensor& t, Scalar value, Loc loc = Loc::current());
+// A 0-d tensor holding `value` (a runtime input, not a constant of the program).
+Tensor scalar_tensor(Scalar value, TensorOptions options = {}, Loc loc = Loc::current());
+// [0, end) and [start, end) by step, like numpy.arange.
+Tensor arange(Scalar end, TensorOptions options = {DType::I64}, Loc loc = Loc::current());
+Tensor arange(Scalar start, Scalar end, Scalar step, TensorOptions options = {DType::I64},
+              Loc loc = Loc::current());
+// Copies host data. `shape` may be empty for a 1-d tensor of data.size() elements.
+template <typename T>
+Tensor from_vector(const std::vector<T>& data, const Shape& shape = {}, Device device = {},
+                   Loc loc = Loc::current());
+Tensor from_blob(const void* data, const Shape& shape, DType dtype, Device device,
+                 Loc loc = Loc::current());
+
+// Random numbers from the global counter-based generator, whose state is a tensor: drawing in
+// a step never recompiles it, and a step's rollback restores the state.
+void manual_seed(uint64_t seed);
+Tensor rand(const Shape& shape, TensorOptions options = {}, Loc loc = Loc::current());
+Tensor randn(const Shape& shape, TensorOptions options = {}, Loc loc = Loc::current());
+// Integers uniform in [low, high).
+Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions options = {DType::I64},
+               Loc loc = Loc::current());
+// The generator's state tensor (i64[2]: seed, counter), e.g. to save it in a checkpoint.
+Tensor& generator_state();
+
+// ---- elementwise ---------------------------------------------------------------------------
+Tensor neg(const Tensor& x, Loc loc = Loc::current());
+Tensor abs(const Tensor& x, Loc loc = Loc::current());
+Tensor exp(const Tensor& x, Loc loc = Loc::current());
+Tensor log(const Tensor& x, Loc loc = Loc::current());
+Tensor sqrt(const Tensor& x, Loc loc = Loc::current());
+Tensor rsqrt(const Tensor& x, Loc loc = Loc::current());
+Tensor tanh(const Tensor& x, Loc loc = Loc::current());
+Tensor sigmoid(const Tensor& x, Loc loc = Loc::current());
+Tensor relu(const Tensor& x, Loc loc = Loc::current());
+Tensor sin(const Tensor& x, Loc loc = Loc::current());
+Tensor cos(const Tensor& x, Loc loc = Loc::current());
+Tensor floor(const Tensor& x, Loc loc = Loc::current());
+Tensor ceil(const Tensor& x, Loc loc = Loc::current());
+Tensor sign(const Tensor& x, Loc loc = Loc::current());
+Tensor logical_not(const Tensor& x, Loc loc = Loc::current());
+Tensor isfinite(const Tensor& x, Loc loc = Loc::current());
+Tensor square(const Tensor& x, Loc loc = Loc::current());
+
+// Binary ops broadcast like NumPy. Both tensors must have the same dtype; a Scalar takes the
+// tensor's dtype (an integer tensor refuses a non-integral scalar).
+#define LOCKSTEP_BINARY_DECL(name)                                                    \
+  Tensor name(const Tensor& a, const Tensor& b, Loc loc = Loc::current());            \
+  Tensor name(const Tensor& a, Scalar b, Loc loc = Loc::current());                   \
+  Tensor name(Scalar a, const Tensor& b, Loc loc = Loc::current());
+LOCKSTEP_BINARY_DECL(add)
+LOCKSTEP_BINARY_DECL(sub)
+LOCKSTEP_BINARY_DECL(mul)
+LOCKSTEP_BINARY_DECL(div)
+LOCKSTEP_BINARY_DECL(pow)
+LOCKSTEP_BINARY_DECL(maximum)
+LOCKSTEP_BINARY_DECL(minimum)
+LOCKSTEP_BINARY_DECL(eq)
+LOCKSTEP_BINARY_DECL(ne)
+LOCKSTEP_BINARY_DECL(lt)
+LOCKSTEP_BINARY_DECL(le)
+LOCKSTEP_BINARY_DECL(gt)
+LOCKSTEP_BINARY_DECL(ge)
+LOCKSTEP_BINARY_DECL(logical_and)
+LOCKSTEP_BINARY_DECL(logical_or)
+#undef LOCKSTEP_BINARY_DECL
+
+// cond ? a : b, broadcasting all three; cond is bool.
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b, Loc loc = Loc::current());
+Tensor where(const Tensor& cond, const Tensor& a, Scalar b, Loc loc = Loc::current());
+Tensor where(const Tensor& cond, Scalar a, const Tensor& b, Loc loc = Loc::current());
+Tensor cast(const Tensor& x, DType dtype, Loc loc = Loc::current());
+// min(max(x, lo), hi).
+Tensor clamp(const Tensor& x, Scalar lo, Scalar hi, Loc loc = Loc::current());
+
+// ---- reductions: over `axes` (empty = all; negative counts from the end) -------------------
+// sum of bool/i32 gives i64, as PyTorch does.
+Tensor sum(const Tensor& x, const std::vector<int64_t>& axes = {}, bool keepdim = false,
+           Loc loc = Loc::current());
+Tensor mean(const Tensor& x, const std::vector<int64_t>& axes = {}, bool keepdim = false,
+            Loc loc = Loc::current());
+Tensor max(const Tensor& x, const std::vector<int64_t>& axes = {}, bool keepdim = false,
+           Loc loc = Loc::current());
+Tensor min(const Tensor& x, const std::vector<int64_t>& axes = {}, bool keepdim = false,
+           Loc loc = Loc::current());
+// i64 index of the first extreme element within the reduced axes, counted row-major over them
+// (for one axis: the index along it).
+Tensor argmax(const Tensor& x, const std::vector<int64_t>& axes = {}, bool keepdim = false,
+              Loc loc = Loc::current());
+Tensor argmin(const Tensor& x, const std::vector<int64_t>& axes = {}, bool keepdim = false,
+              Loc loc = Loc::current());
+Tensor softmax(const Tensor& x, int64_t axis, Loc loc = Loc::current());
+Tensor log_softmax(const Tensor& x, int64_t axis, Loc loc = Loc::current());
+Tensor logsumexp(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim = false,
+                 Loc loc = Loc::current());
+
+// ---- movement ------------------------------------------------------------------------------
+// One dimension of `shape` may be -1 (inferred).
+Tensor reshape(const Tensor& x, const Shape& shape, Loc loc = Loc::current());
+Tensor permute(const Tensor& x, const std::vector<int64_t>& perm, Loc loc = Loc::current());
+Tensor transpose(const Tensor& x, int64_t axis0, int64_t axis1, Loc loc = Loc::current());
+// Size-1 dims stretch to the target; new leading dims may be added; -1 keeps a size.
+Tensor expand(const Tensor& x, const Shape& shape, Loc loc = Loc::current());
+Tensor unsqueeze(const Tensor& x, int64_t axis, Loc loc = Loc::current());
+Tensor squeeze(const Tensor& x, int64_t axis, Loc loc = Loc::current());
+Tensor flatten(const Tensor& x, int64_t start_axis = 0, int64_t end_axis = -1,
+               Loc loc = Loc::current());
+// Python slicing x[start:end:step] along one axis; start/end may be negative and are clamped.
+Tensor slice(const Tensor& x, int64_t axis, int64_t start, int64_t end, int64_t step = 1,
+             Loc loc = Loc::current());
+Tensor concat(const std::vector<Tensor>& xs, int64_t axis, Loc loc = Loc::current());
+// pads[i] = {before, after} for axis i (one pair per axis), filled with `value`.
+Tensor pad(const Tensor& x, const std::vector<std::pair<int64_t, int64_t>>& pads,
+           Scalar value = 0, Loc loc = Loc::current());
+
+// ---- indexing ------------------------------------------------------------------------------
+// out[i][j] = x[index[i][j]][j] for axis 0 (torch.gather); index is i64 with x's rank.
+Tensor gather(const Tensor& x, int64_t axis, const Tensor& index, Loc loc = Loc::current());
+// A copy of x with src[i][j] added at x[index[i][j]][j] for axis 0 (torch.scatter_add).
+Tensor scatter_add(const Tensor& x, int64_t axis, const Tensor& index, const Tensor& src,
+                   Loc loc = Loc::current());
+
+// ---- linear algebra and convolution ---------------------------------------------------------
+// [..., m, k] x [..., k, n] with broadcast batch dims; 1-d operands as numpy.matmul.
+Tensor matmul(const Tensor& a, const Tensor& b, Loc loc = Loc::current());
+
+struct Conv2dOptions {
+  std::array<int64_t, 2> stride{1, 1};
+  std::array<int64_t, 2> padding{0, 0};
+  std::array<int64_t, 2> dilation{1, 1};
+  int64_t groups = 1;
+};
+// x [N, C, H, W], weight [O, C/groups, kh, kw] -> [N, O, Ho, Wo]. No bias: add it.
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Conv2dOptions& options = {},
+              Loc loc = Loc::current());
+// Gradient of conv2d with respect to its input, given the output gradient.
+Tensor conv2d_backward_input(const Tensor& grad_out, const Tensor& weight, const Shape& input_shape,
+                             const Conv2dOptions& options = {}, Loc loc = Loc::current());
+// Gradient of conv2d with respect to its weight.
+Tensor conv2d_backward_weight(const Tensor& x, const Tensor& grad_out, const Shape& weight_shape,
+                              const Conv2dOptions& options = {}, Loc loc = Loc::current());
+
+struct Pool2dOptions {
+  std::array<int64_t, 2> kernel{2, 2};
+  std::array<int64_t, 2> stride{0, 0};  // 0: same as kernel
+  std::array<int64_t, 2> padding{0, 0};
+  bool count_include_pad = true;  // avg_pool2d only, as PyTorch's default
+};
+Tensor max_pool2d(const Tensor& x, const Pool2dOptions& options, Loc loc = Loc::current());
+// Values and i64 indices into each input plane's flattened H*W (as PyTorch).
+std::pair<Tensor, Tensor> max_pool2d_with_indices(const Tensor& x, const Pool2dOptions& options,
+                                                  Loc loc = Loc::current());
+Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Shape& input_shape,
+                           const Pool2dOptions& options, Loc loc = Loc::current());
+Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& options, Loc loc = Loc::current());
+Tensor avg_pool2d_backward(const Tensor& grad_out, const Shape& input_shape,
+                           const Pool2dOptions& options, Loc loc = Loc::current());
+
+// ---- operators -----------------------------------------------------------------------------
+inline Tensor operator-(Located<Tensor> x) { return neg(x.value, x.loc); }
+#define LOCKSTEP_OPERATOR(sym, fn)                                                            \
+  inline Tensor operator sym(Located<Tensor> a, const Tensor& b) { return fn(a.value, b, a.loc); } \
+  inline Tensor operator sym(Located<Tensor> a, Scalar b) { return fn(a.value, b, a.loc); }       \
+  inline Tensor operator sym(Scalar a, Located<Tensor> b) { return fn(a, b.value, b.loc); }
+LOCKSTEP_OPERATOR(+, add)
+LOCKSTEP_OPERATOR(-, sub)
+LOCKSTEP_OPERATOR(*, mul)
+LOCKSTEP_OPERATOR(/, div)
+LOCKSTEP_OPERATOR(==, eq)
+LOCKSTEP_OPERATOR(!=, ne)
+LOCKSTEP_OPERATOR(<, lt)
+LOCKSTEP_OPERATOR(<=, le)
+LOCKSTEP_OPERATOR(>, gt)
+LOCKSTEP_OPERATOR(>=, ge)
+LOCKSTEP_OPERATOR(&&, logical_and)
+LOCKSTEP_OPERATOR(||, logical_or)
+#undef LOCKSTEP_OPERATOR
+inline Tensor operator!(Located<Tensor> x) { return logical_not(x.value, x.loc); }
+
+}  // namespace lockstep

@@ -1,0 +1,71 @@
+// Steps, syncs and metrics: the boundaries at which recorded work is hashed, compiled (or found
+// in the compile cache) and run. Not here: the recording itself (ops.h).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <ostream>
+#include <source_location>
+#include <string>
+
+#include "lockstep/tensor.h"
+
+namespace lockstep {
+
+// Materializes every live pending tensor, as one program per device. Returns once the work is
+// enqueued; execution runs on the runtime thread while the caller records more.
+void sync(Loc loc = Loc::current());
+// Blocks until every enqueued program has run; rethrows an execution error not yet reported.
+void wait();
+
+// A transactional step. Syncs pending work on entry (so the step's program covers exactly what
+// happens inside it) and on normal exit. If an exception leaves `fn`, every tensor changed in
+// the step is restored to its value at entry, tensors created in it are poisoned, and the
+// exception propagates unchanged. Steps do not nest.
+void step(const std::function<void()>& fn, Loc loc = Loc::current());
+
+// The same as a scope guard: `{ ls::Step s; ...; }`. Its destructor tells normal exit from
+// unwinding by std::uncaught_exceptions().
+class Step {
+ public:
+  explicit Step(Loc loc = Loc::current());
+  ~Step() noexcept(false);
+  Step(const Step&) = delete;
+  Step& operator=(const Step&) = delete;
+  // Ends the step now (sync on exit); the destructor then does nothing.
+  void commit();
+
+ private:
+  int uncaught_at_entry_;
+  bool done_ = false;
+};
+
+// Number of the current (or, outside a step, the last) step; the first step is 1.
+int64_t current_step();
+bool in_step();
+
+// Runs `fn` after the current step's program has run, with its values ready. Closures run on
+// the runtime thread in step order; an exception from one is raised at the next blocking point.
+void add_step_closure(std::function<void()> fn, Loc loc = Loc::current());
+
+// Most compiled programs kept (least recently used are dropped first). Default 64.
+void set_compile_cache_capacity(size_t capacity);
+
+namespace metrics {
+// Counters: steps, syncs, implicit_syncs, compiles, cache_hits, executions, executed_nodes,
+// rollbacks, transfers, bytes_to_device, bytes_from_device, execution_errors. Unknown names read 0.
+int64_t counter(const std::string& name);
+// Timers (trace, graph, compile, execute): total nanoseconds and number of samples.
+int64_t timer_total_ns(const std::string& name);
+int64_t timer_count(const std::string& name);
+void reset();
+// A table of every counter and timer.
+std::string report();
+}  // namespace metrics
+
+namespace debug {
+// The IR text of the most recently built graph (for tests and LOCKSTEP_DEBUG output).
+std::string last_graph_text();
+}  // namespace debug
+
+}  // namespace lockstep

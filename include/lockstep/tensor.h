@@ -1,0 +1,142 @@
+// `Tensor`: a cheap shared handle to a value that is either materialized (a device buffer) or
+// pending (an IR value). Operations only record; reads run what they need and block.
+// Not here: the operations themselves (ops.h) and the step/sync machinery (runtime.h).
+#pragma once
+
+#include <concepts>
+#include <cstdint>
+#include <memory>
+#include <ostream>
+#include <source_location>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "lockstep/dtype.h"
+
+namespace lockstep {
+
+using Loc = std::source_location;
+
+namespace detail {
+struct TensorImpl;
+}
+
+// A host number given to an op (`x * 0.5`, a learning rate). It becomes a runtime input of the
+// step's program, never part of its hash: changing it never recompiles.
+class Scalar {
+ public:
+  template <typename T>
+    requires std::is_arithmetic_v<T>
+  Scalar(T value)  // NOLINT(google-explicit-constructor): numbers convert implicitly.
+      : is_integer_(std::is_integral_v<T>),
+        f_(static_cast<double>(value)),
+        i_(std::is_integral_v<T> ? static_cast<int64_t>(value) : 0) {}
+  bool is_integer() const { return is_integer_; }
+  double to_double() const { return f_; }
+  int64_t to_int() const { return is_integer_ ? i_ : static_cast<int64_t>(f_); }
+
+ private:
+  bool is_integer_;
+  double f_;
+  int64_t i_;
+};
+
+struct TensorOptions {
+  DType dtype = DType::F32;
+  // Unset: the default device (see default_device()).
+  bool has_device = false;
+  Device device{};
+  TensorOptions() = default;
+  TensorOptions(DType d) : dtype(d) {}  // NOLINT(google-explicit-constructor)
+  TensorOptions(DType d, Device dev) : dtype(d), has_device(true), device(dev) {}
+};
+
+class Tensor;
+
+// Carries the source location of the user's expression into operators, which cannot take a
+// defaulted location parameter themselves.
+template <typename T>
+struct Located {
+  const T& value;
+  Loc loc;
+  Located(const T& v, Loc l = Loc::current()) : value(v), loc(l) {}  // NOLINT
+};
+
+class Tensor {
+ public:
+  Tensor() = default;  // An empty handle: defined() is false.
+  explicit Tensor(std::shared_ptr<detail::TensorImpl> impl);
+
+  bool defined() const { return impl_ != nullptr; }
+  const Shape& shape() const;
+  int64_t dim() const;
+  int64_t size(int64_t axis) const;
+  int64_t numel() const;
+  DType dtype() const;
+  Device device() const;
+  // True while the value is recorded but not yet computed.
+  bool is_pending() const;
+  // True when the value was lost (its step rolled back, or its execution failed); reading or
+  // using it throws the reason.
+  bool is_poisoned() const;
+  // Whether two handles name the same tensor.
+  bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
+
+  // Reads. Each runs only the sub-graph the value needs, blocks, and counts as an implicit sync.
+  // T must be the tensor's element type (float for f32, int64_t for i64, ...).
+  template <typename T>
+  T item(Loc loc = Loc::current()) const;
+  template <typename T>
+  std::vector<T> to_vector(Loc loc = Loc::current()) const;
+  // The values as text, nested brackets, e.g. "[[1, 2], [3, 4]]".
+  std::string to_string(Loc loc = Loc::current()) const;
+
+  // A copy on another device (counted as a transfer), or converted to another dtype.
+  Tensor to(Device device, Loc loc = Loc::current()) const;
+  Tensor to(DType dtype, Loc loc = Loc::current()) const;
+
+  // In place: the tensor itself takes the new value (every handle to it sees it).
+  Tensor& add_(const Tensor& other, Loc loc = Loc::current());
+  Tensor& sub_(const Tensor& other, Loc loc = Loc::current());
+  Tensor& mul_(const Tensor& other, Loc loc = Loc::current());
+  Tensor& div_(const Tensor& other, Loc loc = Loc::current());
+  Tensor& add_(Scalar other, Loc loc = Loc::current());
+  Tensor& sub_(Scalar other, Loc loc = Loc::current());
+  Tensor& mul_(Scalar other, Loc loc = Loc::current());
+  Tensor& div_(Scalar other, Loc loc = Loc::current());
+  // Takes src's value (broadcast to this shape, same dtype).
+  Tensor& copy_(const Tensor& src, Loc loc = Loc::current());
+  Tensor& fill_(Scalar value, Loc loc = Loc::current());
+  Tensor& zero_(Loc loc = Loc::current());
+  Tensor& operator+=(Located<Tensor> other) { return add_(other.value, other.loc); }
+  Tensor& operator-=(Located<Tensor> other) { return sub_(other.value, other.loc); }
+  Tensor& operator*=(Located<Tensor> other) { return mul_(other.value, other.loc); }
+  Tensor& operator/=(Located<Tensor> other) { return div_(other.value, other.loc); }
+  Tensor& operator+=(Scalar other) { return add_(other); }
+  Tensor& operator-=(Scalar other) { return sub_(other); }
+  Tensor& operator*=(Scalar other) { return mul_(other); }
+  Tensor& operator/=(Scalar other) { return div_(other); }
+
+  // Shorthands for the free functions in ops.h.
+  Tensor reshape(const Shape& shape, Loc loc = Loc::current()) const;
+  Tensor permute(const std::vector<int64_t>& perm, Loc loc = Loc::current()) const;
+  Tensor sum(const std::vector<int64_t>& axes = {}, bool keepdim = false,
+             Loc loc = Loc::current()) const;
+  Tensor mean(const std::vector<int64_t>& axes = {}, bool keepdim = false,
+              Loc loc = Loc::current()) const;
+
+  detail::TensorImpl* impl() const { return impl_.get(); }
+  const std::shared_ptr<detail::TensorImpl>& impl_ptr() const { return impl_; }
+
+ private:
+  std::shared_ptr<detail::TensorImpl> impl_;
+};
+
+template <>
+std::vector<bool> Tensor::to_vector<bool>(Loc loc) const;
+
+// Prints "tensor(f32[2, 2], ref) [[1, 2], [3, 4]]"; an implicit sync.
+std::ostream& operator<<(std::ostream& os, const Tensor& t);
+
+}  // namespace lockstep

@@ -1,0 +1,532 @@
+// The ref backend's interpreter and its elementwise, reduction and movement kernels. Each node
+// of the graph is evaluated in order into a fresh array. Clear over fast, on purpose.
+#include "backends/ref/ref_backend.h"
+
+#include <cmath>
+#include <limits>
+#include <type_traits>
+
+#include "backends/ref/ref_kernels.h"
+#include "ir/random_bits.h"
+#include "util/check.h"
+
+namespace lockstep::backends::ref {
+namespace {
+
+using ir::Op;
+using util::cat;
+
+template <typename T>
+constexpr bool kFloat = std::is_floating_point_v<T>;
+template <typename T>
+constexpr bool kInt = std::is_integral_v<T> && !std::is_same_v<T, bool>;
+
+// Integer arithmetic wraps (two's complement) instead of overflowing.
+template <typename T>
+T wrap_add(T a, T b) {
+  using U = std::make_unsigned_t<T>;
+  return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
+}
+template <typename T>
+T wrap_sub(T a, T b) {
+  using U = std::make_unsigned_t<T>;
+  return static_cast<T>(static_cast<U>(a) - static_cast<U>(b));
+}
+template <typename T>
+T wrap_mul(T a, T b) {
+  using U = std::make_unsigned_t<T>;
+  return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
+}
+
+template <typename T>
+T unary(Op op, T x) {
+  if constexpr (std::is_same_v<T, bool>) {
+    return x;  // the shape rules admit no arithmetic unary op on bool
+  } else if constexpr (kFloat<T>) {
+    switch (op) {
+      case Op::Neg: return -x;
+      case Op::Abs: return std::abs(x);
+      case Op::Exp: return std::exp(x);
+      case Op::Log: return std::log(x);
+      case Op::Sqrt: return std::sqrt(x);
+      case Op::Rsqrt: return T(1) / std::sqrt(x);
+      case Op::Tanh: return std::tanh(x);
+      case Op::Sigmoid: return T(1) / (T(1) + std::exp(-x));
+      case Op::Relu: return x < T(0) ? T(0) : x;
+      case Op::Sin: return std::sin(x);
+      case Op::Cos: return std::cos(x);
+      case Op::Floor: return std::floor(x);
+      case Op::Ceil: return std::ceil(x);
+      case Op::Sign: return std::isnan(x) ? x : static_cast<T>((x > 0) - (x < 0));
+      default: break;
+    }
+  } else {
+    switch (op) {
+      case Op::Neg: return wrap_sub(T(0), x);
+      case Op::Abs: return x < 0 ? wrap_sub(T(0), x) : x;
+      case Op::Relu: return x < 0 ? T(0) : x;
+      case Op::Floor:
+      case Op::Ceil: return x;
+      case Op::Sign: return static_cast<T>((x > 0) - (x < 0));
+      default: break;
+    }
+  }
+  util::internal_fail(__FILE__, __LINE__, cat("ref: no unary kernel for ", ir::op_info(op).name));
+}
+
+template <typename T>
+T int_pow(T base, T exp) {
+  if (exp < 0) throw BackendError("pow: integers to negative integer powers are not allowed");
+  T result = 1;
+  while (exp > 0) {
+    if (exp & 1) result = wrap_mul(result, base);
+    base = wrap_mul(base, base);
+    exp >>= 1;
+  }
+  return result;
+}
+
+template <typename T>
+T arith(Op op, T a, T b) {
+  if constexpr (kFloat<T>) {
+    switch (op) {
+      case Op::Add: return a + b;
+      case Op::Sub: return a - b;
+      case Op::Mul: return a * b;
+      case Op::Div: return a / b;
+      case Op::Pow: return std::pow(a, b);
+      case Op::Maximum: return (std::isnan(a) || a > b) ? a : b;
+      case Op::Minimum: return (std::isnan(a) || a < b) ? a : b;
+      default: break;
+    }
+  } else if constexpr (kInt<T>) {
+    switch (op) {
+      case Op::Add: return wrap_add(a, b);
+      case Op::Sub: return wrap_sub(a, b);
+      case Op::Mul: return wrap_mul(a, b);
+      case Op::Div:
+        if (b == 0) throw BackendError("div: integer division by zero");
+        if (b == -1) return wrap_sub(T(0), a);  // avoids the overflow of MIN / -1
+        return static_cast<T>(a / b);
+      case Op::Pow: return int_pow(a, b);
+      case Op::Maximum: return a > b ? a : b;
+      case Op::Minimum: return a < b ? a : b;
+      default: break;
+    }
+  }
+  util::internal_fail(__FILE__, __LINE__, cat("ref: no binary kernel for ", ir::op_info(op).name));
+}
+
+template <typename T>
+bool compare(Op op, T a, T b) {
+  switch (op) {
+    case Op::Eq: return a == b;
+    case Op::Ne: return a != b;
+    case Op::Lt: return a < b;
+    case Op::Le: return a <= b;
+    case Op::Gt: return a > b;
+    case Op::Ge: return a >= b;
+    case Op::LogicalAnd: return a != T(0) && b != T(0);
+    case Op::LogicalOr: return a != T(0) || b != T(0);
+    default: break;
+  }
+  util::internal_fail(__FILE__, __LINE__, "ref: not a comparison");
+}
+
+// Float -> integer conversion is defined for every input: NaN gives 0, out-of-range saturates.
+template <typename To, typename From>
+To convert(From v) {
+  if constexpr (std::is_same_v<To, bool>) {
+    return v != From(0);
+  } else if constexpr (kFloat<From> && kInt<To>) {
+    if (std::isnan(v)) return 0;
+    if (v >= static_cast<From>(std::numeric_limits<To>::max()))
+      return std::numeric_limits<To>::max();
+    if (v <= static_cast<From>(std::numeric_limits<To>::min()))
+      return std::numeric_limits<To>::min();
+    return static_cast<To>(v);
+  } else {
+    return static_cast<To>(v);
+  }
+}
+
+void cast(const Arr& x, DType to, void* out, int64_t n) {
+  dispatch(x.dtype, [&](auto from_tag) {
+    using From = decltype(from_tag);
+    dispatch(to, [&](auto to_tag) {
+      using To = decltype(to_tag);
+      const From* src = x.as<From>();
+      To* dst = static_cast<To*>(out);
+      for (int64_t i = 0; i < n; ++i) dst[i] = convert<To>(src[i]);
+    });
+  });
+}
+
+// out shape with keepdim, strides into it (0 on reduced axes), and strides inside the reduced
+// block (row-major over the reduced axes, 0 on kept ones).
+struct ReduceMap {
+  std::vector<int64_t> out_strides, block_strides;
+};
+
+ReduceMap reduce_map(const Shape& in, const std::vector<int64_t>& attrs) {
+  std::vector<bool> reduced(in.size(), false);
+  for (size_t i = 1; i < attrs.size(); ++i) reduced[attrs[i]] = true;
+  ReduceMap m;
+  m.out_strides.assign(in.size(), 0);
+  m.block_strides.assign(in.size(), 0);
+  int64_t acc_out = 1, acc_block = 1;
+  for (size_t d = in.size(); d-- > 0;) {
+    if (reduced[d]) {
+      m.block_strides[d] = acc_block;
+      acc_block *= in[d];
+    } else {
+      m.out_strides[d] = acc_out;
+      acc_out *= in[d];
+    }
+  }
+  return m;
+}
+
+void reduce(const ir::GraphNode& n, const Arr& x, void* out) {
+  const int64_t out_n = shape_numel(n.shape);
+  const ReduceMap m = reduce_map(x.shape, n.attrs);
+  const int64_t in_n = shape_numel(x.shape);
+  dispatch(x.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const T* src = x.as<T>();
+    if (n.op == Op::Sum) {
+      // Floats accumulate in double, integers in int64 (wrapping).
+      using Acc = std::conditional_t<kFloat<T>, double, int64_t>;
+      std::vector<Acc> acc(out_n, Acc(0));
+      IndexWalker w(x.shape, m.out_strides, 0);
+      for (int64_t i = 0; i < in_n; ++i, w.next()) {
+        if constexpr (kFloat<T>)
+          acc[w.offset] += static_cast<double>(src[i]);
+        else
+          acc[w.offset] = wrap_add<int64_t>(acc[w.offset], static_cast<int64_t>(src[i]));
+      }
+      dispatch(n.dtype, [&](auto otag) {
+        using O = decltype(otag);
+        O* dst = static_cast<O*>(out);
+        for (int64_t i = 0; i < out_n; ++i) dst[i] = static_cast<O>(acc[i]);
+      });
+      return;
+    }
+    const bool is_max = n.op == Op::Max || n.op == Op::ArgMax;
+    const bool want_index = n.op == Op::ArgMax || n.op == Op::ArgMin;
+    std::vector<T> best(out_n);
+    std::vector<int64_t> best_at(out_n, -1);
+    IndexWalker w(x.shape, m.out_strides, 0);
+    IndexWalker b(x.shape, m.block_strides, 0);
+    for (int64_t i = 0; i < in_n; ++i, w.next(), b.next()) {
+      const T v = src[i];
+      const int64_t o = w.offset;
+      bool take = best_at[o] < 0;
+      if (!take) {
+        if constexpr (kFloat<T>) {
+          // NaN wins and stays (as PyTorch's max/argmax).
+          take = !std::isnan(best[o]) && (std::isnan(v) || (is_max ? v > best[o] : v < best[o]));
+        } else {
+          take = is_max ? v > best[o] : v < best[o];
+        }
+      }
+      if (take) {
+        best[o] = v;
+        best_at[o] = b.offset;
+      }
+    }
+    if (want_index) {
+      std::memcpy(out, best_at.data(), out_n * sizeof(int64_t));
+    } else {
+      T* dst = static_cast<T*>(out);
+      for (int64_t i = 0; i < out_n; ++i) dst[i] = best[i];
+    }
+  });
+}
+
+void movement(const ir::GraphNode& n, const Arr& x, void* out) {
+  const size_t elem = dtype_size(n.dtype);
+  const std::vector<int64_t> xs = strides_of(x.shape);
+  switch (n.op) {
+    case Op::Reshape:
+      if (shape_numel(n.shape)) std::memcpy(out, x.data, shape_numel(n.shape) * elem);
+      return;
+    case Op::Permute: {
+      std::vector<int64_t> st;
+      for (int64_t a : n.attrs) st.push_back(xs[a]);
+      return strided_copy(out, x.data, n.shape, st, 0, elem);
+    }
+    case Op::Expand: {
+      std::vector<int64_t> st(n.shape.size(), 0);
+      const size_t lead = n.shape.size() - x.shape.size();
+      for (size_t d = 0; d < x.shape.size(); ++d)
+        st[lead + d] = x.shape[d] == 1 ? 0 : xs[d];
+      return strided_copy(out, x.data, n.shape, st, 0, elem);
+    }
+    case Op::Slice: {
+      std::vector<int64_t> st = xs;
+      const int64_t axis = n.attrs[0];
+      st[axis] = xs[axis] * n.attrs[3];
+      return strided_copy(out, x.data, n.shape, st, n.attrs[1] * xs[axis], elem);
+    }
+    default: break;
+  }
+  util::internal_fail(__FILE__, __LINE__, "ref: not a movement op");
+}
+
+void concat(const ir::GraphNode& n, const std::vector<Arr>& xs, void* out) {
+  const size_t elem = dtype_size(n.dtype);
+  const int64_t axis = n.attrs[0];
+  int64_t outer = 1;
+  for (int64_t d = 0; d < axis; ++d) outer *= n.shape[d];
+  int64_t inner = 1;
+  for (size_t d = axis + 1; d < n.shape.size(); ++d) inner *= n.shape[d];
+  const int64_t out_row = n.shape[axis] * inner;
+  int64_t at = 0;
+  for (const Arr& x : xs) {
+    const int64_t row = x.shape[axis] * inner;
+    for (int64_t o = 0; o < outer && row > 0; ++o)
+      std::memcpy(static_cast<char*>(out) + (o * out_row + at) * elem,
+                  static_cast<const char*>(x.data) + o * row * elem, row * elem);
+    at += row;
+  }
+}
+
+void pad(const ir::GraphNode& n, const Arr& x, const Arr& value, void* out) {
+  const size_t elem = dtype_size(n.dtype);
+  const int64_t out_n = shape_numel(n.shape);
+  for (int64_t i = 0; i < out_n; ++i)
+    std::memcpy(static_cast<char*>(out) + i * elem, value.data, elem);
+  const std::vector<int64_t> os = strides_of(n.shape);
+  int64_t base = 0;
+  for (size_t d = 0; d < n.shape.size(); ++d) base += n.attrs[2 * d] * os[d];
+  // Walk the input, writing into the interior of the output.
+  const int64_t in_n = shape_numel(x.shape);
+  IndexWalker w(x.shape, os, base);
+  for (int64_t i = 0; i < in_n; ++i, w.next())
+    std::memcpy(static_cast<char*>(out) + w.offset * elem,
+                static_cast<const char*>(x.data) + i * elem, elem);
+}
+
+class RefExecutable final : public Executable {
+ public:
+  explicit RefExecutable(ir::Graph g) : g_(std::move(g)) {
+    last_use_.assign(g_.nodes.size(), -1);
+    for (size_t i = 0; i < g_.nodes.size(); ++i)
+      for (int32_t o : g_.nodes[i].operands) last_use_[o] = static_cast<int32_t>(i);
+    for (int32_t o : g_.outputs) last_use_[o] = static_cast<int32_t>(g_.nodes.size());
+  }
+
+  std::vector<std::shared_ptr<Storage>> run(const std::vector<std::shared_ptr<Storage>>& inputs,
+                                            const std::vector<ir::ScalarValue>& scalars) override {
+    std::vector<std::shared_ptr<Storage>> values(g_.nodes.size());
+    for (size_t i = 0; i < g_.nodes.size(); ++i) {
+      const ir::GraphNode& n = g_.nodes[i];
+      if (n.op == Op::Data) {
+        values[i] = inputs.at(n.input);
+      } else {
+        std::vector<Arr> args;
+        for (int32_t o : n.operands)
+          args.push_back({values[o]->data(), g_.nodes[o].shape, g_.nodes[o].dtype});
+        values[i] = alloc_host(static_cast<size_t>(shape_numel(n.shape)) * dtype_size(n.dtype));
+        eval(n, args, scalars, values[i]->data());
+      }
+      for (int32_t o : n.operands)  // free what no later node needs
+        if (last_use_[o] == static_cast<int32_t>(i)) values[o].reset();
+    }
+    std::vector<std::shared_ptr<Storage>> outs;
+    for (int32_t o : g_.outputs) outs.push_back(values[o]);
+    return outs;
+  }
+
+ private:
+  static void eval(const ir::GraphNode& n, const std::vector<Arr>& a,
+                   const std::vector<ir::ScalarValue>& scalars, void* out);
+  ir::Graph g_;
+  std::vector<int32_t> last_use_;
+};
+
+void RefExecutable::eval(const ir::GraphNode& n, const std::vector<Arr>& a,
+                         const std::vector<ir::ScalarValue>& scalars, void* out) {
+  const int64_t count = shape_numel(n.shape);
+  switch (n.op) {
+    case Op::Data:
+      util::internal_fail(__FILE__, __LINE__, "data nodes are inputs");
+    case Op::Scalar: {
+      const ir::ScalarValue v = scalars.at(n.input);
+      dispatch(n.dtype, [&](auto tag) {
+        using T = decltype(tag);
+        *static_cast<T*>(out) = kFloat<T> ? static_cast<T>(v.f) : static_cast<T>(v.i);
+      });
+      return;
+    }
+    case Op::Iota: {
+      const std::vector<int64_t> st = strides_of(n.shape);
+      const int64_t axis = n.attrs[0];
+      dispatch(n.dtype, [&](auto tag) {
+        using T = decltype(tag);
+        for (int64_t i = 0; i < count; ++i)
+          static_cast<T*>(out)[i] = static_cast<T>((i / st[axis]) % n.shape[axis]);
+      });
+      return;
+    }
+    case Op::RandomUniform: {
+      const int64_t* state = a[0].as<int64_t>();
+      const uint64_t seed = static_cast<uint64_t>(state[0]);
+      const uint64_t counter = static_cast<uint64_t>(state[1]);
+      for (int64_t i = 0; i < count; ++i) {
+        const uint64_t c = counter + static_cast<uint64_t>(i);
+        if (n.dtype == DType::F32)
+          static_cast<float*>(out)[i] = ir::random_uniform_f32(seed, c);
+        else
+          static_cast<double*>(out)[i] = ir::random_uniform_f64(seed, c);
+      }
+      return;
+    }
+    case Op::Neg:
+    case Op::Abs:
+    case Op::Exp:
+    case Op::Log:
+    case Op::Sqrt:
+    case Op::Rsqrt:
+    case Op::Tanh:
+    case Op::Sigmoid:
+    case Op::Relu:
+    case Op::Sin:
+    case Op::Cos:
+    case Op::Floor:
+    case Op::Ceil:
+    case Op::Sign:
+      dispatch(n.dtype, [&](auto tag) {
+        using T = decltype(tag);
+        for (int64_t i = 0; i < count; ++i)
+          static_cast<T*>(out)[i] = unary<T>(n.op, a[0].as<T>()[i]);
+      });
+      return;
+    case Op::LogicalNot:
+    case Op::IsFinite:
+      dispatch(a[0].dtype, [&](auto tag) {
+        using T = decltype(tag);
+        for (int64_t i = 0; i < count; ++i) {
+          const T v = a[0].as<T>()[i];
+          bool r;
+          if (n.op == Op::LogicalNot)
+            r = v == T(0);
+          else if constexpr (kFloat<T>)
+            r = std::isfinite(v);
+          else
+            r = true;
+          static_cast<bool*>(out)[i] = r;
+        }
+      });
+      return;
+    case Op::Cast:
+      return cast(a[0], n.dtype, out, count);
+    case Op::Add:
+    case Op::Sub:
+    case Op::Mul:
+    case Op::Div:
+    case Op::Pow:
+    case Op::Maximum:
+    case Op::Minimum:
+      dispatch(n.dtype, [&](auto tag) {
+        using T = decltype(tag);
+        if constexpr (!std::is_same_v<T, bool>)
+          for (int64_t i = 0; i < count; ++i)
+            static_cast<T*>(out)[i] = arith<T>(n.op, a[0].as<T>()[i], a[1].as<T>()[i]);
+      });
+      return;
+    case Op::Eq:
+    case Op::Ne:
+    case Op::Lt:
+    case Op::Le:
+    case Op::Gt:
+    case Op::Ge:
+    case Op::LogicalAnd:
+    case Op::LogicalOr:
+      dispatch(a[0].dtype, [&](auto tag) {
+        using T = decltype(tag);
+        for (int64_t i = 0; i < count; ++i)
+          static_cast<bool*>(out)[i] = compare<T>(n.op, a[0].as<T>()[i], a[1].as<T>()[i]);
+      });
+      return;
+    case Op::Where:
+      dispatch(n.dtype, [&](auto tag) {
+        using T = decltype(tag);
+        for (int64_t i = 0; i < count; ++i)
+          static_cast<T*>(out)[i] = a[0].as<bool>()[i] ? a[1].as<T>()[i] : a[2].as<T>()[i];
+      });
+      return;
+    case Op::Sum:
+    case Op::Max:
+    case Op::Min:
+    case Op::ArgMax:
+    case Op::ArgMin:
+      return reduce(n, a[0], out);
+    case Op::Reshape:
+    case Op::Permute:
+    case Op::Expand:
+    case Op::Slice:
+      return movement(n, a[0], out);
+    case Op::Concat:
+      return concat(n, a, out);
+    case Op::Pad:
+      return pad(n, a[0], a[1], out);
+    case Op::Gather:
+      return gather(n, a[0], a[1], out);
+    case Op::ScatterAdd:
+      return scatter_add(n, a[0], a[1], a[2], out);
+    case Op::MatMul:
+      return matmul(n, a[0], a[1], out);
+    case Op::Conv2d:
+      return conv2d(n, a[0], a[1], out);
+    case Op::Conv2dBackwardInput:
+      return conv2d_backward_input(n, a[0], a[1], out);
+    case Op::Conv2dBackwardWeight:
+      return conv2d_backward_weight(n, a[0], a[1], out);
+    case Op::MaxPool2d:
+      return max_pool2d(n, a[0], out, false);
+    case Op::MaxPool2dIndices:
+      return max_pool2d(n, a[0], out, true);
+    case Op::MaxPool2dBackward:
+      return max_pool2d_backward(n, a[0], a[1], out);
+    case Op::AvgPool2d:
+      return avg_pool2d(n, a[0], out);
+    case Op::AvgPool2dBackward:
+      return avg_pool2d_backward(n, a[0], out);
+  }
+  util::internal_fail(__FILE__, __LINE__, "ref: unknown op");
+}
+
+class RefBackend final : public Backend {
+ public:
+  std::string name() const override { return "ref"; }
+  std::shared_ptr<Storage> alloc(size_t bytes) override { return alloc_host(bytes); }
+  void copy_in(Storage& dst, const void* src, size_t bytes) override {
+    std::memcpy(dst.data(), src, bytes);
+  }
+  void copy_out(Storage& src, void* dst, size_t bytes) override {
+    std::memcpy(dst, src.data(), bytes);
+  }
+  std::unique_ptr<Executable> compile(const ir::Graph& graph) override {
+    return std::make_unique<RefExecutable>(graph);
+  }
+};
+
+}  // namespace
+
+void strided_copy(void* dst, const void* src, const Shape& out_shape,
+                  const std::vector<int64_t>& src_strides, int64_t src_offset, size_t elem) {
+  const int64_t n = shape_numel(out_shape);
+  IndexWalker w(out_shape, src_strides, src_offset);
+  for (int64_t i = 0; i < n; ++i, w.next())
+    std::memcpy(static_cast<char*>(dst) + i * elem,
+                static_cast<const char*>(src) + w.offset * elem, elem);
+}
+
+Backend& backend() {
+  static RefBackend* b = new RefBackend;  // used by the runtime thread until the process ends
+  return *b;
+}
+
+}  // namespace lockstep::backends::ref

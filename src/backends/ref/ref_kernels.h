@@ -1,0 +1,85 @@
+// Shared pieces of the ref backend's kernels: a plain array view, dtype dispatch, index helpers.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "backends/backend.h"
+#include "ir/ir.h"
+#include "lockstep/error.h"
+
+namespace lockstep::backends::ref {
+
+// A contiguous row-major array.
+struct Arr {
+  const void* data;
+  Shape shape;
+  DType dtype;
+  template <typename T>
+  const T* as() const {
+    return static_cast<const T*>(data);
+  }
+};
+
+// Calls f(T{}) with the C++ element type of `dtype`.
+template <typename F>
+void dispatch(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::F32: return f(float{});
+    case DType::F64: return f(double{});
+    case DType::I32: return f(int32_t{});
+    case DType::I64: return f(int64_t{});
+    case DType::Bool: return f(bool{});
+  }
+}
+
+inline std::vector<int64_t> strides_of(const Shape& shape) {
+  std::vector<int64_t> s(shape.size());
+  int64_t acc = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    s[i] = acc;
+    acc *= shape[i];
+  }
+  return s;
+}
+
+// Walks a row-major index over `shape`, keeping an offset into another array with `strides`
+// (one per dim; 0 for a broadcast dim).
+struct IndexWalker {
+  const Shape& shape;
+  std::vector<int64_t> idx;
+  const std::vector<int64_t>& strides;
+  int64_t offset;
+  IndexWalker(const Shape& s, const std::vector<int64_t>& st, int64_t base)
+      : shape(s), idx(s.size(), 0), strides(st), offset(base) {}
+  void next() {
+    for (size_t d = shape.size(); d-- > 0;) {
+      offset += strides[d];
+      if (++idx[d] < shape[d]) return;
+      offset -= strides[d] * shape[d];
+      idx[d] = 0;
+    }
+  }
+};
+
+// Copies numel(out_shape) elements of `elem` bytes from src (walked with src_strides from
+// src_offset, in elements) to a contiguous dst.
+void strided_copy(void* dst, const void* src, const Shape& out_shape,
+                  const std::vector<int64_t>& src_strides, int64_t src_offset, size_t elem);
+
+// Kernels for the heavy and indexing ops (ref_nn.cpp). Each writes `out`, already allocated
+// with the node's shape and dtype.
+void matmul(const ir::GraphNode& n, const Arr& a, const Arr& b, void* out);
+void conv2d(const ir::GraphNode& n, const Arr& x, const Arr& w, void* out);
+void conv2d_backward_input(const ir::GraphNode& n, const Arr& gy, const Arr& w, void* out);
+void conv2d_backward_weight(const ir::GraphNode& n, const Arr& x, const Arr& gy, void* out);
+void max_pool2d(const ir::GraphNode& n, const Arr& x, void* out, bool indices);
+void max_pool2d_backward(const ir::GraphNode& n, const Arr& gy, const Arr& idx, void* out);
+void avg_pool2d(const ir::GraphNode& n, const Arr& x, void* out);
+void avg_pool2d_backward(const ir::GraphNode& n, const Arr& gy, void* out);
+void gather(const ir::GraphNode& n, const Arr& x, const Arr& idx, void* out);
+void scatter_add(const ir::GraphNode& n, const Arr& x, const Arr& idx, const Arr& src, void* out);
+
+}  // namespace lockstep::backends::ref

@@ -1,0 +1,121 @@
+// The IR: immutable nodes recorded by tensor operations, and the Graph a step compiles.
+// Nodes are shared (a tensor's pending value is a node); a Graph is a flat, canonical, data-free
+// copy of the nodes one sync needs, which is what gets hashed, cached and handed to a backend.
+//
+// Node::attrs per op (all int64):
+//   Iota            [axis]                      values 0..n-1 along axis
+//   RandomUniform   []                          operand: i64[2] generator state {seed, counter}
+//   Sum/Max/Min/ArgMax/ArgMin  [keepdim, axes...]  axes sorted, non-negative, unique
+//   Permute         [perm...]
+//   Slice           [axis, start, end, step]    normalized: 0 <= start, end <= size, step > 0
+//   Concat          [axis]
+//   Pad             [before0, after0, before1, after1, ...]   operand 1: the 0-d fill value
+//   Gather          [axis]                      operands: x, index
+//   ScatterAdd      [axis]                      operands: x, index, src
+//   Conv2d*         [stride h, w, padding h, w, dilation h, w, groups]
+//                   Conv2d (x, w); BackwardInput (grad_out, w); BackwardWeight (x, grad_out)
+//   *Pool2d*        [kernel h, w, stride h, w, padding h, w, count_include_pad]
+//                   MaxPool2dBackward (grad_out, indices); AvgPool2dBackward (grad_out)
+// Reshape, Expand, Cast, the conv/pool backward ops take their result shape/dtype from the node.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <source_location>
+#include <string>
+#include <vector>
+
+#include "lockstep/dtype.h"
+
+namespace lockstep::runtime {
+struct Buffer;
+}
+
+namespace lockstep::ir {
+
+enum class Op : uint16_t {
+#define LS_OP(name, arity, diff) name,
+#include "ir/ops.def"
+#undef LS_OP
+};
+
+inline constexpr int kNumOps = 0
+#define LS_OP(name, arity, diff) +1
+#include "ir/ops.def"
+#undef LS_OP
+    ;
+
+struct OpInfo {
+  const char* name;  // snake_case, as printed in IR text
+  int arity;         // -1: variadic
+  bool differentiable;
+};
+const OpInfo& op_info(Op op);
+// Op by its IR name; false if unknown.
+bool op_from_name(const std::string& name, Op* op);
+
+// A host scalar's value: `f` for floating dtypes, `i` for integers and bool.
+struct ScalarValue {
+  double f = 0;
+  int64_t i = 0;
+};
+
+struct Node;
+using NodePtr = std::shared_ptr<const Node>;
+
+struct Node {
+  Op op;
+  std::vector<NodePtr> operands;
+  std::vector<int64_t> attrs;
+  Shape shape;
+  DType dtype;
+  Device device;
+  std::source_location loc;
+  std::shared_ptr<runtime::Buffer> buffer;  // Data only
+  ScalarValue scalar;                       // Scalar only: runtime data, never hashed
+
+  Node() = default;
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+  // Releases operand chains iteratively: a long chain of in-place updates must not overflow
+  // the stack when it dies.
+  ~Node();
+};
+
+// Infers shape and dtype of `op` applied to `operands` with `attrs`; throws Error naming the op,
+// the operand shapes, the user's source line and the fix. `dtype` is an in/out hint used by ops
+// whose result dtype is chosen by the caller (Cast, Iota, RandomUniform, Scalar, Data), and
+// `shape` likewise for ops whose result shape is chosen (Reshape, Expand, Iota, backward ops).
+void infer(Op op, const std::vector<NodePtr>& operands, const std::vector<int64_t>& attrs,
+           Shape* shape, DType* dtype, const std::source_location& loc);
+
+// Records a node: checks it (infer) and builds it. All operands must be on `device`.
+NodePtr make_node(Op op, std::vector<NodePtr> operands, std::vector<int64_t> attrs, Shape shape,
+                  DType dtype, const std::source_location& loc);
+NodePtr make_data(std::shared_ptr<runtime::Buffer> buffer, const Shape& shape, DType dtype,
+                  Device device);
+NodePtr make_scalar(ScalarValue value, DType dtype, Device device, const std::source_location& loc);
+
+struct GraphNode {
+  Op op;
+  std::vector<int32_t> operands;  // indices of earlier nodes
+  std::vector<int64_t> attrs;
+  Shape shape;
+  DType dtype;
+  int32_t input = -1;  // Data: index into the buffer inputs; Scalar: into the scalar inputs
+  std::source_location loc;
+};
+
+// A data-free program: what a backend compiles. Nodes are in topological order.
+struct Graph {
+  Device device;
+  std::vector<GraphNode> nodes;
+  std::vector<int32_t> outputs;
+  int32_t num_buffer_inputs = 0;
+  int32_t num_scalar_inputs = 0;
+};
+
+// IR text, one node per line: "%2 = add(%0, %1) f32[2, 3]" (attrs in braces, inputs numbered).
+std::string to_text(const Graph& graph);
+
+}  // namespace lockstep::ir

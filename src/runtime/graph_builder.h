@@ -1,0 +1,27 @@
+// Turns the live nodes one sync needs into a canonical, data-free ir::Graph, its cache key
+// (structure, shapes, dtypes, attributes: never data) and the runtime inputs that go with it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "ir/ir.h"
+#include "runtime/lazy.h"
+
+namespace lockstep::runtime {
+
+struct BuiltGraph {
+  ir::Graph graph;
+  std::vector<std::shared_ptr<Buffer>> buffers;  // Data inputs, by input index
+  std::vector<ir::ScalarValue> scalars;          // Scalar inputs, by input index
+  std::vector<uint64_t> key;                     // canonical structure; equal keys, equal programs
+  uint64_t hash = 0;
+  std::vector<int32_t> root_output;  // for each root, its index in graph.outputs
+};
+
+// `roots` must be non-Data nodes on `device`. Nodes are numbered in a canonical post-order, so
+// the same program recorded twice gives the same key.
+BuiltGraph build_graph(const std::vector<ir::NodePtr>& roots, Device device);
+
+}  // namespace lockstep::runtime

@@ -1,0 +1,121 @@
+// Counters and timers that make the runtime's behaviour visible (compiles, cache hits, implicit
+// syncs, transfers, time spent tracing, compiling, executing).
+#include <chrono>
+#include <iomanip>
+#include <map>
+#include <mutex>
+#include <sstream>
+
+#include "lockstep/runtime.h"
+#include "runtime/lazy.h"
+
+namespace lockstep {
+namespace runtime {
+namespace {
+
+struct Timer {
+  int64_t total_ns = 0;
+  int64_t count = 0;
+};
+
+struct Metrics {
+  std::mutex mu;
+  std::map<std::string, int64_t, std::less<>> counters;
+  std::map<std::string, Timer, std::less<>> timers;
+};
+
+Metrics& m() {
+  static Metrics* p = new Metrics;  // used by the runtime thread until the process ends
+  return *p;
+}
+
+const char* const kCounters[] = {"steps",          "syncs",           "implicit_syncs",
+                                 "compiles",       "cache_hits",      "executions",
+                                 "executed_nodes", "rollbacks",       "transfers",
+                                 "bytes_to_device", "bytes_from_device", "execution_errors"};
+const char* const kTimers[] = {"trace", "graph", "compile", "execute"};
+
+}  // namespace
+
+void count(const char* name, int64_t delta) {
+  std::lock_guard<std::mutex> lock(m().mu);
+  m().counters[name] += delta;
+}
+
+void time_ns(const char* name, int64_t ns) {
+  std::lock_guard<std::mutex> lock(m().mu);
+  Timer& t = m().timers[name];
+  t.total_ns += ns;
+  t.count += 1;
+}
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace runtime
+
+namespace metrics {
+
+int64_t counter(const std::string& name) {
+  auto& mm = runtime::m();
+  std::lock_guard<std::mutex> lock(mm.mu);
+  auto it = mm.counters.find(name);
+  return it == mm.counters.end() ? 0 : it->second;
+}
+
+int64_t timer_total_ns(const std::string& name) {
+  auto& mm = runtime::m();
+  std::lock_guard<std::mutex> lock(mm.mu);
+  auto it = mm.timers.find(name);
+  return it == mm.timers.end() ? 0 : it->second.total_ns;
+}
+
+int64_t timer_count(const std::string& name) {
+  auto& mm = runtime::m();
+  std::lock_guard<std::mutex> lock(mm.mu);
+  auto it = mm.timers.find(name);
+  return it == mm.timers.end() ? 0 : it->second.count;
+}
+
+void reset() {
+  auto& mm = runtime::m();
+  std::lock_guard<std::mutex> lock(mm.mu);
+  mm.counters.clear();
+  mm.timers.clear();
+}
+
+std::string report() {
+  auto& mm = runtime::m();
+  std::lock_guard<std::mutex> lock(mm.mu);
+  std::ostringstream os;
+  os << std::left << std::setw(20) << "counter" << std::right << std::setw(16) << "value" << "\n";
+  auto row = [&](const std::string& name, int64_t v) {
+    os << std::left << std::setw(20) << name << std::right << std::setw(16) << v << "\n";
+  };
+  for (const char* name : runtime::kCounters) {
+    auto it = mm.counters.find(name);
+    row(name, it == mm.counters.end() ? 0 : it->second);
+  }
+  for (const auto& [name, v] : mm.counters) {
+    bool known = false;
+    for (const char* k : runtime::kCounters) known = known || name == k;
+    if (!known) row(name, v);
+  }
+  os << "\n"
+     << std::left << std::setw(20) << "timer" << std::right << std::setw(10) << "count"
+     << std::setw(14) << "total ms" << std::setw(14) << "mean ms" << "\n";
+  for (const char* name : runtime::kTimers) {
+    auto it = mm.timers.find(name);
+    const runtime::Timer t = it == mm.timers.end() ? runtime::Timer{} : it->second;
+    os << std::left << std::setw(20) << name << std::right << std::setw(10) << t.count
+       << std::setw(14) << std::fixed << std::setprecision(3) << t.total_ns / 1e6 << std::setw(14)
+       << (t.count ? t.total_ns / 1e6 / static_cast<double>(t.count) : 0.0) << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace metrics
+}  // namespace lockstep

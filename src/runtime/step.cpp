@@ -1,0 +1,172 @@
+// The step transaction: sync on entry and exit, a journal of every tensor changed in the step
+// (its value at entry), rollback on an exception, step closures, and the public sync/wait.
+#include <exception>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "lockstep/runtime.h"
+#include "runtime/lazy.h"
+#include "util/check.h"
+
+namespace lockstep {
+namespace runtime {
+namespace {
+
+using util::cat;
+
+struct JournalEntry {
+  std::weak_ptr<TensorImpl> tensor;
+  ir::NodePtr node;
+  std::exception_ptr poison;
+};
+
+struct StepState {
+  int64_t id = 0;
+  std::source_location loc;
+  std::vector<JournalEntry> journal;
+  std::vector<std::weak_ptr<TensorImpl>> created;
+  std::vector<std::function<void()>> closures;
+  int64_t trace_start_ns = 0;
+};
+
+// A step belongs to the thread that entered it: tensors made meanwhile by data-loading threads
+// are not part of it.
+thread_local StepState* t_active = nullptr;
+std::atomic<int64_t> g_step_counter{0};
+
+std::string step_origin(const StepState& s) {
+  return cat("step ", s.id, " (entered at ", util::where(s.loc), ")");
+}
+
+void begin(StepState& s, const std::source_location& loc) {
+  if (t_active)
+    util::fail(loc, "step",
+               cat("steps do not nest: ", step_origin(*t_active), " is still running"),
+               "End the outer step before starting another");
+  if (on_runtime_thread())
+    util::fail(loc, "step", "a step cannot start inside a step closure", "Start it after the step");
+  sync_all(cat("sync on entry to the step at ", util::where(loc)), nullptr);
+  s.id = g_step_counter.fetch_add(1) + 1;
+  s.loc = loc;
+  count("steps");
+  s.trace_start_ns = now_ns();
+  t_active = &s;
+}
+
+void rollback(StepState& s, const std::string& reason) {
+  t_active = nullptr;
+  auto lost = std::make_exception_ptr(
+      Error(cat("this tensor was created in ", step_origin(s),
+                ", which was rolled back because an exception left it: ", reason)));
+  for (auto it = s.journal.rbegin(); it != s.journal.rend(); ++it)
+    if (auto t = it->tensor.lock()) restore(*t, it->node, it->poison);
+  for (auto& w : s.created)
+    if (auto t = w.lock()) poison(*t, lost);
+  count("rollbacks");
+}
+
+void commit(StepState& s) {
+  time_ns("trace", now_ns() - s.trace_start_ns);
+  try {
+    sync_all(step_origin(s), &s.closures);
+  } catch (const std::exception& e) {
+    rollback(s, e.what());
+    throw;
+  }
+  t_active = nullptr;
+}
+
+std::string current_reason() {
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "a non-standard exception";
+  }
+}
+
+}  // namespace
+
+void journal(TensorImpl& impl) {
+  StepState* s = t_active;
+  if (!s || impl.touched_in_step == s->id) return;
+  impl.touched_in_step = s->id;
+  s->journal.push_back({impl.weak_from_this(), impl.node, impl.poison});
+}
+
+void note_created(TensorImpl& impl) {
+  StepState* s = t_active;
+  if (!s) return;
+  impl.touched_in_step = s->id;
+  s->created.push_back(impl.weak_from_this());
+}
+
+}  // namespace runtime
+
+void sync(Loc loc) { runtime::sync_all(util::cat("sync at ", util::where(loc)), nullptr); }
+
+void wait() { runtime::wait_all(); }
+
+void step(const std::function<void()>& fn, Loc loc) {
+  runtime::StepState s;
+  runtime::begin(s, loc);
+  try {
+    fn();
+  } catch (...) {
+    runtime::rollback(s, runtime::current_reason());
+    throw;
+  }
+  runtime::commit(s);
+}
+
+// The guard keeps its state on the heap so that Step stays a small, stable public type.
+namespace {
+thread_local std::vector<std::unique_ptr<runtime::StepState>> t_guard_states;
+}
+
+Step::Step(Loc loc) : uncaught_at_entry_(std::uncaught_exceptions()) {
+  auto s = std::make_unique<runtime::StepState>();
+  runtime::begin(*s, loc);
+  t_guard_states.push_back(std::move(s));
+}
+
+void Step::commit() {
+  if (done_) return;
+  done_ = true;
+  std::unique_ptr<runtime::StepState> s = std::move(t_guard_states.back());
+  t_guard_states.pop_back();
+  runtime::commit(*s);
+}
+
+Step::~Step() noexcept(false) {
+  if (done_) return;
+  if (std::uncaught_exceptions() > uncaught_at_entry_) {
+    done_ = true;
+    std::unique_ptr<runtime::StepState> s = std::move(t_guard_states.back());
+    t_guard_states.pop_back();
+    runtime::rollback(*s, "an exception left the ls::Step scope");
+    return;
+  }
+  commit();
+}
+
+int64_t current_step() { return runtime::g_step_counter.load(); }
+
+bool in_step() { return runtime::t_active != nullptr; }
+
+void add_step_closure(std::function<void()> fn, Loc loc) {
+  if (!runtime::t_active)
+    util::fail(loc, "add_step_closure", "called outside a step",
+               "Call it inside ls::step(...) or an ls::Step scope");
+  runtime::t_active->closures.push_back(std::move(fn));
+}
+
+void set_compile_cache_capacity(size_t capacity) { runtime::set_cache_capacity(capacity); }
+
+namespace debug {
+std::string last_graph_text() { return runtime::last_graph_text(); }
+}  // namespace debug
+
+}  // namespace lockstep

@@ -1,0 +1,200 @@
+// Creation functions: constants as runtime scalars broadcast to a shape, host data uploads,
+// index ramps, and the counter-based random generator whose state is a tensor.
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <numbers>
+
+#include "tensor/frontend.h"
+#include "util/check.h"
+
+namespace lockstep {
+
+using frontend::make;
+using frontend::node;
+using ir::Op;
+using util::cat;
+
+namespace {
+
+void check_shape(const Shape& shape, const char* op, const Loc& loc) {
+  for (int64_t d : shape)
+    if (d < 0)
+      util::fail(loc, op, cat("negative size in shape ", shape_str(shape)), "Sizes must be >= 0");
+}
+
+}  // namespace
+
+Tensor full(const Shape& shape, Scalar value, TensorOptions options, Loc loc) {
+  check_shape(shape, "full", loc);
+  const Device device = frontend::device_of(options);
+  backends::backend_for(device);
+  ir::NodePtr s = frontend::scalar_node(value, options.dtype, device, "full", loc);
+  return runtime::new_tensor(frontend::expand_to(s, shape, loc));
+}
+
+Tensor zeros(const Shape& shape, TensorOptions options, Loc loc) {
+  return full(shape, 0, options, loc);
+}
+Tensor ones(const Shape& shape, TensorOptions options, Loc loc) {
+  return full(shape, 1, options, loc);
+}
+Tensor scalar_tensor(Scalar value, TensorOptions options, Loc loc) {
+  return full({}, value, options, loc);
+}
+
+Tensor full_like(const Tensor& t, Scalar value, Loc loc) {
+  const ir::NodePtr& n = node(t, "full_like", loc);
+  return full(n->shape, value, TensorOptions(n->dtype, n->device), loc);
+}
+Tensor zeros_like(const Tensor& t, Loc loc) { return full_like(t, 0, loc); }
+Tensor ones_like(const Tensor& t, Loc loc) { return full_like(t, 1, loc); }
+
+Tensor arange(Scalar end, TensorOptions options, Loc loc) { return arange(0, end, 1, options, loc); }
+
+Tensor arange(Scalar start, Scalar end, Scalar step, TensorOptions options, Loc loc) {
+  if (options.dtype == DType::Bool)
+    util::fail(loc, "arange", "cannot count in bool", "Use an integer or floating dtype");
+  if (step.to_double() == 0) util::fail(loc, "arange", "step is 0", "Use a non-zero step");
+  const double span = (end.to_double() - start.to_double()) / step.to_double();
+  if (!std::isfinite(span))
+    util::fail(loc, "arange", "start, end and step give no finite length", "Use finite bounds");
+  const int64_t n = std::max<int64_t>(0, static_cast<int64_t>(std::ceil(span)));
+  const Device device = frontend::device_of(options);
+  const DType dt = options.dtype;
+  ir::NodePtr ramp = make(Op::Iota, {}, {0}, loc, {n}, dt);
+  ir::NodePtr st = frontend::expand_to(frontend::scalar_node(step, dt, device, "arange", loc), {n}, loc);
+  ir::NodePtr s0 = frontend::expand_to(frontend::scalar_node(start, dt, device, "arange", loc), {n}, loc);
+  return frontend::record(Op::Add, {make(Op::Mul, {ramp, st}, {}, loc), s0}, {}, loc);
+}
+
+Tensor from_blob(const void* data, const Shape& shape, DType dtype, Device device, Loc loc) {
+  check_shape(shape, "from_blob", loc);
+  const size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
+  if (bytes && !data)
+    util::fail(loc, "from_blob", "data is null", "Pass a pointer to the host values");
+  return runtime::new_tensor(
+      ir::make_data(runtime::upload(device, data, bytes), shape, dtype, device));
+}
+
+template <typename T>
+Tensor from_vector(const std::vector<T>& data, const Shape& shape, Device device, Loc loc) {
+  const Shape s = shape.empty() ? Shape{static_cast<int64_t>(data.size())} : shape;
+  check_shape(s, "from_vector", loc);
+  if (shape_numel(s) != static_cast<int64_t>(data.size()))
+    util::fail(loc, "from_vector",
+               cat(data.size(), " values do not fill shape ", shape_str(s), " (", shape_numel(s),
+                   " elements)"),
+               "Pass as many values as the shape holds, or an empty shape for 1-d");
+  if constexpr (std::is_same_v<T, bool>) {
+    std::vector<unsigned char> bytes(data.begin(), data.end());
+    return from_blob(bytes.data(), s, DType::Bool, device, loc);
+  } else {
+    return from_blob(data.data(), s, dtype_of<T>(), device, loc);
+  }
+}
+
+template Tensor from_vector<float>(const std::vector<float>&, const Shape&, Device, Loc);
+template Tensor from_vector<double>(const std::vector<double>&, const Shape&, Device, Loc);
+template Tensor from_vector<int32_t>(const std::vector<int32_t>&, const Shape&, Device, Loc);
+template Tensor from_vector<int64_t>(const std::vector<int64_t>&, const Shape&, Device, Loc);
+template Tensor from_vector<bool>(const std::vector<bool>&, const Shape&, Device, Loc);
+
+// ---- random --------------------------------------------------------------------------------
+namespace {
+
+struct Generators {
+  std::mutex mu;
+  uint64_t seed = 0;
+  std::map<std::pair<int, int>, Tensor> state;  // per device
+};
+
+Generators& gens() {
+  static Generators* g = new Generators;
+  return *g;
+}
+
+Tensor make_state(uint64_t seed, Device device) {
+  const int64_t v[2] = {static_cast<int64_t>(seed), 0};
+  // Not a tensor of any step: a step that first draws random numbers must not poison the
+  // generator if it rolls back.
+  return runtime::new_tensor(
+      ir::make_data(runtime::upload(device, v, sizeof v), {2}, DType::I64, device), false);
+}
+
+Tensor& state_for(Device device) {
+  Generators& g = gens();
+  std::lock_guard<std::mutex> lock(g.mu);
+  auto key = std::make_pair(static_cast<int>(device.kind), device.index);
+  auto it = g.state.find(key);
+  if (it == g.state.end()) it = g.state.emplace(key, make_state(g.seed, device)).first;
+  return it->second;
+}
+
+// Draws uniform [0, 1) numbers of `shape` and advances the generator by their count.
+ir::NodePtr draw_uniform(const Shape& shape, DType dtype, Device device, const char* op,
+                         const Loc& loc) {
+  check_shape(shape, op, loc);
+  if (!is_floating(dtype))
+    util::fail(loc, op, cat("random values must be floating-point, not ", dtype_name(dtype)),
+               "Use ls::f32 or ls::f64 (ls::randint for integers)");
+  Tensor& state = state_for(device);
+  const ir::NodePtr& sn = node(state, op, loc);
+  ir::NodePtr u = make(Op::RandomUniform, {sn}, {}, loc, shape, dtype);
+  // state + [0, numel]: the count is a runtime scalar, so draws of any size share programs.
+  ir::NodePtr ramp = make(Op::Iota, {}, {0}, loc, {2}, DType::I64);
+  ir::NodePtr n = frontend::expand_to(
+      frontend::scalar_node(shape_numel(shape), DType::I64, device, op, loc), {2}, loc);
+  runtime::set_value(*state.impl(), make(Op::Add, {sn, make(Op::Mul, {ramp, n}, {}, loc)}, {}, loc));
+  return u;
+}
+
+}  // namespace
+
+void manual_seed(uint64_t seed) {
+  Generators& g = gens();
+  std::vector<std::pair<Device, Tensor*>> states;
+  {
+    std::lock_guard<std::mutex> lock(g.mu);
+    g.seed = seed;
+    for (auto& [key, t] : g.state)
+      states.push_back({Device{static_cast<DeviceKind>(key.first), key.second}, &t});
+  }
+  for (auto& [device, t] : states) {
+    Tensor fresh = make_state(seed, device);
+    runtime::set_value(*t->impl(), fresh.impl()->node);
+  }
+}
+
+Tensor& generator_state() { return state_for(default_device()); }
+
+Tensor rand(const Shape& shape, TensorOptions options, Loc loc) {
+  const Device device = frontend::device_of(options);
+  return runtime::new_tensor(draw_uniform(shape, options.dtype, device, "rand", loc));
+}
+
+Tensor randn(const Shape& shape, TensorOptions options, Loc loc) {
+  // Box-Muller: z = sqrt(-2 log(1 - u1)) cos(2 pi u2), from one draw of shape [2, ...].
+  const Device device = frontend::device_of(options);
+  Shape two = shape;
+  two.insert(two.begin(), 2);
+  Tensor u = runtime::new_tensor(draw_uniform(two, options.dtype, device, "randn", loc));
+  Tensor u1 = squeeze(slice(u, 0, 0, 1, 1, loc), 0, loc);
+  Tensor u2 = squeeze(slice(u, 0, 1, 2, 1, loc), 0, loc);
+  Tensor r = sqrt(mul(log(sub(1.0, u1, loc), loc), -2.0, loc), loc);
+  return mul(r, cos(mul(u2, 2.0 * std::numbers::pi, loc), loc), loc);
+}
+
+Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions options, Loc loc) {
+  if (high <= low)
+    util::fail(loc, "randint", cat("empty range [", low, ", ", high, ")"), "Pass low < high");
+  if (!is_integral(options.dtype))
+    util::fail(loc, "randint", cat("dtype must be i32 or i64, got ", dtype_name(options.dtype)),
+               "Use ls::rand for floating-point values");
+  const Device device = frontend::device_of(options);
+  Tensor u = runtime::new_tensor(draw_uniform(shape, DType::F64, device, "randint", loc));
+  Tensor v = add(floor(mul(u, static_cast<double>(high - low), loc), loc), static_cast<double>(low), loc);
+  return cast(v, options.dtype, loc);
+}
+
+}  // namespace lockstep

@@ -1,0 +1,42 @@
+// Helpers shared by the frontend files (tensor.cpp, ops.cpp, creation.cpp): turning tensors into
+// operand nodes, recording nodes as new tensors, normalizing axes with clear errors.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "ir/ir.h"
+#include "lockstep/ops.h"
+#include "runtime/lazy.h"
+
+namespace lockstep::frontend {
+
+using ir::NodePtr;
+using ir::Op;
+
+inline const NodePtr& node(const Tensor& t, const char* op, const Loc& loc) {
+  return runtime::node_of(t, op, loc);
+}
+
+inline Tensor record(Op op, std::vector<NodePtr> operands, std::vector<int64_t> attrs,
+                     const Loc& loc, Shape shape = {}, DType dtype = DType::F32) {
+  return runtime::new_tensor(
+      ir::make_node(op, std::move(operands), std::move(attrs), std::move(shape), dtype, loc));
+}
+
+inline NodePtr make(Op op, std::vector<NodePtr> operands, std::vector<int64_t> attrs,
+                    const Loc& loc, Shape shape = {}, DType dtype = DType::F32) {
+  return ir::make_node(op, std::move(operands), std::move(attrs), std::move(shape), dtype, loc);
+}
+
+// A 0-d runtime input holding `value` as `dtype`; refuses a value the dtype cannot hold.
+NodePtr scalar_node(Scalar value, DType dtype, Device device, const char* op, const Loc& loc);
+// `n` broadcast to `shape` (no node when already that shape).
+NodePtr expand_to(const NodePtr& n, const Shape& shape, const Loc& loc);
+// NumPy broadcast of two shapes; Error naming `op` when they do not broadcast.
+Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op, const Loc& loc);
+// Axis in [-rank, rank) to [0, rank).
+int64_t norm_axis(int64_t axis, int64_t rank, const char* op, const Loc& loc);
+Device device_of(const TensorOptions& options);
+
+}  // namespace lockstep::frontend

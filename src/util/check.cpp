@@ -1,0 +1,26 @@
+// Error formatting shared by every part of lockstep.
+#include "util/check.h"
+
+#include <string>
+
+namespace lockstep::util {
+
+std::string where(const std::source_location& loc) {
+  std::string file = loc.file_name();
+  if (file.empty()) return "unknown location";
+  return cat(file, ":", loc.line());
+}
+
+void fail(const std::source_location& loc, std::string_view op, const std::string& what,
+          const std::string& fix) {
+  std::string msg = cat(op, ": ", what, " (at ", where(loc), ")");
+  if (!fix.empty()) msg += ". " + fix;
+  throw Error(msg);
+}
+
+void internal_fail(const char* file, int line, const std::string& what) {
+  throw InternalError(cat("lockstep internal error at ", file, ":", line, ": ", what,
+                          " (this is a bug in lockstep; please report it)"));
+}
+
+}  // namespace lockstep::util
