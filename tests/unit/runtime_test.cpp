@@ -1,0 +1,319 @@
+// Contract tests for laziness, sync, the compile cache, asynchronous execution and metrics
+// (DESIGN.md section 1: "Tensors and laziness" and "Sync").
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <future>
+#include <thread>
+
+#include <lockstep/lockstep.h>
+
+namespace ls = lockstep;
+using ::testing::HasSubstr;
+
+namespace {
+
+int64_t counter(const char* name) { return ls::metrics::counter(name); }
+
+// Counters change only by what a block of code does.
+struct Delta {
+  std::string name;
+  int64_t start;
+  explicit Delta(const char* n) : name(n), start(ls::metrics::counter(n)) {}
+  int64_t get() const { return ls::metrics::counter(name) - start; }
+};
+
+}  // namespace
+
+TEST(Laziness, OpsRecordAndDoNotCompute) {
+  ls::wait();
+  Delta executions("executions");
+  ls::Tensor a = ls::from_vector<float>({1, 2, 3});
+  ls::Tensor b = ls::exp(a) * 2.0f + a;
+  EXPECT_TRUE(b.is_pending());
+  EXPECT_EQ(b.shape(), (ls::Shape{3}));
+  EXPECT_EQ(b.dtype(), ls::f32);
+  ls::wait();
+  EXPECT_EQ(executions.get(), 0);
+}
+
+TEST(Laziness, HandlesShareTheTensor) {
+  ls::Tensor a = ls::zeros({2});
+  ls::Tensor alias = a;
+  a += 1.0f;  // in place: every handle sees it
+  EXPECT_TRUE(alias.is_same(a));
+  EXPECT_EQ(alias.to_vector<float>(), (std::vector<float>{1, 1}));
+  ls::Tensor c = a;
+  c = a - 5.0f;  // rebinds the handle; a is unchanged
+  EXPECT_FALSE(c.is_same(a));
+  EXPECT_EQ(a.to_vector<float>(), (std::vector<float>{1, 1}));
+  EXPECT_EQ(c.to_vector<float>(), (std::vector<float>{-4, -4}));
+}
+
+TEST(Laziness, EmptyHandle) {
+  ls::Tensor t;
+  EXPECT_FALSE(t.defined());
+  EXPECT_THROW(t.shape(), ls::Error);
+  EXPECT_THROW(t + 1.0f, ls::Error);
+  EXPECT_THROW(t.item<float>(), ls::Error);
+}
+
+TEST(Laziness, BadShapeThrowsAtTheUsersLine) {
+  ls::Tensor a = ls::zeros({2, 3});
+  ls::Tensor b = ls::zeros({4});
+  const int line = __LINE__ + 2;
+  try {
+    ls::Tensor c = a + b;
+    FAIL() << "no error";
+  } catch (const ls::Error& e) {
+    const std::string msg = e.what();
+    EXPECT_THAT(msg, HasSubstr("add"));
+    EXPECT_THAT(msg, HasSubstr("[2, 3]"));
+    EXPECT_THAT(msg, HasSubstr("[4]"));
+    EXPECT_THAT(msg, HasSubstr("runtime_test.cpp:" + std::to_string(line)));
+  }
+}
+
+TEST(Laziness, ReadRunsOnlyWhatItNeedsAndCountsAsImplicitSync) {
+  ls::Tensor x = ls::from_vector<float>({1, 2});
+  ls::Tensor other = x * 3.0f;  // pending, not needed by the read below
+  ls::Tensor y = x + 1.0f;
+  Delta implicit("implicit_syncs");
+  EXPECT_EQ(y.to_vector<float>(), (std::vector<float>{2, 3}));
+  EXPECT_EQ(implicit.get(), 1);
+  EXPECT_TRUE(other.is_pending());
+  EXPECT_FALSE(y.is_pending());
+  // A second read of a materialized value is not a sync.
+  EXPECT_EQ(y.to_vector<float>(), (std::vector<float>{2, 3}));
+  EXPECT_EQ(implicit.get(), 1);
+}
+
+TEST(Laziness, ItemOfMaterializedValueIsNotASync) {
+  ls::Tensor y = ls::full({}, 7.0f);
+  EXPECT_EQ(y.item<float>(), 7.0f);
+  Delta implicit("implicit_syncs");
+  EXPECT_EQ(y.item<float>(), 7.0f);
+  EXPECT_EQ(implicit.get(), 0);
+}
+
+TEST(Laziness, PrintingIsARead) {
+  ls::Tensor x = ls::from_vector<int64_t>({1, 2, 3, 4}, {2, 2}) * 2;
+  Delta implicit("implicit_syncs");
+  std::ostringstream os;
+  os << x;
+  EXPECT_EQ(os.str(), "tensor(i64[2, 2], ref) [[2, 4],\n [6, 8]]");
+  EXPECT_EQ(implicit.get(), 1);
+}
+
+TEST(Sync, MaterializesEveryLivePendingTensorInOneGraph) {
+  ls::wait();
+  ls::Tensor a = ls::from_vector<float>({1, 2});
+  ls::Tensor b = a * 2.0f;
+  ls::Tensor c = a + b;
+  ls::Tensor d = ls::sum(c);
+  Delta executions("executions");
+  Delta syncs("syncs");
+  ls::sync();
+  EXPECT_FALSE(b.is_pending());
+  EXPECT_FALSE(c.is_pending());
+  EXPECT_FALSE(d.is_pending());
+  ls::wait();
+  EXPECT_EQ(executions.get(), 1);
+  EXPECT_EQ(syncs.get(), 1);
+  EXPECT_EQ(d.item<float>(), 9.0f);
+}
+
+TEST(Sync, NothingPendingCostsNothing) {
+  ls::sync();
+  ls::wait();
+  Delta syncs("syncs"), compiles("compiles"), executions("executions");
+  for (int i = 0; i < 10; ++i) ls::sync();
+  ls::wait();
+  EXPECT_EQ(syncs.get(), 0);
+  EXPECT_EQ(compiles.get(), 0);
+  EXPECT_EQ(executions.get(), 0);
+}
+
+TEST(Sync, DeadTensorsAreNotComputed) {
+  ls::sync();
+  ls::Tensor keep = ls::from_vector<int64_t>({6, 8});
+  {
+    // Would fail at run time (integer division by zero) if it were computed.
+    ls::Tensor dead = keep / ls::zeros({2}, ls::i64);
+    (void)dead;
+  }
+  ls::Tensor live = keep + 1;
+  ls::sync();
+  EXPECT_NO_THROW(ls::wait());
+  EXPECT_EQ(live.to_vector<int64_t>(), (std::vector<int64_t>{7, 9}));
+  EXPECT_THAT(ls::debug::last_graph_text(), ::testing::Not(HasSubstr("div")));
+}
+
+TEST(Sync, HashIgnoresDataAndHostScalars) {
+  auto program = [](float scale, std::vector<float> data) {
+    ls::Tensor x = ls::from_vector<float>(data);
+    ls::Tensor y = ls::relu(x * scale - 1.0f);
+    ls::sync();
+    return y;
+  };
+  program(2.0f, {1, 2, 3});  // warm up: compiled once
+  Delta compiles("compiles"), hits("cache_hits");
+  ls::Tensor y1 = program(0.5f, {4, 5, 6});
+  ls::Tensor y2 = program(3.0f, {-1, 0, 1});
+  EXPECT_EQ(compiles.get(), 0);
+  EXPECT_EQ(hits.get(), 2);
+  EXPECT_EQ(y1.to_vector<float>(), (std::vector<float>{1, 1.5f, 2}));
+  EXPECT_EQ(y2.to_vector<float>(), (std::vector<float>{0, 0, 2}));
+  // A different shape is a different program.
+  program(1.0f, {1, 2, 3, 4});
+  EXPECT_EQ(compiles.get(), 1);
+}
+
+TEST(Sync, StructureIsHashedNotJustSizes) {
+  ls::Tensor x = ls::from_vector<float>({1, 2});
+  ls::Tensor y = x + x;
+  ls::sync();
+  ls::Tensor p = ls::from_vector<float>({1, 2});
+  ls::Tensor q = ls::from_vector<float>({10, 20});
+  Delta compiles("compiles");
+  ls::Tensor z = p + q;  // two inputs, not one used twice: a different program
+  ls::sync();
+  EXPECT_EQ(compiles.get(), 1);
+  EXPECT_EQ(z.to_vector<float>(), (std::vector<float>{11, 22}));
+  EXPECT_EQ(y.to_vector<float>(), (std::vector<float>{2, 4}));
+}
+
+TEST(Sync, CompileCacheIsBoundedLru) {
+  ls::set_compile_cache_capacity(2);
+  auto run = [](int64_t n) {
+    ls::Tensor t = ls::ones({n}) * 2.0f;
+    ls::sync();
+    return t;
+  };
+  run(101);
+  run(102);
+  Delta compiles("compiles");
+  run(101);  // still cached
+  EXPECT_EQ(compiles.get(), 0);
+  run(103);  // evicts 102, the least recently used
+  run(101);
+  EXPECT_EQ(compiles.get(), 1);
+  run(102);
+  EXPECT_EQ(compiles.get(), 2);
+  ls::set_compile_cache_capacity(64);
+}
+
+TEST(Async, SyncReturnsBeforeTheProgramRuns) {
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::atomic<bool> closure_timed_out{false};
+  ls::Tensor x = ls::from_vector<float>({1, 2, 3});
+  ls::step([&] {
+    x.mul_(2.0f);
+    // Blocks the runtime thread until the test thread, which must already be past the step's
+    // exit, lets it go. If the step waited for its program, this would time out.
+    ls::add_step_closure([&, released] {
+      if (released.wait_for(std::chrono::seconds(20)) != std::future_status::ready)
+        closure_timed_out = true;
+    });
+  });
+  release.set_value();
+  ls::wait();
+  EXPECT_FALSE(closure_timed_out);
+  EXPECT_EQ(x.to_vector<float>(), (std::vector<float>{2, 4, 6}));
+}
+
+TEST(Async, ExecutionErrorSurfacesAtNextBlockingPointNamingTheStep) {
+  ls::wait();
+  ls::Tensor n = ls::from_vector<int64_t>({10, 20});
+  ls::Tensor zero = ls::from_vector<int64_t>({0, 5});
+  ls::Tensor out;
+  ls::step([&] { out = n / zero; });  // fails at run time: integer division by zero
+  const int64_t failed_step = ls::current_step();
+  try {
+    ls::wait();
+    FAIL() << "wait() did not report the execution error";
+  } catch (const ls::Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("step " + std::to_string(failed_step)));
+    EXPECT_THAT(e.what(), HasSubstr("division by zero"));
+  }
+  EXPECT_NO_THROW(ls::wait());  // reported once
+  EXPECT_TRUE(out.is_poisoned());
+  EXPECT_THROW(out.to_vector<int64_t>(), ls::Error);
+  EXPECT_THROW(out.to_vector<int64_t>(), ls::Error);  // every read rethrows
+  // Work depending on the poisoned value fails too, and says why.
+  ls::Tensor later = out + 1;
+  try {
+    later.to_vector<int64_t>();
+    FAIL() << "a value computed from a poisoned one was read";
+  } catch (const ls::Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("division by zero"));
+  }
+  // The next, healthy step works.
+  ls::Tensor ok;
+  ls::step([&] { ok = n + zero; });
+  EXPECT_EQ(ok.to_vector<int64_t>(), (std::vector<int64_t>{10, 25}));
+}
+
+TEST(Async, ReadOfAnotherValueReportsThePendingError) {
+  ls::wait();
+  ls::Tensor bad = ls::from_vector<int64_t>({1}) / ls::zeros({1}, ls::i64);
+  ls::sync();
+  ls::Tensor good = ls::from_vector<int64_t>({1}) + 1;
+  ls::sync();
+  // The failed program ran before `good`'s; reading `good` is the next blocking point.
+  EXPECT_THROW(good.item<int64_t>(), ls::Error);
+  EXPECT_EQ(good.item<int64_t>(), 2);
+  EXPECT_TRUE(bad.is_poisoned());
+}
+
+TEST(Metrics, ReportListsCountersAndTimers) {
+  ls::Tensor t = ls::ones({3}) + 1.0f;
+  t.to_vector<float>();
+  const std::string r = ls::metrics::report();
+  for (const char* name : {"steps", "syncs", "implicit_syncs", "compiles", "cache_hits",
+                           "executions", "rollbacks", "bytes_to_device", "bytes_from_device",
+                           "trace", "compile", "execute"})
+    EXPECT_THAT(r, HasSubstr(name));
+  EXPECT_GT(counter("bytes_from_device"), 0);
+  EXPECT_GT(ls::metrics::timer_count("execute"), 0);
+}
+
+TEST(Metrics, TransfersAreCounted) {
+  Delta to_dev("bytes_to_device"), from_dev("bytes_from_device");
+  ls::Tensor t = ls::from_vector<double>({1, 2, 3});
+  EXPECT_EQ(to_dev.get(), 24);
+  t.to_vector<double>();
+  EXPECT_EQ(from_dev.get(), 24);
+}
+
+TEST(Devices, UnavailableDeviceIsAClearError) {
+  try {
+    ls::zeros({2}, ls::TensorOptions(ls::f32, ls::Device{ls::DeviceKind::Cuda, 0}));
+    FAIL();
+  } catch (const ls::Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("cuda:0"));
+  }
+  EXPECT_THROW(ls::parse_device("tpu"), ls::Error);
+  EXPECT_EQ(ls::parse_device("ref"), (ls::Device{ls::DeviceKind::Ref, 0}));
+  ls::Tensor t = ls::ones({2});
+  EXPECT_TRUE(t.to(ls::Device{ls::DeviceKind::Ref, 0}).is_same(t));
+}
+
+TEST(Graphs, DeepChainsDoNotOverflowTheStack) {
+  ls::Tensor x = ls::zeros({1}, ls::i64);
+  for (int i = 0; i < 200000; ++i) x += 1;
+  EXPECT_EQ(x.item<int64_t>(), 200000);
+  ls::Tensor y = ls::zeros({1}, ls::i64);
+  for (int i = 0; i < 200000; ++i) y += 1;
+  y = ls::Tensor();  // the whole pending chain dies at once
+  SUCCEED();
+}
+
+TEST(Threads, TensorsFromOtherThreadsAreUsable) {
+  ls::Tensor made;
+  std::thread t([&] { made = ls::from_vector<float>({3, 4}); });
+  t.join();
+  EXPECT_EQ((made * 2.0f).to_vector<float>(), (std::vector<float>{6, 8}));
+}
