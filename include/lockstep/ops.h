@@ -63,9 +63,9 @@ Tensor square(const Tensor& x, Loc loc = Loc::current());
 
 // Binary ops broadcast like NumPy. Both tensors must have the same dtype; a Scalar takes the
 // tensor's dtype (an integer tensor refuses a non-integral scalar).
-#define LOCKSTEP_BINARY_DECL(name)                                                    \
-  Tensor name(const Tensor& a, const Tensor& b, Loc loc = Loc::current());            \
-  Tensor name(const Tensor& a, Scalar b, Loc loc = Loc::current());                   \
+#define LOCKSTEP_BINARY_DECL(name)                                         \
+  Tensor name(const Tensor& a, const Tensor& b, Loc loc = Loc::current()); \
+  Tensor name(const Tensor& a, Scalar b, Loc loc = Loc::current());        \
   Tensor name(Scalar a, const Tensor& b, Loc loc = Loc::current());
 LOCKSTEP_BINARY_DECL(add)
 LOCKSTEP_BINARY_DECL(sub)
@@ -129,8 +129,8 @@ Tensor slice(const Tensor& x, int64_t axis, int64_t start, int64_t end, int64_t 
              Loc loc = Loc::current());
 Tensor concat(const std::vector<Tensor>& xs, int64_t axis, Loc loc = Loc::current());
 // pads[i] = {before, after} for axis i (one pair per axis), filled with `value`.
-Tensor pad(const Tensor& x, const std::vector<std::pair<int64_t, int64_t>>& pads,
-           Scalar value = 0, Loc loc = Loc::current());
+Tensor pad(const Tensor& x, const std::vector<std::pair<int64_t, int64_t>>& pads, Scalar value = 0,
+           Loc loc = Loc::current());
 
 // ---- indexing ------------------------------------------------------------------------------
 // out[i][j] = x[index[i][j]][j] for axis 0 (torch.gather); index is i64 with x's rank.
@@ -177,9 +177,9 @@ Tensor avg_pool2d_backward(const Tensor& grad_out, const Shape& input_shape,
 
 // ---- operators -----------------------------------------------------------------------------
 inline Tensor operator-(Located<Tensor> x) { return neg(x.value, x.loc); }
-#define LOCKSTEP_OPERATOR(sym, fn)                                                            \
+#define LOCKSTEP_OPERATOR(sym, fn)                                                                 \
   inline Tensor operator sym(Located<Tensor> a, const Tensor& b) { return fn(a.value, b, a.loc); } \
-  inline Tensor operator sym(Located<Tensor> a, Scalar b) { return fn(a.value, b, a.loc); }       \
+  inline Tensor operator sym(Located<Tensor> a, Scalar b) { return fn(a.value, b, a.loc); }        \
   inline Tensor operator sym(Scalar a, Located<Tensor> b) { return fn(a, b.value, b.loc); }
 LOCKSTEP_OPERATOR(+, add)
 LOCKSTEP_OPERATOR(-, sub)

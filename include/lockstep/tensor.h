@@ -26,8 +26,7 @@ struct TensorImpl;
 // step's program, never part of its hash: changing it never recompiles.
 class Scalar {
  public:
-  template <typename T>
-    requires std::is_arithmetic_v<T>
+  template <typename T, typename = std::enable_if_t<std::is_arithmetic_v<T>>>
   Scalar(T value)  // NOLINT(google-explicit-constructor): numbers convert implicitly.
       : is_integer_(std::is_integral_v<T>),
         f_(static_cast<double>(value)),
@@ -117,6 +116,17 @@ class Tensor {
   Tensor& operator-=(Scalar other) { return sub_(other); }
   Tensor& operator*=(Scalar other) { return mul_(other); }
   Tensor& operator/=(Scalar other) { return div_(other); }
+
+  // Autograd (see autograd.h). Only floating-point leaf tensors (not results of ops) can
+  // require grad; their gradients accumulate in grad() (an empty handle until the first
+  // backward, and again after set_grad(Tensor())).
+  Tensor& set_requires_grad(bool requires_grad = true, Loc loc = Loc::current());
+  bool requires_grad() const;
+  Tensor grad() const;
+  void set_grad(const Tensor& grad, Loc loc = Loc::current());
+  void backward(Loc loc = Loc::current()) const;
+  // The same value without gradient history.
+  Tensor detach(Loc loc = Loc::current()) const;
 
   // Shorthands for the free functions in ops.h.
   Tensor reshape(const Shape& shape, Loc loc = Loc::current()) const;

@@ -39,8 +39,9 @@ Backend& backend_for(Device device) {
     case DeviceKind::Cuda:
       break;
   }
-  throw Error(util::cat("device ", device_name(device),
-                        " is not available in this build of lockstep; use ls::Device{ls::DeviceKind::Ref}"));
+  throw Error(util::cat(
+      "device ", device_name(device),
+      " is not available in this build of lockstep; use ls::Device{ls::DeviceKind::Ref}"));
 }
 
 }  // namespace lockstep::backends

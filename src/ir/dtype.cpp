@@ -8,22 +8,32 @@ namespace lockstep {
 
 const char* dtype_name(DType dtype) {
   switch (dtype) {
-    case DType::F32: return "f32";
-    case DType::F64: return "f64";
-    case DType::I32: return "i32";
-    case DType::I64: return "i64";
-    case DType::Bool: return "bool";
+    case DType::F32:
+      return "f32";
+    case DType::F64:
+      return "f64";
+    case DType::I32:
+      return "i32";
+    case DType::I64:
+      return "i64";
+    case DType::Bool:
+      return "bool";
   }
   return "?";
 }
 
 size_t dtype_size(DType dtype) {
   switch (dtype) {
-    case DType::F32: return 4;
-    case DType::F64: return 8;
-    case DType::I32: return 4;
-    case DType::I64: return 8;
-    case DType::Bool: return 1;
+    case DType::F32:
+      return 4;
+    case DType::F64:
+      return 8;
+    case DType::I32:
+      return 4;
+    case DType::I64:
+      return 8;
+    case DType::Bool:
+      return 1;
   }
   return 0;
 }
@@ -50,9 +60,12 @@ int64_t shape_numel(const Shape& shape) {
 
 std::string device_name(Device device) {
   switch (device.kind) {
-    case DeviceKind::Ref: return "ref";
-    case DeviceKind::Cpu: return "cpu";
-    case DeviceKind::Cuda: return "cuda:" + std::to_string(device.index);
+    case DeviceKind::Ref:
+      return "ref";
+    case DeviceKind::Cpu:
+      return "cpu";
+    case DeviceKind::Cuda:
+      return "cuda:" + std::to_string(device.index);
   }
   return "?";
 }
@@ -64,7 +77,8 @@ Device parse_device(const std::string& text) {
   if (text == "cpu") return {DeviceKind::Cpu, 0};
   if (text.rfind("cuda", 0) == 0) {
     if (text == "cuda") return {DeviceKind::Cuda, 0};
-    if (text.size() > 5 && text[4] == ':' && text.find_first_not_of("0123456789", 5) == std::string::npos)
+    if (text.size() > 5 && text[4] == ':' &&
+        text.find_first_not_of("0123456789", 5) == std::string::npos)
       return {DeviceKind::Cuda, std::stoi(text.substr(5))};
   }
   throw Error("unknown device '" + text + "'. Use ref, cpu or cuda:N");

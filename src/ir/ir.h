@@ -30,6 +30,9 @@
 namespace lockstep::runtime {
 struct Buffer;
 }
+namespace lockstep::detail {
+struct TensorImpl;
+}
 
 namespace lockstep::ir {
 
@@ -73,6 +76,13 @@ struct Node {
   std::source_location loc;
   std::shared_ptr<runtime::Buffer> buffer;  // Data only
   ScalarValue scalar;                       // Scalar only: runtime data, never hashed
+  // Autograd annotations (never hashed). A node requires grad when recorded in grad mode from
+  // an operand that does. `grad_leaf` marks the value of a leaf tensor (a parameter) whose
+  // .grad() receives the gradient; `grad_alias` is the recorded node a materialized Data node
+  // stands for, so backward can go on through a value that was already computed.
+  bool requires_grad = false;
+  std::weak_ptr<detail::TensorImpl> grad_leaf;
+  NodePtr grad_alias;
 
   Node() = default;
   Node(const Node&) = delete;
@@ -89,12 +99,19 @@ struct Node {
 void infer(Op op, const std::vector<NodePtr>& operands, const std::vector<int64_t>& attrs,
            Shape* shape, DType* dtype, const std::source_location& loc);
 
+// Whether ops record gradient information on this thread (see ls::NoGrad).
+bool grad_enabled();
+void set_grad_enabled(bool enabled);
+
 // Records a node: checks it (infer) and builds it. All operands must be on `device`.
 NodePtr make_node(Op op, std::vector<NodePtr> operands, std::vector<int64_t> attrs, Shape shape,
                   DType dtype, const std::source_location& loc);
 NodePtr make_data(std::shared_ptr<runtime::Buffer> buffer, const Shape& shape, DType dtype,
                   Device device);
 NodePtr make_scalar(ScalarValue value, DType dtype, Device device, const std::source_location& loc);
+// A copy of `n` (same op, operands and data) with other autograd annotations.
+NodePtr annotated(const NodePtr& n, bool requires_grad, std::weak_ptr<detail::TensorImpl> leaf,
+                  NodePtr alias);
 
 struct GraphNode {
   Op op;

@@ -50,10 +50,18 @@ bool op_from_name(const std::string& name, Op* op) {
   return false;
 }
 
+namespace {
+thread_local bool t_grad_enabled = true;
+}
+
+bool grad_enabled() { return t_grad_enabled; }
+void set_grad_enabled(bool enabled) { t_grad_enabled = enabled; }
+
 Node::~Node() {
   // Operands whose last owner is this node would be destroyed recursively; instead park them on
   // a per-thread list that the outermost destructor drains.
   static thread_local std::vector<NodePtr>* draining = nullptr;
+  if (grad_alias) operands.push_back(std::move(grad_alias));
   if (operands.empty()) return;
   if (draining) {
     for (NodePtr& p : operands) draining->push_back(std::move(p));
@@ -88,6 +96,9 @@ NodePtr make_node(Op op, std::vector<NodePtr> operands, std::vector<int64_t> att
   node->shape = std::move(shape);
   node->dtype = dtype;
   node->loc = loc;
+  if (t_grad_enabled && op_info(op).differentiable)
+    for (const NodePtr& o : node->operands)
+      node->requires_grad = node->requires_grad || o->requires_grad;
   return node;
 }
 
@@ -102,7 +113,8 @@ NodePtr make_data(std::shared_ptr<runtime::Buffer> buffer, const Shape& shape, D
   return node;
 }
 
-NodePtr make_scalar(ScalarValue value, DType dtype, Device device, const std::source_location& loc) {
+NodePtr make_scalar(ScalarValue value, DType dtype, Device device,
+                    const std::source_location& loc) {
   auto node = std::make_shared<Node>();
   node->op = Op::Scalar;
   node->dtype = dtype;
@@ -110,6 +122,24 @@ NodePtr make_scalar(ScalarValue value, DType dtype, Device device, const std::so
   node->scalar = value;
   node->loc = loc;
   return node;
+}
+
+NodePtr annotated(const NodePtr& n, bool requires_grad, std::weak_ptr<detail::TensorImpl> leaf,
+                  NodePtr alias) {
+  auto c = std::make_shared<Node>();
+  c->op = n->op;
+  c->operands = n->operands;
+  c->attrs = n->attrs;
+  c->shape = n->shape;
+  c->dtype = n->dtype;
+  c->device = n->device;
+  c->loc = n->loc;
+  c->buffer = n->buffer;
+  c->scalar = n->scalar;
+  c->requires_grad = requires_grad;
+  c->grad_leaf = std::move(leaf);
+  c->grad_alias = std::move(alias);
+  return c;
 }
 
 std::string to_text(const Graph& graph) {

@@ -11,13 +11,33 @@ namespace {
 
 using util::cat;
 
+// The name users call an op by, for error messages (the IR name differs for a few).
+const char* user_name(Op op) {
+  switch (op) {
+    case Op::MatMul:
+      return "matmul";
+    case Op::ArgMax:
+      return "argmax";
+    case Op::ArgMin:
+      return "argmin";
+    case Op::IsFinite:
+      return "isfinite";
+    case Op::MaxPool2dIndices:
+      return "max_pool2d_with_indices";
+    case Op::RandomUniform:
+      return "rand";
+    default:
+      return op_info(op).name;
+  }
+}
+
 struct Checker {
   Op op;
   const std::vector<NodePtr>& in;
   const std::source_location& loc;
 
   [[noreturn]] void fail(const std::string& what, const std::string& fix) const {
-    util::fail(loc, op_info(op).name, what, fix);
+    util::fail(loc, user_name(op), what, fix);
   }
   std::string shapes() const {
     std::string s;
@@ -34,7 +54,8 @@ struct Checker {
   }
   void numeric(int i) const {
     if (in[i]->dtype == DType::Bool)
-      fail("is not defined for bool tensors", "Cast to a numeric dtype first, e.g. ls::cast(x, ls::f32)");
+      fail("is not defined for bool tensors",
+           "Cast to a numeric dtype first, e.g. ls::cast(x, ls::f32)");
   }
   void same_dtype() const {
     for (size_t i = 1; i < in.size(); ++i)
@@ -45,7 +66,8 @@ struct Checker {
   void same_shape() const {
     for (size_t i = 1; i < in.size(); ++i)
       if (in[i]->shape != in[0]->shape)
-        fail(cat("operand shapes differ: ", shapes()), "Broadcast them to one shape with ls::expand");
+        fail(cat("operand shapes differ: ", shapes()),
+             "Broadcast them to one shape with ls::expand");
   }
   void rank(int i, size_t r) const {
     if (in[i]->shape.size() != r)
@@ -58,8 +80,12 @@ struct Checker {
   }
 };
 
+// Output size of a convolution along one axis; <= 0 when the dilated kernel does not fit in the
+// padded input (the numerator is negative then: division truncating toward zero must not round
+// it up to an output of size 1).
 int64_t conv_out(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d) {
-  return (in + 2 * p - d * (k - 1) - 1) / s + 1;
+  const int64_t span = in + 2 * p - d * (k - 1) - 1;
+  return span < 0 ? 0 : span / s + 1;
 }
 
 // Output shape of conv2d(x_shape, w_shape) or throws.
@@ -130,8 +156,8 @@ void check_reduce(const Checker& c, const std::vector<int64_t>& attrs, const Sha
     else if (keepdim)
       out->push_back(1);
   }
-  const bool needs_identity = c.op == Op::Max || c.op == Op::Min || c.op == Op::ArgMax ||
-                              c.op == Op::ArgMin;
+  const bool needs_identity =
+      c.op == Op::Max || c.op == Op::Min || c.op == Op::ArgMax || c.op == Op::ArgMin;
   if (needs_identity)
     for (size_t d = 0; d < x.size(); ++d)
       if (reduced[d] && x[d] == 0)
@@ -237,8 +263,8 @@ void infer(Op op, const std::vector<NodePtr>& in, const std::vector<int64_t>& at
       return;
     case Op::Sum:
       check_reduce(c, attrs, in[0]->shape, shape);
-      *dtype = (in[0]->dtype == DType::Bool || in[0]->dtype == DType::I32) ? DType::I64
-                                                                          : in[0]->dtype;
+      *dtype =
+          (in[0]->dtype == DType::Bool || in[0]->dtype == DType::I32) ? DType::I64 : in[0]->dtype;
       return;
     case Op::Max:
     case Op::Min:
@@ -357,9 +383,9 @@ void infer(Op op, const std::vector<NodePtr>& in, const std::vector<int64_t>& at
         util::internal_fail(__FILE__, __LINE__, "gather axis not normalized");
       for (size_t d = 0; d < x.size(); ++d)
         if (static_cast<int64_t>(d) != axis && idx[d] > x[d])
-          c.fail(cat("index ", shape_str(idx), " is larger than input ", shape_str(x), " on axis ",
-                     d),
-                 "Outside the gather axis the index may not be larger than the input");
+          c.fail(
+              cat("index ", shape_str(idx), " is larger than input ", shape_str(x), " on axis ", d),
+              "Outside the gather axis the index may not be larger than the input");
       if (op == Op::Gather) {
         *shape = idx;
       } else {
@@ -414,9 +440,10 @@ void infer(Op op, const std::vector<NodePtr>& in, const std::vector<int64_t>& at
       c.floating(0);
       const Shape fwd = conv_forward_shape(c, *shape, in[1]->shape, attrs);
       if (fwd != in[0]->shape)
-        c.fail(cat("output gradient ", shape_str(in[0]->shape), " does not match the forward output ",
-                   shape_str(fwd), " of input ", shape_str(*shape)),
-               "Pass the gradient of conv2d's output and the original input shape");
+        c.fail(
+            cat("output gradient ", shape_str(in[0]->shape), " does not match the forward output ",
+                shape_str(fwd), " of input ", shape_str(*shape)),
+            "Pass the gradient of conv2d's output and the original input shape");
       *dtype = in[0]->dtype;
       return;
     }
@@ -425,9 +452,10 @@ void infer(Op op, const std::vector<NodePtr>& in, const std::vector<int64_t>& at
       c.floating(0);
       const Shape fwd = conv_forward_shape(c, in[0]->shape, *shape, attrs);
       if (fwd != in[1]->shape)
-        c.fail(cat("output gradient ", shape_str(in[1]->shape), " does not match the forward output ",
-                   shape_str(fwd), " of weight ", shape_str(*shape)),
-               "Pass the gradient of conv2d's output and the original weight shape");
+        c.fail(
+            cat("output gradient ", shape_str(in[1]->shape), " does not match the forward output ",
+                shape_str(fwd), " of weight ", shape_str(*shape)),
+            "Pass the gradient of conv2d's output and the original weight shape");
       *dtype = in[0]->dtype;
       return;
     }
@@ -452,9 +480,10 @@ void infer(Op op, const std::vector<NodePtr>& in, const std::vector<int64_t>& at
       if (op == Op::AvgPool2dBackward) c.floating(0);
       const Shape fwd = pool_forward_shape(c, *shape, attrs);
       if (fwd != in[0]->shape)
-        c.fail(cat("output gradient ", shape_str(in[0]->shape), " does not match the forward output ",
-                   shape_str(fwd), " of input ", shape_str(*shape)),
-               "Pass the gradient of the pooling output and the original input shape");
+        c.fail(
+            cat("output gradient ", shape_str(in[0]->shape), " does not match the forward output ",
+                shape_str(fwd), " of input ", shape_str(*shape)),
+            "Pass the gradient of the pooling output and the original input shape");
       if (op == Op::MaxPool2dBackward && (in[1]->dtype != DType::I64 || in[1]->shape != fwd))
         c.fail(cat("indices ", dtype_name(in[1]->dtype), shape_str(in[1]->shape),
                    " must be i64 with the output's shape ", shape_str(fwd)),

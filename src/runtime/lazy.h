@@ -45,6 +45,9 @@ struct TensorImpl : std::enable_shared_from_this<TensorImpl> {
   bool pending_registered = false;
   // Order of creation: sorts a sync's outputs the same way every time a loop body runs.
   const uint64_t creation_index;
+  // Autograd: a leaf that collects gradients in `grad` (see autograd/backward.cpp).
+  bool requires_grad = false;
+  Tensor grad;
 
   explicit TensorImpl(ir::NodePtr n);
   ~TensorImpl();
@@ -73,10 +76,13 @@ std::shared_ptr<Buffer> materialize(const Tensor& t, const std::source_location&
 // Registry (runtime.cpp).
 void register_pending(TensorImpl& impl);  // after node/poison changed
 void poison(TensorImpl& impl, std::exception_ptr error);
-void restore(TensorImpl& impl, ir::NodePtr node, std::exception_ptr poison_state);
+void restore(TensorImpl& impl, ir::NodePtr node, std::exception_ptr poison_state, Tensor grad);
 bool has_pending();
-// Syncs every pending tensor; `closures` (may be null) run after the program(s).
-void sync_all(const std::string& origin, std::vector<std::function<void()>>* closures);
+// Syncs every pending tensor; `closures` (may be null) run after the program(s). With
+// `keep_history`, a value that requires grad remembers the node it was computed from, so
+// backward can go through it; the step's own entry and exit syncs cut that history.
+void sync_all(const std::string& origin, std::vector<std::function<void()>>* closures,
+              bool keep_history);
 void wait_all();
 void set_cache_capacity(size_t capacity);
 std::string last_graph_text();

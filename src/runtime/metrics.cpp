@@ -29,10 +29,10 @@ Metrics& m() {
   return *p;
 }
 
-const char* const kCounters[] = {"steps",          "syncs",           "implicit_syncs",
-                                 "compiles",       "cache_hits",      "executions",
-                                 "executed_nodes", "rollbacks",       "transfers",
-                                 "bytes_to_device", "bytes_from_device", "execution_errors"};
+const char* const kCounters[] = {
+    "steps",      "syncs",           "implicit_syncs",    "compiles",
+    "cache_hits", "executions",      "executed_nodes",    "rollbacks",
+    "transfers",  "bytes_to_device", "bytes_from_device", "execution_errors"};
 const char* const kTimers[] = {"trace", "graph", "compile", "execute"};
 
 }  // namespace
@@ -91,7 +91,8 @@ std::string report() {
   auto& mm = runtime::m();
   std::lock_guard<std::mutex> lock(mm.mu);
   std::ostringstream os;
-  os << std::left << std::setw(20) << "counter" << std::right << std::setw(16) << "value" << "\n";
+  os << std::left << std::setw(20) << "counter" << std::right << std::setw(16) << "value"
+     << "\n";
   auto row = [&](const std::string& name, int64_t v) {
     os << std::left << std::setw(20) << name << std::right << std::setw(16) << v << "\n";
   };
@@ -106,7 +107,8 @@ std::string report() {
   }
   os << "\n"
      << std::left << std::setw(20) << "timer" << std::right << std::setw(10) << "count"
-     << std::setw(14) << "total ms" << std::setw(14) << "mean ms" << "\n";
+     << std::setw(14) << "total ms" << std::setw(14) << "mean ms"
+     << "\n";
   for (const char* name : runtime::kTimers) {
     auto it = mm.timers.find(name);
     const runtime::Timer t = it == mm.timers.end() ? runtime::Timer{} : it->second;

@@ -211,7 +211,7 @@ const CacheEntry& lookup_or_compile(BuiltGraph& built, const std::string& origin
 
 // Computes the given pending tensors. Caller holds rt().mu.
 void sync_impls(const std::vector<std::shared_ptr<TensorImpl>>& targets, const std::string& origin,
-                std::vector<std::function<void()>>* closures) {
+                std::vector<std::function<void()>>* closures, bool keep_history) {
   Runtime& r = rt();
   // One program per device, in the order devices first appear.
   std::vector<Device> devices;
@@ -249,8 +249,13 @@ void sync_impls(const std::vector<std::shared_ptr<TensorImpl>>& targets, const s
     }
     for (size_t k = 0; k < group.size(); ++k) {
       TensorImpl& t = *group[k];
-      t.node = ir::make_data(job.outputs[built.root_output[k]], t.node->shape, t.node->dtype,
-                             device);
+      ir::NodePtr data =
+          ir::make_data(job.outputs[built.root_output[k]], t.node->shape, t.node->dtype, device);
+      if (t.requires_grad)
+        data = ir::annotated(data, true, t.weak_from_this(), nullptr);
+      else if (keep_history && t.node->requires_grad)
+        data = ir::annotated(data, true, {}, t.node);
+      t.node = std::move(data);
       r.pending.erase(&t);
       t.pending_registered = false;
     }
@@ -323,6 +328,10 @@ const ir::NodePtr& node_of(const Tensor& t, const char* op, const std::source_lo
                "Assign it a value first, e.g. ls::zeros({2, 3})");
   TensorImpl& impl = *t.impl();
   if (impl.poison) std::rethrow_exception(impl.poison);
+  // A leaf that requires grad is seen by ops through a node marked as its own, so backward
+  // knows where to deliver the gradient. The value is unchanged: no journal entry.
+  if (impl.requires_grad && ir::grad_enabled() && impl.node->grad_leaf.lock().get() != &impl)
+    impl.node = ir::annotated(impl.node, true, impl.weak_from_this(), nullptr);
   return impl.node;
 }
 
@@ -338,9 +347,10 @@ void poison(TensorImpl& impl, std::exception_ptr error) {
   register_pending(impl);
 }
 
-void restore(TensorImpl& impl, ir::NodePtr node, std::exception_ptr poison_state) {
+void restore(TensorImpl& impl, ir::NodePtr node, std::exception_ptr poison_state, Tensor grad) {
   impl.node = std::move(node);
   impl.poison = std::move(poison_state);
+  impl.grad = std::move(grad);
   register_pending(impl);
 }
 
@@ -364,7 +374,8 @@ bool has_pending() {
   return !r.pending.empty();
 }
 
-void sync_all(const std::string& origin, std::vector<std::function<void()>>* closures) {
+void sync_all(const std::string& origin, std::vector<std::function<void()>>* closures,
+              bool keep_history) {
   Runtime& r = rt();
   std::vector<std::shared_ptr<TensorImpl>> targets;
   {
@@ -376,10 +387,9 @@ void sync_all(const std::string& origin, std::vector<std::function<void()>>* clo
       if (auto sp = impl->weak_from_this().lock()) targets.push_back(std::move(sp));
     // The set's order is arbitrary; the order tensors were created in is the same every time
     // a loop body runs, so it makes the program (and its hash) the same.
-    std::sort(targets.begin(), targets.end(), [](const auto& a, const auto& b) {
-      return a->creation_index < b->creation_index;
-    });
-    sync_impls(targets, origin, closures);
+    std::sort(targets.begin(), targets.end(),
+              [](const auto& a, const auto& b) { return a->creation_index < b->creation_index; });
+    sync_impls(targets, origin, closures, keep_history);
   }
 }
 
@@ -397,7 +407,7 @@ std::shared_ptr<Buffer> materialize(const Tensor& t, const std::source_location&
                    "Read only tensors of the finished step in a closure, or read after the step");
       count("implicit_syncs");
       count("syncs");
-      sync_impls({impl}, cat("implicit sync at ", util::where(loc)), nullptr);
+      sync_impls({impl}, cat("implicit sync at ", util::where(loc)), nullptr, true);
     }
   }
   std::shared_ptr<Buffer> b = impl->node->buffer;

@@ -19,6 +19,7 @@ struct JournalEntry {
   std::weak_ptr<TensorImpl> tensor;
   ir::NodePtr node;
   std::exception_ptr poison;
+  Tensor grad;
 };
 
 struct StepState {
@@ -41,12 +42,11 @@ std::string step_origin(const StepState& s) {
 
 void begin(StepState& s, const std::source_location& loc) {
   if (t_active)
-    util::fail(loc, "step",
-               cat("steps do not nest: ", step_origin(*t_active), " is still running"),
+    util::fail(loc, "step", cat("steps do not nest: ", step_origin(*t_active), " is still running"),
                "End the outer step before starting another");
   if (on_runtime_thread())
     util::fail(loc, "step", "a step cannot start inside a step closure", "Start it after the step");
-  sync_all(cat("sync on entry to the step at ", util::where(loc)), nullptr);
+  sync_all(cat("sync on entry to the step at ", util::where(loc)), nullptr, false);
   s.id = g_step_counter.fetch_add(1) + 1;
   s.loc = loc;
   count("steps");
@@ -60,7 +60,7 @@ void rollback(StepState& s, const std::string& reason) {
       Error(cat("this tensor was created in ", step_origin(s),
                 ", which was rolled back because an exception left it: ", reason)));
   for (auto it = s.journal.rbegin(); it != s.journal.rend(); ++it)
-    if (auto t = it->tensor.lock()) restore(*t, it->node, it->poison);
+    if (auto t = it->tensor.lock()) restore(*t, it->node, it->poison, it->grad);
   for (auto& w : s.created)
     if (auto t = w.lock()) poison(*t, lost);
   count("rollbacks");
@@ -69,7 +69,7 @@ void rollback(StepState& s, const std::string& reason) {
 void commit(StepState& s) {
   time_ns("trace", now_ns() - s.trace_start_ns);
   try {
-    sync_all(step_origin(s), &s.closures);
+    sync_all(step_origin(s), &s.closures, false);
   } catch (const std::exception& e) {
     rollback(s, e.what());
     throw;
@@ -93,7 +93,7 @@ void journal(TensorImpl& impl) {
   StepState* s = t_active;
   if (!s || impl.touched_in_step == s->id) return;
   impl.touched_in_step = s->id;
-  s->journal.push_back({impl.weak_from_this(), impl.node, impl.poison});
+  s->journal.push_back({impl.weak_from_this(), impl.node, impl.poison, impl.grad});
 }
 
 void note_created(TensorImpl& impl) {
@@ -105,7 +105,7 @@ void note_created(TensorImpl& impl) {
 
 }  // namespace runtime
 
-void sync(Loc loc) { runtime::sync_all(util::cat("sync at ", util::where(loc)), nullptr); }
+void sync(Loc loc) { runtime::sync_all(util::cat("sync at ", util::where(loc)), nullptr, true); }
 
 void wait() { runtime::wait_all(); }
 

@@ -59,6 +59,10 @@ Tensor arange(Scalar start, Scalar end, Scalar step, TensorOptions options, Loc 
   const double span = (end.to_double() - start.to_double()) / step.to_double();
   if (!std::isfinite(span))
     util::fail(loc, "arange", "start, end and step give no finite length", "Use finite bounds");
+  // Converting a length beyond int64 would be undefined; anything near it could never be stored.
+  if (span >= 9.0e18)
+    util::fail(loc, "arange", cat("start, end and step give ", span, " elements"),
+               "Use a larger step or a smaller range");
   const int64_t n = std::max<int64_t>(0, static_cast<int64_t>(std::ceil(span)));
   const Device device = frontend::device_of(options);
   const DType dt = options.dtype;

@@ -14,7 +14,8 @@ namespace lockstep::frontend {
 using ir::NodePtr;
 using ir::Op;
 
-inline const NodePtr& node(const Tensor& t, const char* op, const Loc& loc) {
+// By value: binding the result to a reference stays valid even when `t` is a temporary.
+inline NodePtr node(const Tensor& t, const char* op, const Loc& loc) {
   return runtime::node_of(t, op, loc);
 }
 

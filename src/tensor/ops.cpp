@@ -70,8 +70,18 @@ Device device_of(const TensorOptions& options) {
 
 namespace {
 
+// The name users call an op by (the IR name differs for a few), for error messages.
+const char* user_name(Op op) {
+  switch (op) {
+    case Op::ArgMax: return "argmax";
+    case Op::ArgMin: return "argmin";
+    case Op::IsFinite: return "isfinite";
+    default: return ir::op_info(op).name;
+  }
+}
+
 Tensor unary(Op op, const Tensor& x, const Loc& loc) {
-  return record(op, {node(x, ir::op_info(op).name, loc)}, {}, loc);
+  return record(op, {node(x, user_name(op), loc)}, {}, loc);
 }
 
 Tensor binary(Op op, const NodePtr& a, const NodePtr& b, const Loc& loc) {
@@ -125,7 +135,7 @@ std::vector<int64_t> reduce_attrs(const Shape& shape, const std::vector<int64_t>
 
 Tensor reduce(Op op, const Tensor& x, const std::vector<int64_t>& axes, bool keepdim,
               const Loc& loc) {
-  const char* name = ir::op_info(op).name;
+  const char* name = user_name(op);
   const NodePtr& n = node(x, name, loc);
   return record(op, {n}, reduce_attrs(n->shape, axes, keepdim, name, loc), loc);
 }
@@ -165,7 +175,10 @@ Tensor ceil(const Tensor& x, Loc loc) { return unary(Op::Ceil, x, loc); }
 Tensor sign(const Tensor& x, Loc loc) { return unary(Op::Sign, x, loc); }
 Tensor logical_not(const Tensor& x, Loc loc) { return unary(Op::LogicalNot, x, loc); }
 Tensor isfinite(const Tensor& x, Loc loc) { return unary(Op::IsFinite, x, loc); }
-Tensor square(const Tensor& x, Loc loc) { return mul(x, x, loc); }
+Tensor square(const Tensor& x, Loc loc) {
+  node(x, "square", loc);
+  return mul(x, x, loc);
+}
 
 #define LOCKSTEP_BINARY_DEF(name, op)                                                        \
   Tensor name(const Tensor& a, const Tensor& b, Loc loc) { return binary(op, a, b, loc); } \
@@ -227,11 +240,19 @@ Tensor cast(const Tensor& x, DType dtype, Loc loc) {
 }
 
 Tensor clamp(const Tensor& x, Scalar lo, Scalar hi, Loc loc) {
+  const NodePtr& n = node(x, "clamp", loc);
+  if (n->dtype == DType::Bool)
+    util::fail(loc, "clamp", "is not defined for bool tensors",
+               "Cast to a numeric dtype first, e.g. ls::cast(x, ls::f32)");
   if (lo.to_double() > hi.to_double())
     util::fail(loc, "clamp", cat("lower bound ", lo.to_double(), " is above upper bound ",
                                  hi.to_double()),
                "Pass lo <= hi");
-  return minimum(maximum(x, lo, loc), hi, loc);
+  // The bounds are checked (and named) as clamp's, then applied as maximum and minimum.
+  const NodePtr lo_n = frontend::scalar_node(lo, n->dtype, n->device, "clamp", loc);
+  const NodePtr hi_n = frontend::scalar_node(hi, n->dtype, n->device, "clamp", loc);
+  const Tensor low = binary(Op::Maximum, n, lo_n, loc);
+  return binary(Op::Minimum, node(low, "clamp", loc), hi_n, loc);
 }
 
 // ---- reductions ----------------------------------------------------------------------------
@@ -263,30 +284,59 @@ Tensor mean(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim, Loc
   return div(s, static_cast<double>(count), loc);
 }
 
+namespace {
+
+// Checks x and axes for a softmax-family op (named `op`), sets the reduce attrs
+// [keepdim=1, axes...] and returns the shift that keeps exp() finite: the max over the axes with
+// keepdim; with `finite_only`, 0 where that max is not finite (an all -inf row would give
+// -inf - -inf = NaN). A reduction over an empty axis has no max and needs no shift: 0.
+Tensor softmax_shift(const Tensor& x, const std::vector<int64_t>& axes, bool finite_only,
+                     const char* op, const Loc& loc, std::vector<int64_t>* attrs) {
+  const NodePtr& n = node(x, op, loc);
+  if (!is_floating(n->dtype))
+    util::fail(loc, op, cat("needs a floating-point tensor, got ", dtype_name(n->dtype)),
+               "Cast it first, e.g. ls::cast(x, ls::f32)");
+  *attrs = frontend::reduce_attrs(n->shape, axes, true, op, loc);
+  if (frontend::reduced_count(n->shape, *attrs) == 0) {
+    Shape kept = n->shape;
+    for (size_t i = 1; i < attrs->size(); ++i) kept[(*attrs)[i]] = 1;
+    return full(kept, 0, TensorOptions(n->dtype, n->device), loc);
+  }
+  Tensor m = record(Op::Max, {n}, *attrs, loc);
+  return finite_only ? where(isfinite(m, loc), m, 0.0, loc) : m;
+}
+
+}  // namespace
+
 Tensor logsumexp(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim, Loc loc) {
-  Tensor m = max(x, axes, true, loc);
-  // An all -inf row would give (-inf) - (-inf) = NaN; shift by 0 there instead.
-  m = where(isfinite(m, loc), m, 0.0, loc);
-  Tensor s = log(sum(exp(sub(x, m, loc), loc), axes, true, loc), loc);
+  std::vector<int64_t> attrs;
+  const Tensor m = softmax_shift(x, axes, true, "logsumexp", loc, &attrs);
+  const Tensor e = exp(sub(x, m, loc), loc);
+  Tensor s = log(record(Op::Sum, {node(e, "logsumexp", loc)}, attrs, loc), loc);
   Tensor out = add(s, m, loc);
   if (keepdim) return out;
-  const NodePtr& on = node(out, "logsumexp", loc);
-  const std::vector<int64_t> attrs = frontend::reduce_attrs(on->shape, axes, false, "logsumexp", loc);
+  const Shape& full_shape = node(out, "logsumexp", loc)->shape;
   Shape squeezed;
-  for (size_t d = 0; d < on->shape.size(); ++d)
+  for (size_t d = 0; d < full_shape.size(); ++d)
     if (std::find(attrs.begin() + 1, attrs.end(), static_cast<int64_t>(d)) == attrs.end())
-      squeezed.push_back(on->shape[d]);
+      squeezed.push_back(full_shape[d]);
   return reshape(out, squeezed, loc);
 }
 
 Tensor softmax(const Tensor& x, int64_t axis, Loc loc) {
-  Tensor m = max(x, {axis}, true, loc);
+  std::vector<int64_t> attrs;
+  const Tensor m = softmax_shift(x, {axis}, false, "softmax", loc, &attrs);
   Tensor e = exp(sub(x, m, loc), loc);
-  return div(e, sum(e, {axis}, true, loc), loc);
+  return div(e, record(Op::Sum, {node(e, "softmax", loc)}, attrs, loc), loc);
 }
 
 Tensor log_softmax(const Tensor& x, int64_t axis, Loc loc) {
-  return sub(x, logsumexp(x, {axis}, true, loc), loc);
+  std::vector<int64_t> attrs;
+  const Tensor m = softmax_shift(x, {axis}, true, "log_softmax", loc, &attrs);
+  const Tensor e = exp(sub(x, m, loc), loc);
+  const Tensor s = record(Op::Sum, {node(e, "log_softmax", loc)}, attrs, loc);
+  const Tensor lse = add(log(s, loc), m, loc);
+  return sub(x, lse, loc);
 }
 
 // ---- movement ------------------------------------------------------------------------------

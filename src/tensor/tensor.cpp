@@ -66,6 +66,12 @@ T Tensor::item(Loc loc) const {
                cat("the tensor has ", shape_numel(n->shape), " elements (shape ",
                    shape_str(n->shape), "), not 1"),
                "Reduce it first (e.g. .sum()) or use to_vector()");
+  if (n->dtype != dtype_of<T>())
+    util::fail(loc, "item",
+               cat("the tensor is ", dtype_name(n->dtype), " but ", dtype_name(dtype_of<T>()),
+                   " was asked for"),
+               cat("Read it with the matching C++ type, or cast first: x.to(ls::",
+                   dtype_name(dtype_of<T>()), ")"));
   return to_vector<T>(loc)[0];
 }
 
@@ -187,6 +193,10 @@ const ir::NodePtr& target(const Tensor& self, const char* op, const Loc& loc) {
 
 Tensor& assign(Tensor& self, const Tensor& value, const char* op, const Loc& loc) {
   const ir::NodePtr& cur = target(self, op, loc);
+  if (self.impl()->requires_grad && ir::grad_enabled())
+    util::fail(loc, op,
+               "in-place update of a tensor that requires grad, with gradient recording on",
+               "Update parameters inside an ls::NoGrad scope (as optimizers do)");
   const ir::NodePtr& v = node(value, op, loc);
   if (v->shape != cur->shape)
     util::fail(loc, op,

@@ -14,8 +14,8 @@ namespace lockstep::util {
 std::string where(const std::source_location& loc);
 
 // Throws Error("<op>: <what> (at <file:line>). <fix>").
-[[noreturn]] void fail(const std::source_location& loc, std::string_view op, const std::string& what,
-                       const std::string& fix);
+[[noreturn]] void fail(const std::source_location& loc, std::string_view op,
+                       const std::string& what, const std::string& fix);
 
 [[noreturn]] void internal_fail(const char* file, int line, const std::string& what);
 
@@ -29,9 +29,9 @@ std::string cat(const Args&... args) {
 
 }  // namespace lockstep::util
 
-#define LS_INTERNAL_CHECK(cond, ...)                                                         \
-  do {                                                                                       \
-    if (!(cond))                                                                             \
-      ::lockstep::util::internal_fail(__FILE__, __LINE__,                                    \
-                                      ::lockstep::util::cat(#cond, ": ", ##__VA_ARGS__));    \
+#define LS_INTERNAL_CHECK(cond, ...)                                                      \
+  do {                                                                                    \
+    if (!(cond))                                                                          \
+      ::lockstep::util::internal_fail(__FILE__, __LINE__,                                 \
+                                      ::lockstep::util::cat(#cond, ": ", ##__VA_ARGS__)); \
   } while (0)

@@ -272,9 +272,9 @@ TEST(Metrics, ReportListsCountersAndTimers) {
   ls::Tensor t = ls::ones({3}) + 1.0f;
   t.to_vector<float>();
   const std::string r = ls::metrics::report();
-  for (const char* name : {"steps", "syncs", "implicit_syncs", "compiles", "cache_hits",
-                           "executions", "rollbacks", "bytes_to_device", "bytes_from_device",
-                           "trace", "compile", "execute"})
+  for (const char* name :
+       {"steps", "syncs", "implicit_syncs", "compiles", "cache_hits", "executions", "rollbacks",
+        "bytes_to_device", "bytes_from_device", "trace", "compile", "execute"})
     EXPECT_THAT(r, HasSubstr(name));
   EXPECT_GT(counter("bytes_from_device"), 0);
   EXPECT_GT(ls::metrics::timer_count("execute"), 0);

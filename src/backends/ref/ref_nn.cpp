@@ -310,10 +310,14 @@ void scatter_add(const ir::GraphNode& n, const Arr& x, const Arr& idx, const Arr
     for (int64_t i = 0; i < total; ++i) Y[i] = x.as<T>()[i];
     IndexWalker ws(idx.shape, ss, 0);
     for_each_indexed("scatter_add", x.shape, idx, n.attrs[0], [&](int64_t, int64_t at) {
-      if constexpr (std::is_same_v<T, bool>)
+      if constexpr (std::is_same_v<T, bool>) {
         Y[at] = Y[at] || S[ws.offset];
-      else
+      } else if constexpr (std::is_integral_v<T>) {  // wraps, as integer add does
+        using U = std::make_unsigned_t<T>;
+        Y[at] = static_cast<T>(static_cast<U>(Y[at]) + static_cast<U>(S[ws.offset]));
+      } else {
         Y[at] = static_cast<T>(Y[at] + S[ws.offset]);
+      }
       ws.next();
     });
   });

@@ -1,0 +1,25 @@
+// Training checkpoints: a model's parameters and buffers, an optimizer's state (its step count
+// included) and the random generator's state, in one safetensors file ("model.<name>",
+// "optimizer.<name>", "generator.state"), so PyTorch and Hugging Face tools can read it.
+#pragma once
+
+#include <string>
+
+#include "lockstep/io.h"
+#include "lockstep/nn.h"
+#include "lockstep/optim.h"
+
+namespace lockstep {
+
+// Writes atomically (a crash leaves the previous checkpoint intact). Computes pending values.
+void save_checkpoint(const std::string& path, const nn::Module& model,
+                     const optim::Optimizer* optimizer = nullptr, const io::Metadata& metadata = {},
+                     Loc loc = Loc::current());
+
+// Checks the whole file against the model (and optimizer) before changing anything: a
+// truncated, corrupted or mismatched file is an Error naming the problem and leaves the model,
+// the optimizer and the generator as they were. Returns the metadata saved with it.
+io::Metadata load_checkpoint(const std::string& path, nn::Module& model,
+                             optim::Optimizer* optimizer = nullptr, Loc loc = Loc::current());
+
+}  // namespace lockstep

@@ -1,0 +1,219 @@
+// Neural-network building blocks: the Module base (parameters, buffers, train/eval, state
+// dicts), layers with PyTorch's default initialisation and parameter names, functional ops
+// and losses. All of it records: a module call adds to the step's graph.
+#pragma once
+
+#include <array>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "lockstep/ops.h"
+#include "lockstep/tensor.h"
+
+namespace lockstep::nn {
+
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+class Module {
+ public:
+  virtual ~Module() = default;
+  // The module applied to one input. Modules without a single-input forward throw Error.
+  virtual Tensor forward(const Tensor& x);
+  Tensor operator()(const Tensor& x) { return forward(x); }
+
+  // Parameters (trainable) and buffers (running statistics) of this module and its children,
+  // named as PyTorch names them ("layer1.0.conv1.weight").
+  std::vector<Tensor> parameters() const;
+  NamedTensors named_parameters() const;
+  std::vector<Tensor> buffers() const;
+  NamedTensors named_buffers() const;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_children() const {
+    return children_;
+  }
+
+  void train(bool on = true);
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
+
+  // Moves every parameter and buffer to `device`, in place (handles to them stay valid).
+  void to(Device device);
+
+  // Parameters and buffers by name. load_state_dict copies values into the existing tensors;
+  // with `strict`, missing and unexpected names are an Error listing them. Shapes and dtypes
+  // must match. Nothing is changed unless everything matches.
+  NamedTensors state_dict() const;
+  void load_state_dict(const NamedTensors& state, bool strict = true);
+  // The checks of load_state_dict alone: throws the same Error, changes nothing.
+  void check_state_dict(const NamedTensors& state, bool strict = true) const;
+
+ protected:
+  // Registers and returns `t` (made to require grad).
+  Tensor register_parameter(const std::string& name, Tensor t);
+  Tensor register_buffer(const std::string& name, Tensor t);
+  template <typename M>
+  std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> m) {
+    add_child(name, m);
+    return m;
+  }
+
+ private:
+  void add_child(const std::string& name, std::shared_ptr<Module> m);
+  void collect(const std::string& prefix, bool params, NamedTensors* out) const;
+  NamedTensors params_;
+  NamedTensors buffers_;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  bool training_ = true;
+};
+
+class Linear : public Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features, bool bias = true);
+  Tensor forward(const Tensor& x) override;
+  Tensor weight, bias;  // weight [out, in]
+};
+
+struct Conv2dSpec {
+  int64_t in_channels = 0, out_channels = 0;
+  std::array<int64_t, 2> kernel{3, 3};
+  std::array<int64_t, 2> stride{1, 1};
+  std::array<int64_t, 2> padding{0, 0};
+  std::array<int64_t, 2> dilation{1, 1};
+  int64_t groups = 1;
+  bool bias = true;
+};
+
+class Conv2d : public Module {
+ public:
+  explicit Conv2d(const Conv2dSpec& spec);
+  Tensor forward(const Tensor& x) override;
+  Conv2dSpec spec;
+  Tensor weight, bias;  // weight [out, in / groups, kh, kw]
+};
+
+// Batch normalization over [N, C] (1d) or [N, C, H, W] (2d). In training, normalizes with the
+// batch statistics and updates the running ones inside the step's graph; in eval, uses them.
+class BatchNorm : public Module {
+ public:
+  BatchNorm(int64_t num_features, double eps = 1e-5, double momentum = 0.1, bool affine = true);
+  Tensor forward(const Tensor& x) override;
+  int64_t num_features;
+  double eps, momentum;
+  Tensor weight, bias, running_mean, running_var, num_batches_tracked;
+};
+using BatchNorm1d = BatchNorm;
+using BatchNorm2d = BatchNorm;
+
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(Shape normalized_shape, double eps = 1e-5, bool affine = true);
+  Tensor forward(const Tensor& x) override;
+  Shape normalized_shape;
+  double eps;
+  Tensor weight, bias;
+};
+
+class Embedding : public Module {
+ public:
+  Embedding(int64_t num_embeddings, int64_t embedding_dim);
+  Tensor forward(const Tensor& indices) override;  // i64 indices of any shape
+  Tensor weight;
+};
+
+// Zeroes elements with probability p in training (scaling the rest by 1/(1-p)), with a mask
+// from the step's random generator: no recompiles.
+class Dropout : public Module {
+ public:
+  explicit Dropout(double p = 0.5);
+  Tensor forward(const Tensor& x) override;
+  double p;
+};
+
+class ReLU : public Module {
+ public:
+  Tensor forward(const Tensor& x) override;
+};
+class GELU : public Module {
+ public:
+  Tensor forward(const Tensor& x) override;
+};
+class Sigmoid : public Module {
+ public:
+  Tensor forward(const Tensor& x) override;
+};
+class Tanh : public Module {
+ public:
+  Tensor forward(const Tensor& x) override;
+};
+class Flatten : public Module {
+ public:
+  explicit Flatten(int64_t start_axis = 1, int64_t end_axis = -1);
+  Tensor forward(const Tensor& x) override;
+  int64_t start_axis, end_axis;
+};
+class MaxPool2d : public Module {
+ public:
+  explicit MaxPool2d(Pool2dOptions options);
+  Tensor forward(const Tensor& x) override;
+  Pool2dOptions options;
+};
+class AvgPool2d : public Module {
+ public:
+  explicit AvgPool2d(Pool2dOptions options);
+  Tensor forward(const Tensor& x) override;
+  Pool2dOptions options;
+};
+class AdaptiveAvgPool2d : public Module {
+ public:
+  explicit AdaptiveAvgPool2d(std::array<int64_t, 2> output_size);
+  Tensor forward(const Tensor& x) override;
+  std::array<int64_t, 2> output_size;
+};
+
+// Children named "0", "1", ... as torch.nn.Sequential.
+class Sequential : public Module {
+ public:
+  Sequential() = default;
+  Sequential& add(std::shared_ptr<Module> m);
+  template <typename M, typename... Args>
+  Sequential& emplace(Args&&... args) {
+    return add(std::make_shared<M>(std::forward<Args>(args)...));
+  }
+  Tensor forward(const Tensor& x) override;
+  size_t size() const { return layers_.size(); }
+  std::shared_ptr<Module> operator[](size_t i) const { return layers_.at(i); }
+
+ private:
+  std::vector<std::shared_ptr<Module>> layers_;
+};
+
+// ---- functional -----------------------------------------------------------------------------
+enum class Reduction { Mean, Sum, None };
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
+              Loc loc = Loc::current());
+Tensor gelu(const Tensor& x, Loc loc = Loc::current());  // exact (erf) form, as PyTorch's default
+Tensor erf(const Tensor& x, Loc loc = Loc::current());
+Tensor dropout(const Tensor& x, double p, bool training, Loc loc = Loc::current());
+
+struct CrossEntropyOptions {
+  Reduction reduction = Reduction::Mean;
+  int64_t ignore_index = -100;
+  double label_smoothing = 0.0;
+};
+// logits [N, C], targets i64 [N] (class indices). Mean is over non-ignored targets.
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets,
+                     const CrossEntropyOptions& options = {}, Loc loc = Loc::current());
+// log_probs [N, C], targets i64 [N].
+Tensor nll_loss(const Tensor& log_probs, const Tensor& targets,
+                const CrossEntropyOptions& options = {}, Loc loc = Loc::current());
+Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::Mean,
+                Loc loc = Loc::current());
+Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targets,
+                                        Reduction reduction = Reduction::Mean,
+                                        Loc loc = Loc::current());
+// Fraction (f32, 0-d) of rows whose arg-max equals the target.
+Tensor accuracy(const Tensor& logits, const Tensor& targets, Loc loc = Loc::current());
+
+}  // namespace lockstep::nn

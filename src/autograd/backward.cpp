@@ -1,0 +1,170 @@
+// Reverse mode over the recorded IR: walk back from the output through nodes that require grad,
+// apply each op's gradient rule, and accumulate into the leaves' grad(). Also the Tensor's
+// autograd methods and NoGrad.
+#include <unordered_map>
+#include <unordered_set>
+
+#include "autograd/grad_rules.h"
+#include "lockstep/autograd.h"
+#include "lockstep/ops.h"
+#include "runtime/lazy.h"
+#include "util/check.h"
+
+namespace lockstep {
+
+using util::cat;
+
+NoGrad::NoGrad() : previous_(ir::grad_enabled()) { ir::set_grad_enabled(false); }
+NoGrad::~NoGrad() { ir::set_grad_enabled(previous_); }
+bool is_grad_enabled() { return ir::grad_enabled(); }
+
+namespace {
+
+// What backward continues through from a node: its operands, or, for a value computed by an
+// earlier sync, the node it was computed from.
+const std::vector<ir::NodePtr>& inputs_of(const ir::Node& n, std::vector<ir::NodePtr>& scratch) {
+  if (n.grad_alias) {
+    scratch.assign(1, n.grad_alias);
+    return scratch;
+  }
+  return n.operands;
+}
+
+void accumulate(std::unordered_map<const ir::Node*, Tensor>& grads, const ir::Node* n,
+                const Tensor& g, const Loc& loc) {
+  auto [it, fresh] = grads.emplace(n, g);
+  if (!fresh) it->second = add(it->second, g, loc);
+}
+
+void deliver(detail::TensorImpl& leaf, const Tensor& g, const Loc& loc) {
+  runtime::journal(leaf);  // the step's rollback restores the previous grad handle too
+  if (!leaf.grad.defined()) {
+    leaf.grad = runtime::new_tensor(runtime::node_of(g, "backward", loc));
+  } else {
+    leaf.grad = add(leaf.grad, g, loc);
+  }
+}
+
+}  // namespace
+
+void backward(const Tensor& output, const Tensor& grad_output, Loc loc) {
+  const ir::NodePtr root = runtime::node_of(output, "backward", loc);
+  if (!root->requires_grad)
+    util::fail(loc, "backward",
+               "the output does not require grad: no tensor with requires_grad reaches it, or it "
+               "was computed under ls::NoGrad or in an earlier step",
+               "Call set_requires_grad() on the parameters and backward in the step that "
+               "computed the output");
+  Tensor seed = grad_output;
+  if (!seed.defined()) {
+    if (shape_numel(root->shape) != 1)
+      util::fail(loc, "backward",
+                 cat("the output has shape ", shape_str(root->shape), ", not a single element"),
+                 "Reduce it to a loss first (e.g. .mean()) or pass grad_output");
+    seed = full(root->shape, 1, TensorOptions(root->dtype, root->device), loc);
+  } else {
+    const ir::NodePtr& s = runtime::node_of(seed, "backward", loc);
+    if (s->shape != root->shape || s->dtype != root->dtype)
+      util::fail(loc, "backward",
+                 cat("grad_output is ", dtype_name(s->dtype), shape_str(s->shape),
+                     " but the output is ", dtype_name(root->dtype), shape_str(root->shape)),
+                 "Pass a gradient with the output's shape and dtype");
+  }
+  NoGrad no_grad;
+
+  // Post-order over the nodes that require grad (iterative: graphs can be deep).
+  std::vector<const ir::Node*> order;
+  std::unordered_map<const ir::Node*, ir::NodePtr> owner;  // keeps pointers valid
+  std::unordered_set<const ir::Node*> seen;
+  struct Frame {
+    const ir::Node* node;
+    size_t next;
+  };
+  std::vector<Frame> stack{{root.get(), 0}};
+  owner[root.get()] = root;
+  seen.insert(root.get());
+  std::vector<ir::NodePtr> scratch;
+  while (!stack.empty()) {
+    Frame& f = stack.back();
+    const ir::Node* n = f.node;
+    static const std::vector<ir::NodePtr> kNone;
+    const bool is_leaf = !n->grad_leaf.expired();  // gradients stop at a leaf
+    const std::vector<ir::NodePtr>& ins = is_leaf ? kNone : inputs_of(*n, scratch);
+    if (f.next < ins.size()) {
+      const ir::NodePtr& c = ins[f.next++];
+      if (c->requires_grad && seen.insert(c.get()).second) {
+        owner[c.get()] = c;
+        stack.push_back({c.get(), 0});
+      }
+      continue;
+    }
+    order.push_back(n);
+    stack.pop_back();
+  }
+
+  std::unordered_map<const ir::Node*, Tensor> grads;
+  grads.emplace(root.get(), seed);
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    const ir::Node* n = *it;
+    auto g_it = grads.find(n);
+    if (g_it == grads.end()) continue;  // no path from the output carries a gradient here
+    const Tensor g = g_it->second;
+    grads.erase(g_it);
+    if (auto leaf = n->grad_leaf.lock()) {
+      deliver(*leaf, g, loc);
+      continue;
+    }
+    if (n->grad_alias) {
+      accumulate(grads, n->grad_alias.get(), g, loc);
+      continue;
+    }
+    const std::vector<Tensor> gs = autograd::operand_grads(owner.at(n), g);
+    for (size_t i = 0; i < gs.size() && i < n->operands.size(); ++i)
+      if (gs[i].defined() && n->operands[i]->requires_grad)
+        accumulate(grads, n->operands[i].get(), gs[i], loc);
+  }
+}
+
+Tensor& Tensor::set_requires_grad(bool requires_grad, Loc loc) {
+  const ir::NodePtr& n = runtime::node_of(*this, "set_requires_grad", loc);
+  if (requires_grad && !is_floating(n->dtype))
+    util::fail(loc, "set_requires_grad",
+               cat("a ", dtype_name(n->dtype), " tensor cannot require grad"),
+               "Only floating-point tensors have gradients");
+  if (requires_grad && n->requires_grad && n->grad_leaf.lock().get() != impl())
+    util::fail(loc, "set_requires_grad", "the tensor is the result of ops that require grad",
+               "Only leaves can be made to require grad; use detach() first");
+  impl()->requires_grad = requires_grad;
+  if (!requires_grad && n->requires_grad) impl()->node = ir::annotated(n, false, {}, nullptr);
+  return *this;
+}
+
+bool Tensor::requires_grad() const {
+  return defined() && (impl()->requires_grad || impl()->node->requires_grad);
+}
+
+Tensor Tensor::grad() const { return defined() ? impl()->grad : Tensor(); }
+
+void Tensor::set_grad(const Tensor& grad, Loc loc) {
+  const ir::NodePtr& n = runtime::node_of(*this, "set_grad", loc);
+  if (grad.defined()) {
+    const ir::NodePtr& g = runtime::node_of(grad, "set_grad", loc);
+    if (g->shape != n->shape || g->dtype != n->dtype || !(g->device == n->device))
+      util::fail(loc, "set_grad",
+                 cat("gradient ", dtype_name(g->dtype), shape_str(g->shape),
+                     " does not match tensor ", dtype_name(n->dtype), shape_str(n->shape)),
+                 "Pass a gradient with the tensor's shape, dtype and device");
+  }
+  runtime::journal(*impl());
+  impl()->grad = grad;
+}
+
+void Tensor::backward(Loc loc) const { lockstep::backward(*this, Tensor(), loc); }
+
+Tensor Tensor::detach(Loc loc) const {
+  const ir::NodePtr& n = runtime::node_of(*this, "detach", loc);
+  if (!n->requires_grad) return runtime::new_tensor(n);
+  return runtime::new_tensor(ir::annotated(n, false, {}, nullptr));
+}
+
+}  // namespace lockstep

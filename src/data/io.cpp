@@ -1,0 +1,135 @@
+// File reading for the dataset readers: plain files directly, ".gz" files through zlib's gzread.
+// Not for parsing formats (idx.cpp, cifar.cpp).
+#include "data/io.h"
+
+#include <zlib.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <system_error>
+
+#include "util/check.h"
+
+namespace lockstep::data::io {
+
+namespace fs = std::filesystem;
+using util::cat;
+
+void fail(const std::string& path, const std::string& what) { throw Error(cat(path, ": ", what)); }
+
+bool is_file(const std::string& path) {
+  std::error_code ec;
+  return fs::is_regular_file(path, ec);
+}
+
+bool is_directory(const std::string& path) {
+  std::error_code ec;
+  return fs::is_directory(path, ec);
+}
+
+std::string join(const std::string& dir, const std::string& name) {
+  if (dir.empty()) return name;
+  if (dir.back() == '/') return dir + name;
+  return dir + "/" + name;
+}
+
+std::string find_plain_or_gz(const std::string& dir, const std::string& base) {
+  const std::string plain = join(dir, base);
+  if (is_file(plain)) return plain;
+  if (is_file(plain + ".gz")) return plain + ".gz";
+  fail(plain, cat("no such file (nor ", base, ".gz) in ", dir));
+}
+
+uint32_t be32(const std::vector<uint8_t>& bytes, size_t offset) {
+  return (uint32_t{bytes[offset]} << 24) | (uint32_t{bytes[offset + 1]} << 16) |
+         (uint32_t{bytes[offset + 2]} << 8) | uint32_t{bytes[offset + 3]};
+}
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// Closes a FILE* / gzFile on every path out.
+struct FileCloser {
+  FILE* f;
+  ~FileCloser() {
+    if (f) std::fclose(f);
+  }
+};
+struct GzCloser {
+  gzFile f;
+  ~GzCloser() {
+    if (f) gzclose(f);
+  }
+};
+
+FILE* open_or_fail(const std::string& path) {
+  if (is_directory(path)) fail(path, "cannot open: is a directory");
+  errno = 0;
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) fail(path, cat("cannot open: ", std::strerror(errno)));
+  return f;
+}
+
+std::vector<uint8_t> read_plain(const std::string& path) {
+  FileCloser file{open_or_fail(path)};
+  std::vector<uint8_t> out;
+  constexpr size_t kChunk = size_t{1} << 20;
+  for (;;) {
+    const size_t at = out.size();
+    out.resize(at + kChunk);
+    const size_t got = std::fread(out.data() + at, 1, kChunk, file.f);
+    out.resize(at + got);
+    if (got < kChunk) {
+      if (std::ferror(file.f)) fail(path, cat("read error at byte ", out.size()));
+      return out;
+    }
+  }
+}
+
+std::vector<uint8_t> read_gz(const std::string& path) {
+  // gzread reads non-gzip data as-is ("transparent" mode); a ".gz" name promises gzip, so check
+  // its magic first and report a mislabeled or damaged file as such.
+  {
+    FileCloser file{open_or_fail(path)};
+    unsigned char magic[2] = {0, 0};
+    const size_t got = std::fread(magic, 1, 2, file.f);
+    if (got == 0) fail(path, "empty file at byte 0: expected gzip data");
+    if (got < 2 || magic[0] != 0x1f || magic[1] != 0x8b)
+      fail(path, "not gzip data: bad gzip magic at byte 0 (expected 1f 8b)");
+  }
+  errno = 0;
+  GzCloser file{gzopen(path.c_str(), "rb")};
+  if (!file.f) fail(path, cat("cannot open: ", errno ? std::strerror(errno) : "out of memory"));
+  std::vector<uint8_t> out;
+  constexpr unsigned kChunk = 1u << 20;
+  for (;;) {
+    const size_t at = out.size();
+    out.resize(at + kChunk);
+    const int got = gzread(file.f, out.data() + at, kChunk);
+    out.resize(at + static_cast<size_t>(got < 0 ? 0 : got));
+    if (got <= 0) break;
+  }
+  int err = Z_OK;
+  const char* msg = gzerror(file.f, &err);
+  if (err != Z_OK) {
+    const std::string why = err == Z_BUF_ERROR ? "gzip data ends early" : "corrupt gzip data";
+    fail(path, cat(why, " at byte ", out.size(), " of the uncompressed data (compressed byte ",
+                   static_cast<long long>(gzoffset(file.f)), "): zlib: ", msg ? msg : "?"));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<uint8_t> read_file(const std::string& path) {
+  if (ends_with(path, ".gz")) return read_gz(path);
+  return read_plain(path);
+}
+
+}  // namespace lockstep::data::io

@@ -1,0 +1,147 @@
+// The MLP, the Fashion-MNIST CNN and torchvision's ResNets.
+#include <cmath>
+
+#include "lockstep/autograd.h"
+#include "lockstep/models.h"
+#include "util/check.h"
+
+namespace lockstep::models {
+
+using util::cat;
+
+MLP::MLP(const std::vector<int64_t>& sizes) {
+  if (sizes.size() < 2) throw Error("MLP: needs at least an input and an output size");
+  layers = register_module("layers", std::make_shared<nn::Sequential>());
+  for (size_t i = 0; i + 1 < sizes.size(); ++i) {
+    layers->emplace<nn::Linear>(sizes[i], sizes[i + 1]);
+    if (i + 2 < sizes.size()) layers->emplace<nn::ReLU>();
+  }
+}
+
+Tensor MLP::forward(const Tensor& x) { return (*layers)(x.dim() > 2 ? flatten(x, 1) : x); }
+
+FashionCNN::FashionCNN(int64_t num_classes, int64_t in_channels, int64_t image_size) {
+  if (image_size % 4 != 0)
+    throw Error(cat("FashionCNN: image size must be a multiple of 4, got ", image_size));
+  conv1 = register_module("conv1",
+                          std::make_shared<nn::Conv2d>(nn::Conv2dSpec{.in_channels = in_channels,
+                                                                      .out_channels = 32,
+                                                                      .kernel = {3, 3},
+                                                                      .padding = {1, 1},
+                                                                      .bias = false}));
+  bn1 = register_module("bn1", std::make_shared<nn::BatchNorm2d>(32));
+  conv2 = register_module("conv2", std::make_shared<nn::Conv2d>(nn::Conv2dSpec{.in_channels = 32,
+                                                                               .out_channels = 64,
+                                                                               .kernel = {3, 3},
+                                                                               .padding = {1, 1},
+                                                                               .bias = false}));
+  bn2 = register_module("bn2", std::make_shared<nn::BatchNorm2d>(64));
+  const int64_t side = image_size / 4;
+  fc1 = register_module("fc1", std::make_shared<nn::Linear>(64 * side * side, 128));
+  fc2 = register_module("fc2", std::make_shared<nn::Linear>(128, num_classes));
+}
+
+Tensor FashionCNN::forward(const Tensor& x) {
+  const Pool2dOptions pool{{2, 2}, {2, 2}, {0, 0}, true};
+  Tensor h = max_pool2d(relu((*bn1)((*conv1)(x))), pool);
+  h = max_pool2d(relu((*bn2)((*conv2)(h))), pool);
+  h = relu((*fc1)(flatten(h, 1)));
+  return (*fc2)(h);
+}
+
+namespace {
+
+// kaiming_normal_(mode="fan_out", nonlinearity="relu"), as torchvision initialises convs.
+std::shared_ptr<nn::Conv2d> conv(int64_t in, int64_t out, int64_t k, int64_t stride, int64_t pad) {
+  auto c = std::make_shared<nn::Conv2d>(nn::Conv2dSpec{.in_channels = in,
+                                                       .out_channels = out,
+                                                       .kernel = {k, k},
+                                                       .stride = {stride, stride},
+                                                       .padding = {pad, pad},
+                                                       .bias = false});
+  NoGrad no_grad;
+  const double std_dev = std::sqrt(2.0 / static_cast<double>(out * k * k));
+  c->weight.copy_(randn(c->weight.shape()) * std_dev);
+  return c;
+}
+
+class Block : public nn::Module {
+ public:
+  Block(bool bottleneck, int64_t in, int64_t planes, int64_t stride) : bottleneck_(bottleneck) {
+    const int64_t out = bottleneck ? planes * 4 : planes;
+    if (bottleneck) {
+      conv1 = register_module("conv1", conv(in, planes, 1, 1, 0));
+      bn1 = register_module("bn1", std::make_shared<nn::BatchNorm2d>(planes));
+      conv2 = register_module("conv2", conv(planes, planes, 3, stride, 1));
+      bn2 = register_module("bn2", std::make_shared<nn::BatchNorm2d>(planes));
+      conv3 = register_module("conv3", conv(planes, out, 1, 1, 0));
+      bn3 = register_module("bn3", std::make_shared<nn::BatchNorm2d>(out));
+    } else {
+      conv1 = register_module("conv1", conv(in, planes, 3, stride, 1));
+      bn1 = register_module("bn1", std::make_shared<nn::BatchNorm2d>(planes));
+      conv2 = register_module("conv2", conv(planes, planes, 3, 1, 1));
+      bn2 = register_module("bn2", std::make_shared<nn::BatchNorm2d>(planes));
+    }
+    if (stride != 1 || in != out) {
+      downsample = register_module("downsample", std::make_shared<nn::Sequential>());
+      downsample->add(conv(in, out, 1, stride, 0));
+      downsample->emplace<nn::BatchNorm2d>(out);
+    }
+  }
+
+  Tensor forward(const Tensor& x) override {
+    Tensor h = relu((*bn1)((*conv1)(x)));
+    if (bottleneck_) {
+      h = relu((*bn2)((*conv2)(h)));
+      h = (*bn3)((*conv3)(h));
+    } else {
+      h = (*bn2)((*conv2)(h));
+    }
+    return relu(h + (downsample ? (*downsample)(x) : x));
+  }
+
+ private:
+  bool bottleneck_;
+  std::shared_ptr<nn::Conv2d> conv1, conv2, conv3;
+  std::shared_ptr<nn::BatchNorm2d> bn1, bn2, bn3;
+  std::shared_ptr<nn::Sequential> downsample;
+};
+
+}  // namespace
+
+ResNet::ResNet(bool bottleneck, const std::vector<int64_t>& blocks, const ResNetOptions& o)
+    : options(o) {
+  if (blocks.size() != 4) throw Error("ResNet: needs four stages");
+  if (o.num_classes <= 0) throw Error(cat("ResNet: num_classes must be > 0, got ", o.num_classes));
+  conv1 =
+      register_module("conv1", o.stem == ResNetStem::ImageNet ? conv(o.in_channels, 64, 7, 2, 3)
+                                                              : conv(o.in_channels, 64, 3, 1, 1));
+  bn1 = register_module("bn1", std::make_shared<nn::BatchNorm2d>(64));
+  int64_t in = 64;
+  const int64_t planes[4] = {64, 128, 256, 512};
+  for (int s = 0; s < 4; ++s) {
+    auto stage = std::make_shared<nn::Sequential>();
+    for (int64_t b = 0; b < blocks[s]; ++b) {
+      const int64_t stride = (s > 0 && b == 0) ? 2 : 1;
+      stage->add(std::make_shared<Block>(bottleneck, in, planes[s], stride));
+      in = bottleneck ? planes[s] * 4 : planes[s];
+    }
+    layers.push_back(register_module(cat("layer", s + 1), stage));
+  }
+  fc = register_module("fc", std::make_shared<nn::Linear>(in, o.num_classes));
+}
+
+Tensor ResNet::forward(const Tensor& x) {
+  Tensor h = relu((*bn1)((*conv1)(x)));
+  if (options.stem == ResNetStem::ImageNet)
+    h = max_pool2d(h, Pool2dOptions{{3, 3}, {2, 2}, {1, 1}, true});
+  for (auto& stage : layers) h = (*stage)(h);
+  h = mean(h, {2, 3});
+  return (*fc)(h);
+}
+
+ResNet resnet18(const ResNetOptions& o) { return ResNet(false, {2, 2, 2, 2}, o); }
+ResNet resnet34(const ResNetOptions& o) { return ResNet(false, {3, 4, 6, 3}, o); }
+ResNet resnet50(const ResNetOptions& o) { return ResNet(true, {3, 4, 6, 3}, o); }
+
+}  // namespace lockstep::models

@@ -1,0 +1,74 @@
+// Checkpoints on top of the safetensors reader and writer: naming, and loading all or nothing.
+#include "lockstep/checkpoint.h"
+
+#include "lockstep/autograd.h"
+#include "lockstep/runtime.h"
+#include "util/check.h"
+
+namespace lockstep {
+
+using util::cat;
+
+namespace {
+const std::string kModel = "model.";
+const std::string kOptimizer = "optimizer.";
+const std::string kGenerator = "generator.state";
+}  // namespace
+
+void save_checkpoint(const std::string& path, const nn::Module& model,
+                     const optim::Optimizer* optimizer, const io::Metadata& metadata, Loc loc) {
+  io::TensorMap tensors;
+  for (auto& [name, t] : model.state_dict()) tensors.emplace_back(cat(kModel, name), t);
+  if (optimizer)
+    for (auto& [name, t] : optimizer->state_dict()) tensors.emplace_back(cat(kOptimizer, name), t);
+  tensors.emplace_back(kGenerator, generator_state());
+  io::Metadata meta{{"format", "lockstep-checkpoint"}, {"version", "1"}};
+  meta.insert(metadata.begin(), metadata.end());  // the two keys above are reserved
+  sync(loc);  // one program for every pending value, not one read each
+  io::save_safetensors(path, tensors, meta, loc);
+}
+
+io::Metadata load_checkpoint(const std::string& path, nn::Module& model,
+                             optim::Optimizer* optimizer, Loc loc) {
+  io::Loaded file = io::load_safetensors(path, default_device(), loc);
+  auto it = file.metadata.find("format");
+  if (it == file.metadata.end() || it->second != "lockstep-checkpoint")
+    util::fail(loc, "load_checkpoint",
+               cat("'", path, "' is a safetensors file but not a lockstep checkpoint"),
+               "Load plain tensors with ls::io::load_safetensors and Module::load_state_dict");
+  nn::NamedTensors model_state, optimizer_state;
+  Tensor generator;
+  for (auto& [name, t] : file.tensors) {
+    if (name.rfind(kModel, 0) == 0)
+      model_state.emplace_back(name.substr(kModel.size()), t);
+    else if (name.rfind(kOptimizer, 0) == 0)
+      optimizer_state.emplace_back(name.substr(kOptimizer.size()), t);
+    else if (name == kGenerator)
+      generator = t;
+    else
+      util::fail(loc, "load_checkpoint", cat("'", path, "' has an unknown tensor '", name, "'"),
+                 "The file was not written by ls::save_checkpoint");
+  }
+  const Tensor& gen = generator_state();
+  if (!generator.defined() || generator.shape() != gen.shape() || generator.dtype() != gen.dtype())
+    util::fail(loc, "load_checkpoint", cat("'", path, "' has no valid generator state"),
+               "The file was not written by ls::save_checkpoint");
+  if (optimizer && optimizer_state.empty())
+    util::fail(loc, "load_checkpoint", cat("'", path, "' holds no optimizer state"),
+               "Load it without an optimizer, or use a checkpoint saved with one");
+  // Everything is checked before anything changes.
+  try {
+    model.check_state_dict(model_state, true);
+    if (optimizer) optimizer->check_state_dict(optimizer_state);
+  } catch (const Error& e) {
+    util::fail(loc, "load_checkpoint", cat("'", path, "' does not fit: ", e.what()), "");
+  }
+  model.load_state_dict(model_state, true);
+  if (optimizer) optimizer->load_state_dict(optimizer_state);
+  NoGrad no_grad;
+  Tensor g = generator_state();
+  g.copy_(generator);
+  return file.metadata;
+}
+
+}  // namespace lockstep

@@ -1,0 +1,189 @@
+// Layers with PyTorch's default initialisation (same distributions, so results are
+// comparable) and PyTorch's parameter names.
+#include <cmath>
+
+#include "lockstep/autograd.h"
+#include "lockstep/nn.h"
+#include "util/check.h"
+
+namespace lockstep::nn {
+
+using util::cat;
+
+namespace {
+
+// U(-bound, bound): what kaiming_uniform_(a=sqrt(5)) and PyTorch's bias init reduce to.
+Tensor uniform(const Shape& shape, double bound) {
+  NoGrad no_grad;
+  return rand(shape) * (2 * bound) - bound;
+}
+
+}  // namespace
+
+Linear::Linear(int64_t in_features, int64_t out_features, bool has_bias) {
+  if (in_features <= 0 || out_features <= 0)
+    throw Error(cat("Linear: sizes must be positive, got in=", in_features, " out=", out_features));
+  const double bound = 1.0 / std::sqrt(static_cast<double>(in_features));
+  weight = register_parameter("weight", uniform({out_features, in_features}, bound));
+  if (has_bias) bias = register_parameter("bias", uniform({out_features}, bound));
+}
+
+Tensor Linear::forward(const Tensor& x) { return linear(x, weight, bias); }
+
+Conv2d::Conv2d(const Conv2dSpec& s) : spec(s) {
+  if (s.in_channels <= 0 || s.out_channels <= 0 || s.groups <= 0 || s.in_channels % s.groups != 0 ||
+      s.out_channels % s.groups != 0)
+    throw Error(cat("Conv2d: channels in=", s.in_channels, " out=", s.out_channels,
+                    " must be positive and divisible by groups=", s.groups));
+  const int64_t fan_in = s.in_channels / s.groups * s.kernel[0] * s.kernel[1];
+  const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
+  weight = register_parameter(
+      "weight",
+      uniform({s.out_channels, s.in_channels / s.groups, s.kernel[0], s.kernel[1]}, bound));
+  if (s.bias) bias = register_parameter("bias", uniform({s.out_channels}, bound));
+}
+
+Tensor Conv2d::forward(const Tensor& x) {
+  Tensor y = conv2d(x, weight, {spec.stride, spec.padding, spec.dilation, spec.groups});
+  if (bias.defined()) y = y + reshape(bias, {1, spec.out_channels, 1, 1});
+  return y;
+}
+
+BatchNorm::BatchNorm(int64_t n, double e, double m, bool affine)
+    : num_features(n), eps(e), momentum(m) {
+  if (n <= 0) throw Error(cat("BatchNorm: num_features must be positive, got ", n));
+  if (affine) {
+    weight = register_parameter("weight", ones({n}));
+    bias = register_parameter("bias", zeros({n}));
+  }
+  running_mean = register_buffer("running_mean", zeros({n}));
+  running_var = register_buffer("running_var", ones({n}));
+  num_batches_tracked = register_buffer("num_batches_tracked", zeros({}, DType::I64));
+}
+
+Tensor BatchNorm::forward(const Tensor& x) {
+  const Loc loc = Loc::current();
+  if (x.dim() != 2 && x.dim() != 4)
+    throw Error(cat("BatchNorm: input must be [N, C] or [N, C, H, W], got ", shape_str(x.shape())));
+  if (x.size(1) != num_features)
+    throw Error(cat("BatchNorm: input ", shape_str(x.shape()), " has ", x.size(1),
+                    " channels, the layer expects ", num_features));
+  std::vector<int64_t> axes{0};
+  Shape per_channel(x.dim(), 1);
+  per_channel[1] = num_features;
+  for (int64_t d = 2; d < x.dim(); ++d) axes.push_back(d);
+  Tensor mean_c, var_c;
+  if (is_training()) {
+    const int64_t n = x.numel() / num_features;
+    if (n <= 1)
+      throw Error(cat("BatchNorm: training needs more than one value per channel, got input ",
+                      shape_str(x.shape())));
+    mean_c = mean(x, axes, true);
+    Tensor centered = x - mean_c;
+    var_c = mean(centered * centered, axes, true);
+    NoGrad no_grad;  // running statistics: updated in the step's graph, no gradient
+    running_mean.copy_(running_mean * (1 - momentum) + reshape(mean_c, {num_features}) * momentum);
+    running_var.copy_(running_var * (1 - momentum) +
+                      reshape(var_c, {num_features}) * (momentum * n / (n - 1.0)));
+    num_batches_tracked += 1;
+  } else {
+    mean_c = reshape(running_mean, per_channel);
+    var_c = reshape(running_var, per_channel);
+  }
+  (void)loc;
+  Tensor y = (x - mean_c) * rsqrt(var_c + eps);
+  if (weight.defined()) y = y * reshape(weight, per_channel) + reshape(bias, per_channel);
+  return y;
+}
+
+LayerNorm::LayerNorm(Shape shape, double e, bool affine)
+    : normalized_shape(std::move(shape)), eps(e) {
+  if (affine) {
+    weight = register_parameter("weight", ones(normalized_shape));
+    bias = register_parameter("bias", zeros(normalized_shape));
+  }
+}
+
+Tensor LayerNorm::forward(const Tensor& x) {
+  const int64_t k = static_cast<int64_t>(normalized_shape.size());
+  const Shape& xs = x.shape();
+  if (x.dim() < k || !std::equal(normalized_shape.begin(), normalized_shape.end(), xs.end() - k))
+    throw Error(cat("LayerNorm: input ", shape_str(xs), " does not end with the normalized shape ",
+                    shape_str(normalized_shape)));
+  std::vector<int64_t> axes;
+  for (int64_t d = x.dim() - k; d < x.dim(); ++d) axes.push_back(d);
+  Tensor mu = mean(x, axes, true);
+  Tensor c = x - mu;
+  Tensor y = c * rsqrt(mean(c * c, axes, true) + eps);
+  if (weight.defined()) y = y * weight + bias;
+  return y;
+}
+
+Embedding::Embedding(int64_t num, int64_t dim) {
+  if (num <= 0 || dim <= 0)
+    throw Error(cat("Embedding: sizes must be positive, got ", num, "x", dim));
+  NoGrad no_grad;
+  weight = register_parameter("weight", randn({num, dim}));
+}
+
+Tensor Embedding::forward(const Tensor& indices) {
+  if (indices.dtype() != DType::I64)
+    throw Error(cat("Embedding: indices must be i64, got ", dtype_name(indices.dtype())));
+  const int64_t dim = weight.size(1);
+  Tensor flat = reshape(indices, {-1, 1});
+  Tensor rows = gather(weight, 0, expand(flat, {flat.size(0), dim}));
+  Shape out = indices.shape();
+  out.push_back(dim);
+  return reshape(rows, out);
+}
+
+Dropout::Dropout(double prob) : p(prob) {
+  if (p < 0 || p >= 1) throw Error(cat("Dropout: p must be in [0, 1), got ", p));
+}
+Tensor Dropout::forward(const Tensor& x) { return dropout(x, p, is_training()); }
+
+Tensor ReLU::forward(const Tensor& x) { return relu(x); }
+Tensor GELU::forward(const Tensor& x) { return gelu(x); }
+Tensor Sigmoid::forward(const Tensor& x) { return sigmoid(x); }
+Tensor Tanh::forward(const Tensor& x) { return tanh(x); }
+
+Flatten::Flatten(int64_t s, int64_t e) : start_axis(s), end_axis(e) {}
+Tensor Flatten::forward(const Tensor& x) { return flatten(x, start_axis, end_axis); }
+
+MaxPool2d::MaxPool2d(Pool2dOptions o) : options(o) {}
+Tensor MaxPool2d::forward(const Tensor& x) { return max_pool2d(x, options); }
+AvgPool2d::AvgPool2d(Pool2dOptions o) : options(o) {}
+Tensor AvgPool2d::forward(const Tensor& x) { return avg_pool2d(x, options); }
+
+AdaptiveAvgPool2d::AdaptiveAvgPool2d(std::array<int64_t, 2> size) : output_size(size) {
+  if (size[0] <= 0 || size[1] <= 0)
+    throw Error(
+        cat("AdaptiveAvgPool2d: output size must be positive, got ", size[0], "x", size[1]));
+}
+
+Tensor AdaptiveAvgPool2d::forward(const Tensor& x) {
+  if (x.dim() != 4)
+    throw Error(cat("AdaptiveAvgPool2d: input must be [N, C, H, W], got ", shape_str(x.shape())));
+  const int64_t H = x.size(2), W = x.size(3), oh = output_size[0], ow = output_size[1];
+  if (oh == 1 && ow == 1) return mean(x, {2, 3}, true);
+  if (H % oh == 0 && W % ow == 0) {
+    Pool2dOptions o;
+    o.kernel = {H / oh, W / ow};
+    o.stride = o.kernel;
+    return avg_pool2d(x, o);
+  }
+  // PyTorch's windows: rows [floor(i*H/oh), ceil((i+1)*H/oh)).
+  std::vector<Tensor> rows;
+  for (int64_t i = 0; i < oh; ++i) {
+    std::vector<Tensor> cells;
+    for (int64_t j = 0; j < ow; ++j) {
+      Tensor win = slice(slice(x, 2, i * H / oh, ((i + 1) * H + oh - 1) / oh), 3, j * W / ow,
+                         ((j + 1) * W + ow - 1) / ow);
+      cells.push_back(mean(win, {2, 3}, true));
+    }
+    rows.push_back(concat(cells, 3));
+  }
+  return concat(rows, 2);
+}
+
+}  // namespace lockstep::nn

@@ -1,0 +1,157 @@
+// The Module base: registration of parameters, buffers and children, names as PyTorch's,
+// train/eval, moving between devices and state dicts.
+#include <map>
+#include <set>
+
+#include "lockstep/autograd.h"
+#include "lockstep/nn.h"
+#include "runtime/lazy.h"
+#include "util/check.h"
+
+namespace lockstep::nn {
+
+using util::cat;
+
+Tensor Module::forward(const Tensor&) {
+  throw Error("this module has no single-input forward(); call its own methods instead");
+}
+
+Tensor Module::register_parameter(const std::string& name, Tensor t) {
+  if (t.defined()) t.set_requires_grad(true);
+  params_.emplace_back(name, t);
+  return t;
+}
+
+Tensor Module::register_buffer(const std::string& name, Tensor t) {
+  buffers_.emplace_back(name, t);
+  return t;
+}
+
+void Module::add_child(const std::string& name, std::shared_ptr<Module> m) {
+  if (!m) throw Error(cat("register_module: module '", name, "' is null"));
+  children_.emplace_back(name, std::move(m));
+}
+
+void Module::collect(const std::string& prefix, bool params, NamedTensors* out) const {
+  for (const auto& [name, t] : params ? params_ : buffers_)
+    if (t.defined()) out->emplace_back(prefix + name, t);
+  for (const auto& [name, child] : children_) child->collect(prefix + name + ".", params, out);
+}
+
+NamedTensors Module::named_parameters() const {
+  NamedTensors out;
+  collect("", true, &out);
+  return out;
+}
+
+NamedTensors Module::named_buffers() const {
+  NamedTensors out;
+  collect("", false, &out);
+  return out;
+}
+
+std::vector<Tensor> Module::parameters() const {
+  std::vector<Tensor> out;
+  for (auto& [name, t] : named_parameters()) out.push_back(t);
+  return out;
+}
+
+std::vector<Tensor> Module::buffers() const {
+  std::vector<Tensor> out;
+  for (auto& [name, t] : named_buffers()) out.push_back(t);
+  return out;
+}
+
+void Module::train(bool on) {
+  training_ = on;
+  for (auto& [name, child] : children_) child->train(on);
+}
+
+void Module::to(Device device) {
+  for (auto& [name, t] : state_dict()) {
+    if (t.device() == device) continue;
+    Tensor moved = t.to(device);
+    runtime::set_value(*t.impl(), moved.impl()->node);
+    t.set_grad(Tensor());
+  }
+}
+
+NamedTensors Module::state_dict() const {
+  NamedTensors out = named_parameters();
+  NamedTensors b = named_buffers();
+  out.insert(out.end(), b.begin(), b.end());
+  return out;
+}
+
+namespace {
+
+// Pairs each of `mine` with its source in `state`; throws Error listing every problem.
+std::vector<std::pair<Tensor, Tensor>> match_state(const NamedTensors& mine, const NamedTensors& state,
+                                                   bool strict) {
+  std::vector<std::string> missing, unexpected, mismatched;
+  std::vector<std::pair<Tensor, Tensor>> copies;  // (destination, source)
+  std::map<std::string, const Tensor*> given;
+  for (const auto& [name, t] : state) given[name] = &t;
+  for (const auto& [name, dst] : mine) {
+    auto it = given.find(name);
+    if (it == given.end()) {
+      missing.push_back(name);
+      continue;
+    }
+    const Tensor& src = *it->second;
+    if (!src.defined() || src.shape() != dst.shape() || src.dtype() != dst.dtype()) {
+      mismatched.push_back(cat(name, " (expected ", dtype_name(dst.dtype()), shape_str(dst.shape()),
+                               ", got ",
+                               src.defined() ? cat(dtype_name(src.dtype()), shape_str(src.shape()))
+                                             : std::string("an empty tensor"),
+                               ")"));
+      continue;
+    }
+    copies.emplace_back(dst, src);
+  }
+  std::set<std::string> known;
+  for (const auto& [name, t] : mine) known.insert(name);
+  for (const auto& [name, t] : given)
+    if (!known.count(name)) unexpected.push_back(name);
+  auto list = [](const std::vector<std::string>& v) {
+    std::string s;
+    for (size_t i = 0; i < v.size() && i < 20; ++i) s += (i ? ", " : "") + v[i];
+    if (v.size() > 20) s += cat(", ... (", v.size(), " in all)");
+    return s;
+  };
+  std::string problems;
+  if (!mismatched.empty()) problems += "mismatched: " + list(mismatched) + ". ";
+  if (strict && !missing.empty()) problems += "missing: " + list(missing) + ". ";
+  if (strict && !unexpected.empty()) problems += "unexpected: " + list(unexpected) + ". ";
+  if (!problems.empty())
+    throw Error("load_state_dict: " + problems +
+                "Nothing was loaded. Check that the state comes from the same model architecture" +
+                (strict ? " (or pass strict=false to skip missing and unexpected names)" : ""));
+  return copies;
+}
+
+}  // namespace
+
+void Module::check_state_dict(const NamedTensors& state, bool strict) const {
+  match_state(state_dict(), state, strict);
+}
+
+void Module::load_state_dict(const NamedTensors& state, bool strict) {
+  std::vector<std::pair<Tensor, Tensor>> copies = match_state(state_dict(), state, strict);
+  NoGrad no_grad;
+  for (auto& [dst, src] : copies) dst.copy_(src.device() == dst.device() ? src : src.to(dst.device()));
+}
+
+Sequential& Sequential::add(std::shared_ptr<Module> m) {
+  register_module(std::to_string(layers_.size()), m);
+  layers_.push_back(std::move(m));
+  return *this;
+}
+
+Tensor Sequential::forward(const Tensor& x) {
+  Tensor h = x;
+  for (auto& layer : layers_) h = layer->forward(h);
+  return h;
+}
+
+}  // namespace lockstep::nn

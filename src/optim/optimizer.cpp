@@ -1,0 +1,212 @@
+// SGD, Adam and AdamW as PyTorch defines them, recorded in place; gradient clipping; the
+// in-graph skip of non-finite updates. All state (buffers, the step count) lives in tensors, so
+// a step's rollback restores it and the first step records the same program as the next ones.
+#include <cmath>
+
+#include "lockstep/autograd.h"
+#include "lockstep/optim.h"
+#include "lockstep/runtime.h"
+#include "runtime/lazy.h"
+#include "util/check.h"
+
+namespace lockstep::optim {
+
+using util::cat;
+
+namespace {
+
+void check_params(const std::vector<Tensor>& params, const char* who) {
+  if (params.empty()) throw Error(cat(who, ": no parameters to optimize"));
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!params[i].defined()) throw Error(cat(who, ": parameter ", i, " is an empty tensor"));
+    if (!is_floating(params[i].dtype()))
+      throw Error(cat(who, ": parameter ", i, " is ", dtype_name(params[i].dtype()),
+                      "; only floating-point tensors can be optimized"));
+  }
+}
+
+Tensor state_zeros(const Tensor& like) {
+  NoGrad no_grad;
+  return zeros(like.shape(), TensorOptions(like.dtype(), like.device()));
+}
+
+}  // namespace
+
+Optimizer::Optimizer(std::vector<Tensor> params, double lr, bool skip_nonfinite)
+    : params_(std::move(params)), lr_(lr), skip_nonfinite_(skip_nonfinite) {
+  check_params(params_, "optimizer");
+  if (!(lr >= 0)) throw Error(cat("optimizer: learning rate must be >= 0, got ", lr));
+  const Device d = params_[0].device();
+  step_ = zeros({}, TensorOptions(DType::I64, d));
+  skipped_ = zeros({}, TensorOptions(DType::I64, d));
+}
+
+Tensor Optimizer::select(const Tensor& ok, const Tensor& fresh, const Tensor& old) {
+  return ok.defined() ? where(ok, fresh, old) : fresh;
+}
+
+void Optimizer::step(const Tensor& loss) {
+  NoGrad no_grad;
+  Tensor ok;
+  if (skip_nonfinite_) {
+    Tensor sq = zeros({}, TensorOptions(DType::F64, params_[0].device()));
+    for (const Tensor& p : params_)
+      if (p.grad().defined()) sq = sq + cast(sum(p.grad() * p.grad()), DType::F64);
+    ok = isfinite(sq);
+    if (loss.defined()) ok = logical_and(ok, eq(sum(logical_not(isfinite(loss))), 0));
+    skipped_ += cast(logical_not(ok), DType::I64);
+    if (in_step())
+      add_step_closure([ok] {
+        if (!ok.item<bool>()) runtime::count("skipped_updates");
+      });
+  }
+  step_ += ok.defined() ? cast(ok, DType::I64)
+                        : scalar_tensor(1, TensorOptions(DType::I64, step_.device()));
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor g = params_[i].grad();
+    if (!g.defined()) continue;
+    update(i, g, cast(step_, params_[i].dtype()), ok);
+  }
+}
+
+void Optimizer::zero_grad() {
+  for (Tensor& p : params_) p.set_grad(Tensor());
+}
+
+nn::NamedTensors Optimizer::state_dict() const {
+  nn::NamedTensors out{{"step", step_}, {"skipped_updates", skipped_}};
+  for (auto& kv : state()) out.push_back(kv);
+  return out;
+}
+
+void Optimizer::check_state_dict(const nn::NamedTensors& state_in) const {
+  const nn::NamedTensors mine = state_dict();
+  for (const auto& [name, dst] : mine) {
+    const Tensor* src = nullptr;
+    for (const auto& [n, t] : state_in)
+      if (n == name) src = &t;
+    if (!src || !src->defined())
+      throw Error(cat("optimizer load_state_dict: missing '", name, "'; nothing was loaded"));
+    if (src->shape() != dst.shape() || src->dtype() != dst.dtype())
+      throw Error(cat("optimizer load_state_dict: '", name, "' is ", dtype_name(src->dtype()),
+                      shape_str(src->shape()), ", expected ", dtype_name(dst.dtype()),
+                      shape_str(dst.shape()), "; nothing was loaded"));
+  }
+  if (state_in.size() != mine.size())
+    throw Error(cat("optimizer load_state_dict: ", state_in.size(), " entries given, ", mine.size(),
+                    " expected (a different optimizer or parameter list?); nothing was loaded"));
+}
+
+void Optimizer::load_state_dict(const nn::NamedTensors& state_in) {
+  check_state_dict(state_in);
+  NoGrad no_grad;
+  for (const auto& [name, dst] : state_dict())
+    for (const auto& [n, t] : state_in)
+      if (n == name) {
+        Tensor d = dst;
+        d.copy_(t.device() == d.device() ? t : t.to(d.device()));
+      }
+}
+
+// ---- SGD ------------------------------------------------------------------------------------
+
+SGD::SGD(std::vector<Tensor> params, SGDOptions o)
+    : Optimizer(std::move(params), o.lr, o.skip_nonfinite), options(o) {
+  if (o.momentum < 0 || o.weight_decay < 0 || o.dampening < 0)
+    throw Error("SGD: momentum, dampening and weight_decay must be >= 0");
+  if (o.nesterov && (o.momentum <= 0 || o.dampening != 0))
+    throw Error("SGD: nesterov needs momentum > 0 and dampening 0");
+  if (o.momentum != 0)
+    for (const Tensor& p : params_) momentum_.push_back(state_zeros(p));
+}
+
+void SGD::update(size_t i, const Tensor& grad, const Tensor& t, const Tensor& ok) {
+  Tensor& p = params_[i];
+  Tensor d = grad;
+  if (options.weight_decay != 0) d = d + options.weight_decay * p;
+  if (options.momentum != 0) {
+    Tensor& buf = momentum_[i];
+    // PyTorch: the first step sets buf = d; later ones buf = momentum * buf + (1 - dampening) d.
+    Tensor first = t == 1;
+    Tensor fresh = where(first, d, buf * options.momentum + d * (1 - options.dampening));
+    buf.copy_(select(ok, fresh, buf));
+    d = options.nesterov ? d + buf * options.momentum : buf;
+  }
+  p.copy_(select(ok, p - d * lr_, p));
+}
+
+nn::NamedTensors SGD::state() const {
+  nn::NamedTensors out;
+  for (size_t i = 0; i < momentum_.size(); ++i)
+    out.emplace_back(cat(i, ".momentum_buffer"), momentum_[i]);
+  return out;
+}
+
+// ---- Adam / AdamW ---------------------------------------------------------------------------
+
+Adam::Adam(std::vector<Tensor> params, AdamOptions o, bool decoupled)
+    : Optimizer(std::move(params), o.lr, o.skip_nonfinite), options(o), decoupled_(decoupled) {
+  if (o.beta1 < 0 || o.beta1 >= 1 || o.beta2 < 0 || o.beta2 >= 1)
+    throw Error(cat("Adam: betas must be in [0, 1), got ", o.beta1, ", ", o.beta2));
+  if (o.eps < 0 || o.weight_decay < 0) throw Error("Adam: eps and weight_decay must be >= 0");
+  for (const Tensor& p : params_) {
+    m_.push_back(state_zeros(p));
+    v_.push_back(state_zeros(p));
+  }
+}
+
+void Adam::update(size_t i, const Tensor& grad, const Tensor& t, const Tensor& ok) {
+  Tensor& p = params_[i];
+  Tensor g = grad;
+  Tensor base = p;
+  if (options.weight_decay != 0) {
+    if (decoupled_)
+      base = p * (1 - lr_ * options.weight_decay);
+    else
+      g = g + options.weight_decay * p;
+  }
+  const double b1 = options.beta1, b2 = options.beta2;
+  Tensor m = m_[i] * b1 + g * (1 - b1);
+  Tensor v = v_[i] * b2 + g * g * (1 - b2);
+  Tensor bias1 = 1.0 - pow(b1, t);
+  Tensor bias2 = 1.0 - pow(b2, t);
+  Tensor denom = sqrt(v) / sqrt(bias2) + options.eps;
+  Tensor fresh = base - (m / denom) * (lr_ / bias1);
+  m_[i].copy_(select(ok, m, m_[i]));
+  v_[i].copy_(select(ok, v, v_[i]));
+  p.copy_(select(ok, fresh, p));
+}
+
+nn::NamedTensors Adam::state() const {
+  nn::NamedTensors out;
+  for (size_t i = 0; i < m_.size(); ++i) {
+    out.emplace_back(cat(i, ".exp_avg"), m_[i]);
+    out.emplace_back(cat(i, ".exp_avg_sq"), v_[i]);
+  }
+  return out;
+}
+
+// ---- clipping -------------------------------------------------------------------------------
+
+Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
+  if (!(max_norm > 0)) throw Error(cat("clip_grad_norm_: max_norm must be > 0, got ", max_norm));
+  NoGrad no_grad;
+  Tensor sq;
+  for (const Tensor& p : params) {
+    if (!p.defined() || !p.grad().defined()) continue;
+    Tensor s = cast(sum(p.grad() * p.grad()), DType::F32);
+    sq = sq.defined() ? sq + s : s;
+  }
+  if (!sq.defined()) return zeros({});
+  Tensor norm = sqrt(sq);
+  // As PyTorch: scale by max_norm / (norm + 1e-6) when that is below 1.
+  Tensor scale = minimum(max_norm / (norm + 1e-6), 1.0);
+  for (const Tensor& p : params) {
+    if (!p.defined() || !p.grad().defined()) continue;
+    Tensor q = p;
+    q.set_grad(p.grad() * cast(scale, p.grad().dtype()));
+  }
+  return norm;
+}
+
+}  // namespace lockstep::optim
