@@ -26,8 +26,8 @@ Tensor arange(Scalar start, Scalar end, Scalar step, TensorOptions options = {DT
               Loc loc = Loc::current());
 // Copies host data. `shape` may be empty for a 1-d tensor of data.size() elements.
 template <typename T>
-Tensor from_vector(const std::vector<T>& data, const Shape& shape = {}, Device device = {},
-                   Loc loc = Loc::current());
+Tensor from_vector(const std::vector<T>& data, const Shape& shape = {},
+                   Device device = default_device(), Loc loc = Loc::current());
 Tensor from_blob(const void* data, const Shape& shape, DType dtype, Device device,
                  Loc loc = Loc::current());
 

@@ -32,16 +32,17 @@ class Optimizer {
   // Number of skipped updates so far, as an i64 0-d tensor (computed in the graph).
   const Tensor& skipped_updates() const { return skipped_; }
 
-  // Optimizer state (step count, per-parameter buffers) by name, for checkpoints.
+  // Optimizer state by name, for checkpoints: "step", "skipped_updates", then per parameter i
+  // "<i>.step" (its own update count, as PyTorch's) and the optimizer's buffers.
   nn::NamedTensors state_dict() const;
   void load_state_dict(const nn::NamedTensors& state);
   // The checks of load_state_dict alone: throws the same Error, changes nothing.
   void check_state_dict(const nn::NamedTensors& state) const;
 
  protected:
-  // Updates params_[i] in place given its gradient; `t` is the number of this update (1 for
-  // the first) as a 0-d tensor of the parameter's dtype; `ok` is a bool 0-d tensor (or empty
-  // when nothing is skipped): implementations keep every state change conditional on it.
+  // Updates params_[i] in place given its gradient; `t` is the number of this update of that
+  // parameter (1 for its first) as a 0-d tensor of the parameter's dtype; `ok` is a bool 0-d tensor
+  // (or empty when nothing is skipped): implementations keep every state change conditional on it.
   virtual void update(size_t i, const Tensor& grad, const Tensor& t, const Tensor& ok) = 0;
   // Named per-parameter state tensors (created on the first step).
   virtual nn::NamedTensors state() const = 0;
@@ -55,6 +56,7 @@ class Optimizer {
  private:
   bool skip_nonfinite_;
   Tensor skipped_;
+  std::vector<Tensor> param_steps_;  // updates applied to each parameter ("<i>.step")
 };
 
 struct SGDOptions {

@@ -48,6 +48,10 @@ bool in_step();
 // the runtime thread in step order; an exception from one is raised at the next blocking point.
 void add_step_closure(std::function<void()> fn, Loc loc = Loc::current());
 
+// Threads the cpu backend uses (default: all cores available; 0 restores that).
+void set_num_threads(int n);
+int num_threads();
+
 // Most compiled programs kept (least recently used are dropped first). Default 64.
 void set_compile_cache_capacity(size_t capacity);
 

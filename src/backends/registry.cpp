@@ -4,6 +4,7 @@
 #include <new>
 
 #include "backends/backend.h"
+#include "backends/cpu/cpu_backend.h"
 #include "backends/ref/ref_backend.h"
 #include "util/check.h"
 
@@ -36,6 +37,8 @@ Backend& backend_for(Device device) {
       if (device.index == 0) return ref::backend();
       break;
     case DeviceKind::Cpu:
+      if (device.index == 0) return cpu::backend();
+      break;
     case DeviceKind::Cuda:
       break;
   }

@@ -49,12 +49,14 @@ struct Checker {
   }
   void floating(int i) const {
     if (!is_floating(in[i]->dtype))
-      fail(cat("needs a floating-point tensor, got ", dtype_name(in[i]->dtype)),
+      fail(cat("needs a floating-point tensor, got ", dtype_name(in[i]->dtype),
+               shape_str(in[i]->shape)),
            "Cast it first, e.g. ls::cast(x, ls::f32)");
   }
   void numeric(int i) const {
     if (in[i]->dtype == DType::Bool)
-      fail("is not defined for bool tensors",
+      fail(cat("is not defined for bool tensors, got ", dtype_name(in[i]->dtype),
+               shape_str(in[i]->shape)),
            "Cast to a numeric dtype first, e.g. ls::cast(x, ls::f32)");
   }
   void same_dtype() const {

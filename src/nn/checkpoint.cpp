@@ -13,6 +13,7 @@ namespace {
 const std::string kModel = "model.";
 const std::string kOptimizer = "optimizer.";
 const std::string kGenerator = "generator.state";
+const std::string kVersion = "1";
 }  // namespace
 
 void save_checkpoint(const std::string& path, const nn::Module& model,
@@ -22,7 +23,7 @@ void save_checkpoint(const std::string& path, const nn::Module& model,
   if (optimizer)
     for (auto& [name, t] : optimizer->state_dict()) tensors.emplace_back(cat(kOptimizer, name), t);
   tensors.emplace_back(kGenerator, generator_state());
-  io::Metadata meta{{"format", "lockstep-checkpoint"}, {"version", "1"}};
+  io::Metadata meta{{"format", "lockstep-checkpoint"}, {"version", kVersion}};
   meta.insert(metadata.begin(), metadata.end());  // the two keys above are reserved
   sync(loc);  // one program for every pending value, not one read each
   io::save_safetensors(path, tensors, meta, loc);
@@ -36,6 +37,13 @@ io::Metadata load_checkpoint(const std::string& path, nn::Module& model,
     util::fail(loc, "load_checkpoint",
                cat("'", path, "' is a safetensors file but not a lockstep checkpoint"),
                "Load plain tensors with ls::io::load_safetensors and Module::load_state_dict");
+  auto version = file.metadata.find("version");
+  if (version == file.metadata.end() || version->second != kVersion)
+    util::fail(loc, "load_checkpoint",
+               cat("'", path, "' is a lockstep checkpoint of version '",
+                   version == file.metadata.end() ? std::string("(none)") : version->second,
+                   "', this build reads version ", kVersion),
+               "Load it with the lockstep version that wrote it");
   nn::NamedTensors model_state, optimizer_state;
   Tensor generator;
   for (auto& [name, t] : file.tensors) {

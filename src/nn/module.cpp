@@ -68,11 +68,20 @@ void Module::train(bool on) {
 }
 
 void Module::to(Device device) {
+  // Every copy is recorded before any tensor changes: an unavailable device leaves all as it was.
+  struct Move {
+    Tensor t, value, grad;
+  };
+  std::vector<Move> moves;
+  NoGrad no_grad;
   for (auto& [name, t] : state_dict()) {
     if (t.device() == device) continue;
-    Tensor moved = t.to(device);
-    runtime::set_value(*t.impl(), moved.impl()->node);
-    t.set_grad(Tensor());
+    const Tensor g = t.grad();
+    moves.push_back({t, t.to(device), g.defined() && !(g.device() == device) ? g.to(device) : g});
+  }
+  for (Move& m : moves) {
+    runtime::set_value(*m.t.impl(), m.value.impl()->node);
+    m.t.set_grad(m.grad);  // gradients move along, as PyTorch's Module.to
   }
 }
 
@@ -86,8 +95,8 @@ NamedTensors Module::state_dict() const {
 namespace {
 
 // Pairs each of `mine` with its source in `state`; throws Error listing every problem.
-std::vector<std::pair<Tensor, Tensor>> match_state(const NamedTensors& mine, const NamedTensors& state,
-                                                   bool strict) {
+std::vector<std::pair<Tensor, Tensor>> match_state(const NamedTensors& mine,
+                                                   const NamedTensors& state, bool strict) {
   std::vector<std::string> missing, unexpected, mismatched;
   std::vector<std::pair<Tensor, Tensor>> copies;  // (destination, source)
   std::map<std::string, const Tensor*> given;
@@ -139,7 +148,8 @@ void Module::check_state_dict(const NamedTensors& state, bool strict) const {
 void Module::load_state_dict(const NamedTensors& state, bool strict) {
   std::vector<std::pair<Tensor, Tensor>> copies = match_state(state_dict(), state, strict);
   NoGrad no_grad;
-  for (auto& [dst, src] : copies) dst.copy_(src.device() == dst.device() ? src : src.to(dst.device()));
+  for (auto& [dst, src] : copies)
+    dst.copy_(src.device() == dst.device() ? src : src.to(dst.device()));
 }
 
 Sequential& Sequential::add(std::shared_ptr<Module> m) {

@@ -35,10 +35,13 @@ Tensor state_zeros(const Tensor& like) {
 Optimizer::Optimizer(std::vector<Tensor> params, double lr, bool skip_nonfinite)
     : params_(std::move(params)), lr_(lr), skip_nonfinite_(skip_nonfinite) {
   check_params(params_, "optimizer");
-  if (!(lr >= 0)) throw Error(cat("optimizer: learning rate must be >= 0, got ", lr));
+  if (!(lr >= 0) || !std::isfinite(lr))
+    throw Error(cat("optimizer: learning rate must be finite and >= 0, got ", lr));
   const Device d = params_[0].device();
   step_ = zeros({}, TensorOptions(DType::I64, d));
   skipped_ = zeros({}, TensorOptions(DType::I64, d));
+  for (const Tensor& p : params_)
+    param_steps_.push_back(zeros({}, TensorOptions(DType::I64, p.device())));
 }
 
 Tensor Optimizer::select(const Tensor& ok, const Tensor& fresh, const Tensor& old) {
@@ -49,11 +52,13 @@ void Optimizer::step(const Tensor& loss) {
   NoGrad no_grad;
   Tensor ok;
   if (skip_nonfinite_) {
-    Tensor sq = zeros({}, TensorOptions(DType::F64, params_[0].device()));
+    // Counts non-finite elements rather than squaring: large but finite gradients (whose
+    // squares overflow) are not a reason to skip.
+    Tensor bad = zeros({}, TensorOptions(DType::I64, params_[0].device()));
     for (const Tensor& p : params_)
-      if (p.grad().defined()) sq = sq + cast(sum(p.grad() * p.grad()), DType::F64);
-    ok = isfinite(sq);
-    if (loss.defined()) ok = logical_and(ok, eq(sum(logical_not(isfinite(loss))), 0));
+      if (p.grad().defined()) bad = bad + sum(logical_not(isfinite(p.grad())));
+    if (loss.defined()) bad = bad + sum(logical_not(isfinite(loss)));
+    ok = eq(bad, 0);
     skipped_ += cast(logical_not(ok), DType::I64);
     if (in_step())
       add_step_closure([ok] {
@@ -64,8 +69,15 @@ void Optimizer::step(const Tensor& loss) {
                         : scalar_tensor(1, TensorOptions(DType::I64, step_.device()));
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor g = params_[i].grad();
-    if (!g.defined()) continue;
-    update(i, g, cast(step_, params_[i].dtype()), ok);
+    if (!g.defined()) continue;  // as PyTorch: no gradient, no update and no state change
+    // Each parameter counts its own updates (PyTorch's state["step"]): one first updated
+    // later starts its bias correction and momentum from its own first step.
+    Tensor& n = param_steps_[i];
+    if (ok.defined())
+      n += cast(ok, DType::I64);
+    else
+      n += 1;
+    update(i, g, cast(n, params_[i].dtype()), ok);
   }
 }
 
@@ -75,6 +87,8 @@ void Optimizer::zero_grad() {
 
 nn::NamedTensors Optimizer::state_dict() const {
   nn::NamedTensors out{{"step", step_}, {"skipped_updates", skipped_}};
+  for (size_t i = 0; i < param_steps_.size(); ++i)
+    out.emplace_back(cat(i, ".step"), param_steps_[i]);
   for (auto& kv : state()) out.push_back(kv);
   return out;
 }
@@ -112,8 +126,10 @@ void Optimizer::load_state_dict(const nn::NamedTensors& state_in) {
 
 SGD::SGD(std::vector<Tensor> params, SGDOptions o)
     : Optimizer(std::move(params), o.lr, o.skip_nonfinite), options(o) {
-  if (o.momentum < 0 || o.weight_decay < 0 || o.dampening < 0)
-    throw Error("SGD: momentum, dampening and weight_decay must be >= 0");
+  if (!(o.momentum >= 0) || !(o.weight_decay >= 0) || !(o.dampening >= 0) ||
+      !std::isfinite(o.momentum + o.weight_decay + o.dampening))
+    throw Error(cat("SGD: momentum, dampening and weight_decay must be finite and >= 0, got ",
+                    o.momentum, ", ", o.dampening, ", ", o.weight_decay));
   if (o.nesterov && (o.momentum <= 0 || o.dampening != 0))
     throw Error("SGD: nesterov needs momentum > 0 and dampening 0");
   if (o.momentum != 0)
@@ -146,9 +162,11 @@ nn::NamedTensors SGD::state() const {
 
 Adam::Adam(std::vector<Tensor> params, AdamOptions o, bool decoupled)
     : Optimizer(std::move(params), o.lr, o.skip_nonfinite), options(o), decoupled_(decoupled) {
-  if (o.beta1 < 0 || o.beta1 >= 1 || o.beta2 < 0 || o.beta2 >= 1)
+  if (!(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1))
     throw Error(cat("Adam: betas must be in [0, 1), got ", o.beta1, ", ", o.beta2));
-  if (o.eps < 0 || o.weight_decay < 0) throw Error("Adam: eps and weight_decay must be >= 0");
+  if (!(o.eps >= 0) || !(o.weight_decay >= 0) || !std::isfinite(o.eps + o.weight_decay))
+    throw Error(cat("Adam: eps and weight_decay must be finite and >= 0, got ", o.eps, ", ",
+                    o.weight_decay));
   for (const Tensor& p : params_) {
     m_.push_back(state_zeros(p));
     v_.push_back(state_zeros(p));
@@ -191,13 +209,17 @@ nn::NamedTensors Adam::state() const {
 Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
   if (!(max_norm > 0)) throw Error(cat("clip_grad_norm_: max_norm must be > 0, got ", max_norm));
   NoGrad no_grad;
+  // The norm is computed in the widest dtype of the gradients (f64 gradients keep f64).
+  DType dt = DType::F32;
+  for (const Tensor& p : params)
+    if (p.defined() && p.grad().defined() && p.grad().dtype() == DType::F64) dt = DType::F64;
   Tensor sq;
   for (const Tensor& p : params) {
     if (!p.defined() || !p.grad().defined()) continue;
-    Tensor s = cast(sum(p.grad() * p.grad()), DType::F32);
+    Tensor s = cast(sum(p.grad() * p.grad()), dt);
     sq = sq.defined() ? sq + s : s;
   }
-  if (!sq.defined()) return zeros({});
+  if (!sq.defined()) return zeros({}, dt);
   Tensor norm = sqrt(sq);
   // As PyTorch: scale by max_norm / (norm + 1e-6) when that is below 1.
   Tensor scale = minimum(max_norm / (norm + 1e-6), 1.0);

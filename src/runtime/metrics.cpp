@@ -1,5 +1,6 @@
 // Counters and timers that make the runtime's behaviour visible (compiles, cache hits, implicit
 // syncs, transfers, time spent tracing, compiling, executing).
+#include <algorithm>
 #include <chrono>
 #include <iomanip>
 #include <map>
@@ -109,7 +110,10 @@ std::string report() {
      << std::left << std::setw(20) << "timer" << std::right << std::setw(10) << "count"
      << std::setw(14) << "total ms" << std::setw(14) << "mean ms"
      << "\n";
-  for (const char* name : runtime::kTimers) {
+  std::vector<std::string> names(std::begin(runtime::kTimers), std::end(runtime::kTimers));
+  for (const auto& [name, t] : mm.timers)
+    if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+  for (const std::string& name : names) {
     auto it = mm.timers.find(name);
     const runtime::Timer t = it == mm.timers.end() ? runtime::Timer{} : it->second;
     os << std::left << std::setw(20) << name << std::right << std::setw(10) << t.count

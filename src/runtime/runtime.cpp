@@ -464,7 +464,8 @@ bool on_runtime_thread() { return std::this_thread::get_id() == rt().worker_id; 
 
 namespace lockstep {
 namespace {
-std::atomic<uint16_t> g_default_device{0};  // kind << 8 | index; 0 is ref
+std::atomic<uint16_t> g_default_device{
+    static_cast<uint16_t>(static_cast<unsigned>(DeviceKind::Cpu) << 8)};  // kind << 8 | index
 }
 
 Device default_device() {

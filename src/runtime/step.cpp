@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cpu/cpu_backend.h"
 #include "lockstep/runtime.h"
 #include "runtime/lazy.h"
 #include "util/check.h"
@@ -164,6 +165,12 @@ void add_step_closure(std::function<void()> fn, Loc loc) {
 }
 
 void set_compile_cache_capacity(size_t capacity) { runtime::set_cache_capacity(capacity); }
+
+void set_num_threads(int n) {
+  if (n < 0) throw Error(util::cat("set_num_threads: n must be >= 0, got ", n));
+  backends::cpu::set_num_threads(n);
+}
+int num_threads() { return backends::cpu::num_threads(); }
 
 namespace debug {
 std::string last_graph_text() { return runtime::last_graph_text(); }

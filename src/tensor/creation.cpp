@@ -1,6 +1,7 @@
 // Creation functions: constants as runtime scalars broadcast to a shape, host data uploads,
 // index ramps, and the counter-based random generator whose state is a tensor.
 #include <cmath>
+#include <cstdint>
 #include <map>
 #include <mutex>
 #include <numbers>
@@ -195,10 +196,26 @@ Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opti
   if (!is_integral(options.dtype))
     util::fail(loc, "randint", cat("dtype must be i32 or i64, got ", dtype_name(options.dtype)),
                "Use ls::rand for floating-point values");
+  if (options.dtype == DType::I32 && (low < INT32_MIN || high - 1 > INT32_MAX))
+    util::fail(loc, "randint", cat("range [", low, ", ", high, ") does not fit in i32"),
+               "Use ls::i64, or a range within i32");
   const Device device = frontend::device_of(options);
   Tensor u = runtime::new_tensor(draw_uniform(shape, DType::F64, device, "randint", loc));
-  Tensor v = add(floor(mul(u, static_cast<double>(high - low), loc), loc), static_cast<double>(low), loc);
-  return cast(v, options.dtype, loc);
+  // u scaled to the width w of the range and floored is an integral offset in [0, w) (for
+  // w > 2^53 the rounding of w to double can reach w itself: clamped below). The offset is added
+  // to low in integer arithmetic, so that a range far from 0 stays exact; w itself may not fit
+  // in int64 (the full range), so it is computed unsigned.
+  const uint64_t w = static_cast<uint64_t>(high) - static_cast<uint64_t>(low);
+  Tensor off = floor(mul(u, static_cast<double>(w), loc), loc);
+  Tensor r;
+  if (w <= uint64_t{1} << 63) {
+    r = add(cast(off, DType::I64, loc), low, loc);
+  } else {  // low < 0 < high: shift the offset into int64 and add with wrap-around
+    const auto low_shifted = static_cast<int64_t>(static_cast<uint64_t>(low) + (uint64_t{1} << 63));
+    r = add(cast(sub(off, 9223372036854775808.0, loc), DType::I64, loc), low_shifted, loc);
+  }
+  if (w > uint64_t{1} << 53) r = minimum(r, high - 1, loc);
+  return cast(r, options.dtype, loc);
 }
 
 }  // namespace lockstep

@@ -242,7 +242,8 @@ Tensor cast(const Tensor& x, DType dtype, Loc loc) {
 Tensor clamp(const Tensor& x, Scalar lo, Scalar hi, Loc loc) {
   const NodePtr& n = node(x, "clamp", loc);
   if (n->dtype == DType::Bool)
-    util::fail(loc, "clamp", "is not defined for bool tensors",
+    util::fail(loc, "clamp",
+               cat("is not defined for bool tensors, got bool", shape_str(n->shape)),
                "Cast to a numeric dtype first, e.g. ls::cast(x, ls::f32)");
   if (lo.to_double() > hi.to_double())
     util::fail(loc, "clamp", cat("lower bound ", lo.to_double(), " is above upper bound ",
@@ -275,7 +276,9 @@ Tensor argmin(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim, L
 Tensor mean(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim, Loc loc) {
   const NodePtr& n = node(x, "mean", loc);
   if (!is_floating(n->dtype))
-    util::fail(loc, "mean", cat("needs a floating-point tensor, got ", dtype_name(n->dtype)),
+    util::fail(loc, "mean",
+               cat("needs a floating-point tensor, got ", dtype_name(n->dtype),
+                   shape_str(n->shape)),
                "Cast it first, e.g. ls::cast(x, ls::f32)");
   const std::vector<int64_t> attrs = frontend::reduce_attrs(n->shape, axes, keepdim, "mean", loc);
   const int64_t count = frontend::reduced_count(n->shape, attrs);
@@ -294,7 +297,9 @@ Tensor softmax_shift(const Tensor& x, const std::vector<int64_t>& axes, bool fin
                      const char* op, const Loc& loc, std::vector<int64_t>* attrs) {
   const NodePtr& n = node(x, op, loc);
   if (!is_floating(n->dtype))
-    util::fail(loc, op, cat("needs a floating-point tensor, got ", dtype_name(n->dtype)),
+    util::fail(loc, op,
+               cat("needs a floating-point tensor, got ", dtype_name(n->dtype),
+                   shape_str(n->shape)),
                "Cast it first, e.g. ls::cast(x, ls::f32)");
   *attrs = frontend::reduce_attrs(n->shape, axes, true, op, loc);
   if (frontend::reduced_count(n->shape, *attrs) == 0) {
@@ -433,7 +438,11 @@ Tensor squeeze(const Tensor& x, int64_t axis, Loc loc) {
 Tensor flatten(const Tensor& x, int64_t start_axis, int64_t end_axis, Loc loc) {
   const NodePtr& n = node(x, "flatten", loc);
   const int64_t r = static_cast<int64_t>(n->shape.size());
-  if (r == 0) return reshape(x, {1}, loc);
+  if (r == 0) {  // a 0-d tensor flattens to [1]; its axes count as those of a 1-d tensor
+    frontend::norm_axis(start_axis, 1, "flatten", loc);
+    frontend::norm_axis(end_axis, 1, "flatten", loc);
+    return reshape(x, {1}, loc);
+  }
   const int64_t a = frontend::norm_axis(start_axis, r, "flatten", loc);
   const int64_t b = frontend::norm_axis(end_axis, r, "flatten", loc);
   if (a > b)

@@ -11,7 +11,10 @@ namespace {
 
 using namespace ops_test;
 
-TEST(OpsCreation, ConstantsInEveryDtype) {
+using OpsCreation = OnTestDevice;
+using OpsRandom = OnTestDevice;
+
+TEST_F(OpsCreation, ConstantsInEveryDtype) {
   expect_tensor<float>(ls::zeros({2, 3}), {2, 3}, {0, 0, 0, 0, 0, 0});
   expect_tensor<double>(ls::ones({2}, ls::f64), {2}, {1, 1});
   expect_tensor<int64_t>(ls::ones({1, 2}, ls::i64), {1, 2}, {1, 1});
@@ -28,7 +31,7 @@ TEST(OpsCreation, ConstantsInEveryDtype) {
   EXPECT_EQ(ls::zeros({2}).dtype(), ls::f32);  // the default dtype
 }
 
-TEST(OpsCreation, LikeVariantsKeepShapeAndDtype) {
+TEST_F(OpsCreation, LikeVariantsKeepShapeAndDtype) {
   const ls::Tensor x = i32({1, 2, 3, 4, 5, 6}, {2, 3});
   expect_tensor<int32_t>(ls::zeros_like(x), {2, 3}, {0, 0, 0, 0, 0, 0});
   expect_tensor<int32_t>(ls::ones_like(x), {2, 3}, {1, 1, 1, 1, 1, 1});
@@ -38,7 +41,7 @@ TEST(OpsCreation, LikeVariantsKeepShapeAndDtype) {
   expect_tensor<float>(ls::zeros_like(ls::scalar_tensor(4.0f)), {}, {0});
 }
 
-TEST(OpsCreation, Arange) {
+TEST_F(OpsCreation, Arange) {
   expect_tensor<int64_t>(ls::arange(5), {5}, {0, 1, 2, 3, 4});
   expect_tensor<int64_t>(ls::arange(2, 11, 3), {3}, {2, 5, 8});
   expect_tensor<int64_t>(ls::arange(2, 12, 3), {4}, {2, 5, 8, 11});
@@ -53,7 +56,7 @@ TEST(OpsCreation, Arange) {
   expect_tensor<int64_t>(ls::arange(5, 0, 1), {0}, {});
 }
 
-TEST(OpsCreation, FromVectorAndFromBlob) {
+TEST_F(OpsCreation, FromVectorAndFromBlob) {
   expect_tensor<float>(ls::from_vector<float>({1.5f, -2}), {2}, {1.5, -2});
   expect_tensor<double>(ls::from_vector<double>({1, 2, 3, 4, 5, 6}, {3, 2}), {3, 2},
                         {1, 2, 3, 4, 5, 6});
@@ -67,22 +70,22 @@ TEST(OpsCreation, FromVectorAndFromBlob) {
   expect_tensor<float>(ls::from_vector<float>({7}, {1, 1, 1}), {1, 1, 1}, {7});
 
   const double d[4] = {0.5, 1.5, 2.5, 3.5};
-  expect_tensor<double>(ls::from_blob(d, {2, 2}, ls::f64, ls::Device{}), {2, 2},
+  expect_tensor<double>(ls::from_blob(d, {2, 2}, ls::f64, ls::default_device()), {2, 2},
                         {0.5, 1.5, 2.5, 3.5});
   const int32_t i[1] = {42};
-  expect_tensor<int32_t>(ls::from_blob(i, {}, ls::i32, ls::Device{}), {}, {42});
+  expect_tensor<int32_t>(ls::from_blob(i, {}, ls::i32, ls::default_device()), {}, {42});
   const bool b[2] = {false, true};
-  expect_tensor<bool>(ls::from_blob(b, {2}, ls::boolean, ls::Device{}), {2}, {false, true});
-  expect_tensor<float>(ls::from_blob(nullptr, {0}, ls::f32, ls::Device{}), {0}, {});
+  expect_tensor<bool>(ls::from_blob(b, {2}, ls::boolean, ls::default_device()), {2}, {false, true});
+  expect_tensor<float>(ls::from_blob(nullptr, {0}, ls::f32, ls::default_device()), {0}, {});
   // The data is copied: changing the host array afterwards does not change the tensor.
   float host[2] = {1, 2};
-  const ls::Tensor t = ls::from_blob(host, {2}, ls::f32, ls::Device{});
+  const ls::Tensor t = ls::from_blob(host, {2}, ls::f32, ls::default_device());
   host[0] = 100;
   expect_tensor<float>(t, {2}, {1, 2});
   EXPECT_FALSE(t.is_pending());
 }
 
-TEST(OpsCreation, ReadsAndPrinting) {
+TEST_F(OpsCreation, ReadsAndPrinting) {
   const ls::Tensor t = f32({1, 2, 3, 4}, {2, 2});
   EXPECT_EQ(t.to_string(), "[[1, 2],\n [3, 4]]");
   EXPECT_EQ(b8({true, false}).to_string(), "[true, false]");
@@ -96,7 +99,7 @@ TEST(OpsCreation, ReadsAndPrinting) {
 }
 
 // ---- random -------------------------------------------------------------------------------
-TEST(OpsRandom, SameSeedSameNumbers) {
+TEST_F(OpsRandom, SameSeedSameNumbers) {
   ls::manual_seed(42);
   const std::vector<float> a = ls::rand({1000}).to_vector<float>();
   const std::vector<float> a2 = ls::rand({1000}).to_vector<float>();
@@ -115,7 +118,7 @@ TEST(OpsRandom, SameSeedSameNumbers) {
   EXPECT_EQ(ls::randint(0, 1000, {100}).to_vector<int64_t>(), r1);
 }
 
-TEST(OpsRandom, DrawsAreAFunctionOfSeedAndCounter) {
+TEST_F(OpsRandom, DrawsAreAFunctionOfSeedAndCounter) {
   // Two draws of 10 and 5 give the same numbers as one draw of 15.
   ls::manual_seed(5);
   std::vector<double> parts = ls::rand({10}, ls::f64).to_vector<double>();
@@ -129,7 +132,7 @@ TEST(OpsRandom, DrawsAreAFunctionOfSeedAndCounter) {
   EXPECT_EQ(ls::rand({5}, ls::f64).to_vector<double>(), tail);
 }
 
-TEST(OpsRandom, GeneratorStateCountsDraws) {
+TEST_F(OpsRandom, GeneratorStateCountsDraws) {
   ls::manual_seed(11);
   expect_tensor<int64_t>(ls::generator_state(), {2}, {11, 0});
   (void)ls::rand({2, 5});
@@ -142,7 +145,7 @@ TEST(OpsRandom, GeneratorStateCountsDraws) {
   expect_tensor<int64_t>(ls::generator_state(), {2}, {11, 20});
 }
 
-TEST(OpsRandom, RandIsUniformInUnitInterval) {
+TEST_F(OpsRandom, RandIsUniformInUnitInterval) {
   ls::manual_seed(123);
   for (ls::DType dt : {ls::f32, ls::f64}) {
     const ls::Tensor u = ls::rand({100, 100}, dt);
@@ -168,7 +171,7 @@ TEST(OpsRandom, RandIsUniformInUnitInterval) {
   EXPECT_EQ(ls::rand({}).shape(), ls::Shape{});
 }
 
-TEST(OpsRandom, RandnHasZeroMeanUnitStd) {
+TEST_F(OpsRandom, RandnHasZeroMeanUnitStd) {
   ls::manual_seed(2024);
   for (ls::DType dt : {ls::f32, ls::f64}) {
     const ls::Tensor z = ls::randn({10000}, dt);
@@ -192,7 +195,7 @@ TEST(OpsRandom, RandnHasZeroMeanUnitStd) {
   EXPECT_TRUE(std::isfinite(ls::randn({}).item<float>()));
 }
 
-TEST(OpsRandom, RandintCoversTheHalfOpenRange) {
+TEST_F(OpsRandom, RandintCoversTheHalfOpenRange) {
   ls::manual_seed(99);
   const std::vector<int64_t> v = ls::randint(-3, 4, {10000}).to_vector<int64_t>();
   std::set<int64_t> seen(v.begin(), v.end());
@@ -208,6 +211,22 @@ TEST(OpsRandom, RandintCoversTheHalfOpenRange) {
     EXPECT_LT(x, int64_t{1} << 40);
   }
   EXPECT_GT(*std::max_element(big.begin(), big.end()), int64_t{1} << 39);
+  // The full int64 range (its width overflows int64).
+  const std::vector<int64_t> full = ls::randint(INT64_MIN, INT64_MAX, {1000}).to_vector<int64_t>();
+  EXPECT_LT(*std::min_element(full.begin(), full.end()), INT64_MIN / 2);
+  EXPECT_GT(*std::max_element(full.begin(), full.end()), INT64_MAX / 2);
+  // Narrow ranges far from 0 are exact (no rounding through double).
+  const int64_t far = (int64_t{1} << 60) + 1;
+  const std::vector<int64_t> f = ls::randint(far, far + 2, {200}).to_vector<int64_t>();
+  EXPECT_EQ(std::set<int64_t>(f.begin(), f.end()), (std::set<int64_t>{far, far + 1}));
+  const std::vector<int64_t> top =
+      ls::randint(INT64_MAX - 2, INT64_MAX, {200}).to_vector<int64_t>();
+  EXPECT_EQ(std::set<int64_t>(top.begin(), top.end()),
+            (std::set<int64_t>{INT64_MAX - 2, INT64_MAX - 1}));
+  const std::vector<int32_t> i32s =
+      ls::randint(INT32_MIN, INT32_MAX, {1000}, ls::i32).to_vector<int32_t>();
+  EXPECT_LT(*std::min_element(i32s.begin(), i32s.end()), INT32_MIN / 2);
+  EXPECT_GT(*std::max_element(i32s.begin(), i32s.end()), INT32_MAX / 2);
 }
 
 }  // namespace

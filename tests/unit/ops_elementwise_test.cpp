@@ -11,8 +11,15 @@ namespace {
 
 using namespace ops_test;
 
+using OpsBoolUnary = OnTestDevice;
+using OpsBoolBinary = OnTestDevice;
+using OpsBroadcast = OnTestDevice;
+using OpsWhere = OnTestDevice;
+using OpsCast = OnTestDevice;
+using OpsClamp = OnTestDevice;
+
 template <typename T>
-class OpsFloatUnary : public ::testing::Test {};
+class OpsFloatUnary : public OnTestDevice {};
 using FloatTypes = ::testing::Types<float, double>;
 TYPED_TEST_SUITE(OpsFloatUnary, FloatTypes);
 
@@ -72,7 +79,7 @@ TYPED_TEST(OpsFloatUnary, ZeroDimAndEmpty) {
 }
 
 template <typename T>
-class OpsIntUnary : public ::testing::Test {};
+class OpsIntUnary : public OnTestDevice {};
 using IntTypes = ::testing::Types<int32_t, int64_t>;
 TYPED_TEST_SUITE(OpsIntUnary, IntTypes);
 
@@ -91,14 +98,14 @@ TYPED_TEST(OpsIntUnary, Arithmetic) {
   expect_tensor<bool>(ls::isfinite(t1<T>({0, lo})), {2}, {true, true});
 }
 
-TEST(OpsBoolUnary, LogicalNotAndIsFinite) {
+TEST_F(OpsBoolUnary, LogicalNotAndIsFinite) {
   expect_tensor<bool>(ls::logical_not(b8({true, false})), {2}, {false, true});
   expect_tensor<bool>(ls::isfinite(b8({true, false})), {2}, {true, true});
 }
 
 // ---- binary -------------------------------------------------------------------------------
 template <typename T>
-class OpsFloatBinary : public ::testing::Test {};
+class OpsFloatBinary : public OnTestDevice {};
 TYPED_TEST_SUITE(OpsFloatBinary, FloatTypes);
 
 TYPED_TEST(OpsFloatBinary, TensorTensor) {
@@ -188,7 +195,7 @@ TYPED_TEST(OpsFloatBinary, Comparisons) {
 }
 
 template <typename T>
-class OpsIntBinary : public ::testing::Test {};
+class OpsIntBinary : public OnTestDevice {};
 TYPED_TEST_SUITE(OpsIntBinary, IntTypes);
 
 TYPED_TEST(OpsIntBinary, Arithmetic) {
@@ -265,7 +272,7 @@ TYPED_TEST(OpsIntBinary, ComparisonsAndLogical) {
   expect_tensor<bool>(ls::logical_or(t1<T>({0, 3, 0}), t1<T>({0, 0, 2})), {3}, {false, true, true});
 }
 
-TEST(OpsBoolBinary, LogicalAndComparisons) {
+TEST_F(OpsBoolBinary, LogicalAndComparisons) {
   const ls::Tensor a = b8({true, true, false, false});
   const ls::Tensor b = b8({true, false, true, false});
   expect_tensor<bool>(ls::logical_and(a, b), {4}, {true, false, false, false});
@@ -282,7 +289,7 @@ TEST(OpsBoolBinary, LogicalAndComparisons) {
 }
 
 // ---- broadcasting -------------------------------------------------------------------------
-TEST(OpsBroadcast, NumpyRules) {
+TEST_F(OpsBroadcast, NumpyRules) {
   // [2, 1] + [3] -> [2, 3]
   expect_tensor<float>(f32({1, 2}, {2, 1}) + f32({10, 20, 30}), {2, 3}, {11, 21, 31, 12, 22, 32});
   // [1, 3] * [2, 1] -> [2, 3]
@@ -303,7 +310,7 @@ TEST(OpsBroadcast, NumpyRules) {
                       {true, true, false, true, false, false});
 }
 
-TEST(OpsBroadcast, EmptyAndZeroDim) {
+TEST_F(OpsBroadcast, EmptyAndZeroDim) {
   expect_tensor<float>(ls::zeros({2, 0}) + f32({1}), {2, 0}, {});
   expect_tensor<float>(ls::zeros({0}) * ls::scalar_tensor(3.0f), {0}, {});
   expect_tensor<float>(ls::ones({2, 1, 3}) + ls::zeros({0, 1}), {2, 0, 3}, {});
@@ -313,7 +320,7 @@ TEST(OpsBroadcast, EmptyAndZeroDim) {
 }
 
 // ---- where, cast, clamp -------------------------------------------------------------------
-TEST(OpsWhere, AllForms) {
+TEST_F(OpsWhere, AllForms) {
   const ls::Tensor c = b8({true, false, true});
   expect_tensor<float>(ls::where(c, f32({1, 2, 3}), f32({10, 20, 30})), {3}, {1, 20, 3});
   expect_tensor<float>(ls::where(c, f32({1, 2, 3}), 0.5), {3}, {1, 0.5, 3});
@@ -325,7 +332,7 @@ TEST(OpsWhere, AllForms) {
   expect_tensor<double>(ls::where(c, f64({1, nan, 3}), f64({nan, 2, nan})), {3}, {1, 2, 3});
 }
 
-TEST(OpsWhere, Broadcasts) {
+TEST_F(OpsWhere, Broadcasts) {
   // cond [2, 1], a [3], b 0-d -> [2, 3]
   expect_tensor<float>(ls::where(b8({true, false}, {2, 1}), f32({1, 2, 3}), 0), {2, 3},
                        {1, 2, 3, 0, 0, 0});
@@ -335,7 +342,7 @@ TEST(OpsWhere, Broadcasts) {
   expect_tensor<float>(ls::where(b8({}, {0}), f32({1}), 2), {0}, {});
 }
 
-TEST(OpsCast, FloatToIntNanGivesZeroAndSaturates) {
+TEST_F(OpsCast, FloatToIntNanGivesZeroAndSaturates) {
   const float inf = std::numeric_limits<float>::infinity();
   const float nan = std::numeric_limits<float>::quiet_NaN();
   constexpr int32_t hi = std::numeric_limits<int32_t>::max();
@@ -352,7 +359,7 @@ TEST(OpsCast, FloatToIntNanGivesZeroAndSaturates) {
                          {hi, hi, lo});
 }
 
-TEST(OpsCast, AllPairs) {
+TEST_F(OpsCast, AllPairs) {
   expect_tensor<float>(ls::cast(i64({3, -4}), ls::f32), {2}, {3, -4});
   expect_tensor<double>(ls::cast(i32({3, -4}), ls::f64), {2}, {3, -4});
   expect_tensor<double>(ls::cast(f32({0.5f, -1.25f}), ls::f64), {2}, {0.5, -1.25});
@@ -377,7 +384,7 @@ TEST(OpsCast, AllPairs) {
   expect_tensor<int32_t>(ls::cast(ls::scalar_tensor(2.7), ls::i32), {}, {2});
 }
 
-TEST(OpsClamp, Values) {
+TEST_F(OpsClamp, Values) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   expect_tensor<float>(ls::clamp(f32({-2, 0.5f, 3, nan}), 0, 1), {4}, {0, 0.5f, 1, nan});
   expect_tensor<double>(ls::clamp(f64({-2, 0.5, 3}), -1.5, 0.25), {3}, {-1.5, 0.25, 0.25});

@@ -8,7 +8,11 @@ namespace {
 
 using namespace ops_test;
 
-TEST(OpsGather, Axis0) {
+using OpsGather = OnTestDevice;
+using OpsScatterAdd = OnTestDevice;
+using OpsGatherScatter = OnTestDevice;
+
+TEST_F(OpsGather, Axis0) {
   // out[i][j] = x[index[i][j]][j]
   const ls::Tensor x = f32({1, 2, 3, 4, 5, 6}, {3, 2});
   expect_tensor<float>(ls::gather(x, 0, i64({2, 0, 1, 1}, {2, 2})), {2, 2}, {5, 2, 3, 4});
@@ -17,7 +21,7 @@ TEST(OpsGather, Axis0) {
   expect_tensor<float>(ls::gather(x, 0, i64({0, 2, 2, 1}, {4, 1})), {4, 1}, {1, 5, 5, 3});
 }
 
-TEST(OpsGather, Axis1) {
+TEST_F(OpsGather, Axis1) {
   // out[i][j] = x[i][index[i][j]]
   const ls::Tensor x = i64({1, 2, 3, 4, 5, 6}, {2, 3});
   expect_tensor<int64_t>(ls::gather(x, 1, i64({2, 2, 0, 1, 0, 0}, {2, 3})), {2, 3},
@@ -28,7 +32,7 @@ TEST(OpsGather, Axis1) {
   expect_tensor<int64_t>(ls::gather(x, 1, i64({1}, {1, 1})), {1, 1}, {2});
 }
 
-TEST(OpsGather, ThreeDimsAndDtypes) {
+TEST_F(OpsGather, ThreeDimsAndDtypes) {
   // x[i][j][k] = 100 i + 10 j + k, gather along the middle axis.
   std::vector<double> xv;
   for (int i = 0; i < 2; ++i)
@@ -44,7 +48,7 @@ TEST(OpsGather, ThreeDimsAndDtypes) {
                        {});
 }
 
-TEST(OpsGather, OutOfRangeIndexFailsAtRunTime) {
+TEST_F(OpsGather, OutOfRangeIndexFailsAtRunTime) {
   const ls::Tensor x = f32({1, 2, 3});
   ls::Tensor hi = ls::gather(x, 0, i64({0, 3}));
   EXPECT_BACKEND_ERROR(hi.to_vector<float>(), "gather", "index 3", "out of range");
@@ -57,7 +61,7 @@ TEST(OpsGather, OutOfRangeIndexFailsAtRunTime) {
   expect_tensor<float>(ls::gather(x, 0, i64({2})), {1}, {3});
 }
 
-TEST(OpsScatterAdd, Axis0) {
+TEST_F(OpsScatterAdd, Axis0) {
   // out = x; out[index[i][j]][j] += src[i][j]
   const ls::Tensor src = f32({1, 2, 3, 4, 5, 6}, {3, 2});
   const ls::Tensor idx = i64({0, 1, 0, 2, 2, 2}, {3, 2});
@@ -71,7 +75,7 @@ TEST(OpsScatterAdd, Axis0) {
                        {0, 2, 0, 0, 0, 0, 1, 0});
 }
 
-TEST(OpsScatterAdd, Axis1AndLargerSrc) {
+TEST_F(OpsScatterAdd, Axis1AndLargerSrc) {
   const ls::Tensor src = i64({1, 2, 3, 4, 5, 6}, {2, 3});
   const ls::Tensor idx = i64({0, 0, 2, 1, 1, 1}, {2, 3});
   expect_tensor<int64_t>(ls::scatter_add(ls::zeros({2, 3}, ls::i64), 1, idx, src), {2, 3},
@@ -83,6 +87,11 @@ TEST(OpsScatterAdd, Axis1AndLargerSrc) {
       {0, 3, 4, 5});
   expect_tensor<int32_t>(ls::scatter_add(i32({10, 20, 30}), 0, i64({2, 2, 0}), i32({1, 2, 3})), {3},
                          {13, 20, 33});
+  // Integers wrap around, as integer add does.
+  expect_tensor<int32_t>(ls::scatter_add(i32({INT32_MAX, 0}), 0, i64({0, 0}), i32({1, 1})), {2},
+                         {INT32_MIN + 1, 0});
+  expect_tensor<int64_t>(ls::scatter_add(i64({INT64_MIN}), 0, i64({0}), i64({-1})), {1},
+                         {INT64_MAX});
   // bool accumulates with "or".
   expect_tensor<bool>(
       ls::scatter_add(b8({false, false, false}), 0, i64({0, 0, 2}), b8({true, false, true})), {3},
@@ -92,14 +101,14 @@ TEST(OpsScatterAdd, Axis1AndLargerSrc) {
                        {1, 2});
 }
 
-TEST(OpsScatterAdd, OutOfRangeIndexFailsAtRunTime) {
+TEST_F(OpsScatterAdd, OutOfRangeIndexFailsAtRunTime) {
   ls::Tensor y = ls::scatter_add(ls::zeros({2}), 0, i64({0, 2}), f32({1, 1}));
   EXPECT_BACKEND_ERROR(y.to_vector<float>(), "scatter_add", "index 2", "out of range");
   ls::Tensor z = ls::scatter_add(ls::zeros({2}), 0, i64({-3}), f32({1}));
   EXPECT_BACKEND_ERROR(z.to_vector<float>(), "scatter_add", "out of range");
 }
 
-TEST(OpsGatherScatter, ScatterAddIsTheAdjointOfGather) {
+TEST_F(OpsGatherScatter, ScatterAddIsTheAdjointOfGather) {
   // <gather(x, idx), g> == <x, scatter_add(0, idx, g)> for any x, g.
   const ls::Tensor x = f64({0.5, -1, 2, 3, 0.25, -4, 1.5, 2.5, -0.75, 1, 2, 3}, {3, 4});
   const ls::Tensor idx = i64({2, 0, 1, 1, 0, 0, 2, 2}, {2, 4});

@@ -11,6 +11,12 @@ namespace {
 
 using namespace ops_test;
 
+using OpsMatmul = OnTestDevice;
+using OpsConv2d = OnTestDevice;
+using OpsMaxPool2d = OnTestDevice;
+using OpsAvgPool2d = OnTestDevice;
+using OpsPool2d = OnTestDevice;
+
 // Deterministic, distinct-ish values in [-5, 5] that are exact in f32.
 std::vector<double> data(int64_t n, int salt) {
   std::vector<double> v(static_cast<size_t>(n));
@@ -26,7 +32,7 @@ double dot(const std::vector<double>& a, const std::vector<double>& b) {
 }
 
 // ---- matmul -------------------------------------------------------------------------------
-TEST(OpsMatmul, HandComputed) {
+TEST_F(OpsMatmul, HandComputed) {
   const ls::Tensor a = f32({1, 2, 3, 4, 5, 6}, {2, 3});
   const ls::Tensor b = f32({7, 8, 9, 10, 11, 12}, {3, 2});
   expect_tensor<float>(ls::matmul(a, b), {2, 2}, {58, 64, 139, 154});
@@ -42,7 +48,7 @@ TEST(OpsMatmul, HandComputed) {
   expect_tensor<int64_t>(ls::matmul(i64({1, -2}, {1, 2}), i64({3, 4}, {2, 1})), {1, 1}, {-5});
 }
 
-TEST(OpsMatmul, EmptyInnerAndOuterDims) {
+TEST_F(OpsMatmul, EmptyInnerAndOuterDims) {
   expect_tensor<float>(ls::matmul(ls::zeros({2, 0}), ls::zeros({0, 3})), {2, 3},
                        {0, 0, 0, 0, 0, 0});
   expect_tensor<float>(ls::matmul(ls::zeros({0, 4}), ls::ones({4, 3})), {0, 3}, {});
@@ -83,7 +89,7 @@ std::vector<double> naive_batched(const std::vector<double>& a, const ls::Shape&
   return y;
 }
 
-TEST(OpsMatmul, BatchedWithBroadcast) {
+TEST_F(OpsMatmul, BatchedWithBroadcast) {
   struct Case {
     ls::Shape a, b;
   };
@@ -102,7 +108,7 @@ TEST(OpsMatmul, BatchedWithBroadcast) {
   }
 }
 
-TEST(OpsMatmul, VectorWithBatchedMatrix) {
+TEST_F(OpsMatmul, VectorWithBatchedMatrix) {
   // [2] x [3, 2, 4] -> [3, 4];  [3, 2, 4] x [4] -> [3, 2]
   const ls::Tensor m = iota<float>({3, 2, 4});  // m[b][k][j] = 8b + 4k + j
   std::vector<float> left;
@@ -117,7 +123,7 @@ TEST(OpsMatmul, VectorWithBatchedMatrix) {
 }
 
 // ---- conv2d -------------------------------------------------------------------------------
-TEST(OpsConv2d, HandComputed) {
+TEST_F(OpsConv2d, HandComputed) {
   const ls::Tensor x = f32({1, 2, 3, 4, 5, 6, 7, 8, 9}, {1, 1, 3, 3});
   const ls::Tensor w = f32({1, 2, 3, 4}, {1, 1, 2, 2});
   expect_tensor<float>(ls::conv2d(x, w), {1, 1, 2, 2}, {37, 47, 67, 77});
@@ -141,7 +147,7 @@ TEST(OpsConv2d, HandComputed) {
                         {1, 1, 1, 2}, {310, 420});
 }
 
-TEST(OpsConv2d, GradientsHandComputed) {
+TEST_F(OpsConv2d, GradientsHandComputed) {
   const ls::Tensor x = f32({1, 2, 3, 4, 5, 6, 7, 8, 9}, {1, 1, 3, 3});
   const ls::Tensor w = f32({1, 2, 3, 4}, {1, 1, 2, 2});
   const ls::Tensor g = ls::ones({1, 1, 2, 2});
@@ -154,6 +160,22 @@ TEST(OpsConv2d, GradientsHandComputed) {
                                                   {1, 1, 5, 5}, {.stride = {2, 2}});
   expect_tensor<float>(gi, {1, 1, 5, 5},
                        {1, 1, 1, 1, 0, 1, 1, 1, 1, 0, 1, 1, 1, 1, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0});
+}
+
+TEST_F(OpsConv2d, EmptyBatchAndChannels) {
+  expect_tensor<float>(ls::conv2d(ls::zeros({0, 2, 4, 4}), ls::ones({3, 2, 3, 3})), {0, 3, 2, 2},
+                       {});
+  // No input channels: every output is an empty sum.
+  expect_tensor<float>(ls::conv2d(ls::zeros({1, 0, 3, 3}), ls::ones({2, 0, 2, 2})), {1, 2, 2, 2},
+                       {0, 0, 0, 0, 0, 0, 0, 0});
+  expect_tensor<float>(
+      ls::conv2d_backward_input(ls::zeros({0, 3, 2, 2}), ls::ones({3, 2, 3, 3}), {0, 2, 4, 4}),
+      {0, 2, 4, 4}, {});
+  expect_tensor<float>(
+      ls::conv2d_backward_weight(ls::zeros({0, 2, 4, 4}), ls::zeros({0, 3, 2, 2}), {3, 2, 3, 3}),
+      {3, 2, 3, 3}, std::vector<float>(54, 0));
+  expect_tensor<float>(ls::max_pool2d(ls::zeros({0, 2, 4, 4}), {}), {0, 2, 2, 2}, {});
+  expect_tensor<float>(ls::avg_pool2d(ls::zeros({2, 0, 4, 4}), {}), {2, 0, 2, 2}, {});
 }
 
 struct ConvCase {
@@ -206,7 +228,7 @@ std::vector<double> naive_conv(const std::vector<double>& x, const ls::Shape& xs
   return y;
 }
 
-TEST(OpsConv2d, MatchesNaiveLoop) {
+TEST_F(OpsConv2d, MatchesNaiveLoop) {
   int salt = 0;
   for (const ConvCase& c : conv_cases()) {
     SCOPED_TRACE(ls::shape_str(c.x) + " * " + ls::shape_str(c.w));
@@ -222,7 +244,7 @@ TEST(OpsConv2d, MatchesNaiveLoop) {
   }
 }
 
-TEST(OpsConv2d, GradientsSatisfyTheAdjointIdentity) {
+TEST_F(OpsConv2d, GradientsSatisfyTheAdjointIdentity) {
   int salt = 100;
   for (const ConvCase& c : conv_cases()) {
     SCOPED_TRACE(ls::shape_str(c.x) + " * " + ls::shape_str(c.w));
@@ -243,7 +265,7 @@ TEST(OpsConv2d, GradientsSatisfyTheAdjointIdentity) {
 }
 
 // ---- pooling ------------------------------------------------------------------------------
-TEST(OpsMaxPool2d, HandComputed) {
+TEST_F(OpsMaxPool2d, HandComputed) {
   const std::vector<float> xv = {1, 5, 2, 0, 3, 4, 8, 6, 7, 2, 9, 1, 0, 6, 3, 9};
   const ls::Tensor x = f32(xv, {1, 1, 4, 4});
   expect_tensor<float>(ls::max_pool2d(x, {.kernel = {2, 2}}), {1, 1, 2, 2}, {5, 8, 7, 9});
@@ -268,7 +290,7 @@ TEST(OpsMaxPool2d, HandComputed) {
                         {1, 1, 1, 1}, {nan});
 }
 
-TEST(OpsMaxPool2d, BackwardHandComputed) {
+TEST_F(OpsMaxPool2d, BackwardHandComputed) {
   // Overlapping windows (stride 1) that all pick the center: its gradient is their sum.
   const ls::Tensor x = f32({1, 2, 3, 4, 9, 5, 6, 7, 8}, {1, 1, 3, 3});
   const ls::Pool2dOptions o{.kernel = {2, 2}, .stride = {1, 1}};
@@ -279,7 +301,7 @@ TEST(OpsMaxPool2d, BackwardHandComputed) {
       {0, 0, 0, 0, 10, 0, 0, 0, 0});
 }
 
-TEST(OpsAvgPool2d, HandComputed) {
+TEST_F(OpsAvgPool2d, HandComputed) {
   const ls::Tensor x = iota<float>({1, 1, 4, 4});
   expect_tensor<float>(ls::avg_pool2d(x, {.kernel = {2, 2}}), {1, 1, 2, 2}, {2.5, 4.5, 10.5, 12.5});
   // Padding 1, kernel 3, stride 2: PyTorch's default counts the padding in the divisor (9);
@@ -357,7 +379,7 @@ NaivePool naive_pool(const std::vector<double>& x, const ls::Shape& xs, ls::Pool
   return r;
 }
 
-TEST(OpsPool2d, MatchesNaiveLoops) {
+TEST_F(OpsPool2d, MatchesNaiveLoops) {
   int salt = 0;
   for (PoolCase c : pool_cases()) {
     for (bool include_pad : {true, false}) {
@@ -375,7 +397,7 @@ TEST(OpsPool2d, MatchesNaiveLoops) {
   }
 }
 
-TEST(OpsPool2d, GradientsSatisfyTheAdjointIdentity) {
+TEST_F(OpsPool2d, GradientsSatisfyTheAdjointIdentity) {
   int salt = 50;
   for (PoolCase c : pool_cases()) {
     for (bool include_pad : {true, false}) {
@@ -397,7 +419,7 @@ TEST(OpsPool2d, GradientsSatisfyTheAdjointIdentity) {
   }
 }
 
-TEST(OpsPool2d, BackwardWithBadIndicesFailsAtRunTime) {
+TEST_F(OpsPool2d, BackwardWithBadIndicesFailsAtRunTime) {
   const ls::Pool2dOptions o{.kernel = {2, 2}};
   ls::Tensor gx =
       ls::max_pool2d_backward(ls::ones({1, 1, 1, 1}), i64({4}, {1, 1, 1, 1}), {1, 1, 2, 2}, o);

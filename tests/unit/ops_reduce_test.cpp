@@ -10,13 +10,16 @@ namespace {
 
 using namespace ops_test;
 
+using OpsReduce = OnTestDevice;
+using OpsSoftmax = OnTestDevice;
+
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 // x[i][j][k] = 12 i + 4 j + k, shape [2, 3, 4].
 ls::Tensor x234() { return iota<float>({2, 3, 4}); }
 
-TEST(OpsReduce, SumOverEachAxis) {
+TEST_F(OpsReduce, SumOverEachAxis) {
   expect_tensor<float>(ls::sum(x234()), {}, {276});
   expect_tensor<float>(x234().sum(), {}, {276});
   expect_tensor<float>(ls::sum(x234(), {0}), {3, 4},
@@ -28,7 +31,7 @@ TEST(OpsReduce, SumOverEachAxis) {
                        {12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34});
 }
 
-TEST(OpsReduce, SumOverSeveralAxes) {
+TEST_F(OpsReduce, SumOverSeveralAxes) {
   expect_tensor<float>(ls::sum(x234(), {0, 2}), {3}, {60, 92, 124});
   expect_tensor<float>(ls::sum(x234(), {2, 0}), {3}, {60, 92, 124});  // order does not matter
   expect_tensor<float>(ls::sum(x234(), {-1, 0}), {3}, {60, 92, 124});
@@ -36,7 +39,7 @@ TEST(OpsReduce, SumOverSeveralAxes) {
   expect_tensor<float>(ls::sum(x234(), {0, 1, 2}), {}, {276});
 }
 
-TEST(OpsReduce, Keepdim) {
+TEST_F(OpsReduce, Keepdim) {
   expect_tensor<float>(ls::sum(x234(), {1}, true), {2, 1, 4}, {12, 15, 18, 21, 48, 51, 54, 57});
   expect_tensor<float>(ls::sum(x234(), {0, 2}, true), {1, 3, 1}, {60, 92, 124});
   expect_tensor<float>(ls::sum(x234(), {}, true), {1, 1, 1}, {276});
@@ -46,7 +49,7 @@ TEST(OpsReduce, Keepdim) {
   expect_tensor<float>(x234().mean({0, 1}, true), {1, 1, 4}, {10, 11, 12, 13});
 }
 
-TEST(OpsReduce, Mean) {
+TEST_F(OpsReduce, Mean) {
   expect_tensor<float>(ls::mean(x234()), {}, {11.5});
   expect_tensor<float>(ls::mean(x234(), {2}), {2, 3}, {1.5, 5.5, 9.5, 13.5, 17.5, 21.5});
   expect_tensor<float>(ls::mean(x234(), {-3, -2}), {4}, {10, 11, 12, 13});
@@ -58,7 +61,7 @@ TEST(OpsReduce, Mean) {
   expect_tensor<float>(ls::mean(ls::zeros({0, 3}), {1}), {0}, {});
 }
 
-TEST(OpsReduce, MaxMinArgmaxArgmin) {
+TEST_F(OpsReduce, MaxMinArgmaxArgmin) {
   expect_tensor<float>(ls::max(x234(), {1}), {2, 4}, {8, 9, 10, 11, 20, 21, 22, 23});
   expect_tensor<float>(ls::min(x234(), {1}), {2, 4}, {0, 1, 2, 3, 12, 13, 14, 15});
   expect_tensor<int64_t>(ls::argmax(x234(), {1}), {2, 4}, {2, 2, 2, 2, 2, 2, 2, 2});
@@ -85,7 +88,7 @@ TEST(OpsReduce, MaxMinArgmaxArgmin) {
   expect_tensor<int64_t>(ls::argmax(f32({5, 5, 5})), {}, {0});
 }
 
-TEST(OpsReduce, NanPropagates) {
+TEST_F(OpsReduce, NanPropagates) {
   const ls::Tensor y = f64({1, kNaN, 3, -kInf}, {4});
   expect_tensor<double>(ls::max(y), {}, {kNaN});
   expect_tensor<double>(ls::min(y), {}, {kNaN});
@@ -96,7 +99,7 @@ TEST(OpsReduce, NanPropagates) {
   expect_tensor<int64_t>(ls::argmin(f64({1, 3, -kInf})), {}, {2});
 }
 
-TEST(OpsReduce, IntegerAndBoolDtypes) {
+TEST_F(OpsReduce, IntegerAndBoolDtypes) {
   // sum of bool/i32 gives i64; of i64 stays i64; of f32/f64 keeps the float dtype.
   expect_tensor<int64_t>(ls::sum(i32({1, 2, 3, -10})), {}, {-4});
   expect_tensor<int64_t>(ls::sum(i32({2147483647, 1})), {}, {2147483648});  // no i32 overflow
@@ -113,7 +116,7 @@ TEST(OpsReduce, IntegerAndBoolDtypes) {
   expect_tensor<int64_t>(ls::argmax(b8({false, true, true})), {}, {1});
 }
 
-TEST(OpsReduce, EmptyAndZeroDim) {
+TEST_F(OpsReduce, EmptyAndZeroDim) {
   expect_tensor<float>(ls::sum(ls::zeros({2, 0}), {1}), {2}, {0, 0});
   expect_tensor<float>(ls::sum(ls::zeros({2, 0}), {0}), {0}, {});
   expect_tensor<float>(ls::sum(ls::zeros({0})), {}, {0});
@@ -131,7 +134,7 @@ TEST(OpsReduce, EmptyAndZeroDim) {
   expect_tensor<int64_t>(ls::sum(ls::scalar_tensor(true, ls::boolean)), {}, {1});
 }
 
-TEST(OpsReduce, SizeOneAxes) {
+TEST_F(OpsReduce, SizeOneAxes) {
   const ls::Tensor y = f32({1, 2, 3}, {1, 3, 1});
   expect_tensor<float>(ls::sum(y, {0}), {3, 1}, {1, 2, 3});
   expect_tensor<float>(ls::sum(y, {2}), {1, 3}, {1, 2, 3});
@@ -141,7 +144,7 @@ TEST(OpsReduce, SizeOneAxes) {
 }
 
 // ---- softmax family -----------------------------------------------------------------------
-TEST(OpsSoftmax, Values) {
+TEST_F(OpsSoftmax, Values) {
   const std::vector<double> sm = {0.09003057317038046, 0.24472847105479767, 0.6652409557748219};
   const std::vector<double> lsm = {-2.40760596444438, -1.4076059644443801, -0.4076059644443803};
   expect_tensor<double>(ls::softmax(f64({1, 2, 3}), 0), {3}, sm);
@@ -153,7 +156,7 @@ TEST(OpsSoftmax, Values) {
                        {-2.40760596444438, -1.4076059644443801, -0.4076059644443803});
 }
 
-TEST(OpsSoftmax, AlongEachAxisOfAMatrix) {
+TEST_F(OpsSoftmax, AlongEachAxisOfAMatrix) {
   const ls::Tensor x = f64({1, 2, 3, 1, 1, 1}, {2, 3});
   const double third = 1.0 / 3;
   expect_tensor<double>(
@@ -172,7 +175,7 @@ TEST(OpsSoftmax, AlongEachAxisOfAMatrix) {
        std::log(0.2689414213699951), std::log(0.11920292202211757)});
 }
 
-TEST(OpsSoftmax, LargeAndInfiniteInputsAreStable) {
+TEST_F(OpsSoftmax, LargeAndInfiniteInputsAreStable) {
   expect_tensor<float>(ls::softmax(f32({1000, 1000}), 0), {2}, {0.5, 0.5});
   expect_tensor<float>(ls::softmax(f32({-1000, 0}), 0), {2}, {0, 1});
   expect_tensor<double>(ls::log_softmax(f64({1000, 0}), 0), {2}, {0, -1000});
@@ -184,7 +187,7 @@ TEST(OpsSoftmax, LargeAndInfiniteInputsAreStable) {
   expect_tensor<double>(ls::logsumexp(f64({kNaN, 1}), {0}), {}, {kNaN});
 }
 
-TEST(OpsSoftmax, LogsumexpAxesAndKeepdim) {
+TEST_F(OpsSoftmax, LogsumexpAxesAndKeepdim) {
   // exp values 1, 2, 3, 4: logsumexp over all = log 10.
   const ls::Tensor x = f64({0, std::log(2.0), std::log(3.0), std::log(4.0)}, {2, 2});
   expect_tensor<double>(ls::logsumexp(x, {0, 1}), {}, {std::log(10.0)});
@@ -197,7 +200,7 @@ TEST(OpsSoftmax, LogsumexpAxesAndKeepdim) {
   expect_tensor<float>(ls::logsumexp(ls::scalar_tensor(1.5f), {}), {}, {1.5});
 }
 
-TEST(OpsSoftmax, EmptyInputs) {
+TEST_F(OpsSoftmax, EmptyInputs) {
   // Empty along the softmax axis: the result is empty (PyTorch); logsumexp over an empty axis is
   // log(0) = -inf.
   expect_tensor<float>(ls::softmax(ls::zeros({2, 0}), 1), {2, 0}, {});

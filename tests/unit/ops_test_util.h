@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <limits>
 #include <source_location>
@@ -19,6 +20,27 @@
 namespace ls = lockstep;
 
 namespace ops_test {
+
+// The device the op tests run on: LOCKSTEP_TEST_DEVICE ("ref", "cpu", "cuda:0"), else ref, the
+// backend whose kernels define the semantics. E.g. LOCKSTEP_TEST_DEVICE=cpu unit_tests
+// --gtest_filter='Ops*' checks another backend against the same hand-computed values.
+inline ls::Device test_device() {
+  const char* env = std::getenv("LOCKSTEP_TEST_DEVICE");
+  return ls::parse_device(env && *env ? env : "ref");
+}
+
+// Fixture of every op test: new tensors go to test_device() for the duration of the test.
+class OnTestDevice : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    saved_ = ls::default_device();
+    ls::set_default_device(test_device());
+  }
+  void TearDown() override { ls::set_default_device(saved_); }
+
+ private:
+  ls::Device saved_;
+};
 
 template <typename T>
 ls::Tensor tensor(const std::vector<T>& values, const ls::Shape& shape = {}) {
@@ -41,7 +63,7 @@ template <typename T>
 ls::Tensor iota(const ls::Shape& shape) {
   std::vector<T> v(static_cast<size_t>(ls::shape_numel(shape)));
   for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<T>(i);
-  return ls::from_blob(v.data(), shape, ls::dtype_of<T>(), ls::Device{});
+  return ls::from_blob(v.data(), shape, ls::dtype_of<T>(), ls::default_device());
 }
 
 template <typename T>

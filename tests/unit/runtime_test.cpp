@@ -102,7 +102,7 @@ TEST(Laziness, PrintingIsARead) {
   Delta implicit("implicit_syncs");
   std::ostringstream os;
   os << x;
-  EXPECT_EQ(os.str(), "tensor(i64[2, 2], ref) [[2, 4],\n [6, 8]]");
+  EXPECT_EQ(os.str(), "tensor(i64[2, 2], cpu) [[2, 4],\n [6, 8]]");
   EXPECT_EQ(implicit.get(), 1);
 }
 
@@ -298,7 +298,11 @@ TEST(Devices, UnavailableDeviceIsAClearError) {
   EXPECT_THROW(ls::parse_device("tpu"), ls::Error);
   EXPECT_EQ(ls::parse_device("ref"), (ls::Device{ls::DeviceKind::Ref, 0}));
   ls::Tensor t = ls::ones({2});
-  EXPECT_TRUE(t.to(ls::Device{ls::DeviceKind::Ref, 0}).is_same(t));
+  EXPECT_TRUE(t.to(ls::default_device()).is_same(t));
+  EXPECT_EQ(ls::default_device(), (ls::Device{ls::DeviceKind::Cpu, 0}));
+  ls::Tensor on_ref = t.to(ls::Device{ls::DeviceKind::Ref, 0});
+  EXPECT_EQ(on_ref.device(), (ls::Device{ls::DeviceKind::Ref, 0}));
+  EXPECT_EQ(on_ref.to_vector<float>(), t.to_vector<float>());
 }
 
 TEST(Graphs, DeepChainsDoNotOverflowTheStack) {

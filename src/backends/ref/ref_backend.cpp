@@ -44,31 +44,52 @@ T unary(Op op, T x) {
     return x;  // the shape rules admit no arithmetic unary op on bool
   } else if constexpr (kFloat<T>) {
     switch (op) {
-      case Op::Neg: return -x;
-      case Op::Abs: return std::abs(x);
-      case Op::Exp: return std::exp(x);
-      case Op::Log: return std::log(x);
-      case Op::Sqrt: return std::sqrt(x);
-      case Op::Rsqrt: return T(1) / std::sqrt(x);
-      case Op::Tanh: return std::tanh(x);
-      case Op::Sigmoid: return T(1) / (T(1) + std::exp(-x));
-      case Op::Relu: return x < T(0) ? T(0) : x;
-      case Op::Sin: return std::sin(x);
-      case Op::Cos: return std::cos(x);
-      case Op::Floor: return std::floor(x);
-      case Op::Ceil: return std::ceil(x);
-      case Op::Sign: return std::isnan(x) ? x : static_cast<T>((x > 0) - (x < 0));
-      default: break;
+      case Op::Neg:
+        return -x;
+      case Op::Abs:
+        return std::abs(x);
+      case Op::Exp:
+        return std::exp(x);
+      case Op::Log:
+        return std::log(x);
+      case Op::Sqrt:
+        return std::sqrt(x);
+      case Op::Rsqrt:
+        return T(1) / std::sqrt(x);
+      case Op::Tanh:
+        return std::tanh(x);
+      case Op::Sigmoid:
+        return T(1) / (T(1) + std::exp(-x));
+      case Op::Relu:
+        return x < T(0) ? T(0) : x;
+      case Op::Sin:
+        return std::sin(x);
+      case Op::Cos:
+        return std::cos(x);
+      case Op::Floor:
+        return std::floor(x);
+      case Op::Ceil:
+        return std::ceil(x);
+      case Op::Sign:
+        return std::isnan(x) ? x : static_cast<T>((x > 0) - (x < 0));
+      default:
+        break;
     }
   } else {
     switch (op) {
-      case Op::Neg: return wrap_sub(T(0), x);
-      case Op::Abs: return x < 0 ? wrap_sub(T(0), x) : x;
-      case Op::Relu: return x < 0 ? T(0) : x;
+      case Op::Neg:
+        return wrap_sub(T(0), x);
+      case Op::Abs:
+        return x < 0 ? wrap_sub(T(0), x) : x;
+      case Op::Relu:
+        return x < 0 ? T(0) : x;
       case Op::Floor:
-      case Op::Ceil: return x;
-      case Op::Sign: return static_cast<T>((x > 0) - (x < 0));
-      default: break;
+      case Op::Ceil:
+        return x;
+      case Op::Sign:
+        return static_cast<T>((x > 0) - (x < 0));
+      default:
+        break;
     }
   }
   util::internal_fail(__FILE__, __LINE__, cat("ref: no unary kernel for ", ir::op_info(op).name));
@@ -90,28 +111,43 @@ template <typename T>
 T arith(Op op, T a, T b) {
   if constexpr (kFloat<T>) {
     switch (op) {
-      case Op::Add: return a + b;
-      case Op::Sub: return a - b;
-      case Op::Mul: return a * b;
-      case Op::Div: return a / b;
-      case Op::Pow: return std::pow(a, b);
-      case Op::Maximum: return (std::isnan(a) || a > b) ? a : b;
-      case Op::Minimum: return (std::isnan(a) || a < b) ? a : b;
-      default: break;
+      case Op::Add:
+        return a + b;
+      case Op::Sub:
+        return a - b;
+      case Op::Mul:
+        return a * b;
+      case Op::Div:
+        return a / b;
+      case Op::Pow:
+        return std::pow(a, b);
+      case Op::Maximum:
+        return (std::isnan(a) || a > b) ? a : b;
+      case Op::Minimum:
+        return (std::isnan(a) || a < b) ? a : b;
+      default:
+        break;
     }
   } else if constexpr (kInt<T>) {
     switch (op) {
-      case Op::Add: return wrap_add(a, b);
-      case Op::Sub: return wrap_sub(a, b);
-      case Op::Mul: return wrap_mul(a, b);
+      case Op::Add:
+        return wrap_add(a, b);
+      case Op::Sub:
+        return wrap_sub(a, b);
+      case Op::Mul:
+        return wrap_mul(a, b);
       case Op::Div:
         if (b == 0) throw BackendError("div: integer division by zero");
         if (b == -1) return wrap_sub(T(0), a);  // avoids the overflow of MIN / -1
         return static_cast<T>(a / b);
-      case Op::Pow: return int_pow(a, b);
-      case Op::Maximum: return a > b ? a : b;
-      case Op::Minimum: return a < b ? a : b;
-      default: break;
+      case Op::Pow:
+        return int_pow(a, b);
+      case Op::Maximum:
+        return a > b ? a : b;
+      case Op::Minimum:
+        return a < b ? a : b;
+      default:
+        break;
     }
   }
   util::internal_fail(__FILE__, __LINE__, cat("ref: no binary kernel for ", ir::op_info(op).name));
@@ -120,15 +156,24 @@ T arith(Op op, T a, T b) {
 template <typename T>
 bool compare(Op op, T a, T b) {
   switch (op) {
-    case Op::Eq: return a == b;
-    case Op::Ne: return a != b;
-    case Op::Lt: return a < b;
-    case Op::Le: return a <= b;
-    case Op::Gt: return a > b;
-    case Op::Ge: return a >= b;
-    case Op::LogicalAnd: return a != T(0) && b != T(0);
-    case Op::LogicalOr: return a != T(0) || b != T(0);
-    default: break;
+    case Op::Eq:
+      return a == b;
+    case Op::Ne:
+      return a != b;
+    case Op::Lt:
+      return a < b;
+    case Op::Le:
+      return a <= b;
+    case Op::Gt:
+      return a > b;
+    case Op::Ge:
+      return a >= b;
+    case Op::LogicalAnd:
+      return a != T(0) && b != T(0);
+    case Op::LogicalOr:
+      return a != T(0) || b != T(0);
+    default:
+      break;
   }
   util::internal_fail(__FILE__, __LINE__, "ref: not a comparison");
 }
@@ -236,7 +281,7 @@ void reduce(const ir::GraphNode& n, const Arr& x, void* out) {
       }
     }
     if (want_index) {
-      std::memcpy(out, best_at.data(), out_n * sizeof(int64_t));
+      if (out_n) std::memcpy(out, best_at.data(), out_n * sizeof(int64_t));  // out null if empty
     } else {
       T* dst = static_cast<T*>(out);
       for (int64_t i = 0; i < out_n; ++i) dst[i] = best[i];
@@ -259,8 +304,7 @@ void movement(const ir::GraphNode& n, const Arr& x, void* out) {
     case Op::Expand: {
       std::vector<int64_t> st(n.shape.size(), 0);
       const size_t lead = n.shape.size() - x.shape.size();
-      for (size_t d = 0; d < x.shape.size(); ++d)
-        st[lead + d] = x.shape[d] == 1 ? 0 : xs[d];
+      for (size_t d = 0; d < x.shape.size(); ++d) st[lead + d] = x.shape[d] == 1 ? 0 : xs[d];
       return strided_copy(out, x.data, n.shape, st, 0, elem);
     }
     case Op::Slice: {
@@ -269,7 +313,8 @@ void movement(const ir::GraphNode& n, const Arr& x, void* out) {
       st[axis] = xs[axis] * n.attrs[3];
       return strided_copy(out, x.data, n.shape, st, n.attrs[1] * xs[axis], elem);
     }
-    default: break;
+    default:
+      break;
   }
   util::internal_fail(__FILE__, __LINE__, "ref: not a movement op");
 }
@@ -329,7 +374,7 @@ class RefExecutable final : public Executable {
         for (int32_t o : n.operands)
           args.push_back({values[o]->data(), g_.nodes[o].shape, g_.nodes[o].dtype});
         values[i] = alloc_host(static_cast<size_t>(shape_numel(n.shape)) * dtype_size(n.dtype));
-        eval(n, args, scalars, values[i]->data());
+        eval_node(n, args, scalars, values[i]->data());
       }
       for (int32_t o : n.operands)  // free what no later node needs
         if (last_use_[o] == static_cast<int32_t>(i)) values[o].reset();
@@ -340,14 +385,14 @@ class RefExecutable final : public Executable {
   }
 
  private:
-  static void eval(const ir::GraphNode& n, const std::vector<Arr>& a,
-                   const std::vector<ir::ScalarValue>& scalars, void* out);
   ir::Graph g_;
   std::vector<int32_t> last_use_;
 };
 
-void RefExecutable::eval(const ir::GraphNode& n, const std::vector<Arr>& a,
-                         const std::vector<ir::ScalarValue>& scalars, void* out) {
+}  // namespace
+
+void eval_node(const ir::GraphNode& n, const std::vector<Arr>& a,
+               const std::vector<ir::ScalarValue>& scalars, void* out) {
   const int64_t count = shape_numel(n.shape);
   switch (n.op) {
     case Op::Data:
@@ -498,15 +543,17 @@ void RefExecutable::eval(const ir::GraphNode& n, const std::vector<Arr>& a,
   util::internal_fail(__FILE__, __LINE__, "ref: unknown op");
 }
 
+namespace {
+
 class RefBackend final : public Backend {
  public:
   std::string name() const override { return "ref"; }
   std::shared_ptr<Storage> alloc(size_t bytes) override { return alloc_host(bytes); }
   void copy_in(Storage& dst, const void* src, size_t bytes) override {
-    std::memcpy(dst.data(), src, bytes);
+    if (bytes) std::memcpy(dst.data(), src, bytes);  // empty tensors have null data
   }
   void copy_out(Storage& src, void* dst, size_t bytes) override {
-    std::memcpy(dst, src.data(), bytes);
+    if (bytes) std::memcpy(dst, src.data(), bytes);
   }
   std::unique_ptr<Executable> compile(const ir::Graph& graph) override {
     return std::make_unique<RefExecutable>(graph);
@@ -520,8 +567,8 @@ void strided_copy(void* dst, const void* src, const Shape& out_shape,
   const int64_t n = shape_numel(out_shape);
   IndexWalker w(out_shape, src_strides, src_offset);
   for (int64_t i = 0; i < n; ++i, w.next())
-    std::memcpy(static_cast<char*>(dst) + i * elem,
-                static_cast<const char*>(src) + w.offset * elem, elem);
+    std::memcpy(static_cast<char*>(dst) + i * elem, static_cast<const char*>(src) + w.offset * elem,
+                elem);
 }
 
 Backend& backend() {

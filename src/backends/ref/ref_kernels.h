@@ -27,11 +27,16 @@ struct Arr {
 template <typename F>
 void dispatch(DType dtype, F&& f) {
   switch (dtype) {
-    case DType::F32: return f(float{});
-    case DType::F64: return f(double{});
-    case DType::I32: return f(int32_t{});
-    case DType::I64: return f(int64_t{});
-    case DType::Bool: return f(bool{});
+    case DType::F32:
+      return f(float{});
+    case DType::F64:
+      return f(double{});
+    case DType::I32:
+      return f(int32_t{});
+    case DType::I64:
+      return f(int64_t{});
+    case DType::Bool:
+      return f(bool{});
   }
 }
 
@@ -68,6 +73,11 @@ struct IndexWalker {
 // src_offset, in elements) to a contiguous dst.
 void strided_copy(void* dst, const void* src, const Shape& out_shape,
                   const std::vector<int64_t>& src_strides, int64_t src_offset, size_t elem);
+
+// Evaluates one node into `out` (allocated with the node's shape and dtype): the ref semantics
+// of every op, also what other backends fall back to for what they do not specialize.
+void eval_node(const ir::GraphNode& n, const std::vector<Arr>& args,
+               const std::vector<ir::ScalarValue>& scalars, void* out);
 
 // Kernels for the heavy and indexing ops (ref_nn.cpp). Each writes `out`, already allocated
 // with the node's shape and dtype.

@@ -243,8 +243,8 @@ void avg_pool2d(const ir::GraphNode& n, const Arr& x, void* out) {
                           Acc<T> s = 0;
                           for (int64_t h = h0; h < h1; ++h)
                             for (int64_t w = w0; w < w1; ++w) s += X[(plane * H + h) * W + w];
-                          Y[o] = divisor > 0 ? static_cast<T>(s / static_cast<Acc<T>>(divisor))
-                                             : T(0);
+                          Y[o] =
+                              divisor > 0 ? static_cast<T>(s / static_cast<Acc<T>>(divisor)) : T(0);
                         });
   });
 }
@@ -260,7 +260,8 @@ void avg_pool2d_backward(const ir::GraphNode& n, const Arr& gy, void* out) {
                         [&](int64_t plane, int64_t o, int64_t h0, int64_t h1, int64_t w0,
                             int64_t w1, int64_t divisor) {
                           if (divisor <= 0) return;
-                          const Acc<T> g = static_cast<Acc<T>>(GY[o]) / static_cast<Acc<T>>(divisor);
+                          const Acc<T> g =
+                              static_cast<Acc<T>>(GY[o]) / static_cast<Acc<T>>(divisor);
                           for (int64_t h = h0; h < h1; ++h)
                             for (int64_t w = w0; w < w1; ++w) acc[(plane * H + h) * W + w] += g;
                         });
@@ -283,8 +284,8 @@ void for_each_indexed(const char* op, const Shape& x, const Arr& index, int64_t 
   for (int64_t i = 0; i < n; ++i, w.next()) {
     int64_t k = I[i];
     if (k < -x[axis] || k >= x[axis])
-      throw BackendError(cat(op, ": index ", k, " is out of range for axis ", axis, " of size ",
-                             x[axis]));
+      throw BackendError(
+          cat(op, ": index ", k, " is out of range for axis ", axis, " of size ", x[axis]));
     if (k < 0) k += x[axis];
     f(i, w.offset + k * xs[axis]);
   }

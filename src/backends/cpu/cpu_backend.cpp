@@ -1,0 +1,460 @@
+// The cpu backend's compiler and executor: passes, a plan of steps (fused trees, oneDNN
+// primitives, own kernels, ref fallbacks), and the memory plan; see cpu_backend.h.
+#include "backends/cpu/cpu_backend.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+
+#include "backends/cpu/dnnl_ops.h"
+#include "backends/cpu/fused.h"
+#include "backends/cpu/kernels.h"
+#include "backends/ref/ref_kernels.h"
+#include "passes/passes.h"
+#include "runtime/lazy.h"
+#include "util/check.h"
+
+namespace lockstep::backends::cpu {
+namespace {
+
+using ir::Op;
+
+std::atomic<int> g_threads{0};
+
+struct Ctx {
+  std::vector<void*> ptr;  // per node: where its value is
+  const std::vector<ir::ScalarValue>* scalars;
+};
+
+struct Step {
+  const char* label;           // for LOCKSTEP_PROFILE
+  int32_t node;                // the value it writes
+  std::vector<int32_t> reads;  // values it reads
+  std::function<void(Ctx&)> run;
+};
+
+// Where a value lives during a run.
+struct Slot {
+  enum Kind { None, Input, Arena, Output, Alias } kind = None;
+  int64_t index = 0;  // input number, arena offset, output number, or aliased node
+};
+
+bool is_f32(const ir::Graph& g, int32_t id) { return g.nodes[id].dtype == DType::F32; }
+
+size_t bytes_of(const ir::GraphNode& n) {
+  return static_cast<size_t>(shape_numel(n.shape)) * dtype_size(n.dtype);
+}
+
+// A Permute that swaps the last two axes and nothing else.
+bool is_last_two_swap(const ir::GraphNode& n) {
+  if (n.op != Op::Permute || n.attrs.size() < 2) return false;
+  const size_t r = n.attrs.size();
+  for (size_t i = 0; i + 2 < r; ++i)
+    if (n.attrs[i] != static_cast<int64_t>(i)) return false;
+  return n.attrs[r - 2] == static_cast<int64_t>(r - 1) &&
+         n.attrs[r - 1] == static_cast<int64_t>(r - 2);
+}
+
+std::vector<int64_t> contiguous_strides(const Shape& s) {
+  std::vector<int64_t> st(s.size());
+  int64_t acc = 1;
+  for (size_t i = s.size(); i-- > 0;) {
+    st[i] = acc;
+    acc *= s[i];
+  }
+  return st;
+}
+
+class CpuExecutable final : public Executable {
+ public:
+  explicit CpuExecutable(const ir::Graph& input) : g_(passes::cse(input)) { plan(); }
+
+  std::vector<std::shared_ptr<Storage>> run(const std::vector<std::shared_ptr<Storage>>& inputs,
+                                            const std::vector<ir::ScalarValue>& scalars) override {
+    const int want = g_threads.load();
+    if (want > 0 && omp_get_max_threads() != want) omp_set_num_threads(want);
+    if (!arena_ && arena_bytes_) arena_ = alloc_host(arena_bytes_);
+    std::vector<std::shared_ptr<Storage>> outs(g_.outputs.size());
+    std::vector<std::shared_ptr<Storage>> out_of_node(g_.nodes.size());
+    for (size_t k = 0; k < g_.outputs.size(); ++k) {
+      const int32_t id = g_.outputs[k];
+      if (!out_of_node[id]) out_of_node[id] = alloc_host(bytes_of(g_.nodes[id]));
+      outs[k] = out_of_node[id];
+    }
+    Ctx ctx;
+    ctx.scalars = &scalars;
+    ctx.ptr.assign(g_.nodes.size(), nullptr);
+    for (size_t i = 0; i < g_.nodes.size(); ++i) {
+      const Slot& s = slot_[i];
+      switch (s.kind) {
+        case Slot::None:
+          break;
+        case Slot::Input:
+          ctx.ptr[i] = inputs.at(s.index)->data();
+          break;
+        case Slot::Arena:
+          ctx.ptr[i] = static_cast<char*>(arena_->data()) + s.index;
+          break;
+        case Slot::Output:
+          ctx.ptr[i] = out_of_node[i]->data();
+          break;
+        case Slot::Alias:
+          ctx.ptr[i] = ctx.ptr[s.index];
+          break;
+      }
+    }
+    if (profile_) {
+      for (Step& step : steps_) {
+        const int64_t t0 = runtime::now_ns();
+        step.run(ctx);
+        runtime::time_ns(step.label, runtime::now_ns() - t0);
+      }
+    } else {
+      for (Step& step : steps_) step.run(ctx);
+    }
+    return outs;
+  }
+
+ private:
+  void plan();
+  void add_step(int32_t id);
+  // Whether oneDNN takes this convolution: its right padding (what makes oneDNN's output size
+  // PyTorch's floor formula) must not be negative, nor either padding too large.
+  bool dnnl_conv_fits(int32_t id) const {
+    const ir::GraphNode& n = g_.nodes[id];
+    const Shape& x = n.op == Op::Conv2dBackwardInput ? n.shape : g_.nodes[n.operands[0]].shape;
+    const Shape& w = n.op == Op::Conv2dBackwardWeight ? n.shape : g_.nodes[n.operands[1]].shape;
+    const Shape& y = n.op == Op::Conv2d                ? n.shape
+                     : n.op == Op::Conv2dBackwardInput ? g_.nodes[n.operands[0]].shape
+                                                       : g_.nodes[n.operands[1]].shape;
+    const auto& a = n.attrs;
+    for (int d = 0; d < 2; ++d) {
+      const int64_t extent = (w[2 + d] - 1) * a[4 + d] + 1;
+      const int64_t pad_r = (y[2 + d] - 1) * a[d] + extent - x[2 + d] - a[2 + d];
+      // Padding beyond "same" padding crashes some oneDNN 2.6 kernels (seen: groups 2, dilation
+      // 2, padding 2 on a 2-tap kernel); networks do not pad more, and ref handles it.
+      const int64_t same = (extent - 1) / 2;
+      if (pad_r < 0 || pad_r > same || a[2 + d] > same) return false;
+    }
+    return true;
+  }
+  // A last-two-axes transpose of an f32 matmul that nothing else reads.
+  bool transposed_matmul(int32_t id) const {
+    const ir::GraphNode& n = g_.nodes[id];
+    if (!is_last_two_swap(n) || n.dtype != DType::F32 || shape_numel(n.shape) == 0) return false;
+    const int32_t m = n.operands[0];
+    const ir::GraphNode& mm = g_.nodes[m];
+    if (mm.op != Op::MatMul || is_output_[m] || consumers_[m].size() != 1) return false;
+    for (int32_t o : mm.operands)
+      if (g_.nodes[o].dtype != DType::F32 || shape_numel(g_.nodes[o].shape) == 0) return false;
+    return true;
+  }
+  void plan_memory();
+
+  ir::Graph g_;
+  const bool profile_ = std::getenv("LOCKSTEP_PROFILE") != nullptr;
+  std::vector<std::vector<int32_t>> consumers_;
+  std::vector<bool> is_output_, absorbed_;
+  std::vector<Step> steps_;
+  std::vector<Slot> slot_;
+  size_t arena_bytes_ = 0;
+  std::shared_ptr<Storage> arena_;
+  std::vector<std::shared_ptr<void>> keep_;  // primitives and trees the steps use
+};
+
+void CpuExecutable::plan() {
+  const size_t n = g_.nodes.size();
+  consumers_.assign(n, {});
+  is_output_.assign(n, false);
+  for (size_t i = 0; i < n; ++i)
+    for (int32_t o : g_.nodes[i].operands) consumers_[o].push_back(static_cast<int32_t>(i));
+  for (int32_t o : g_.outputs) is_output_[o] = true;
+  // A fusible node is evaluated inside its consumer's tree when that single consumer is
+  // fusible too and has its shape (so nothing else needs the value in memory).
+  absorbed_.assign(n, false);
+  for (size_t i = 0; i < n; ++i) {
+    const int32_t id = static_cast<int32_t>(i);
+    if (is_output_[i] || g_.nodes[i].op == Op::Scalar || !fusible(g_, id) || consumers_[i].empty())
+      continue;
+    const int32_t c = consumers_[i][0];
+    bool one = true;
+    for (int32_t k : consumers_[i]) one = one && k == c;
+    const ir::GraphNode& cn = g_.nodes[c];
+    absorbed_[i] = one && fusible(g_, c) && cn.shape == g_.nodes[i].shape;
+    // A reduction reads an f32 elementwise tree's values as it computes them, when it walks its
+    // input in long enough contiguous runs.
+    if (one && (cn.op == Op::Sum || cn.op == Op::Max || cn.op == Op::Min) &&
+        cn.dtype == DType::F32 && g_.nodes[i].dtype == DType::F32 && shape_numel(cn.shape) > 0 &&
+        reduce_layout(g_.nodes[i].shape, cn.attrs).inner >= 64)
+      absorbed_[i] = true;
+  }
+  for (size_t i = 0; i < n; ++i)
+    if (!absorbed_[i] && g_.nodes[i].op != Op::Data) add_step(static_cast<int32_t>(i));
+  // Drop steps whose value nothing reads (e.g. a transpose folded into a matmul).
+  std::vector<bool> needed(n, false);
+  for (int32_t o : g_.outputs) needed[o] = true;
+  std::vector<Step> kept;
+  for (size_t s = steps_.size(); s-- > 0;) {
+    if (!needed[steps_[s].node]) continue;
+    for (int32_t r : steps_[s].reads) needed[r] = true;
+    kept.push_back(std::move(steps_[s]));
+  }
+  std::reverse(kept.begin(), kept.end());
+  steps_ = std::move(kept);
+  plan_memory();
+}
+
+void CpuExecutable::add_step(int32_t id) {
+  const ir::GraphNode& n = g_.nodes[id];
+  Step step;
+  step.node = id;
+  step.label = ir::op_info(n.op).name;
+  const bool f32 = is_f32(g_, id);
+  // Specialized kernels take f32 operands with no empty dimension; the rest goes to ref.
+  auto all_f32 = [&] {
+    for (int32_t o : n.operands)
+      if (!is_f32(g_, o) || shape_numel(g_.nodes[o].shape) == 0) return false;
+    return f32 && shape_numel(n.shape) > 0;
+  };
+  if (fusible(g_, id)) {
+    auto tree = std::make_shared<FusedTree>(g_, id, absorbed_);
+    step.reads = tree->leaf_nodes();
+    step.label = "fused";
+    step.run = [tree, id](Ctx& c) {
+      std::vector<const void*> leaves;
+      for (int32_t l : tree->leaf_nodes()) leaves.push_back(c.ptr[l]);
+      tree->run(leaves, c.ptr[id]);
+    };
+    keep_.push_back(tree);
+  } else if ((n.op == Op::MatMul && all_f32()) || transposed_matmul(id)) {
+    // A matmul; or the transpose of one, computed directly as B^T A^T. Operands that are
+    // transposes are read through swapped strides instead of being copied.
+    const bool flip = n.op == Op::Permute;
+    const ir::GraphNode& mm_node = flip ? g_.nodes[n.operands[0]] : n;
+    int32_t operand[2] = {mm_node.operands[0], mm_node.operands[1]};
+    if (flip) std::swap(operand[0], operand[1]);
+    Shape shape[2];
+    std::vector<int64_t> strides[2];
+    for (int k = 0; k < 2; ++k) {
+      const ir::GraphNode& o = g_.nodes[operand[k]];
+      bool transposed = flip;  // (A B)^T = B^T A^T: each operand is read transposed
+      int32_t source = operand[k];
+      if (is_last_two_swap(o)) {  // a transpose feeding the matmul: read its input instead
+        source = o.operands[0];
+        transposed = !transposed;
+      }
+      operand[k] = source;
+      const Shape& ss = g_.nodes[source].shape;
+      strides[k] = contiguous_strides(ss);
+      shape[k] = ss;
+      if (transposed) {
+        const size_t r = ss.size();
+        std::swap(strides[k][r - 1], strides[k][r - 2]);
+        std::swap(shape[k][r - 1], shape[k][r - 2]);
+      }
+    }
+    auto mm = std::make_shared<DnnlMatMul>(shape[0], strides[0], shape[1], strides[1], n.shape);
+    step.reads = {operand[0], operand[1]};
+    step.label = "mat_mul";
+    const int32_t a = operand[0], b = operand[1];
+    step.run = [mm, a, b, id](Ctx& c) {
+      mm->run(static_cast<const float*>(c.ptr[a]), static_cast<const float*>(c.ptr[b]),
+              static_cast<float*>(c.ptr[id]));
+    };
+    keep_.push_back(mm);
+  } else if ((n.op == Op::Conv2d || n.op == Op::Conv2dBackwardInput ||
+              n.op == Op::Conv2dBackwardWeight) &&
+             all_f32() && dnnl_conv_fits(id)) {
+    const ir::GraphNode& a = g_.nodes[n.operands[0]];
+    const ir::GraphNode& b = g_.nodes[n.operands[1]];
+    std::shared_ptr<DnnlConv> conv;
+    if (n.op == Op::Conv2d)
+      conv =
+          std::make_shared<DnnlConv>(DnnlConv::Kind::Forward, a.shape, b.shape, n.shape, n.attrs);
+    else if (n.op == Op::Conv2dBackwardInput)
+      conv = std::make_shared<DnnlConv>(DnnlConv::Kind::BackwardData, n.shape, b.shape, a.shape,
+                                        n.attrs);
+    else
+      conv = std::make_shared<DnnlConv>(DnnlConv::Kind::BackwardWeights, a.shape, n.shape, b.shape,
+                                        n.attrs);
+    step.reads = n.operands;
+    const int32_t x = n.operands[0], y = n.operands[1];
+    step.run = [conv, x, y, id](Ctx& c) {
+      conv->run(static_cast<const float*>(c.ptr[x]), static_cast<const float*>(c.ptr[y]),
+                static_cast<float*>(c.ptr[id]));
+    };
+    keep_.push_back(conv);
+  } else if ((n.op == Op::Sum || n.op == Op::Max || n.op == Op::Min) && f32 &&
+             absorbed_[n.operands[0]]) {
+    auto tree = std::make_shared<FusedTree>(g_, n.operands[0], absorbed_);
+    step.reads = tree->leaf_nodes();
+    step.label = "fused_reduce";
+    const ReduceLayout layout = reduce_layout(g_.nodes[n.operands[0]].shape, n.attrs);
+    const Op op = n.op;
+    step.run = [tree, layout, op, id](Ctx& c) {
+      std::vector<const void*> leaves;
+      for (int32_t l : tree->leaf_nodes()) leaves.push_back(c.ptr[l]);
+      reduce_f32(
+          op, layout,
+          [&](int64_t off, int64_t len, float* tmp) {
+            return tree->eval(leaves, off, len, tmp, nullptr);
+          },
+          static_cast<float*>(c.ptr[id]), tree->scratch_floats());
+    };
+    keep_.push_back(tree);
+  } else if ((n.op == Op::Sum || n.op == Op::Max || n.op == Op::Min) && all_f32()) {
+    step.reads = n.operands;
+    const int32_t x = n.operands[0];
+    const Shape in = g_.nodes[x].shape;
+    const std::vector<int64_t> attrs = n.attrs;
+    const Op op = n.op;
+    step.run = [=](Ctx& c) {
+      reduce_f32(op, static_cast<const float*>(c.ptr[x]), in, attrs,
+                 static_cast<float*>(c.ptr[id]));
+    };
+  } else if ((n.op == Op::MaxPool2d || n.op == Op::MaxPool2dIndices) && is_f32(g_, n.operands[0]) &&
+             shape_numel(n.shape) > 0) {
+    step.reads = n.operands;
+    const int32_t x = n.operands[0];
+    const Shape in = g_.nodes[x].shape, out = n.shape;
+    const std::vector<int64_t> attrs = n.attrs;
+    const bool values = n.op == Op::MaxPool2d;
+    step.run = [=](Ctx& c) {
+      max_pool2d_f32(static_cast<const float*>(c.ptr[x]), in, out, attrs,
+                     values ? static_cast<float*>(c.ptr[id]) : nullptr,
+                     values ? nullptr : static_cast<int64_t*>(c.ptr[id]));
+    };
+  } else if (n.op == Op::MaxPool2dBackward && f32 && shape_numel(n.shape) > 0) {
+    step.reads = n.operands;
+    const int32_t gy = n.operands[0], idx = n.operands[1];
+    const Shape gys = g_.nodes[gy].shape, in = n.shape;
+    step.run = [=](Ctx& c) {
+      max_pool2d_backward_f32(static_cast<const float*>(c.ptr[gy]),
+                              static_cast<const int64_t*>(c.ptr[idx]), gys, in,
+                              static_cast<float*>(c.ptr[id]));
+    };
+  } else if ((n.op == Op::Permute || n.op == Op::Slice) && dtype_size(n.dtype) == 4) {
+    step.reads = n.operands;
+    const int32_t x = n.operands[0];
+    const std::vector<int64_t> xs = contiguous_strides(g_.nodes[x].shape);
+    std::vector<int64_t> st;
+    int64_t offset = 0;
+    if (n.op == Op::Permute) {
+      for (int64_t a : n.attrs) st.push_back(xs[a]);
+    } else {
+      st = xs;
+      st[n.attrs[0]] *= n.attrs[3];
+      offset = n.attrs[1] * xs[n.attrs[0]];
+    }
+    const Shape out = n.shape;
+    step.run = [=](Ctx& c) { strided_copy_4(c.ptr[x], out, st, offset, c.ptr[id]); };
+  } else if (n.op == Op::Reshape) {
+    step.reads = n.operands;
+    const int32_t x = n.operands[0];
+    const size_t bytes = bytes_of(n);
+    // Usually an alias (no step runs); a copy only when the result must own its memory.
+    step.run = [=](Ctx& c) {
+      if (c.ptr[id] != c.ptr[x] && bytes) std::memcpy(c.ptr[id], c.ptr[x], bytes);
+    };
+  } else {
+    // Everything else: the ref kernel, single-threaded.
+    step.reads = n.operands;
+    step.label = "ref";
+    const ir::GraphNode node = n;
+    std::vector<std::pair<Shape, DType>> args;
+    for (int32_t o : n.operands) args.emplace_back(g_.nodes[o].shape, g_.nodes[o].dtype);
+    const std::vector<int32_t> ops = n.operands;
+    step.run = [node, args, ops, id](Ctx& c) {
+      std::vector<ref::Arr> arr;
+      for (size_t k = 0; k < ops.size(); ++k)
+        arr.push_back({c.ptr[ops[k]], args[k].first, args[k].second});
+      ref::eval_node(node, arr, *c.scalars, c.ptr[id]);
+    };
+  }
+  steps_.push_back(std::move(step));
+}
+
+void CpuExecutable::plan_memory() {
+  const size_t n = g_.nodes.size();
+  slot_.assign(n, Slot{});
+  for (size_t i = 0; i < n; ++i)
+    if (g_.nodes[i].op == Op::Data) slot_[i] = {Slot::Input, g_.nodes[i].input};
+  for (int32_t o : g_.outputs) slot_[o] = {Slot::Output, 0};
+  // Reshapes that are not outputs alias their operand's memory.
+  std::vector<int32_t> root(n);
+  for (size_t i = 0; i < n; ++i) root[i] = static_cast<int32_t>(i);
+  for (const Step& s : steps_) {
+    const ir::GraphNode& node = g_.nodes[s.node];
+    if (node.op == Op::Reshape && slot_[s.node].kind != Slot::Output) {
+      slot_[s.node] = {Slot::Alias, node.operands[0]};
+      root[s.node] = root[node.operands[0]];
+    }
+  }
+  // Liveness in step order, by the memory each value really lives in.
+  std::vector<int> first(n, -1), last(n, -1);
+  for (size_t s = 0; s < steps_.size(); ++s) {
+    const int32_t w = root[steps_[s].node];
+    if (first[w] < 0) first[w] = static_cast<int>(s);
+    last[w] = std::max(last[w], static_cast<int>(s));
+    for (int32_t r : steps_[s].reads) last[root[r]] = std::max(last[root[r]], static_cast<int>(s));
+  }
+  // Greedy first-fit offsets in one arena, 64-byte aligned.
+  struct Block {
+    size_t offset, size;
+    int last;
+  };
+  std::vector<Block> live;
+  for (size_t s = 0; s < steps_.size(); ++s) {
+    const int32_t id = steps_[s].node;
+    live.erase(std::remove_if(live.begin(), live.end(),
+                              [&](const Block& b) { return b.last < static_cast<int>(s); }),
+               live.end());
+    if (slot_[id].kind != Slot::None || root[id] != id) continue;
+    const size_t size = (bytes_of(g_.nodes[id]) + 63) / 64 * 64;
+    std::sort(live.begin(), live.end(),
+              [](const Block& a, const Block& b) { return a.offset < b.offset; });
+    size_t offset = 0;
+    for (const Block& b : live) {
+      if (b.offset >= offset + size) break;
+      offset = std::max(offset, b.offset + b.size);
+    }
+    slot_[id] = {Slot::Arena, static_cast<int64_t>(offset)};
+    live.push_back({offset, size, last[id]});
+    arena_bytes_ = std::max(arena_bytes_, offset + size);
+  }
+}
+
+class CpuBackend final : public Backend {
+ public:
+  std::string name() const override { return "cpu"; }
+  std::shared_ptr<Storage> alloc(size_t bytes) override { return alloc_host(bytes); }
+  void copy_in(Storage& dst, const void* src, size_t bytes) override {
+    std::memcpy(dst.data(), src, bytes);
+  }
+  void copy_out(Storage& src, void* dst, size_t bytes) override {
+    std::memcpy(dst, src.data(), bytes);
+  }
+  std::unique_ptr<Executable> compile(const ir::Graph& graph) override {
+    return std::make_unique<CpuExecutable>(graph);
+  }
+};
+
+}  // namespace
+
+Backend& backend() {
+  static CpuBackend* b = new CpuBackend;
+  return *b;
+}
+
+void set_num_threads(int n) { g_threads.store(n < 0 ? 0 : n); }
+int num_threads() {
+  const int n = g_threads.load();
+  return n > 0 ? n : omp_get_num_procs();
+}
+
+}  // namespace lockstep::backends::cpu

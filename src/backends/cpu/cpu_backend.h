@@ -1,0 +1,15 @@
+// The `cpu` backend: what users run. Heavy ops through oneDNN, elementwise trees fused into
+// single tiled passes, a compile-time memory plan with buffer reuse in one arena, OpenMP
+// threads. Anything it does not specialize (other dtypes, rare ops) runs the ref kernel.
+#pragma once
+
+#include "backends/backend.h"
+
+namespace lockstep::backends::cpu {
+
+Backend& backend();
+// Threads the cpu backend's programs use (0: all cores available).
+void set_num_threads(int n);
+int num_threads();
+
+}  // namespace lockstep::backends::cpu

@@ -1,0 +1,244 @@
+// oneDNN primitives for matmul and convolution; see dnnl_ops.h.
+#include "backends/cpu/dnnl_ops.h"
+
+#include <omp.h>
+
+#include <cstdlib>
+#include <new>
+
+#include <dnnl.hpp>
+
+#include "lockstep/error.h"
+#include "util/check.h"
+
+namespace lockstep::backends::cpu {
+namespace {
+
+using dnnl::memory;
+using tag = memory::format_tag;
+using dt = memory::data_type;
+
+dnnl::engine& engine() {
+  static dnnl::engine* e = new dnnl::engine(dnnl::engine::kind::cpu, 0);
+  return *e;
+}
+
+dnnl::stream& stream() {
+  static dnnl::stream* s = new dnnl::stream(engine());
+  return *s;
+}
+
+[[noreturn]] void rethrow(const dnnl::error& e, const char* what) {
+  throw BackendError(util::cat("oneDNN ", what, ": ", e.what(), " (status ", e.status, ")"));
+}
+
+memory::dims dims_of(const Shape& s) { return memory::dims(s.begin(), s.end()); }
+
+// Scratch for blocked copies, shared by every convolution (they run one at a time on the
+// runtime thread), so a program's memory does not grow with its number of convolutions.
+float* scratch(size_t floats) {
+  thread_local std::unique_ptr<float[], void (*)(void*)> buf(nullptr, std::free);
+  thread_local size_t size = 0;
+  if (floats > size) {
+    buf.reset(static_cast<float*>(std::aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64)));
+    if (!buf) throw std::bad_alloc();
+    size = floats;
+  }
+  return buf.get();
+}
+
+// A user-side (plain) memory and, when oneDNN prefers another layout, the reorders to and from
+// a blocked copy that lives in the shared scratch at `offset` floats.
+struct Operand {
+  memory::desc user_md;
+  memory::desc prim_md;
+  bool reorder = false;
+  size_t offset = 0, floats = 0;
+  std::unique_ptr<dnnl::reorder> to_prim, from_prim;
+
+  // Returns the scratch floats it needs.
+  size_t init(const memory::desc& user, const memory::desc& prim, bool is_output, size_t at) {
+    user_md = user;
+    prim_md = prim;
+    if (user == prim) return 0;
+    reorder = true;
+    offset = at;
+    floats = (prim.get_size() + sizeof(float) - 1) / sizeof(float);
+    floats = (floats + 15) / 16 * 16;
+    if (is_output)
+      from_prim = std::make_unique<dnnl::reorder>(
+          dnnl::reorder::primitive_desc(engine(), prim, engine(), user));
+    else
+      to_prim = std::make_unique<dnnl::reorder>(
+          dnnl::reorder::primitive_desc(engine(), user, engine(), prim));
+    return floats;
+  }
+
+  memory input(const float* ptr, float* base) {
+    memory user(user_md, engine(), const_cast<float*>(ptr));
+    if (!reorder) return user;
+    memory blocked(prim_md, engine(), base + offset);
+    to_prim->execute(stream(), user, blocked);
+    return blocked;
+  }
+  memory output(float* ptr, float* base) {
+    if (!reorder) return memory(user_md, engine(), ptr);
+    return memory(prim_md, engine(), base + offset);
+  }
+  void finish_output(float* ptr, float* base) {
+    if (!reorder) return;
+    memory user(user_md, engine(), ptr);
+    memory blocked(prim_md, engine(), base + offset);
+    from_prim->execute(stream(), blocked, user);
+  }
+};
+
+}  // namespace
+
+// ---- matmul ---------------------------------------------------------------------------------
+
+struct DnnlMatMul::Impl {
+  memory::desc a_md, b_md, c_md;
+  std::unique_ptr<dnnl::matmul> prim;
+};
+
+DnnlMatMul::DnnlMatMul(const Shape& a, const std::vector<int64_t>& as, const Shape& b,
+                       const std::vector<int64_t>& bs, const Shape& out)
+    : impl_(std::make_unique<Impl>()) {
+  try {
+    impl_->a_md = memory::desc(dims_of(a), dt::f32, memory::dims(as.begin(), as.end()));
+    impl_->b_md = memory::desc(dims_of(b), dt::f32, memory::dims(bs.begin(), bs.end()));
+    Shape cs(out.size());
+    int64_t acc = 1;
+    for (size_t i = out.size(); i-- > 0;) {
+      cs[i] = acc;
+      acc *= out[i];
+    }
+    impl_->c_md = memory::desc(dims_of(out), dt::f32, memory::dims(cs.begin(), cs.end()));
+    dnnl::matmul::desc d(impl_->a_md, impl_->b_md, impl_->c_md);
+    dnnl::matmul::primitive_desc pd(d, engine());
+    impl_->prim = std::make_unique<dnnl::matmul>(pd);
+  } catch (const dnnl::error& e) {
+    rethrow(e, "matmul setup");
+  }
+}
+
+DnnlMatMul::~DnnlMatMul() = default;
+
+void DnnlMatMul::run(const float* a, const float* b, float* out) {
+  try {
+    memory am(impl_->a_md, engine(), const_cast<float*>(a));
+    memory bm(impl_->b_md, engine(), const_cast<float*>(b));
+    memory cm(impl_->c_md, engine(), out);
+    impl_->prim->execute(stream(),
+                         {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+    stream().wait();
+  } catch (const dnnl::error& e) {
+    rethrow(e, "matmul");
+  }
+}
+
+// ---- convolution ----------------------------------------------------------------------------
+
+struct DnnlConv::Impl {
+  Kind kind;
+  Operand in0, in1, out;
+  size_t scratch_floats = 0;
+  std::unique_ptr<dnnl::primitive> prim;
+  int arg0, arg1, arg_out;
+};
+
+DnnlConv::DnnlConv(Kind kind, const Shape& x, const Shape& w, const Shape& y,
+                   const std::vector<int64_t>& a)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->kind = kind;
+  try {
+    const int64_t g = a[6];
+    const memory::dims strides{a[0], a[1]};
+    const memory::dims dilates{a[4] - 1, a[5] - 1};
+    const memory::dims pad_l{a[2], a[3]};
+    // oneDNN wants the right padding that makes its output size equal PyTorch's floor formula.
+    const memory::dims pad_r{(y[2] - 1) * a[0] + (w[2] - 1) * a[4] + 1 - x[2] - a[2],
+                             (y[3] - 1) * a[1] + (w[3] - 1) * a[5] + 1 - x[3] - a[3]};
+    const memory::dims xd = dims_of(x), yd = dims_of(y);
+    memory::dims wd = g == 1 ? dims_of(w) : memory::dims{g, w[0] / g, w[1], w[2], w[3]};
+    const tag wtag = g == 1 ? tag::oihw : tag::goihw;
+    const memory::desc x_user(xd, dt::f32, tag::nchw), y_user(yd, dt::f32, tag::nchw);
+    const memory::desc w_user(wd, dt::f32, wtag);
+    const memory::desc x_any(xd, dt::f32, tag::any), y_any(yd, dt::f32, tag::any);
+    const memory::desc w_any(wd, dt::f32, tag::any);
+    const auto alg = dnnl::algorithm::convolution_direct;
+    dnnl::convolution_forward::desc fd(dnnl::prop_kind::forward_training, alg, x_any, w_any, y_any,
+                                       strides, dilates, pad_l, pad_r);
+    dnnl::convolution_forward::primitive_desc fpd(fd, engine());
+    switch (kind) {
+      case Kind::Forward:
+        impl_->scratch_floats +=
+            impl_->in0.init(x_user, fpd.src_desc(), false, impl_->scratch_floats);
+        impl_->scratch_floats +=
+            impl_->in1.init(w_user, fpd.weights_desc(), false, impl_->scratch_floats);
+        impl_->scratch_floats +=
+            impl_->out.init(y_user, fpd.dst_desc(), true, impl_->scratch_floats);
+        impl_->prim = std::make_unique<dnnl::convolution_forward>(fpd);
+        impl_->arg0 = DNNL_ARG_SRC;
+        impl_->arg1 = DNNL_ARG_WEIGHTS;
+        impl_->arg_out = DNNL_ARG_DST;
+        break;
+      case Kind::BackwardData: {
+        dnnl::convolution_backward_data::desc bd(alg, x_any, w_any, y_any, strides, dilates, pad_l,
+                                                 pad_r);
+        dnnl::convolution_backward_data::primitive_desc bpd(bd, engine(), fpd);
+        impl_->scratch_floats +=
+            impl_->in0.init(y_user, bpd.diff_dst_desc(), false, impl_->scratch_floats);
+        impl_->scratch_floats +=
+            impl_->in1.init(w_user, bpd.weights_desc(), false, impl_->scratch_floats);
+        impl_->scratch_floats +=
+            impl_->out.init(x_user, bpd.diff_src_desc(), true, impl_->scratch_floats);
+        impl_->prim = std::make_unique<dnnl::convolution_backward_data>(bpd);
+        impl_->arg0 = DNNL_ARG_DIFF_DST;
+        impl_->arg1 = DNNL_ARG_WEIGHTS;
+        impl_->arg_out = DNNL_ARG_DIFF_SRC;
+        break;
+      }
+      case Kind::BackwardWeights: {
+        dnnl::convolution_backward_weights::desc bd(alg, x_any, w_any, y_any, strides, dilates,
+                                                    pad_l, pad_r);
+        dnnl::convolution_backward_weights::primitive_desc bpd(bd, engine(), fpd);
+        impl_->scratch_floats +=
+            impl_->in0.init(x_user, bpd.src_desc(), false, impl_->scratch_floats);
+        impl_->scratch_floats +=
+            impl_->in1.init(y_user, bpd.diff_dst_desc(), false, impl_->scratch_floats);
+        impl_->scratch_floats +=
+            impl_->out.init(w_user, bpd.diff_weights_desc(), true, impl_->scratch_floats);
+        impl_->prim = std::make_unique<dnnl::convolution_backward_weights>(bpd);
+        impl_->arg0 = DNNL_ARG_SRC;
+        impl_->arg1 = DNNL_ARG_DIFF_DST;
+        impl_->arg_out = DNNL_ARG_DIFF_WEIGHTS;
+        break;
+      }
+    }
+  } catch (const dnnl::error& e) {
+    rethrow(e, "convolution setup");
+  }
+}
+
+DnnlConv::~DnnlConv() = default;
+
+void DnnlConv::run(const float* in0, const float* in1, float* out) {
+  try {
+    float* base = scratch(impl_->scratch_floats);
+    memory m0 = impl_->in0.input(in0, base);
+    memory m1 = impl_->in1.input(in1, base);
+    memory mo = impl_->out.output(out, base);
+    impl_->prim->execute(stream(), {{impl_->arg0, m0}, {impl_->arg1, m1}, {impl_->arg_out, mo}});
+    impl_->out.finish_output(out, base);
+    stream().wait();
+  } catch (const dnnl::error& e) {
+    rethrow(e, "convolution");
+  }
+}
+
+void set_threads(int n) { omp_set_num_threads(n); }
+int threads() { return omp_get_max_threads(); }
+
+}  // namespace lockstep::backends::cpu

@@ -1,0 +1,48 @@
+// The one adapter between lockstep and oneDNN (2.x API): matmul and the three convolutions on
+// f32 NCHW tensors. Primitives are created when a program is compiled and reused on every run.
+// Errors from oneDNN become BackendError here. Nothing else includes dnnl.hpp.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "lockstep/dtype.h"
+
+namespace lockstep::backends::cpu {
+
+// out[b] = a[b] x b[b] for broadcast batch dims; a and b are read with the given strides (in
+// elements), so a transposed operand needs no copy.
+class DnnlMatMul {
+ public:
+  DnnlMatMul(const Shape& a, const std::vector<int64_t>& a_strides, const Shape& b,
+             const std::vector<int64_t>& b_strides, const Shape& out);
+  ~DnnlMatMul();
+  void run(const float* a, const float* b, float* out);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Convolution forward (in0 = x, in1 = w -> y), backward data (in0 = dy, in1 = w -> dx) and
+// backward weights (in0 = x, in1 = dy -> dw). attrs as ir::Node's: stride, padding, dilation,
+// groups. Operands and result are plain NCHW / OIHW; internally oneDNN's blocked layouts.
+class DnnlConv {
+ public:
+  enum class Kind { Forward, BackwardData, BackwardWeights };
+  DnnlConv(Kind kind, const Shape& x, const Shape& w, const Shape& y,
+           const std::vector<int64_t>& attrs);
+  ~DnnlConv();
+  void run(const float* in0, const float* in1, float* out);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Sets oneDNN's and the kernels' thread count (OpenMP).
+void set_threads(int n);
+int threads();
+
+}  // namespace lockstep::backends::cpu

@@ -1,0 +1,345 @@
+// Fused elementwise trees; see fused.h. Each instruction is a loop over one tile of up to kTile
+// floats, so the compiler vectorizes it; tiles are spread over the OpenMP threads.
+#include "backends/cpu/fused.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "util/check.h"
+
+namespace lockstep::backends::cpu {
+namespace {
+
+using ir::Op;
+
+bool f32_or_bool(DType d) { return d == DType::F32 || d == DType::Bool; }
+
+}  // namespace
+
+bool fusible(const ir::Graph& g, int32_t id) {
+  const ir::GraphNode& n = g.nodes[id];
+  switch (n.op) {
+    case Op::Neg:
+    case Op::Abs:
+    case Op::Exp:
+    case Op::Log:
+    case Op::Sqrt:
+    case Op::Rsqrt:
+    case Op::Tanh:
+    case Op::Sigmoid:
+    case Op::Relu:
+    case Op::Sin:
+    case Op::Cos:
+    case Op::Floor:
+    case Op::Ceil:
+    case Op::Sign:
+    case Op::LogicalNot:
+    case Op::IsFinite:
+    case Op::Cast:
+    case Op::Add:
+    case Op::Sub:
+    case Op::Mul:
+    case Op::Div:
+    case Op::Pow:
+    case Op::Maximum:
+    case Op::Minimum:
+    case Op::Eq:
+    case Op::Ne:
+    case Op::Lt:
+    case Op::Le:
+    case Op::Gt:
+    case Op::Ge:
+    case Op::LogicalAnd:
+    case Op::LogicalOr:
+    case Op::Where:
+    case Op::Expand:
+      break;
+    default:
+      return false;
+  }
+  if (!f32_or_bool(n.dtype)) return false;
+  for (int32_t o : n.operands)
+    if (!f32_or_bool(g.nodes[o].dtype)) return false;
+  return true;
+}
+
+FusedTree::FusedTree(const ir::Graph& g, int32_t root, const std::vector<bool>& absorbed) {
+  const ir::GraphNode& r = g.nodes[root];
+  numel_ = shape_numel(r.shape);
+  out_dtype_ = r.dtype;
+  root_reg_ = visit(g, root, absorbed, true);
+}
+
+int FusedTree::visit(const ir::Graph& g, int32_t id, const std::vector<bool>& absorbed,
+                     bool is_root) {
+  auto it = reg_of_.find(id);
+  if (it != reg_of_.end()) return it->second;
+  const ir::GraphNode& n = g.nodes[id];
+  int reg;
+  if (!is_root && !absorbed[id]) {
+    reg = add_leaf(g, id, n.shape);
+  } else if (n.op == Op::Expand) {
+    reg = add_leaf(g, n.operands[0], n.shape);
+  } else {
+    Instr in{n.op, -1, -1, -1, -1, g.nodes[n.operands[0]].dtype, n.dtype};
+    if (n.operands.size() > 0) in.a = visit(g, n.operands[0], absorbed, false);
+    if (n.operands.size() > 1) in.b = visit(g, n.operands[1], absorbed, false);
+    if (n.operands.size() > 2) in.c = visit(g, n.operands[2], absorbed, false);
+    in.out = num_regs_++;
+    instrs_.push_back(in);
+    reg = in.out;
+  }
+  reg_of_[id] = reg;
+  return reg;
+}
+
+int FusedTree::add_leaf(const ir::Graph& g, int32_t node, const Shape& out_shape) {
+  const ir::GraphNode& src = g.nodes[node];
+  Leaf leaf;
+  leaf.dtype = src.dtype;
+  leaf.numel = shape_numel(src.shape);
+  leaf.contiguous = src.shape == out_shape || leaf.numel == numel_;
+  if (!leaf.contiguous) {
+    // Broadcast: src aligned to the right of out_shape; size-1 dims stride 0. Dims whose source
+    // stride is 0 contribute nothing and are skipped.
+    const size_t lead = out_shape.size() - src.shape.size();
+    int64_t out_stride = 1, src_stride = 1;
+    for (size_t d = out_shape.size(); d-- > 0;) {
+      const bool present = d >= lead && src.shape[d - lead] != 1;
+      if (present && out_shape[d] > 1) {
+        leaf.div.push_back(out_stride);
+        leaf.mod.push_back(out_shape[d]);
+        leaf.stride.push_back(src_stride);
+      }
+      if (d >= lead) src_stride *= src.shape[d - lead];
+      out_stride *= out_shape[d];
+    }
+  }
+  leaves_.push_back(std::move(leaf));
+  leaf_nodes_.push_back(node);
+  const int reg = num_regs_++;
+  // Leaves are loaded into registers 0..; remember the mapping by order of leaves_.
+  instrs_.push_back(
+      {Op::Data, reg, static_cast<int>(leaves_.size() - 1), -1, -1, src.dtype, src.dtype});
+  return reg;
+}
+
+void FusedTree::load(const Leaf& leaf, const void* src, int64_t i0, int64_t len, float* dst) const {
+  if (leaf.numel == 1) {
+    const float v = leaf.dtype == DType::Bool ? static_cast<const uint8_t*>(src)[0] != 0
+                                              : static_cast<const float*>(src)[0];
+    std::fill(dst, dst + len, v);
+    return;
+  }
+  if (leaf.contiguous) {
+    if (leaf.dtype == DType::Bool) {
+      const uint8_t* s = static_cast<const uint8_t*>(src) + i0;
+      for (int64_t i = 0; i < len; ++i) dst[i] = s[i] != 0;
+    } else {
+      std::memcpy(dst, static_cast<const float*>(src) + i0, len * sizeof(float));
+    }
+    return;
+  }
+  // Walk the tile in segments: along the innermost present dim when it is the output's
+  // innermost (a run of source elements), else runs of one repeated source element.
+  const size_t rank = leaf.div.size();
+  const bool inner_run = rank > 0 && leaf.div[0] == 1;
+  const int64_t repeat = rank > 0 ? leaf.div[0] : 1;
+  const bool is_bool = leaf.dtype == DType::Bool;
+  const float* fs = static_cast<const float*>(src);
+  const uint8_t* bs = static_cast<const uint8_t*>(src);
+  int64_t i = 0;
+  while (i < len) {
+    const int64_t o = i0 + i;
+    int64_t off = 0;
+    for (size_t d = 0; d < rank; ++d) off += (o / leaf.div[d]) % leaf.mod[d] * leaf.stride[d];
+    if (inner_run) {
+      const int64_t c0 = o % leaf.mod[0];
+      const int64_t n = std::min(len - i, leaf.mod[0] - c0);
+      const int64_t st = leaf.stride[0];
+      for (int64_t j = 0; j < n; ++j)
+        dst[i + j] = is_bool ? bs[off + j * st] != 0 : fs[off + j * st];
+      i += n;
+    } else {
+      const int64_t n = std::min(len - i, repeat - o % repeat);
+      const float v = is_bool ? bs[off] != 0 : fs[off];
+      std::fill(dst + i, dst + i + n, v);
+      i += n;
+    }
+  }
+}
+
+namespace {
+
+// One instruction over one tile. Separate, with restrict pointers and an AVX2 clone picked at
+// load time, so every loop vectorizes.
+__attribute__((target_clones("avx2", "default"))) void apply(
+    Op op, int64_t len, float* __restrict y, const float* __restrict a, const float* __restrict b,
+    const float* __restrict c, DType in_dtype, DType out_dtype) {
+  switch (op) {
+    case Op::Neg:
+      for (int64_t i = 0; i < len; ++i) y[i] = -a[i];
+      return;
+    case Op::Abs:
+      for (int64_t i = 0; i < len; ++i) y[i] = std::fabs(a[i]);
+      return;
+    case Op::Exp:
+      for (int64_t i = 0; i < len; ++i) y[i] = std::exp(a[i]);
+      return;
+    case Op::Log:
+      for (int64_t i = 0; i < len; ++i) y[i] = std::log(a[i]);
+      return;
+    case Op::Sqrt:
+      for (int64_t i = 0; i < len; ++i) y[i] = std::sqrt(a[i]);
+      return;
+    case Op::Rsqrt:
+      for (int64_t i = 0; i < len; ++i) y[i] = 1.0f / std::sqrt(a[i]);
+      return;
+    case Op::Tanh:
+      for (int64_t i = 0; i < len; ++i) y[i] = std::tanh(a[i]);
+      return;
+    case Op::Sigmoid:
+      for (int64_t i = 0; i < len; ++i) y[i] = 1.0f / (1.0f + std::exp(-a[i]));
+      return;
+    case Op::Relu:
+      for (int64_t i = 0; i < len; ++i) y[i] = a[i] < 0.0f ? 0.0f : a[i];
+      return;
+    case Op::Sin:
+      for (int64_t i = 0; i < len; ++i) y[i] = std::sin(a[i]);
+      return;
+    case Op::Cos:
+      for (int64_t i = 0; i < len; ++i) y[i] = std::cos(a[i]);
+      return;
+    case Op::Floor:
+      for (int64_t i = 0; i < len; ++i) y[i] = std::floor(a[i]);
+      return;
+    case Op::Ceil:
+      for (int64_t i = 0; i < len; ++i) y[i] = std::ceil(a[i]);
+      return;
+    case Op::Sign:
+      for (int64_t i = 0; i < len; ++i)
+        y[i] = a[i] != a[i] ? a[i] : static_cast<float>((a[i] > 0) - (a[i] < 0));
+      return;
+    case Op::LogicalNot:
+      for (int64_t i = 0; i < len; ++i) y[i] = a[i] == 0.0f;
+      return;
+    case Op::IsFinite:
+      if (in_dtype == DType::Bool)
+        for (int64_t i = 0; i < len; ++i) y[i] = 1.0f;
+      else
+        for (int64_t i = 0; i < len; ++i) y[i] = std::isfinite(a[i]);
+      return;
+    case Op::Cast:
+      // f32 <-> bool: to bool is "!= 0" (NaN is true); from bool, 0/1 already.
+      if (out_dtype == DType::Bool)
+        for (int64_t i = 0; i < len; ++i) y[i] = a[i] != 0.0f;
+      else
+        for (int64_t i = 0; i < len; ++i) y[i] = a[i];
+      return;
+    case Op::Add:
+      for (int64_t i = 0; i < len; ++i) y[i] = a[i] + b[i];
+      return;
+    case Op::Sub:
+      for (int64_t i = 0; i < len; ++i) y[i] = a[i] - b[i];
+      return;
+    case Op::Mul:
+      for (int64_t i = 0; i < len; ++i) y[i] = a[i] * b[i];
+      return;
+    case Op::Div:
+      for (int64_t i = 0; i < len; ++i) y[i] = a[i] / b[i];
+      return;
+    case Op::Pow:
+      for (int64_t i = 0; i < len; ++i) y[i] = std::pow(a[i], b[i]);
+      return;
+    case Op::Maximum:
+      for (int64_t i = 0; i < len; ++i) y[i] = (a[i] != a[i] || a[i] > b[i]) ? a[i] : b[i];
+      return;
+    case Op::Minimum:
+      for (int64_t i = 0; i < len; ++i) y[i] = (a[i] != a[i] || a[i] < b[i]) ? a[i] : b[i];
+      return;
+    case Op::Eq:
+      for (int64_t i = 0; i < len; ++i) y[i] = a[i] == b[i];
+      return;
+    case Op::Ne:
+      for (int64_t i = 0; i < len; ++i) y[i] = a[i] != b[i];
+      return;
+    case Op::Lt:
+      for (int64_t i = 0; i < len; ++i) y[i] = a[i] < b[i];
+      return;
+    case Op::Le:
+      for (int64_t i = 0; i < len; ++i) y[i] = a[i] <= b[i];
+      return;
+    case Op::Gt:
+      for (int64_t i = 0; i < len; ++i) y[i] = a[i] > b[i];
+      return;
+    case Op::Ge:
+      for (int64_t i = 0; i < len; ++i) y[i] = a[i] >= b[i];
+      return;
+    case Op::LogicalAnd:
+      for (int64_t i = 0; i < len; ++i) y[i] = a[i] != 0.0f && b[i] != 0.0f;
+      return;
+    case Op::LogicalOr:
+      for (int64_t i = 0; i < len; ++i) y[i] = a[i] != 0.0f || b[i] != 0.0f;
+      return;
+    case Op::Where:
+      for (int64_t i = 0; i < len; ++i) y[i] = a[i] != 0.0f ? b[i] : c[i];
+      return;
+    default:
+      break;
+  }
+  util::internal_fail(__FILE__, __LINE__, "op is not fusible");
+}
+
+}  // namespace
+
+const float* FusedTree::eval(const std::vector<const void*>& leaf_ptrs, int64_t i0, int64_t len,
+                             float* scratch, float* dst) const {
+  // Registers point into the sources when they can (contiguous f32 leaves), else into scratch;
+  // the root writes straight to `dst` when given.
+  thread_local std::vector<const float*> regs;
+  if (regs.size() < static_cast<size_t>(num_regs_)) regs.resize(num_regs_);
+  const float** reg = regs.data();
+  for (const Instr& in : instrs_) {
+    float* own = scratch + static_cast<int64_t>(in.out) * kTile;
+    if (in.op == Op::Data) {
+      const Leaf& leaf = leaves_[in.a];
+      if (leaf.contiguous && leaf.dtype == DType::F32 && leaf.numel != 1) {
+        reg[in.out] = static_cast<const float*>(leaf_ptrs[in.a]) + i0;
+      } else {
+        load(leaf, leaf_ptrs[in.a], i0, len, own);
+        reg[in.out] = own;
+      }
+      continue;
+    }
+    float* y = (in.out == root_reg_ && dst) ? dst : own;
+    apply(in.op, len, y, reg[in.a], in.b >= 0 ? reg[in.b] : nullptr,
+          in.c >= 0 ? reg[in.c] : nullptr, in.in_dtype, in.out_dtype);
+    reg[in.out] = y;
+  }
+  return reg[root_reg_];
+}
+
+void FusedTree::run(const std::vector<const void*>& leaf_ptrs, void* out) const {
+  const int64_t tiles = (numel_ + kTile - 1) / kTile;
+  const bool f32_out = out_dtype_ == DType::F32;
+#pragma omp parallel if (numel_ >= 4 * kTile)
+  {
+    std::vector<float> scratch(static_cast<size_t>(num_regs_) * kTile);
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int64_t i0 = t * kTile;
+      const int64_t len = std::min(kTile, numel_ - i0);
+      float* direct = f32_out ? static_cast<float*>(out) + i0 : nullptr;
+      const float* r = eval(leaf_ptrs, i0, len, scratch.data(), direct);
+      if (!f32_out) {
+        uint8_t* o = static_cast<uint8_t*>(out) + i0;
+        for (int64_t i = 0; i < len; ++i) o[i] = r[i] != 0.0f;
+      } else if (r != direct) {
+        std::memcpy(direct, r, len * sizeof(float));
+      }
+    }
+  }
+}
+
+}  // namespace lockstep::backends::cpu

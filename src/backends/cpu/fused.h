@@ -1,0 +1,62 @@
+// Fused elementwise trees: a tree of elementwise ops (with broadcasts of their inputs) that is
+// evaluated in one pass over cache-sized tiles, so intermediate values never touch memory.
+// Values are f32 or bool (held as 0/1 floats inside a tile).
+#pragma once
+
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+#include "ir/ir.h"
+
+namespace lockstep::backends::cpu {
+
+// Whether node `id` can be part of a fused tree.
+bool fusible(const ir::Graph& g, int32_t id);
+
+class FusedTree {
+ public:
+  // The tree rooted at `root`; operands with absorbed[id] are evaluated inside the tree, the
+  // others are read from memory.
+  FusedTree(const ir::Graph& g, int32_t root, const std::vector<bool>& absorbed);
+  // Nodes whose values the tree reads from memory, in the order run() takes their pointers.
+  const std::vector<int32_t>& leaf_nodes() const { return leaf_nodes_; }
+  void run(const std::vector<const void*>& leaves, void* out) const;
+  // Values [i0, i0 + len) (len <= kTile) of the tree's result, as floats (bool as 0/1); scratch
+  // holds scratch_floats(). Writes into dst when given (and returns it), else into scratch.
+  const float* eval(const std::vector<const void*>& leaves, int64_t i0, int64_t len, float* scratch,
+                    float* dst) const;
+  size_t scratch_floats() const { return static_cast<size_t>(num_regs_) * kTile; }
+  int64_t numel() const { return numel_; }
+
+  static constexpr int64_t kTile = 512;
+
+ private:
+  struct Leaf {
+    DType dtype;
+    bool contiguous;  // same shape as the tree: element i is at i
+    int64_t numel;
+    // Otherwise: the source offset of output index i is sum_d ((i / div[d]) % mod[d]) * stride[d].
+    std::vector<int64_t> div, mod, stride;
+  };
+  struct Instr {
+    ir::Op op;
+    int out, a = -1, b = -1, c = -1;  // registers
+    DType in_dtype;                   // operand 0's dtype
+    DType out_dtype;
+  };
+  int visit(const ir::Graph& g, int32_t id, const std::vector<bool>& absorbed, bool is_root);
+  int add_leaf(const ir::Graph& g, int32_t node, const Shape& out_shape);
+  void load(const Leaf& leaf, const void* src, int64_t i0, int64_t len, float* dst) const;
+
+  int64_t numel_ = 0;
+  DType out_dtype_ = DType::F32;
+  int num_regs_ = 0;
+  int root_reg_ = -1;
+  std::vector<Leaf> leaves_;
+  std::vector<int32_t> leaf_nodes_;
+  std::vector<Instr> instrs_;
+  std::unordered_map<int32_t, int> reg_of_;
+};
+
+}  // namespace lockstep::backends::cpu

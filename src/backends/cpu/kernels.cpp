@@ -1,0 +1,125 @@
+// Reductions, pooling and strided copies on f32; see kernels.h.
+#include "backends/cpu/kernels.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "lockstep/error.h"
+#include "util/check.h"
+
+namespace lockstep::backends::cpu {
+
+ReduceLayout reduce_layout(const Shape& in, const std::vector<int64_t>& attrs) {
+  const size_t r = in.size();
+  std::vector<bool> reduced(r, false);
+  for (size_t i = 1; i < attrs.size(); ++i) reduced[attrs[i]] = true;
+  std::vector<int64_t> stride(r);
+  int64_t acc = 1;
+  for (size_t d = r; d-- > 0;) {
+    stride[d] = acc;
+    acc *= in[d];
+  }
+  ReduceLayout l;
+  for (size_t d = 0; d < r; ++d) {
+    if (in[d] == 1) continue;
+    (reduced[d] ? l.rdim : l.kdim).push_back(in[d]);
+    (reduced[d] ? l.rstride : l.kstride).push_back(stride[d]);
+  }
+  for (int64_t d : l.kdim) l.outer *= d;
+  int64_t block = 1;
+  for (int64_t d : l.rdim) block *= d;
+  // The innermost reduced dim, if contiguous, is walked as runs; merge contiguous outer dims.
+  if (!l.rstride.empty() && l.rstride.back() == 1) {
+    l.inner = l.rdim.back();
+    l.rdim.pop_back();
+    l.rstride.pop_back();
+    while (!l.rstride.empty() && l.rstride.back() == l.inner) {
+      l.inner *= l.rdim.back();
+      l.rdim.pop_back();
+      l.rstride.pop_back();
+    }
+  }
+  l.groups = l.inner ? block / l.inner : 0;
+  return l;
+}
+
+void reduce_f32(ir::Op op, const float* x, const Shape& in, const std::vector<int64_t>& attrs,
+                float* out) {
+  reduce_f32(
+      op, reduce_layout(in, attrs), [x](int64_t off, int64_t, float*) { return x + off; }, out, 0);
+}
+
+void strided_copy_4(const void* src, const Shape& out_shape, const std::vector<int64_t>& strides,
+                    int64_t src_offset, void* out) {
+  const int64_t n = shape_numel(out_shape);
+  if (n == 0) return;
+  const size_t r = out_shape.size();
+  const int64_t last = r ? out_shape[r - 1] : 1;
+  const int64_t last_stride = r ? strides[r - 1] : 0;
+  const int64_t rows = n / last;
+  const uint32_t* s = static_cast<const uint32_t*>(src);
+  uint32_t* o = static_cast<uint32_t*>(out);
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (int64_t row = 0; row < rows; ++row) {
+    int64_t off = src_offset, rest = row;
+    for (size_t d = r ? r - 1 : 0; d-- > 0;) {
+      off += rest % out_shape[d] * strides[d];
+      rest /= out_shape[d];
+    }
+    uint32_t* dst = o + row * last;
+    if (last_stride == 1)
+      std::memcpy(dst, s + off, last * sizeof(uint32_t));
+    else
+      for (int64_t i = 0; i < last; ++i) dst[i] = s[off + i * last_stride];
+  }
+}
+
+void max_pool2d_f32(const float* x, const Shape& in, const Shape& out,
+                    const std::vector<int64_t>& a, float* values, int64_t* indices) {
+  const int64_t planes = in[0] * in[1], H = in[2], W = in[3], HO = out[2], WO = out[3];
+  const int64_t kh = a[0], kw = a[1], sh = a[2], sw = a[3], ph = a[4], pw = a[5];
+#pragma omp parallel for schedule(static)
+  for (int64_t p = 0; p < planes; ++p) {
+    const float* xp = x + p * H * W;
+    for (int64_t ho = 0; ho < HO; ++ho)
+      for (int64_t wo = 0; wo < WO; ++wo) {
+        float best = 0;
+        int64_t at = -1;
+        const int64_t h0 = ho * sh - ph, w0 = wo * sw - pw;
+        for (int64_t h = std::max<int64_t>(h0, 0); h < std::min(h0 + kh, H); ++h)
+          for (int64_t w = std::max<int64_t>(w0, 0); w < std::min(w0 + kw, W); ++w) {
+            const float v = xp[h * W + w];
+            if (at < 0 || (!std::isnan(best) && (std::isnan(v) || v > best))) {
+              best = v;
+              at = h * W + w;
+            }
+          }
+        const int64_t o = (p * HO + ho) * WO + wo;
+        if (values) values[o] = best;
+        if (indices) indices[o] = at;
+      }
+  }
+}
+
+void max_pool2d_backward_f32(const float* gy, const int64_t* indices, const Shape& gy_shape,
+                             const Shape& in, float* gx) {
+  const int64_t planes = in[0] * in[1], HW = in[2] * in[3];
+  const int64_t OHW = gy_shape[2] * gy_shape[3];
+  for (int64_t i = 0; i < planes * OHW; ++i)  // checked first: no throwing inside OpenMP
+    if (indices[i] < 0 || indices[i] >= HW)
+      throw BackendError(util::cat("max_pool2d_backward: index ", indices[i],
+                                   " out of range for a plane of ", HW, " elements"));
+#pragma omp parallel for schedule(static)
+  for (int64_t p = 0; p < planes; ++p) {
+    float* g = gx + p * HW;
+    std::fill(g, g + HW, 0.0f);
+    for (int64_t o = 0; o < OHW; ++o) {
+      const int64_t at = indices[p * OHW + o];
+      g[at] += gy[p * OHW + o];
+    }
+  }
+}
+
+}  // namespace lockstep::backends::cpu

@@ -1,0 +1,85 @@
+// The cpu backend's own f32 kernels besides fused elementwise trees: reductions, pooling and
+// strided copies, parallel over OpenMP threads.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "ir/ir.h"
+
+namespace lockstep::backends::cpu {
+
+// How a reduction walks its input: output elements over the kept dims (parallel), each a walk
+// over the reduced dims in runs of `inner` contiguous elements.
+struct ReduceLayout {
+  std::vector<int64_t> kdim, kstride, rdim, rstride;
+  int64_t outer = 1, groups = 1, inner = 1;
+};
+ReduceLayout reduce_layout(const Shape& in, const std::vector<int64_t>& attrs);
+
+// Sum, Max or Min over a layout. read(offset, len, tmp) returns a pointer to the input values
+// [offset, offset + len) (len <= 512), possibly computing them into tmp (512 floats).
+template <typename Read>
+void reduce_f32(ir::Op op, const ReduceLayout& l, Read&& read, float* out, size_t tmp_floats);
+
+// Sum, Max or Min of x (shape `in`) over the axes in attrs ([keepdim, axes...]).
+void reduce_f32(ir::Op op, const float* x, const Shape& in, const std::vector<int64_t>& attrs,
+                float* out);
+
+// out (contiguous, shape `out_shape`) from src read at src_offset + sum(idx[d] * strides[d]).
+void strided_copy_4(const void* src, const Shape& out_shape, const std::vector<int64_t>& strides,
+                    int64_t src_offset, void* out);
+
+// attrs as ir::Node's pooling attrs. Indices (if not null) are into each input plane's H*W.
+void max_pool2d_f32(const float* x, const Shape& in, const Shape& out,
+                    const std::vector<int64_t>& attrs, float* values, int64_t* indices);
+void max_pool2d_backward_f32(const float* gy, const int64_t* indices, const Shape& gy_shape,
+                             const Shape& in, float* gx);
+
+template <typename Read>
+void reduce_f32(ir::Op op, const ReduceLayout& l, Read&& read, float* out, size_t tmp_floats) {
+  const bool is_sum = op == ir::Op::Sum, is_max = op == ir::Op::Max;
+#pragma omp parallel if (l.outer > 1 && l.outer * l.groups * l.inner > 32768)
+  {
+    std::vector<float> tmp(tmp_floats);
+    std::vector<int64_t> idx(l.rdim.size());
+#pragma omp for schedule(static)
+    for (int64_t o = 0; o < l.outer; ++o) {
+      int64_t off = 0, rest = o;
+      for (size_t d = l.kdim.size(); d-- > 0;) {
+        off += rest % l.kdim[d] * l.kstride[d];
+        rest /= l.kdim[d];
+      }
+      double sum = 0;
+      float best = is_max ? -__builtin_inff() : __builtin_inff();
+      bool nan = false;
+      std::fill(idx.begin(), idx.end(), 0);
+      for (int64_t g = 0; g < l.groups; ++g) {
+        for (int64_t c = 0; c < l.inner; c += 512) {
+          const int64_t len = std::min<int64_t>(512, l.inner - c);
+          const float* p = read(off + c, len, tmp.data());
+          if (is_sum) {
+            float s = 0;
+            for (int64_t i = 0; i < len; ++i) s += p[i];
+            sum += s;
+          } else {
+            for (int64_t i = 0; i < len; ++i) {
+              nan = nan || p[i] != p[i];
+              best = is_max ? (p[i] > best ? p[i] : best) : (p[i] < best ? p[i] : best);
+            }
+          }
+        }
+        for (size_t d = l.rdim.size(); d-- > 0;) {
+          off += l.rstride[d];
+          if (++idx[d] < l.rdim[d]) break;
+          off -= l.rstride[d] * l.rdim[d];
+          idx[d] = 0;
+        }
+      }
+      out[o] = is_sum ? static_cast<float>(sum) : (nan ? __builtin_nanf("") : best);
+    }
+  }
+}
+
+}  // namespace lockstep::backends::cpu

@@ -1,0 +1,279 @@
+// Tests of checkpoint.h: an exact round trip (training resumed from a checkpoint gives the very
+// losses of uninterrupted training), atomic saving, and loading of damaged or mismatched files:
+// each an ls::Error naming the problem, with the model, optimizer and generator left unchanged.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "unit/train_test_util.h"
+
+namespace {
+
+using ::testing::HasSubstr;
+using train_test::differences;
+using train_test::full_snapshot;
+using train_test::raw;
+using train_test::Snapshot;
+
+std::string temp_path(const std::string& name) {
+  return ::testing::TempDir() + "lockstep_ckpt_" + std::to_string(::getpid()) + "_" + name;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+// One training step of the CNN on a batch drawn from the generator; returns the loss bits.
+uint32_t train_step(ls::nn::Module& model, ls::optim::Optimizer& opt) {
+  ls::Tensor loss;
+  ls::step([&] {
+    opt.zero_grad();
+    ls::Tensor x = ls::randn({4, 1, 8, 8});
+    ls::Tensor y = ls::randint(0, 10, {4});
+    loss = ls::nn::cross_entropy(model(x), y);
+    loss.backward();
+    opt.step();
+  });
+  const float v = loss.item<float>();
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  return bits;
+}
+
+// Loading `path` must throw ls::Error mentioning every part and change nothing.
+void expect_load_fails(const std::string& path, ls::nn::Module& model, ls::optim::Optimizer* opt,
+                       const std::vector<std::string>& parts) {
+  const Snapshot before = full_snapshot(model, opt);
+  try {
+    ls::load_checkpoint(path, model, opt);
+    ADD_FAILURE() << "loading did not throw";
+  } catch (const ls::Error& e) {
+    for (const std::string& p : parts) EXPECT_THAT(e.what(), HasSubstr(p));
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "threw a std::exception that is not ls::Error: " << e.what();
+  }
+  EXPECT_EQ(differences(before, full_snapshot(model, opt)), std::vector<std::string>{});
+}
+
+}  // namespace
+
+TEST(Checkpoint, ResumedTrainingGivesTheSameLossesBitForBit) {
+  const std::string path = temp_path("resume.safetensors");
+  ls::manual_seed(1);
+  ls::models::FashionCNN a(10, 1, 8);
+  ls::optim::SGD opt_a(a.parameters(), {.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-4});
+  for (int i = 0; i < 2; ++i) train_step(a, opt_a);
+  ls::save_checkpoint(path, a, &opt_a, {{"epoch", "2"}});
+  const Snapshot at_save = full_snapshot(a, &opt_a);
+  std::vector<uint32_t> uninterrupted;
+  for (int i = 0; i < 3; ++i) uninterrupted.push_back(train_step(a, opt_a));
+
+  // A fresh model, optimizer and generator, all different, with some training of their own.
+  ls::manual_seed(999);
+  ls::models::FashionCNN b(10, 1, 8);
+  ls::optim::SGD opt_b(b.parameters(), {.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-4});
+  train_step(b, opt_b);
+  EXPECT_FALSE(differences(at_save, full_snapshot(b, &opt_b)).empty());
+  const ls::io::Metadata meta = ls::load_checkpoint(path, b, &opt_b);
+  EXPECT_EQ(meta.at("epoch"), "2");
+  EXPECT_EQ(meta.at("format"), "lockstep-checkpoint");
+  EXPECT_EQ(differences(at_save, full_snapshot(b, &opt_b)), std::vector<std::string>{});
+  std::vector<uint32_t> resumed;
+  for (int i = 0; i < 3; ++i) resumed.push_back(train_step(b, opt_b));
+  EXPECT_EQ(resumed, uninterrupted);
+  EXPECT_EQ(differences(full_snapshot(a, &opt_a), full_snapshot(b, &opt_b)),
+            std::vector<std::string>{});
+  std::remove(path.c_str());
+}
+
+TEST(Checkpoint, AdamStateAndModelOnlyCheckpointsRoundTrip) {
+  const std::string path = temp_path("adam.safetensors");
+  ls::manual_seed(3);
+  ls::models::FashionCNN a(10, 1, 8);
+  ls::optim::AdamW opt_a(a.parameters(), {.lr = 1e-3, .weight_decay = 0.01});
+  train_step(a, opt_a);
+  ls::save_checkpoint(path, a, &opt_a);
+  ls::models::FashionCNN b(10, 1, 8);
+  ls::optim::AdamW opt_b(b.parameters(), {.lr = 1e-3, .weight_decay = 0.01});
+  ls::load_checkpoint(path, b, &opt_b);
+  EXPECT_EQ(differences(full_snapshot(a, &opt_a), full_snapshot(b, &opt_b)),
+            std::vector<std::string>{});
+  EXPECT_EQ(opt_b.step_count().item<int64_t>(), 1);
+  // Without an optimizer: the model and the generator only.
+  ls::models::FashionCNN c(10, 1, 8);
+  ls::load_checkpoint(path, c);
+  EXPECT_EQ(differences(full_snapshot(a, nullptr), full_snapshot(c, nullptr)),
+            std::vector<std::string>{});
+  // The file is plain safetensors with the documented names.
+  const ls::io::Loaded file = ls::io::load_safetensors(path);
+  std::vector<std::string> names;
+  for (const auto& [n, t] : file.tensors) names.push_back(n);
+  for (const char* n : {"model.conv1.weight", "model.bn1.running_var", "model.fc2.bias",
+                        "optimizer.step", "optimizer.0.exp_avg", "generator.state"})
+    EXPECT_THAT(names, ::testing::Contains(std::string(n)));
+  std::remove(path.c_str());
+}
+
+TEST(Checkpoint, AFailedSaveLeavesTheExistingCheckpoint) {
+  const std::string path = temp_path("atomic.safetensors");
+  ls::manual_seed(4);
+  ls::models::MLP model({4, 8, 3});
+  ls::optim::SGD opt(model.parameters(), {.lr = 0.1, .momentum = 0.9});
+  ls::save_checkpoint(path, model, &opt);
+  const std::string original = read_file(path);
+  ASSERT_FALSE(original.empty());
+  // Make the save fail: its temporary file's name is taken by a directory.
+  const std::string blocker = path + ".tmp-" + std::to_string(::getpid());
+  ASSERT_EQ(::mkdir(blocker.c_str(), 0700), 0);
+  {
+    ls::NoGrad ng;
+    model.parameters()[0].add_(1.0f);
+  }
+  EXPECT_THROW(ls::save_checkpoint(path, model, &opt), ls::Error);
+  ::rmdir(blocker.c_str());
+  EXPECT_EQ(read_file(path), original);
+  // Loading it brings back the values saved, not the changed ones.
+  ls::models::MLP other({4, 8, 3});
+  ls::load_checkpoint(path, other);
+  EXPECT_NE(raw(other.parameters()[0]), raw(model.parameters()[0]));
+  std::vector<std::string> left;
+  for (const auto& e : std::filesystem::directory_iterator(::testing::TempDir()))
+    if (e.path().string().rfind(path + ".tmp", 0) == 0) left.push_back(e.path().string());
+  EXPECT_EQ(left, std::vector<std::string>{});
+  std::remove(path.c_str());
+}
+
+TEST(Checkpoint, TruncatedFilesAreRefusedAndChangeNothing) {
+  const std::string path = temp_path("truncated.safetensors");
+  const std::string damaged = temp_path("truncated_damaged.safetensors");
+  ls::manual_seed(5);
+  ls::models::MLP a({4, 8, 3}), b({4, 8, 3});
+  ls::optim::SGD opt_a(a.parameters(), {.lr = 0.1, .momentum = 0.9});
+  ls::optim::SGD opt_b(b.parameters(), {.lr = 0.1, .momentum = 0.9});
+  ls::save_checkpoint(path, a, &opt_a);
+  const std::string bytes = read_file(path);
+  uint64_t header = 0;
+  for (int i = 7; i >= 0; --i) header = header << 8 | static_cast<unsigned char>(bytes[i]);
+  for (size_t keep :
+       {size_t{0}, size_t{5}, size_t{8}, static_cast<size_t>(8 + header / 2),
+        static_cast<size_t>(8 + header), static_cast<size_t>(8 + header + 10), bytes.size() - 1}) {
+    SCOPED_TRACE(::testing::Message() << "kept " << keep << " of " << bytes.size() << " bytes");
+    write_file(damaged, bytes.substr(0, keep));
+    expect_load_fails(damaged, b, &opt_b, {damaged});
+  }
+  expect_load_fails(temp_path("does_not_exist.safetensors"), b, &opt_b, {"does_not_exist"});
+  std::remove(path.c_str());
+  std::remove(damaged.c_str());
+}
+
+TEST(Checkpoint, EveryFlippedHeaderByteIsRefusedAndChangesNothing) {
+  const std::string path = temp_path("flip.safetensors");
+  const std::string damaged = temp_path("flip_damaged.safetensors");
+  ls::manual_seed(6);
+  ls::models::MLP a({3, 4, 2}), b({3, 4, 2});
+  ls::optim::SGD opt_a(a.parameters(), {.lr = 0.1, .momentum = 0.9});
+  ls::optim::SGD opt_b(b.parameters(), {.lr = 0.1, .momentum = 0.9});
+  ls::manual_seed(7);  // b's generator state differs from the saved one
+  ls::save_checkpoint(path, a, &opt_a);
+  ls::manual_seed(8);
+  const std::string bytes = read_file(path);
+  uint64_t header = 0;
+  for (int i = 7; i >= 0; --i) header = header << 8 | static_cast<unsigned char>(bytes[i]);
+  ASSERT_LT(8 + header, bytes.size());
+  const Snapshot before = full_snapshot(b, &opt_b);
+  std::vector<std::string> accepted;
+  for (size_t pos = 0; pos < 8 + header; ++pos) {
+    std::string flipped = bytes;
+    flipped[pos] = static_cast<char>(flipped[pos] ^ 0x01);
+    write_file(damaged, flipped);
+    try {
+      ls::load_checkpoint(damaged, b, &opt_b);
+      accepted.push_back(std::to_string(pos) + " ('" + bytes[pos] + "' in \"" +
+                         bytes.substr(pos < 20 ? 0 : pos - 20, 40) + "\")");
+    } catch (const ls::Error&) {
+    }
+    if (!differences(before, full_snapshot(b, &opt_b)).empty()) {
+      ADD_FAILURE() << "flipping byte " << pos << " changed the model, optimizer or generator";
+      break;
+    }
+  }
+  EXPECT_EQ(accepted, std::vector<std::string>{});
+  std::remove(path.c_str());
+  std::remove(damaged.c_str());
+}
+
+TEST(Checkpoint, MismatchedModelsAndOptimizersAreRefused) {
+  const std::string path = temp_path("mismatch.safetensors");
+  const std::string no_opt = temp_path("mismatch_no_opt.safetensors");
+  ls::manual_seed(9);
+  ls::models::FashionCNN five(5, 1, 8);
+  ls::optim::SGD opt5(five.parameters(), {.lr = 0.1, .momentum = 0.9});
+  ls::save_checkpoint(path, five, &opt5);
+  ls::save_checkpoint(no_opt, five);
+
+  ls::models::FashionCNN ten(10, 1, 8);
+  ls::optim::SGD opt10(ten.parameters(), {.lr = 0.1, .momentum = 0.9});
+  expect_load_fails(path, ten, &opt10, {path, "fc2.weight", "[10, 128]", "[5, 128]"});
+  ls::models::MLP mlp({4, 8, 3});
+  ls::optim::SGD opt_mlp(mlp.parameters(), {.lr = 0.1, .momentum = 0.9});
+  expect_load_fails(path, mlp, &opt_mlp, {path, "missing", "layers.0.weight", "unexpected"});
+  // The right model but no optimizer state in the file, or another optimizer's state.
+  ls::models::FashionCNN five_b(5, 1, 8);
+  ls::optim::SGD opt5b(five_b.parameters(), {.lr = 0.1, .momentum = 0.9});
+  expect_load_fails(no_opt, five_b, &opt5b, {no_opt, "optimizer"});
+  ls::optim::Adam adam(five_b.parameters(), {});
+  expect_load_fails(path, five_b, &adam, {path, "exp_avg"});
+  ls::optim::SGD plain(five_b.parameters(), {.lr = 0.1});  // no momentum buffers
+  expect_load_fails(path, five_b, &plain, {path});
+  // An optimizer over fewer parameters than the file holds state for.
+  ls::optim::SGD partial({five_b.fc2->weight}, {.lr = 0.1, .momentum = 0.9});
+  expect_load_fails(path, five_b, &partial, {path});
+  ls::load_checkpoint(path, five_b, &opt5b);  // and the matching pair loads
+  EXPECT_EQ(differences(full_snapshot(five, &opt5), full_snapshot(five_b, &opt5b)),
+            std::vector<std::string>{});
+  std::remove(path.c_str());
+  std::remove(no_opt.c_str());
+}
+
+TEST(Checkpoint, PlainSafetensorsAndOtherVersionsAreRefused) {
+  const std::string path = temp_path("plain.safetensors");
+  ls::manual_seed(10);
+  ls::models::MLP m({4, 8, 3});
+  ls::optim::SGD opt(m.parameters(), {.lr = 0.1, .momentum = 0.9});
+  ls::io::save_safetensors(path, m.state_dict());
+  expect_load_fails(path, m, &opt, {path, "not a lockstep checkpoint"});
+  expect_load_fails(path, m, nullptr, {path, "not a lockstep checkpoint"});
+  // A checkpoint from a newer lockstep: its layout may mean something else.
+  ls::io::TensorMap tensors;
+  for (auto& [n, t] : m.state_dict()) tensors.emplace_back("model." + n, t);
+  for (auto& [n, t] : opt.state_dict()) tensors.emplace_back("optimizer." + n, t);
+  tensors.emplace_back("generator.state", ls::generator_state());
+  ls::io::save_safetensors(path, tensors, {{"format", "lockstep-checkpoint"}, {"version", "2"}});
+  expect_load_fails(path, m, &opt, {path, "version"});
+  ls::io::save_safetensors(path, tensors, {{"format", "lockstep-checkpoint"}});
+  expect_load_fails(path, m, &opt, {path, "version"});
+  ls::io::save_safetensors(path, tensors, {{"format", "lockstep-checkpoint"}, {"version", "1"}});
+  ls::load_checkpoint(path, m, &opt);  // the same content, version 1: fine
+  // An unknown tensor or a missing generator state.
+  tensors.emplace_back("extra", ls::zeros({1}));
+  ls::io::save_safetensors(path, tensors, {{"format", "lockstep-checkpoint"}, {"version", "1"}});
+  expect_load_fails(path, m, &opt, {path, "extra"});
+  tensors.pop_back();
+  tensors.pop_back();
+  ls::io::save_safetensors(path, tensors, {{"format", "lockstep-checkpoint"}, {"version", "1"}});
+  expect_load_fails(path, m, &opt, {path, "generator"});
+  std::remove(path.c_str());
+}
