@@ -16,7 +16,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
 #include <charconv>
 #include <chrono>
 #include <cmath>
@@ -26,13 +25,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
-#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include <lockstep/lockstep.h>
@@ -84,6 +81,8 @@ options:
   --momentum X       SGD momentum, in [0, 1) (default: 0.9)
   --weight-decay X   weight decay (default: 0 with sgd, 0.01 with adamw)
   --lr-schedule S    cosine (to 0 over the run) or constant (default: cosine)
+  --warmup-steps N   linear warm-up steps of the cosine schedule (default: 0)
+  --label-smoothing X  label smoothing of the training loss, in [0, 1) (default: 0)
   --image-size N     side of fake images (default: 224 for resnets, 28 otherwise)
   --threads N        compute threads (default: 0, every core)
   --workers N        data loading threads (default: 2)
@@ -116,6 +115,8 @@ struct Options {
   double momentum = 0.9;
   std::optional<double> weight_decay;
   std::string lr_schedule = "cosine";
+  int64_t warmup_steps = 0;
+  double label_smoothing = 0;
   std::optional<int64_t> image_size;
   int64_t threads = 0;
   int64_t workers = 2;
@@ -240,6 +241,10 @@ Options parse_args(int argc, char** argv) {
       o.weight_decay = parse_double(arg, value(), 0, 1);
     } else if (arg == "--lr-schedule") {
       o.lr_schedule = parse_choice(arg, value(), {"cosine", "constant"});
+    } else if (arg == "--warmup-steps") {
+      o.warmup_steps = parse_int(arg, value(), 0, kBig);
+    } else if (arg == "--label-smoothing") {
+      o.label_smoothing = parse_double(arg, value(), 0, 1, false, /*hi_open=*/true);
     } else if (arg == "--image-size") {
       o.image_size = parse_int(arg, value(), 8, 1024);
     } else if (arg == "--threads") {
@@ -564,11 +569,12 @@ int run(const Options& o) {
   else
     opt = std::make_unique<ls::optim::AdamW>(
         model->parameters(), ls::optim::AdamOptions{.lr = lr, .weight_decay = weight_decay});
-  // Cosine decay over the whole run (no warm-up: BatchNorm models train fine from the start).
+  // Cosine decay over the whole run, after an optional linear warm-up.
   const int64_t total_steps = o.num_epochs * steps_per_epoch;
   std::unique_ptr<ls::optim::LRScheduler> schedule;
   if (o.lr_schedule == "cosine")
-    schedule = std::make_unique<ls::optim::CosineWarmupLR>(*opt, 0, total_steps);
+    schedule = std::make_unique<ls::optim::CosineWarmupLR>(
+        *opt, std::min(o.warmup_steps, total_steps - 1), total_steps);
 
   // Where to start: a checkpoint's metadata says which epoch it was saved in, how many steps of
   // that epoch were done and whether the epoch was complete.
@@ -613,6 +619,17 @@ int run(const Options& o) {
   Progress progress;
   Pacer pacer;
   RateTracker tracker;  // touched by closures only
+  // The closures of queued steps refer to the three objects above: should an error leave this
+  // function, wait for those steps before the objects go (an execution error is reported
+  // already, by whatever threw).
+  struct WaitForQueuedSteps {
+    ~WaitForQueuedSteps() {
+      try {
+        ls::wait();
+      } catch (...) {
+      }
+    }
+  } wait_for_queued_steps;
   ls::Tensor loss;
   int64_t images = 0;  // images trained on in this run
   double train_seconds = 0;
@@ -636,7 +653,8 @@ int run(const Options& o) {
       const int64_t images_after = epoch_images + n;
       ls::step([&] {
         opt->zero_grad();
-        loss = ls::nn::cross_entropy((*model)(batch->images), batch->labels);
+        loss = ls::nn::cross_entropy((*model)(batch->images), batch->labels,
+                                     {.label_smoothing = o.label_smoothing});
         loss.backward();
         opt->step();
         // Runs on the runtime thread once this step's program has run: the loss is computed,

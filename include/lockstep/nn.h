@@ -24,7 +24,8 @@ class Module {
   Tensor operator()(const Tensor& x) { return forward(x); }
 
   // Parameters (trainable) and buffers (running statistics) of this module and its children,
-  // named as PyTorch names them ("layer1.0.conv1.weight").
+  // named as PyTorch names them ("layer1.0.conv1.weight"). A tensor shared by several modules
+  // is listed once, under its first name (state_dict() lists it under each, as PyTorch's).
   std::vector<Tensor> parameters() const;
   NamedTensors named_parameters() const;
   std::vector<Tensor> buffers() const;

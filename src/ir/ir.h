@@ -106,6 +106,9 @@ void set_grad_enabled(bool enabled);
 // Records a node: checks it (infer) and builds it. All operands must be on `device`.
 NodePtr make_node(Op op, std::vector<NodePtr> operands, std::vector<int64_t> attrs, Shape shape,
                   DType dtype, const std::source_location& loc);
+// A node without operands (Iota) on `device`.
+NodePtr make_leaf(Op op, std::vector<int64_t> attrs, Shape shape, DType dtype, Device device,
+                  const std::source_location& loc);
 NodePtr make_data(std::shared_ptr<runtime::Buffer> buffer, const Shape& shape, DType dtype,
                   Device device);
 NodePtr make_scalar(ScalarValue value, DType dtype, Device device, const std::source_location& loc);

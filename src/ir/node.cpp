@@ -102,6 +102,19 @@ NodePtr make_node(Op op, std::vector<NodePtr> operands, std::vector<int64_t> att
   return node;
 }
 
+NodePtr make_leaf(Op op, std::vector<int64_t> attrs, Shape shape, DType dtype, Device device,
+                  const std::source_location& loc) {
+  infer(op, {}, attrs, &shape, &dtype, loc);
+  auto node = std::make_shared<Node>();
+  node->op = op;
+  node->device = device;
+  node->attrs = std::move(attrs);
+  node->shape = std::move(shape);
+  node->dtype = dtype;
+  node->loc = loc;
+  return node;
+}
+
 NodePtr make_data(std::shared_ptr<runtime::Buffer> buffer, const Shape& shape, DType dtype,
                   Device device) {
   auto node = std::make_shared<Node>();

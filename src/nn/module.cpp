@@ -38,16 +38,31 @@ void Module::collect(const std::string& prefix, bool params, NamedTensors* out) 
   for (const auto& [name, child] : children_) child->collect(prefix + name + ".", params, out);
 }
 
+namespace {
+
+// Each tensor once, under the first name it was found by: a module (or a parameter) shared
+// between several places is listed once, as PyTorch's named_parameters() does, so that an
+// optimizer does not update it twice per step.
+NamedTensors first_occurrences(NamedTensors all) {
+  std::set<const detail::TensorImpl*> seen;
+  NamedTensors out;
+  for (auto& [name, t] : all)
+    if (seen.insert(t.impl()).second) out.emplace_back(std::move(name), std::move(t));
+  return out;
+}
+
+}  // namespace
+
 NamedTensors Module::named_parameters() const {
   NamedTensors out;
   collect("", true, &out);
-  return out;
+  return first_occurrences(std::move(out));
 }
 
 NamedTensors Module::named_buffers() const {
   NamedTensors out;
   collect("", false, &out);
-  return out;
+  return first_occurrences(std::move(out));
 }
 
 std::vector<Tensor> Module::parameters() const {
@@ -74,7 +89,7 @@ void Module::to(Device device) {
   };
   std::vector<Move> moves;
   NoGrad no_grad;
-  for (auto& [name, t] : state_dict()) {
+  for (auto& [name, t] : first_occurrences(state_dict())) {
     if (t.device() == device) continue;
     const Tensor g = t.grad();
     moves.push_back({t, t.to(device), g.defined() && !(g.device() == device) ? g.to(device) : g});
@@ -86,8 +101,10 @@ void Module::to(Device device) {
 }
 
 NamedTensors Module::state_dict() const {
-  NamedTensors out = named_parameters();
-  NamedTensors b = named_buffers();
+  // Every name, shared tensors under each of theirs (as PyTorch's state_dict).
+  NamedTensors out, b;
+  collect("", true, &out);
+  collect("", false, &b);
   out.insert(out.end(), b.begin(), b.end());
   return out;
 }

@@ -67,6 +67,19 @@ void rollback(StepState& s, const std::string& reason) {
   count("rollbacks");
 }
 
+// Autograd history ends with the step: values computed by a read inside it stop standing for
+// the step's graph (which would keep the graph and its buffers alive).
+void end_history(StepState& s) {
+  auto cut = [](TensorImpl& t) {
+    if (t.node && t.node->grad_alias)
+      t.node = ir::annotated(t.node, t.requires_grad, t.node->grad_leaf, nullptr);
+  };
+  for (auto& w : s.created)
+    if (auto t = w.lock()) cut(*t);
+  for (auto& e : s.journal)
+    if (auto t = e.tensor.lock()) cut(*t);
+}
+
 void commit(StepState& s) {
   time_ns("trace", now_ns() - s.trace_start_ns);
   try {
@@ -75,6 +88,7 @@ void commit(StepState& s) {
     rollback(s, e.what());
     throw;
   }
+  end_history(s);
   t_active = nullptr;
 }
 

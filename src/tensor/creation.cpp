@@ -67,7 +67,7 @@ Tensor arange(Scalar start, Scalar end, Scalar step, TensorOptions options, Loc 
   const int64_t n = std::max<int64_t>(0, static_cast<int64_t>(std::ceil(span)));
   const Device device = frontend::device_of(options);
   const DType dt = options.dtype;
-  ir::NodePtr ramp = make(Op::Iota, {}, {0}, loc, {n}, dt);
+  ir::NodePtr ramp = ir::make_leaf(Op::Iota, {0}, {n}, dt, device, loc);
   ir::NodePtr st = frontend::expand_to(frontend::scalar_node(step, dt, device, "arange", loc), {n}, loc);
   ir::NodePtr s0 = frontend::expand_to(frontend::scalar_node(start, dt, device, "arange", loc), {n}, loc);
   return frontend::record(Op::Add, {make(Op::Mul, {ramp, st}, {}, loc), s0}, {}, loc);
@@ -147,7 +147,7 @@ ir::NodePtr draw_uniform(const Shape& shape, DType dtype, Device device, const c
   const ir::NodePtr& sn = node(state, op, loc);
   ir::NodePtr u = make(Op::RandomUniform, {sn}, {}, loc, shape, dtype);
   // state + [0, numel]: the count is a runtime scalar, so draws of any size share programs.
-  ir::NodePtr ramp = make(Op::Iota, {}, {0}, loc, {2}, DType::I64);
+  ir::NodePtr ramp = ir::make_leaf(Op::Iota, {0}, {2}, DType::I64, device, loc);
   ir::NodePtr n = frontend::expand_to(
       frontend::scalar_node(shape_numel(shape), DType::I64, device, op, loc), {2}, loc);
   runtime::set_value(*state.impl(), make(Op::Add, {sn, make(Op::Mul, {ramp, n}, {}, loc)}, {}, loc));

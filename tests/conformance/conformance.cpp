@@ -20,6 +20,7 @@ namespace {
 const ls::Device kRef{ls::DeviceKind::Ref};
 const ls::Device kCpu{ls::DeviceKind::Cpu};
 constexpr uint64_t kSeed = 1234;
+int g_checks = 0;  // check() calls in the current test
 
 uint64_t fnv(const std::string& s) {
   uint64_t h = 1469598103934665603ull;
@@ -45,10 +46,7 @@ std::vector<double> fill_values(const In& in, std::mt19937_64& rng) {
         x = boolean ? 1 : fl ? std::uniform_real_distribution<double>(0.25, 3)(rng) : int_in(1, 10);
       break;
     case Fill::Range:
-      for (double& x : v)
-        x = fl ? std::uniform_real_distribution<double>(static_cast<double>(in.lo),
-                                                        static_cast<double>(in.hi))(rng)
-               : int_in(in.lo, in.hi);
+      for (double& x : v) x = int_in(in.lo, in.hi);
       break;
     case Fill::Distinct:
       for (size_t i = 0; i < n; ++i)
@@ -56,19 +54,21 @@ std::vector<double> fill_values(const In& in, std::mt19937_64& rng) {
                   : static_cast<double>(i) - static_cast<double>(n / 2);
       std::shuffle(v.begin(), v.end(), rng);
       break;
+    case Fill::NonFinite:
     case Fill::Special: {
       const double inf = std::numeric_limits<double>::infinity();
       const bool f32 = in.dtype == ls::DType::F32;
-      const std::vector<double> fs = {std::nan(""), inf,   -inf,  0.0,   -0.0,
+      const std::vector<double> fs = {std::nan(""), inf,   -inf,  0.0,    -0.0,
                                       1e30,         -1e30, 1e-40, -1e-39, f32 ? 3e38 : 1e300,
-                                      0.5,          -0.5,  1.5,   -2.5,  f32 ? 1e-45 : 1e-310};
+                                      0.5,          -0.5,  1.5,   -2.5,   f32 ? 1e-45 : 1e-310};
       const bool i32 = in.dtype == ls::DType::I32;
-      const std::vector<double> is = {
-          i32 ? -2147483648.0 : -9223372036854775807.0 - 1, i32 ? 2147483647.0 : 9.2e18, -1, 0, 1};
+      const std::vector<double> is = {i32 ? -2147483648.0 : -9223372036854775807.0 - 1,
+                                      i32 ? 2147483647.0 : 9.2e18, -1, 0, 1};
       for (double& x : v) {
         if (std::uniform_int_distribution<int>(0, 3)(rng) == 0) {
           const auto& pool = fl ? fs : is;
           x = pool[std::uniform_int_distribution<size_t>(0, pool.size() - 1)(rng)];
+          if (in.fill == Fill::NonFinite && std::isfinite(x) && std::abs(x) > 1e3) x = 0.5;
           if (boolean) x = int_in(0, 2);
         } else {
           x = boolean ? int_in(0, 2) : fl ? normal(rng) * 3 : int_in(-9, 10);
@@ -85,14 +85,22 @@ ls::Tensor make_tensor(const std::vector<double>& v, const In& in, ls::Device de
   for (size_t i = 0; i < v.size(); ++i) {
     void* at = bytes.data() + i * ls::dtype_size(in.dtype);
     switch (in.dtype) {
-      case ls::DType::F32: *static_cast<float*>(at) = static_cast<float>(v[i]); break;
-      case ls::DType::F64: *static_cast<double*>(at) = v[i]; break;
-      case ls::DType::I32: *static_cast<int32_t*>(at) = static_cast<int32_t>(v[i]); break;
-      case ls::DType::I64:
-        *static_cast<int64_t*>(at) = v[i] >= 9.2e18 ? std::numeric_limits<int64_t>::max()
-                                                    : static_cast<int64_t>(v[i]);
+      case ls::DType::F32:
+        *static_cast<float*>(at) = static_cast<float>(v[i]);
         break;
-      case ls::DType::Bool: *static_cast<bool*>(at) = v[i] != 0; break;
+      case ls::DType::F64:
+        *static_cast<double*>(at) = v[i];
+        break;
+      case ls::DType::I32:
+        *static_cast<int32_t*>(at) = static_cast<int32_t>(v[i]);
+        break;
+      case ls::DType::I64:
+        *static_cast<int64_t*>(at) =
+            v[i] >= 9.2e18 ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(v[i]);
+        break;
+      case ls::DType::Bool:
+        *static_cast<bool*>(at) = v[i] != 0;
+        break;
     }
   }
   return ls::from_blob(bytes.data(), in.shape, in.dtype, device);
@@ -122,7 +130,8 @@ std::string index_str(int64_t flat, const ls::Shape& s) {
 // Exact integer values (bools and integers), compared without going through double.
 std::vector<int64_t> values_i64(const ls::Tensor& t) {
   switch (t.dtype()) {
-    case ls::DType::I64: return t.to_vector<int64_t>();
+    case ls::DType::I64:
+      return t.to_vector<int64_t>();
     case ls::DType::I32: {
       auto v = t.to_vector<int32_t>();
       return {v.begin(), v.end()};
@@ -132,7 +141,8 @@ std::vector<int64_t> values_i64(const ls::Tensor& t) {
       return {v.begin(), v.end()};
     }
     case ls::DType::F32:
-    case ls::DType::F64: break;
+    case ls::DType::F64:
+      break;
   }
   return {};
 }
@@ -141,8 +151,8 @@ std::vector<int64_t> values_i64(const ls::Tensor& t) {
 std::string compare(const ls::Tensor& got, const ls::Tensor& want, double k) {
   std::ostringstream os;
   if (got.shape() != want.shape() || got.dtype() != want.dtype()) {
-    os << "cpu gives " << str(got.dtype()) << str(got.shape()) << ", ref "
-       << str(want.dtype()) << str(want.shape());
+    os << "cpu gives " << str(got.dtype()) << str(got.shape()) << ", ref " << str(want.dtype())
+       << str(want.shape());
     return os.str();
   }
   int bad = 0;
@@ -170,8 +180,9 @@ std::string compare(const ls::Tensor& got, const ls::Tensor& want, double k) {
            << std::setprecision(9) << g[i] << ", ref " << w[i] << "\n";
     }
   }
-  if (bad) return "  " + std::to_string(bad) + " of " + std::to_string(want.numel()) +
-                  " elements differ\n" + os.str();
+  if (bad)
+    return "  " + std::to_string(bad) + " of " + std::to_string(want.numel()) +
+           " elements differ\n" + os.str();
   return "";
 }
 
@@ -186,7 +197,8 @@ std::vector<double> values_f64(const ls::Tensor& t) {
       auto v = t.to_vector<float>();
       return {v.begin(), v.end()};
     }
-    case ls::DType::F64: return t.to_vector<double>();
+    case ls::DType::F64:
+      return t.to_vector<double>();
     case ls::DType::I32:
     case ls::DType::I64:
     case ls::DType::Bool: {
@@ -198,6 +210,7 @@ std::vector<double> values_f64(const ls::Tensor& t) {
 }
 
 bool check(const std::string& what, const std::vector<In>& inputs, const Fn& fn, double k) {
+  ++g_checks;
   const std::string test = ::testing::UnitTest::GetInstance()->current_test_info()->name();
   std::mt19937_64 rng(fnv(test + "/" + what));
   std::vector<std::vector<double>> host;
@@ -210,9 +223,20 @@ bool check(const std::string& what, const std::vector<In>& inputs, const Fn& fn,
   }
   auto run = [&](ls::Device device, std::string* graph, std::string* error) {
     Tensors xs;
-    for (size_t i = 0; i < inputs.size(); ++i) xs.push_back(make_tensor(host[i], inputs[i], device));
+    for (size_t i = 0; i < inputs.size(); ++i)
+      xs.push_back(make_tensor(host[i], inputs[i], device));
+    // New tensors the computation creates itself (arange, rand, zeros) go to `device` too.
+    const ls::Device saved = ls::default_device();
+    ls::set_default_device(device);
     ls::manual_seed(kSeed);
-    Tensors ys = fn(xs);
+    Tensors ys;
+    try {
+      ys = fn(xs);
+    } catch (...) {
+      ls::set_default_device(saved);
+      throw;
+    }
+    ls::set_default_device(saved);
     std::set<const ls::ir::Node*> visited;
     for (const ls::Tensor& y : ys) collect_ops(y, &visited);
     try {
@@ -236,8 +260,8 @@ bool check(const std::string& what, const std::vector<In>& inputs, const Fn& fn,
   if (!cpu_error.empty() || !ref_error.empty()) {
     if (cpu_error.empty() || ref_error.empty()) {
       std::ostringstream os;
-      os << "  cpu: " << (cpu_error.empty() ? "ok" : cpu_error) << "\n  ref: "
-         << (ref_error.empty() ? "ok" : ref_error) << "\n";
+      os << "  cpu: " << (cpu_error.empty() ? "ok" : cpu_error)
+         << "\n  ref: " << (ref_error.empty() ? "ok" : ref_error) << "\n";
       report = os.str();
     }
   } else if (got.size() != want.size()) {
@@ -254,12 +278,13 @@ bool check(const std::string& what, const std::vector<In>& inputs, const Fn& fn,
 }
 
 bool check1(const std::string& what, const std::vector<In>& inputs, const Fn1& fn, double k) {
-  return check(what, inputs, [&](const Tensors& xs) { return Tensors{fn(xs)}; }, k);
+  return check(
+      what, inputs, [&](const Tensors& xs) { return Tensors{fn(xs)}; }, k);
 }
 
 std::vector<ls::Shape> shapes_small() {
-  return {{}, {1}, {0}, {7}, {3, 1}, {1, 17}, {2, 0, 3}, {3, 5, 7}, {2, 1, 33}, {1, 3, 1, 5},
-          {4, 3, 2, 5, 3}};
+  return {{},        {1},       {0},        {7},          {3, 1},         {1, 17},
+          {2, 0, 3}, {3, 5, 7}, {2, 1, 33}, {1, 3, 1, 5}, {4, 3, 2, 5, 3}};
 }
 
 std::vector<ls::Shape> shapes_all() {
@@ -285,11 +310,15 @@ std::vector<bool>& seen_ops() {
   return *s;
 }
 
-void Conformance::SetUp() { seen_ops().assign(ls::ir::kNumOps, false); }
+void Conformance::SetUp() {
+  seen_ops().assign(ls::ir::kNumOps, false);
+  g_checks = 0;
+}
 
 void Conformance::TearDown() {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
   const std::string name = std::string(info->test_suite_name()) + "." + info->name();
+  RecordProperty("compared_programs", g_checks);  // in --gtest_output=xml reports
   for (const auto& [test, ops] : declared()) {
     if (test != name) continue;
     for (Op op : ops)

@@ -22,11 +22,13 @@ using ls::ir::Op;
 
 // How an input's values are drawn.
 enum class Fill {
-  Normal,    // floats N(0, 1); integers in [-9, 9]; bools 50/50
-  Positive,  // floats in [0.25, 3]; integers in [1, 9]
-  Special,   // Normal mixed with NaN, +-inf, +-0, huge and denormal values (integers: extremes)
-  Range,     // integers (or floats) uniform in [lo, hi)
-  Distinct,  // a shuffled ramp: no ties (for argmax, pooling indices)
+  Normal,     // floats N(0, 1); integers in [-9, 9]; bools 50/50
+  Positive,   // floats in [0.25, 3]; integers in [1, 9]
+  Special,    // Normal mixed with NaN, +-inf, +-0, huge and denormal values (integers: extremes)
+  NonFinite,  // Normal mixed with NaN, +-inf, +-0 and denormals, but no huge finite values
+              // (sums of those overflow in f32 but not in ref's f64 accumulators)
+  Range,      // whole numbers uniform in [lo, hi), also for float dtypes (so there are ties)
+  Distinct,   // a shuffled ramp: no ties (for argmax, pooling indices)
 };
 
 struct In {
@@ -75,6 +77,6 @@ class Conformance : public ::testing::Test {
 }  // namespace conformance
 
 // Declares the ops a TEST_F(Conformance..., name) covers. Put it just before the test.
-#define LS_COVERS(suite, name, ...)                                           \
-  [[maybe_unused]] static const bool ls_covers_##suite##_##name##_ =          \
+#define LS_COVERS(suite, name, ...)                                  \
+  [[maybe_unused]] static const bool ls_covers_##suite##_##name##_ = \
       ::conformance::declare(#suite "." #name, {__VA_ARGS__})

@@ -138,6 +138,29 @@ TEST(NnModule, TrainAndEvalReachEveryDescendant) {
   EXPECT_EQ(seq.named_children()[2].first, "2");
 }
 
+TEST(NnModule, ASharedModuleIsListedOnceAndUpdatedOncePerStep) {
+  auto lin = std::make_shared<ls::nn::Linear>(2, 2);
+  ls::nn::Sequential seq;
+  seq.add(lin).emplace<ls::nn::Tanh>().add(lin);  // the same layer applied twice
+  EXPECT_EQ(names(seq.named_parameters()), (std::vector<std::string>{"0.weight", "0.bias"}));
+  EXPECT_EQ(seq.parameters().size(), 2u);
+  // The state dict names it at both places, as PyTorch's, and loads back.
+  EXPECT_EQ(names(seq.state_dict()),
+            (std::vector<std::string>{"0.weight", "0.bias", "2.weight", "2.bias"}));
+  seq.load_state_dict(seq.state_dict());
+  // One SGD step moves each weight by exactly -lr * its (accumulated) gradient.
+  ls::optim::SGD opt(seq.parameters(), {.lr = 0.5});
+  const std::vector<float> w0 = lin->weight.to_vector<float>();
+  std::vector<float> g;
+  ls::step([&] {
+    ls::sum(seq(ls::ones({3, 2}))).backward();
+    g = lin->weight.grad().to_vector<float>();
+    opt.step();
+  });
+  const std::vector<float> w1 = lin->weight.to_vector<float>();
+  for (size_t i = 0; i < w0.size(); ++i) EXPECT_FLOAT_EQ(w1[i], w0[i] - 0.5f * g[i]) << i;
+}
+
 // ---- BatchNorm ------------------------------------------------------------------------------
 
 TEST(NnBatchNorm, TrainingUsesBatchStatsAndUpdatesRunningStatsInTheStep) {

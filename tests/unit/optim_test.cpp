@@ -99,12 +99,6 @@ void train(ls::Tensor& p, ls::optim::Optimizer& opt, int steps,
   }
 }
 
-void expect_all_near(const std::vector<double>& got, const std::vector<double>& want, double tol) {
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i)
-    EXPECT_NEAR(got[i], want[i], tol * (1 + std::abs(want[i]))) << "element " << i;
-}
-
 ls::Tensor param(ls::DType dt = ls::f64) {
   ls::Tensor p = ls::from_vector<double>(kP0).to(dt);
   p.set_requires_grad();

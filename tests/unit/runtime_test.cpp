@@ -303,6 +303,11 @@ TEST(Devices, UnavailableDeviceIsAClearError) {
   ls::Tensor on_ref = t.to(ls::Device{ls::DeviceKind::Ref, 0});
   EXPECT_EQ(on_ref.device(), (ls::Device{ls::DeviceKind::Ref, 0}));
   EXPECT_EQ(on_ref.to_vector<float>(), t.to_vector<float>());
+  // Creation on a device other than the default one.
+  const ls::Device ref{ls::DeviceKind::Ref, 0};
+  EXPECT_EQ(ls::arange(3, {ls::i64, ref}).to_vector<int64_t>(), (std::vector<int64_t>{0, 1, 2}));
+  EXPECT_EQ(ls::rand({3}, {ls::f32, ref}).device(), ref);
+  EXPECT_EQ(ls::randn({3}, {ls::f32, ref}).device(), ref);
 }
 
 TEST(Graphs, DeepChainsDoNotOverflowTheStack) {

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <string>
 
 #include "backends/cpu/dnnl_ops.h"
 #include "backends/cpu/fused.h"
@@ -26,6 +27,10 @@ using ir::Op;
 
 std::atomic<int> g_threads{0};
 
+// Largest elementwise tree (in instructions) recomputed in each of several consumers rather
+// than written to memory once.
+constexpr int kRecomputeLimit = 6;
+
 struct Ctx {
   std::vector<void*> ptr;  // per node: where its value is
   const std::vector<ir::ScalarValue>* scalars;
@@ -34,6 +39,7 @@ struct Ctx {
 struct Step {
   const char* label;           // for LOCKSTEP_PROFILE
   int32_t node;                // the value it writes
+  int32_t extra = -1;          // a second value it writes, if any
   std::vector<int32_t> reads;  // values it reads
   std::function<void(Ctx&)> run;
 };
@@ -94,11 +100,12 @@ class CpuExecutable final : public Executable {
       switch (s.kind) {
         case Slot::None:
           break;
+        // Empty values may have no storage (an arena of 0 bytes is never allocated).
         case Slot::Input:
-          ctx.ptr[i] = inputs.at(s.index)->data();
+          ctx.ptr[i] = inputs.at(s.index) ? inputs[s.index]->data() : nullptr;
           break;
         case Slot::Arena:
-          ctx.ptr[i] = static_cast<char*>(arena_->data()) + s.index;
+          ctx.ptr[i] = arena_ ? static_cast<char*>(arena_->data()) + s.index : nullptr;
           break;
         case Slot::Output:
           ctx.ptr[i] = out_of_node[i]->data();
@@ -124,7 +131,7 @@ class CpuExecutable final : public Executable {
   void plan();
   void add_step(int32_t id);
   // Whether oneDNN takes this convolution: its right padding (what makes oneDNN's output size
-  // PyTorch's floor formula) must not be negative, nor either padding too large.
+  // PyTorch's floor formula) must not skip more than a stride's worth of input.
   bool dnnl_conv_fits(int32_t id) const {
     const ir::GraphNode& n = g_.nodes[id];
     const Shape& x = n.op == Op::Conv2dBackwardInput ? n.shape : g_.nodes[n.operands[0]].shape;
@@ -136,10 +143,11 @@ class CpuExecutable final : public Executable {
     for (int d = 0; d < 2; ++d) {
       const int64_t extent = (w[2 + d] - 1) * a[4 + d] + 1;
       const int64_t pad_r = (y[2 + d] - 1) * a[d] + extent - x[2 + d] - a[2 + d];
-      // Padding beyond "same" padding crashes some oneDNN 2.6 kernels (seen: groups 2, dilation
-      // 2, padding 2 on a 2-tap kernel); networks do not pad more, and ref handles it.
-      const int64_t same = (extent - 1) / 2;
-      if (pad_r < 0 || pad_r > same || a[2 + d] > same) return false;
+      // A negative right padding (input rows a stride skips at the end) is fine: oneDNN just
+      // does not read them. Padding beyond "same" is fine too: the crashes once seen with it
+      // (groups 2, dilation 2, padding 2 on a 2-tap kernel) came from oneDNN's thread-bound
+      // scratchpad (see dnnl_ops.cpp), and the conformance suite covers such shapes.
+      if (pad_r < -(a[d] - 1)) return false;
     }
     return true;
   }
@@ -160,6 +168,7 @@ class CpuExecutable final : public Executable {
   const bool profile_ = std::getenv("LOCKSTEP_PROFILE") != nullptr;
   std::vector<std::vector<int32_t>> consumers_;
   std::vector<bool> is_output_, absorbed_;
+  std::vector<bool> merged_;  // computed by another node's step
   std::vector<Step> steps_;
   std::vector<Slot> slot_;
   size_t arena_bytes_ = 0;
@@ -174,33 +183,45 @@ void CpuExecutable::plan() {
   for (size_t i = 0; i < n; ++i)
     for (int32_t o : g_.nodes[i].operands) consumers_[o].push_back(static_cast<int32_t>(i));
   for (int32_t o : g_.outputs) is_output_[o] = true;
-  // A fusible node is evaluated inside its consumer's tree when that single consumer is
-  // fusible too and has its shape (so nothing else needs the value in memory).
+  // A fusible node is evaluated inside its consumers' trees (its value never goes to memory)
+  // when every consumer can take it: a fusible node of its shape, or an f32 reduction walking
+  // it in long contiguous runs. With several consumers the node is recomputed in each, which
+  // pays on a memory-bound machine as long as the recomputed tree stays small.
   absorbed_.assign(n, false);
+  merged_.assign(n, false);
+  std::vector<int> cost(n, 0);  // instructions of the tree a node brings into its consumers
   for (size_t i = 0; i < n; ++i) {
     const int32_t id = static_cast<int32_t>(i);
-    if (is_output_[i] || g_.nodes[i].op == Op::Scalar || !fusible(g_, id) || consumers_[i].empty())
+    const ir::GraphNode& node = g_.nodes[i];
+    if (is_output_[i] || node.op == Op::Scalar || !fusible(g_, id) || consumers_[i].empty())
       continue;
-    const int32_t c = consumers_[i][0];
-    bool one = true;
-    for (int32_t k : consumers_[i]) one = one && k == c;
-    const ir::GraphNode& cn = g_.nodes[c];
-    absorbed_[i] = one && fusible(g_, c) && cn.shape == g_.nodes[i].shape;
-    // A reduction reads an f32 elementwise tree's values as it computes them, when it walks its
-    // input in long enough contiguous runs.
-    if (one && (cn.op == Op::Sum || cn.op == Op::Max || cn.op == Op::Min) &&
-        cn.dtype == DType::F32 && g_.nodes[i].dtype == DType::F32 && shape_numel(cn.shape) > 0 &&
-        reduce_layout(g_.nodes[i].shape, cn.attrs).inner >= 64)
-      absorbed_[i] = true;
+    bool all_take = true;
+    std::vector<int32_t> distinct;
+    for (int32_t c : consumers_[i]) {
+      if (std::find(distinct.begin(), distinct.end(), c) == distinct.end()) distinct.push_back(c);
+      const ir::GraphNode& cn = g_.nodes[c];
+      const bool tree = fusible(g_, c) && cn.shape == node.shape;
+      const bool reduction = (cn.op == Op::Sum || cn.op == Op::Max || cn.op == Op::Min) &&
+                             cn.dtype == DType::F32 && node.dtype == DType::F32 &&
+                             shape_numel(cn.shape) > 0 &&
+                             reduce_layout(node.shape, cn.attrs).inner >= 64;
+      all_take = all_take && (tree || reduction);
+    }
+    cost[i] = 1;
+    for (int32_t o : node.operands)
+      if (absorbed_[o]) cost[i] += cost[o];
+    absorbed_[i] = all_take && (distinct.size() == 1 || cost[i] <= kRecomputeLimit);
   }
   for (size_t i = 0; i < n; ++i)
-    if (!absorbed_[i] && g_.nodes[i].op != Op::Data) add_step(static_cast<int32_t>(i));
+    if (!absorbed_[i] && !merged_[i] && g_.nodes[i].op != Op::Data)
+      add_step(static_cast<int32_t>(i));
   // Drop steps whose value nothing reads (e.g. a transpose folded into a matmul).
   std::vector<bool> needed(n, false);
   for (int32_t o : g_.outputs) needed[o] = true;
   std::vector<Step> kept;
   for (size_t s = steps_.size(); s-- > 0;) {
-    if (!needed[steps_[s].node]) continue;
+    const int32_t extra = steps_[s].extra;
+    if (!needed[steps_[s].node] && !(extra >= 0 && needed[extra])) continue;
     for (int32_t r : steps_[s].reads) needed[r] = true;
     kept.push_back(std::move(steps_[s]));
   }
@@ -319,15 +340,24 @@ void CpuExecutable::add_step(int32_t id) {
     };
   } else if ((n.op == Op::MaxPool2d || n.op == Op::MaxPool2dIndices) && is_f32(g_, n.operands[0]) &&
              shape_numel(n.shape) > 0) {
-    step.reads = n.operands;
+    // Values and indices of the same pooling come from one pass.
     const int32_t x = n.operands[0];
+    const Op other = n.op == Op::MaxPool2d ? Op::MaxPool2dIndices : Op::MaxPool2d;
+    for (int32_t k : consumers_[x])
+      if (k != id && g_.nodes[k].op == other && g_.nodes[k].attrs == n.attrs && !absorbed_[k]) {
+        step.extra = k;
+        merged_[k] = true;
+        break;
+      }
+    step.reads = n.operands;
+    const int32_t values = n.op == Op::MaxPool2d ? id : step.extra;
+    const int32_t indices = n.op == Op::MaxPool2d ? step.extra : id;
     const Shape in = g_.nodes[x].shape, out = n.shape;
     const std::vector<int64_t> attrs = n.attrs;
-    const bool values = n.op == Op::MaxPool2d;
     step.run = [=](Ctx& c) {
       max_pool2d_f32(static_cast<const float*>(c.ptr[x]), in, out, attrs,
-                     values ? static_cast<float*>(c.ptr[id]) : nullptr,
-                     values ? nullptr : static_cast<int64_t*>(c.ptr[id]));
+                     values >= 0 ? static_cast<float*>(c.ptr[values]) : nullptr,
+                     indices >= 0 ? static_cast<int64_t*>(c.ptr[indices]) : nullptr);
     };
   } else if (n.op == Op::MaxPool2dBackward && f32 && shape_numel(n.shape) > 0) {
     step.reads = n.operands;
@@ -364,7 +394,13 @@ void CpuExecutable::add_step(int32_t id) {
   } else {
     // Everything else: the ref kernel, single-threaded.
     step.reads = n.operands;
-    step.label = "ref";
+    static const std::vector<std::string> ref_labels = [] {
+      std::vector<std::string> v;
+      for (int k = 0; k < ir::kNumOps; ++k)
+        v.push_back(std::string("ref:") + ir::op_info(static_cast<Op>(k)).name);
+      return v;
+    }();
+    step.label = ref_labels[static_cast<int>(n.op)].c_str();
     const ir::GraphNode node = n;
     std::vector<std::pair<Shape, DType>> args;
     for (int32_t o : n.operands) args.emplace_back(g_.nodes[o].shape, g_.nodes[o].dtype);
@@ -398,9 +434,12 @@ void CpuExecutable::plan_memory() {
   // Liveness in step order, by the memory each value really lives in.
   std::vector<int> first(n, -1), last(n, -1);
   for (size_t s = 0; s < steps_.size(); ++s) {
-    const int32_t w = root[steps_[s].node];
-    if (first[w] < 0) first[w] = static_cast<int>(s);
-    last[w] = std::max(last[w], static_cast<int>(s));
+    for (int32_t written : {steps_[s].node, steps_[s].extra}) {
+      if (written < 0) continue;
+      const int32_t w = root[written];
+      if (first[w] < 0) first[w] = static_cast<int>(s);
+      last[w] = std::max(last[w], static_cast<int>(s));
+    }
     for (int32_t r : steps_[s].reads) last[root[r]] = std::max(last[root[r]], static_cast<int>(s));
   }
   // Greedy first-fit offsets in one arena, 64-byte aligned.
@@ -410,22 +449,23 @@ void CpuExecutable::plan_memory() {
   };
   std::vector<Block> live;
   for (size_t s = 0; s < steps_.size(); ++s) {
-    const int32_t id = steps_[s].node;
     live.erase(std::remove_if(live.begin(), live.end(),
                               [&](const Block& b) { return b.last < static_cast<int>(s); }),
                live.end());
-    if (slot_[id].kind != Slot::None || root[id] != id) continue;
-    const size_t size = (bytes_of(g_.nodes[id]) + 63) / 64 * 64;
-    std::sort(live.begin(), live.end(),
-              [](const Block& a, const Block& b) { return a.offset < b.offset; });
-    size_t offset = 0;
-    for (const Block& b : live) {
-      if (b.offset >= offset + size) break;
-      offset = std::max(offset, b.offset + b.size);
+    for (int32_t id : {steps_[s].node, steps_[s].extra}) {
+      if (id < 0 || slot_[id].kind != Slot::None || root[id] != id) continue;
+      const size_t size = (bytes_of(g_.nodes[id]) + 63) / 64 * 64;
+      std::sort(live.begin(), live.end(),
+                [](const Block& a, const Block& b) { return a.offset < b.offset; });
+      size_t offset = 0;
+      for (const Block& b : live) {
+        if (b.offset >= offset + size) break;
+        offset = std::max(offset, b.offset + b.size);
+      }
+      slot_[id] = {Slot::Arena, static_cast<int64_t>(offset)};
+      live.push_back({offset, size, last[id]});
+      arena_bytes_ = std::max(arena_bytes_, offset + size);
     }
-    slot_[id] = {Slot::Arena, static_cast<int64_t>(offset)};
-    live.push_back({offset, size, last[id]});
-    arena_bytes_ = std::max(arena_bytes_, offset + size);
   }
 }
 

@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <new>
+#include <unordered_map>
 
 #include <dnnl.hpp>
 
@@ -28,14 +29,34 @@ dnnl::stream& stream() {
   return *s;
 }
 
+// Every primitive takes its scratchpad from the caller (scratchpad_mode::user). oneDNN 2.x's
+// library-managed scratchpad belongs to the thread that created the primitive, and primitives are
+// created where a program is compiled but run on the runtime thread: gemm-based convolutions
+// (e.g. dilated ones) then write through a scratchpad that does not exist and crash.
+dnnl::primitive_attr user_scratchpad() {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  return attr;
+}
+
+// Floats to reserve in the shared scratch for `md`, rounded up to whole 64-byte lines.
+size_t floats_for(const memory::desc& md) {
+  const size_t floats = (md.get_size() + sizeof(float) - 1) / sizeof(float);
+  return (floats + 15) / 16 * 16;
+}
+
+void add_scratchpad(std::unordered_map<int, memory>* args, const memory::desc& md, float* at) {
+  if (md.get_size() > 0) args->insert({DNNL_ARG_SCRATCHPAD, memory(md, engine(), at)});
+}
+
 [[noreturn]] void rethrow(const dnnl::error& e, const char* what) {
   throw BackendError(util::cat("oneDNN ", what, ": ", e.what(), " (status ", e.status, ")"));
 }
 
 memory::dims dims_of(const Shape& s) { return memory::dims(s.begin(), s.end()); }
 
-// Scratch for blocked copies, shared by every convolution (they run one at a time on the
-// runtime thread), so a program's memory does not grow with its number of convolutions.
+// Scratch for blocked copies and scratchpads, shared by every primitive (they run one at a time
+// on the runtime thread), so a program's memory does not grow with its number of primitives.
 float* scratch(size_t floats) {
   thread_local std::unique_ptr<float[], void (*)(void*)> buf(nullptr, std::free);
   thread_local size_t size = 0;
@@ -54,6 +75,7 @@ struct Operand {
   memory::desc prim_md;
   bool reorder = false;
   size_t offset = 0, floats = 0;
+  memory::desc pad_md;  // the reorder's scratchpad, after the blocked copy
   std::unique_ptr<dnnl::reorder> to_prim, from_prim;
 
   // Returns the scratch floats it needs.
@@ -63,22 +85,27 @@ struct Operand {
     if (user == prim) return 0;
     reorder = true;
     offset = at;
-    floats = (prim.get_size() + sizeof(float) - 1) / sizeof(float);
-    floats = (floats + 15) / 16 * 16;
-    if (is_output)
-      from_prim = std::make_unique<dnnl::reorder>(
-          dnnl::reorder::primitive_desc(engine(), prim, engine(), user));
-    else
-      to_prim = std::make_unique<dnnl::reorder>(
-          dnnl::reorder::primitive_desc(engine(), user, engine(), prim));
+    const dnnl::reorder::primitive_desc pd =
+        is_output
+            ? dnnl::reorder::primitive_desc(engine(), prim, engine(), user, user_scratchpad())
+            : dnnl::reorder::primitive_desc(engine(), user, engine(), prim, user_scratchpad());
+    (is_output ? from_prim : to_prim) = std::make_unique<dnnl::reorder>(pd);
+    pad_md = pd.scratchpad_desc();
+    floats = floats_for(prim) + floats_for(pad_md);
     return floats;
+  }
+
+  void run_reorder(dnnl::reorder& r, memory& from, memory& to, float* base) {
+    std::unordered_map<int, memory> args{{DNNL_ARG_FROM, from}, {DNNL_ARG_TO, to}};
+    add_scratchpad(&args, pad_md, base + offset + floats_for(prim_md));
+    r.execute(stream(), args);
   }
 
   memory input(const float* ptr, float* base) {
     memory user(user_md, engine(), const_cast<float*>(ptr));
     if (!reorder) return user;
     memory blocked(prim_md, engine(), base + offset);
-    to_prim->execute(stream(), user, blocked);
+    run_reorder(*to_prim, user, blocked, base);
     return blocked;
   }
   memory output(float* ptr, float* base) {
@@ -89,7 +116,7 @@ struct Operand {
     if (!reorder) return;
     memory user(user_md, engine(), ptr);
     memory blocked(prim_md, engine(), base + offset);
-    from_prim->execute(stream(), blocked, user);
+    run_reorder(*from_prim, blocked, user, base);
   }
 };
 
@@ -98,7 +125,7 @@ struct Operand {
 // ---- matmul ---------------------------------------------------------------------------------
 
 struct DnnlMatMul::Impl {
-  memory::desc a_md, b_md, c_md;
+  memory::desc a_md, b_md, c_md, pad_md;
   std::unique_ptr<dnnl::matmul> prim;
 };
 
@@ -116,7 +143,8 @@ DnnlMatMul::DnnlMatMul(const Shape& a, const std::vector<int64_t>& as, const Sha
     }
     impl_->c_md = memory::desc(dims_of(out), dt::f32, memory::dims(cs.begin(), cs.end()));
     dnnl::matmul::desc d(impl_->a_md, impl_->b_md, impl_->c_md);
-    dnnl::matmul::primitive_desc pd(d, engine());
+    dnnl::matmul::primitive_desc pd(d, user_scratchpad(), engine());
+    impl_->pad_md = pd.scratchpad_desc();
     impl_->prim = std::make_unique<dnnl::matmul>(pd);
   } catch (const dnnl::error& e) {
     rethrow(e, "matmul setup");
@@ -130,8 +158,10 @@ void DnnlMatMul::run(const float* a, const float* b, float* out) {
     memory am(impl_->a_md, engine(), const_cast<float*>(a));
     memory bm(impl_->b_md, engine(), const_cast<float*>(b));
     memory cm(impl_->c_md, engine(), out);
-    impl_->prim->execute(stream(),
-                         {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+    std::unordered_map<int, memory> args{
+        {DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
+    add_scratchpad(&args, impl_->pad_md, scratch(floats_for(impl_->pad_md)));
+    impl_->prim->execute(stream(), args);
     stream().wait();
   } catch (const dnnl::error& e) {
     rethrow(e, "matmul");
@@ -143,6 +173,8 @@ void DnnlMatMul::run(const float* a, const float* b, float* out) {
 struct DnnlConv::Impl {
   Kind kind;
   Operand in0, in1, out;
+  memory::desc pad_md;  // the primitive's scratchpad, after the operands' blocked copies
+  size_t pad_offset = 0;
   size_t scratch_floats = 0;
   std::unique_ptr<dnnl::primitive> prim;
   int arg0, arg1, arg_out;
@@ -170,7 +202,8 @@ DnnlConv::DnnlConv(Kind kind, const Shape& x, const Shape& w, const Shape& y,
     const auto alg = dnnl::algorithm::convolution_direct;
     dnnl::convolution_forward::desc fd(dnnl::prop_kind::forward_training, alg, x_any, w_any, y_any,
                                        strides, dilates, pad_l, pad_r);
-    dnnl::convolution_forward::primitive_desc fpd(fd, engine());
+    const dnnl::primitive_attr attr = user_scratchpad();
+    dnnl::convolution_forward::primitive_desc fpd(fd, attr, engine());
     switch (kind) {
       case Kind::Forward:
         impl_->scratch_floats +=
@@ -179,6 +212,7 @@ DnnlConv::DnnlConv(Kind kind, const Shape& x, const Shape& w, const Shape& y,
             impl_->in1.init(w_user, fpd.weights_desc(), false, impl_->scratch_floats);
         impl_->scratch_floats +=
             impl_->out.init(y_user, fpd.dst_desc(), true, impl_->scratch_floats);
+        impl_->pad_md = fpd.scratchpad_desc();
         impl_->prim = std::make_unique<dnnl::convolution_forward>(fpd);
         impl_->arg0 = DNNL_ARG_SRC;
         impl_->arg1 = DNNL_ARG_WEIGHTS;
@@ -187,7 +221,8 @@ DnnlConv::DnnlConv(Kind kind, const Shape& x, const Shape& w, const Shape& y,
       case Kind::BackwardData: {
         dnnl::convolution_backward_data::desc bd(alg, x_any, w_any, y_any, strides, dilates, pad_l,
                                                  pad_r);
-        dnnl::convolution_backward_data::primitive_desc bpd(bd, engine(), fpd);
+        dnnl::convolution_backward_data::primitive_desc bpd(bd, attr, engine(), fpd);
+        impl_->pad_md = bpd.scratchpad_desc();
         impl_->scratch_floats +=
             impl_->in0.init(y_user, bpd.diff_dst_desc(), false, impl_->scratch_floats);
         impl_->scratch_floats +=
@@ -203,7 +238,8 @@ DnnlConv::DnnlConv(Kind kind, const Shape& x, const Shape& w, const Shape& y,
       case Kind::BackwardWeights: {
         dnnl::convolution_backward_weights::desc bd(alg, x_any, w_any, y_any, strides, dilates,
                                                     pad_l, pad_r);
-        dnnl::convolution_backward_weights::primitive_desc bpd(bd, engine(), fpd);
+        dnnl::convolution_backward_weights::primitive_desc bpd(bd, attr, engine(), fpd);
+        impl_->pad_md = bpd.scratchpad_desc();
         impl_->scratch_floats +=
             impl_->in0.init(x_user, bpd.src_desc(), false, impl_->scratch_floats);
         impl_->scratch_floats +=
@@ -217,6 +253,8 @@ DnnlConv::DnnlConv(Kind kind, const Shape& x, const Shape& w, const Shape& y,
         break;
       }
     }
+    impl_->pad_offset = impl_->scratch_floats;
+    impl_->scratch_floats += floats_for(impl_->pad_md);
   } catch (const dnnl::error& e) {
     rethrow(e, "convolution setup");
   }
@@ -230,7 +268,10 @@ void DnnlConv::run(const float* in0, const float* in1, float* out) {
     memory m0 = impl_->in0.input(in0, base);
     memory m1 = impl_->in1.input(in1, base);
     memory mo = impl_->out.output(out, base);
-    impl_->prim->execute(stream(), {{impl_->arg0, m0}, {impl_->arg1, m1}, {impl_->arg_out, mo}});
+    std::unordered_map<int, memory> args{
+        {impl_->arg0, m0}, {impl_->arg1, m1}, {impl_->arg_out, mo}};
+    add_scratchpad(&args, impl_->pad_md, base + impl_->pad_offset);
+    impl_->prim->execute(stream(), args);
     impl_->out.finish_output(out, base);
     stream().wait();
   } catch (const dnnl::error& e) {

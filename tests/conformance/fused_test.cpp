@@ -1,0 +1,157 @@
+// Conformance of what the cpu backend fuses: deep elementwise expressions with broadcast
+// operands, bool masks (comparisons, logical ops, where), shared subexpressions and intermediate
+// values that are also outputs, composite ops (softmax, layer norm, clamp), and trees feeding
+// reductions and matmuls. Tensors up to > 100k elements, so tiles and threads are exercised.
+#include "conformance.h"
+
+namespace conformance {
+namespace {
+
+class Fused : public Conformance {};
+
+// A deep expression over x [.., C, H, W]-like shapes with a per-channel, a per-column and a 0-d
+// operand; returns the result and some intermediates (so they must be kept in memory too).
+Tensors deep_expression(const Tensors& v) {
+  const ls::Tensor& x = v[0];
+  const ls::Tensor& channel = v[1];
+  const ls::Tensor& column = v[2];
+  const ls::Tensor& s = v[3];
+  ls::Tensor a = x * channel + column;
+  ls::Tensor b = ls::tanh(a) - ls::sigmoid(x) * s;
+  const ls::Tensor mask = (a > 0.25f) && !(ls::abs(b) < 0.1f);
+  ls::Tensor c = ls::where(mask, ls::exp(-ls::square(b)), ls::relu(a - column) / (1.0f + s * s));
+  c = ls::maximum(c, ls::minimum(ls::sin(a), ls::cos(b))) * ls::sign(x);
+  const ls::Tensor d = ls::sqrt(ls::abs(c) + 1e-3f) + ls::rsqrt(ls::square(a) + 0.5f);
+  const ls::Tensor e = ls::pow(ls::abs(d) + 0.1f, ls::clamp(b, -2.0f, 2.0f)) - ls::log(d + 1.0f);
+  const ls::DType dt = x.dtype();
+  const ls::Tensor f = ls::floor(e * 4.0f) * 0.25f + ls::ceil(ls::neg(e)) * ls::cast(mask, dt);
+  const ls::Tensor g = ls::where(ls::isfinite(f / a), f / a, ls::cast(mask || (x == column), dt));
+  const ls::Tensor flags = ls::logical_or(ls::logical_and(mask, g >= 0.0f), ls::ne(a, b));
+  return {g, c, mask, flags, e * e, ls::cast(ls::cast(g, ls::boolean), dt) + a};
+}
+
+LS_COVERS(Fused, DeepExpressions, Op::Where, Op::Expand, Op::Scalar, Op::Pow, Op::IsFinite,
+          Op::LogicalAnd, Op::LogicalOr, Op::LogicalNot, Op::Cast, Op::Floor, Op::Ceil, Op::Sign);
+TEST_F(Fused, DeepExpressions) {
+  const std::vector<ls::Shape> shapes = {{2, 3, 4, 5},   {1, 1, 1, 1},    {3, 5, 0, 7},
+                                         {2, 7, 33, 17}, {4, 16, 40, 41}, {1, 3, 129, 257}};
+  for (ls::DType dt : {ls::f32, ls::f64})
+    for (const ls::Shape& s : shapes) {
+      check("deep expression " + str(dt) + " x " + str(s),
+            {{s, dt}, {{s[1], 1, 1}, dt}, {{s[3]}, dt}, {{}, dt, Fill::Positive}}, deep_expression);
+      check(
+          "deep expression of special values " + str(dt),
+          {{{2, 3, 4, 5}, dt, Fill::Special}, {{3, 1, 1}, dt}, {{5}, dt, Fill::Special}, {{}, dt}},
+          deep_expression);
+    }
+}
+
+LS_COVERS(Fused, BroadcastLeaves, Op::Expand, Op::Add, Op::Mul, Op::Where, Op::Gt);
+TEST_F(Fused, BroadcastLeaves) {
+  // Leaves broadcast along inner, outer and middle dims of a large tensor, bools included.
+  const ls::Shape big = {3, 129, 257};
+  const std::vector<ls::Shape> leaves = {{},          {257},         {129, 1},   {3, 1, 1},
+                                         {3, 1, 257}, {1, 129, 257}, {3, 129, 1}};
+  for (const ls::Shape& l : leaves)
+    check("broadcast " + str(l) + " into " + str(big), {{big}, {l}, {l, ls::boolean}},
+          [](const Tensors& v) {
+            const ls::Tensor t = v[0] * v[1] + v[1];
+            return Tensors{t, ls::where(v[2], t, v[0]), ls::where(v[2], v[1], v[1] * 2.0f),
+                           ls::logical_and(v[2], v[0] > 0.0f)};
+          });
+  // The same leaf read directly and broadcast in one tree; an expand that is also an output.
+  check("one leaf, two layouts", {{{1, 5}}, {{4, 5}}}, [](const Tensors& v) {
+    const ls::Tensor e = ls::expand(v[0], {4, 5});
+    return Tensors{e, e * v[1] + ls::exp(e), v[0] * 3.0f, ls::sum(v[0]) + ls::sum(e)};
+  });
+  // Broadcast of a computed (non-leaf) value, and of a bool comparison result.
+  check("broadcast computed values", {{{6, 1, 9}}, {{6, 7, 9}}}, [](const Tensors& v) {
+    const ls::Tensor m = ls::exp(v[0]) > 1.0f;
+    return Tensors{ls::where(m, v[1], -v[1]), ls::exp(v[0]) + v[1], ls::cast(m, ls::f32) * v[1]};
+  });
+}
+
+LS_COVERS(Fused, SharedSubexpressions, Op::Add, Op::Mul, Op::Exp, Op::Sub);
+TEST_F(Fused, SharedSubexpressions) {
+  for (const ls::Shape& s : {ls::Shape{7, 9}, ls::Shape{}, ls::Shape{300, 411}})
+    check("shared subexpressions " + str(s), {{s}, {s}}, [](const Tensors& v) {
+      const ls::Tensor a = ls::exp(v[0]) + v[1];  // used by three consumers
+      const ls::Tensor b = a * a;                 // one consumer, twice
+      const ls::Tensor same1 = ls::sin(v[0]) * 2.0f;
+      const ls::Tensor same2 = ls::sin(v[0]) * 2.0f;  // CSE merges it with same1
+      return Tensors{b - a, a / (b + 1.0f), same1 - same2, same2, ls::sum(a) + ls::sum(b)};
+    });
+  // Many outputs of one chain, in reverse order of creation.
+  check("chain with every value an output", {{{33, 65}}}, [](const Tensors& v) {
+    Tensors outs;
+    ls::Tensor t = v[0];
+    for (int i = 0; i < 12; ++i) {
+      t = i % 3 == 0 ? ls::tanh(t) * 1.5f : i % 3 == 1 ? t * t - 0.5f : ls::relu(t) + t;
+      outs.push_back(t);
+    }
+    return Tensors(outs.rbegin(), outs.rend());
+  });
+}
+
+LS_COVERS(Fused, Composites, Op::Sum, Op::Max, Op::Exp, Op::Log, Op::Sub, Op::Div, Op::Rsqrt);
+TEST_F(Fused, Composites) {
+  for (ls::DType dt : {ls::f32, ls::f64})
+    for (const ls::Shape& s : {ls::Shape{4, 10}, ls::Shape{2, 3, 65}, ls::Shape{1031, 131},
+                               ls::Shape{3, 1, 7}, ls::Shape{0, 5}}) {
+      const double k = static_cast<double>(s.back());
+      check(
+          "softmax and friends " + str(dt) + " " + str(s), {{s, dt, Fill::Special}},
+          [](const Tensors& v) {
+            const ls::Tensor x = ls::where(ls::isfinite(v[0]), v[0], ls::zeros_like(v[0]));
+            return Tensors{ls::softmax(x, -1), ls::log_softmax(x, 0), ls::logsumexp(x, {-1}),
+                           ls::clamp(v[0], -1.5, 2.0)};
+          },
+          k);
+      check(
+          "layer norm " + str(dt) + " " + str(s), {{s, dt}, {{s.back()}, dt}},
+          [](const Tensors& v) {
+            const ls::Tensor mean = ls::mean(v[0], {-1}, true);
+            const ls::Tensor var = ls::mean(ls::square(v[0] - mean), {-1}, true);
+            return Tensors{(v[0] - mean) * ls::rsqrt(var + 1e-5) * v[1] + v[1]};
+          },
+          k);
+    }
+}
+
+LS_COVERS(Fused, TreesAroundHeavyOps, Op::MatMul, Op::Conv2d, Op::MaxPool2d, Op::AvgPool2d,
+          Op::Relu, Op::Add);
+TEST_F(Fused, TreesAroundHeavyOps) {
+  // Linear layer: matmul with a transposed weight, bias, activation, loss-like reduction. Errors
+  // of f32 accumulation compound over the three matmuls of a chain: k covers them.
+  check(
+      "linear layers", {{{17, 33}}, {{65, 33}}, {{65}}, {{9, 65}}},
+      [](const Tensors& v) {
+        const ls::Tensor h = ls::relu(ls::matmul(v[0], ls::transpose(v[1], 0, 1)) + v[2]);
+        const ls::Tensor y = ls::matmul(h, ls::transpose(v[3], 0, 1));
+        const ls::Tensor gh = ls::matmul(y, v[3]) * ls::cast(h > 0.0f, ls::f32);
+        const ls::Tensor gw = ls::matmul(ls::transpose(gh, 0, 1), v[0]);
+        return Tensors{y, gh, gw, ls::sum(gh, {0}), ls::mean(ls::square(y))};
+      },
+      65 * 9 * 17);
+  // Conv block: conv, per-channel batch-norm-like scaling, relu, pools.
+  ls::Conv2dOptions conv;
+  conv.padding = {1, 1};
+  conv.stride = {2, 2};
+  ls::Pool2dOptions pool;
+  pool.kernel = {3, 3};
+  pool.stride = {2, 2};
+  pool.padding = {1, 1};
+  check(
+      "conv block", {{{2, 3, 23, 19}}, {{8, 3, 3, 3}}, {{8, 1, 1}}},
+      [&](const Tensors& v) {
+        const ls::Tensor y = ls::conv2d(v[0], v[1], conv);
+        const ls::Tensor mean = ls::mean(y, {0, 2, 3}, true);
+        const ls::Tensor var = ls::mean(ls::square(y - mean), {0, 2, 3}, true);
+        const ls::Tensor h = ls::relu((y - mean) * ls::rsqrt(var + 1e-5f) * v[2]);
+        return Tensors{ls::max_pool2d(h, pool), ls::avg_pool2d(h + 1.0f, pool), h};
+      },
+      27);
+}
+
+}  // namespace
+}  // namespace conformance

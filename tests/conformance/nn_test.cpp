@@ -1,0 +1,270 @@
+// Conformance of the heavy ops: matmul (odd sizes, 1-d operands, broadcast batch dims, empty
+// dims, transposed operands the cpu backend reads through strides, transposed results), conv2d
+// and both gradients (stride, padding, dilation, groups, strides that do not divide evenly), and
+// max/avg pooling forward and backward.
+#include <array>
+
+#include "conformance.h"
+
+namespace conformance {
+namespace {
+
+class MatMul : public Conformance {};
+class Conv : public Conformance {};
+class Pool : public Conformance {};
+
+LS_COVERS(MatMul, Shapes, Op::MatMul, Op::Reshape);
+TEST_F(MatMul, Shapes) {
+  struct Case {
+    ls::Shape a, b;
+  };
+  const std::vector<Case> cases = {{{1, 1}, {1, 1}},
+                                   {{3, 7}, {7, 17}},
+                                   {{33, 129}, {129, 1}},
+                                   {{1, 5}, {5, 9}},
+                                   {{7}, {7, 3}},
+                                   {{4, 7}, {7}},
+                                   {{7}, {7}},
+                                   {{3, 0}, {0, 4}},
+                                   {{0, 5}, {5, 3}},
+                                   {{4, 5}, {5, 0}},
+                                   {{2, 3, 4}, {4, 5}},
+                                   {{5}, {2, 5, 3}},
+                                   {{2, 3, 4, 5}, {1, 3, 5, 6}},
+                                   {{5, 1, 4, 3}, {1, 2, 3, 7}},
+                                   {{1, 4, 3}, {6, 3, 2}},
+                                   {{2, 1, 3, 17, 9}, {4, 1, 9, 5}},
+                                   {{256, 300}, {300, 129}},
+                                   {{0, 3, 4}, {4, 2}}};
+  for (ls::DType dt : {ls::f32, ls::f64, ls::i32, ls::i64})
+    for (const Case& c : cases)
+      check1(
+          "matmul " + str(dt), {{c.a, dt}, {c.b, dt}},
+          [](const Tensors& x) { return ls::matmul(x[0], x[1]); }, static_cast<double>(c.a.back()));
+  check1(
+      "matmul special", {{{6, 5}, ls::f32, Fill::Special}, {{5, 4}}},
+      [](const Tensors& x) { return ls::matmul(x[0], x[1]); }, 5);
+}
+
+LS_COVERS(MatMul, TransposedOperands, Op::MatMul, Op::Permute);
+TEST_F(MatMul, TransposedOperands) {
+  // Operands stored as [k, m], [k, n], [m, k], [n, k]: every combination of transposes.
+  for (ls::DType dt : {ls::f32, ls::f64}) {
+    for (const auto& [m, k, n] : std::vector<std::array<int64_t, 3>>{
+             {1, 1, 1}, {3, 7, 5}, {17, 33, 1}, {1, 129, 7}, {65, 3, 130}, {200, 300, 100}}) {
+      const double kk = static_cast<double>(k);
+      check(
+          "transposed operands " + str(dt),
+          {{{k, m}, dt}, {{k, n}, dt}, {{m, k}, dt}, {{n, k}, dt}},
+          [](const Tensors& x) {
+            return Tensors{ls::matmul(ls::transpose(x[0], 0, 1), x[1]),
+                           ls::matmul(x[2], ls::transpose(x[3], 0, 1)),
+                           ls::matmul(ls::transpose(x[0], 0, 1), ls::transpose(x[3], 0, 1)),
+                           ls::transpose(ls::matmul(x[2], x[1]), 0, 1),
+                           ls::transpose(ls::matmul(ls::transpose(x[0], 0, 1), x[1]), 0, 1)};
+          },
+          kk);
+    }
+    // Batched, with broadcast batch dims; the transpose also used elsewhere (so it is kept).
+    check(
+        "batched transposed operands " + str(dt),
+        {{{2, 3, 7, 5}, dt}, {{1, 3, 7, 4}, dt}, {{1, 3, 6, 5}, dt}},
+        [](const Tensors& x) {
+          const ls::Tensor at = ls::transpose(x[0], -1, -2);  // [2, 3, 5, 7]
+          return Tensors{ls::matmul(at, x[1]), at * 2.0,
+                         ls::matmul(x[2], ls::transpose(x[2], -1, -2)),
+                         ls::transpose(ls::matmul(x[2], at), -1, -2),
+                         ls::matmul(ls::transpose(x[1], 2, 3), x[0])};
+        },
+        7);
+  }
+  // A permute that is not a last-two swap, and matmuls of the same transpose twice.
+  check(
+      "other permutes into matmul", {{{4, 5, 6}}, {{6, 3}}},
+      [](const Tensors& x) {
+        const ls::Tensor p = ls::permute(x[0], {1, 0, 2});  // [5, 4, 6]
+        const ls::Tensor t = ls::transpose(x[1], 0, 1);     // [3, 6]
+        return Tensors{ls::matmul(p, x[1]), ls::matmul(t, ls::transpose(t, 0, 1)),
+                       ls::matmul(ls::transpose(t, 0, 1), t)};
+      },
+      6);
+}
+
+struct ConvCase {
+  ls::Shape x, w;
+  ls::Conv2dOptions o;
+};
+
+std::vector<ConvCase> conv_cases() {
+  auto opts = [](int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw,
+                 int64_t g) {
+    ls::Conv2dOptions o;
+    o.stride = {sh, sw};
+    o.padding = {ph, pw};
+    o.dilation = {dh, dw};
+    o.groups = g;
+    return o;
+  };
+  return {
+      {{1, 1, 1, 1}, {1, 1, 1, 1}, opts(1, 1, 0, 0, 1, 1, 1)},
+      {{2, 3, 7, 9}, {4, 3, 3, 3}, opts(1, 1, 1, 1, 1, 1, 1)},
+      {{2, 3, 8, 8}, {5, 3, 3, 3}, opts(2, 2, 1, 1, 1, 1, 1)},  // stride does not divide evenly
+      {{1, 4, 9, 7}, {6, 2, 3, 2}, opts(2, 3, 0, 1, 1, 1, 2)},
+      {{2, 6, 11, 10}, {6, 1, 3, 3}, opts(1, 2, 1, 1, 2, 2, 6)},  // depthwise, dilated
+      {{1, 3, 17, 5}, {2, 3, 5, 2}, opts(3, 1, 2, 0, 1, 2, 1)},
+      {{2, 4, 6, 6}, {4, 2, 2, 2}, opts(1, 1, 2, 2, 2, 2, 2)},  // padding beyond "same"
+      {{1, 2, 8, 8}, {3, 2, 1, 1}, opts(3, 3, 0, 0, 1, 1, 1)},  // 1x1, right padding < 0
+      {{3, 6, 5, 5}, {9, 2, 5, 5}, opts(1, 1, 2, 2, 1, 1, 3)},
+      {{0, 3, 5, 5}, {2, 3, 3, 3}, opts(1, 1, 0, 0, 1, 1, 1)},       // empty batch
+      {{4, 16, 32, 32}, {32, 16, 3, 3}, opts(1, 1, 1, 1, 1, 1, 1)},  // > 100k elements
+      {{2, 8, 33, 17}, {8, 4, 7, 7}, opts(2, 2, 3, 3, 1, 1, 2)},
+      {{1, 3, 5, 5}, {4, 3, 3, 3}, opts(2, 2, 3, 2, 1, 1, 1)},  // padding beyond the kernel
+      {{2, 2, 9, 9}, {2, 1, 3, 3}, opts(4, 4, 0, 0, 1, 1, 2)},  // stride skips input rows
+      {{1, 2, 4, 4}, {2, 2, 4, 4}, opts(1, 1, 0, 0, 1, 1, 1)},  // kernel covers the input
+  };
+}
+
+LS_COVERS(Conv, ForwardAndGradients, Op::Conv2d, Op::Conv2dBackwardInput, Op::Conv2dBackwardWeight);
+TEST_F(Conv, ForwardAndGradients) {
+  for (ls::DType dt : {ls::f32, ls::f64})
+    for (const ConvCase& c : conv_cases()) {
+      const std::string name = "x " + str(c.x) + " w " + str(c.w) + " stride " +
+                               str({c.o.stride[0], c.o.stride[1]}) + " padding " +
+                               str({c.o.padding[0], c.o.padding[1]}) + " dilation " +
+                               str({c.o.dilation[0], c.o.dilation[1]}) + " groups " +
+                               std::to_string(c.o.groups) + " " + str(dt);
+      // The output shape, from a recorded (never computed) conv.
+      const ls::Shape y = ls::conv2d(ls::zeros(c.x, {dt, ls::Device{ls::DeviceKind::Ref}}),
+                                     ls::zeros(c.w, {dt, ls::Device{ls::DeviceKind::Ref}}), c.o)
+                              .shape();
+      const double taps = static_cast<double>(c.w[1] * c.w[2] * c.w[3]);
+      check1(
+          "conv2d " + name, {{c.x, dt}, {c.w, dt}},
+          [&](const Tensors& x) { return ls::conv2d(x[0], x[1], c.o); }, taps);
+      check1(
+          "conv2d_backward_input " + name, {{y, dt}, {c.w, dt}},
+          [&](const Tensors& x) { return ls::conv2d_backward_input(x[0], x[1], c.x, c.o); },
+          static_cast<double>(c.w[0]) * taps);
+      check1(
+          "conv2d_backward_weight " + name, {{c.x, dt}, {y, dt}},
+          [&](const Tensors& x) { return ls::conv2d_backward_weight(x[0], x[1], c.w, c.o); },
+          static_cast<double>(y[0] * y[2] * y[3]));
+    }
+}
+
+LS_COVERS(Conv, SpecialValues, Op::Conv2d, Op::Conv2dBackwardInput, Op::Conv2dBackwardWeight);
+TEST_F(Conv, SpecialValues) {
+  // NaN, inf, signed zeros and denormals in the inputs and output gradients (not the weights:
+  // see the report on padded taps). No huge finite values: their sums overflow in f32 but not
+  // in ref's f64 accumulators.
+  for (const ConvCase& c : conv_cases()) {
+    if (c.x[0] == 0 || ls::shape_numel(c.x) > 20000) continue;
+    const ls::Shape y = ls::conv2d(ls::zeros(c.x, {ls::f32, ls::Device{ls::DeviceKind::Ref}}),
+                                   ls::zeros(c.w, {ls::f32, ls::Device{ls::DeviceKind::Ref}}), c.o)
+                            .shape();
+    check(
+        "conv special " + str(c.x) + " " + str(c.w),
+        {{c.x, ls::f32, Fill::NonFinite}, {c.w}, {y, ls::f32, Fill::NonFinite}, {y}},
+        [&](const Tensors& v) {
+          return Tensors{ls::conv2d(v[0], v[1], c.o),
+                         ls::conv2d_backward_input(v[2], v[1], c.x, c.o),
+                         ls::conv2d_backward_weight(v[0], v[3], c.w, c.o)};
+        },
+        static_cast<double>(c.w[0] * c.w[1] * c.w[2] * c.w[3] * y[0] * y[2] * y[3]));
+  }
+}
+
+LS_COVERS(Conv, InNetworks, Op::Conv2d, Op::Conv2dBackwardInput, Op::Conv2dBackwardWeight, Op::Relu,
+          Op::Sum);
+TEST_F(Conv, InNetworks) {
+  // conv -> bias -> relu -> conv, with both gradients, as one graph (shared operands).
+  ls::Conv2dOptions o;
+  o.padding = {1, 1};
+  check(
+      "two conv layers", {{{2, 3, 12, 10}}, {{8, 3, 3, 3}}, {{8, 1, 1}}, {{4, 8, 3, 3}}},
+      [o](const Tensors& x) {
+        const ls::Tensor h = ls::relu(ls::conv2d(x[0], x[1], o) + x[2]);
+        const ls::Tensor y = ls::conv2d(h, x[3], o);
+        const ls::Tensor gy = y * 0.5f;
+        const ls::Tensor gh = ls::conv2d_backward_input(gy, x[3], h.shape(), o);
+        const ls::Tensor gw = ls::conv2d_backward_weight(h, gy, x[3].shape(), o);
+        const ls::Tensor gx =
+            ls::conv2d_backward_input(gh * ls::cast(h > 0, ls::f32), x[1], x[0].shape(), o);
+        return Tensors{y, gh, gw, gx, ls::sum(gh, {0, 2, 3})};
+      },
+      8 * 9 * 4 * 9);
+}
+
+struct PoolCase {
+  ls::Shape x;
+  ls::Pool2dOptions o;
+};
+
+std::vector<PoolCase> pool_cases() {
+  auto opts = [](int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw,
+                 bool include) {
+    ls::Pool2dOptions o;
+    o.kernel = {kh, kw};
+    o.stride = {sh, sw};
+    o.padding = {ph, pw};
+    o.count_include_pad = include;
+    return o;
+  };
+  return {
+      {{1, 1, 1, 1}, opts(1, 1, 1, 1, 0, 0, true)},   {{2, 3, 8, 8}, opts(2, 2, 0, 0, 0, 0, true)},
+      {{2, 3, 9, 7}, opts(3, 3, 2, 2, 1, 1, true)},   {{2, 3, 9, 7}, opts(3, 3, 2, 2, 1, 1, false)},
+      {{1, 2, 10, 5}, opts(3, 2, 1, 2, 1, 0, false)}, {{3, 1, 5, 11}, opts(2, 3, 2, 1, 0, 1, true)},
+      {{1, 4, 7, 7}, opts(7, 7, 1, 1, 3, 3, false)},  {{0, 2, 6, 6}, opts(2, 2, 2, 2, 0, 0, true)},
+      {{4, 16, 44, 44}, opts(3, 3, 2, 2, 1, 1, true)}};  // > 100k elements
+}
+
+LS_COVERS(Pool, MaxForwardAndBackward, Op::MaxPool2d, Op::MaxPool2dIndices, Op::MaxPool2dBackward);
+TEST_F(Pool, MaxForwardAndBackward) {
+  for (ls::DType dt : {ls::f32, ls::f64, ls::i32, ls::i64})
+    for (const PoolCase& c : pool_cases())
+      for (Fill fill : {Fill::Distinct, Fill::Range, Fill::Special}) {
+        if (fill == Fill::Special && !ls::is_floating(dt)) continue;
+        In x{c.x, dt, fill, -2, 3};  // Range: many ties (the first index wins)
+        const ls::Shape y =
+            ls::max_pool2d(ls::zeros(c.x, {dt, ls::Device{ls::DeviceKind::Ref}}), c.o).shape();
+        const std::string name = "max pool " + str(dt) + " x " + str(c.x) + " kernel " +
+                                 str({c.o.kernel[0], c.o.kernel[1]});
+        check(name, {x, {y, ls::is_floating(dt) ? dt : ls::f32}}, [&](const Tensors& v) {
+          const auto [values, indices] = ls::max_pool2d_with_indices(v[0], c.o);
+          Tensors out = {values, indices, ls::max_pool2d(v[0], c.o)};
+          out.push_back(ls::max_pool2d_backward(v[1], indices, c.x, c.o));
+          return out;
+        });
+      }
+  // Separate value and index requests of one pooling, and an index out of range.
+  check("max pool values only", {{{2, 3, 9, 9}}}, [](const Tensors& x) {
+    ls::Pool2dOptions o;
+    o.kernel = {3, 3};
+    return Tensors{ls::max_pool2d(x[0], o), ls::max_pool2d(ls::exp(x[0]), o)};
+  });
+  check1("max pool backward out of range",
+         {{{1, 1, 2, 2}}, {{1, 1, 2, 2}, ls::i64, Fill::Range, 1, 9}}, [](const Tensors& x) {
+           ls::Pool2dOptions o;
+           o.kernel = {1, 1};
+           return ls::max_pool2d_backward(x[0], x[1], {1, 1, 2, 2}, o);
+         });
+}
+
+LS_COVERS(Pool, AvgForwardAndBackward, Op::AvgPool2d, Op::AvgPool2dBackward);
+TEST_F(Pool, AvgForwardAndBackward) {
+  for (ls::DType dt : {ls::f32, ls::f64})
+    for (const PoolCase& c : pool_cases()) {
+      const ls::Shape y =
+          ls::avg_pool2d(ls::zeros(c.x, {dt, ls::Device{ls::DeviceKind::Ref}}), c.o).shape();
+      const double k = static_cast<double>(c.o.kernel[0] * c.o.kernel[1]);
+      check(
+          "avg pool " + str(dt) + " x " + str(c.x), {{c.x, dt}, {y, dt}},
+          [&](const Tensors& v) {
+            return Tensors{ls::avg_pool2d(v[0], c.o), ls::avg_pool2d_backward(v[1], c.x, c.o)};
+          },
+          k);
+    }
+}
+
+}  // namespace
+}  // namespace conformance
