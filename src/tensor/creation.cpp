@@ -51,7 +51,9 @@ Tensor full_like(const Tensor& t, Scalar value, Loc loc) {
 Tensor zeros_like(const Tensor& t, Loc loc) { return full_like(t, 0, loc); }
 Tensor ones_like(const Tensor& t, Loc loc) { return full_like(t, 1, loc); }
 
-Tensor arange(Scalar end, TensorOptions options, Loc loc) { return arange(0, end, 1, options, loc); }
+Tensor arange(Scalar end, TensorOptions options, Loc loc) {
+  return arange(0, end, 1, options, loc);
+}
 
 Tensor arange(Scalar start, Scalar end, Scalar step, TensorOptions options, Loc loc) {
   if (options.dtype == DType::Bool)
@@ -68,8 +70,10 @@ Tensor arange(Scalar start, Scalar end, Scalar step, TensorOptions options, Loc 
   const Device device = frontend::device_of(options);
   const DType dt = options.dtype;
   ir::NodePtr ramp = ir::make_leaf(Op::Iota, {0}, {n}, dt, device, loc);
-  ir::NodePtr st = frontend::expand_to(frontend::scalar_node(step, dt, device, "arange", loc), {n}, loc);
-  ir::NodePtr s0 = frontend::expand_to(frontend::scalar_node(start, dt, device, "arange", loc), {n}, loc);
+  ir::NodePtr st =
+      frontend::expand_to(frontend::scalar_node(step, dt, device, "arange", loc), {n}, loc);
+  ir::NodePtr s0 =
+      frontend::expand_to(frontend::scalar_node(start, dt, device, "arange", loc), {n}, loc);
   return frontend::record(Op::Add, {make(Op::Mul, {ramp, st}, {}, loc), s0}, {}, loc);
 }
 
@@ -150,7 +154,8 @@ ir::NodePtr draw_uniform(const Shape& shape, DType dtype, Device device, const c
   ir::NodePtr ramp = ir::make_leaf(Op::Iota, {0}, {2}, DType::I64, device, loc);
   ir::NodePtr n = frontend::expand_to(
       frontend::scalar_node(shape_numel(shape), DType::I64, device, op, loc), {2}, loc);
-  runtime::set_value(*state.impl(), make(Op::Add, {sn, make(Op::Mul, {ramp, n}, {}, loc)}, {}, loc));
+  runtime::set_value(*state.impl(),
+                     make(Op::Add, {sn, make(Op::Mul, {ramp, n}, {}, loc)}, {}, loc));
   return u;
 }
 

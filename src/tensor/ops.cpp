@@ -47,9 +47,8 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op, const Loc
     const int64_t db = i < r - b.size() ? 1 : b[i - (r - b.size())];
     if (da != db && da != 1 && db != 1)
       util::fail(loc, op,
-                 cat("shapes ", shape_str(a), " and ", shape_str(b),
-                     " do not broadcast (axis ", static_cast<int64_t>(i) - static_cast<int64_t>(r),
-                     ": ", da, " vs ", db, ")"),
+                 cat("shapes ", shape_str(a), " and ", shape_str(b), " do not broadcast (axis ",
+                     static_cast<int64_t>(i) - static_cast<int64_t>(r), ": ", da, " vs ", db, ")"),
                  "Each dimension, aligned from the right, must be equal or 1; reshape or "
                  "unsqueeze one operand");
     out[i] = da == 1 ? db : da;
@@ -59,8 +58,9 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op, const Loc
 
 int64_t norm_axis(int64_t axis, int64_t rank, const char* op, const Loc& loc) {
   if (axis < -rank || axis >= rank)
-    util::fail(loc, op, cat("axis ", axis, " is out of range for a tensor of rank ", rank),
-               rank == 0 ? "A 0-d tensor has no axes" : cat("Use an axis in [", -rank, ", ", rank, ")"));
+    util::fail(
+        loc, op, cat("axis ", axis, " is out of range for a tensor of rank ", rank),
+        rank == 0 ? "A 0-d tensor has no axes" : cat("Use an axis in [", -rank, ", ", rank, ")"));
   return axis < 0 ? axis + rank : axis;
 }
 
@@ -73,10 +73,14 @@ namespace {
 // The name users call an op by (the IR name differs for a few), for error messages.
 const char* user_name(Op op) {
   switch (op) {
-    case Op::ArgMax: return "argmax";
-    case Op::ArgMin: return "argmin";
-    case Op::IsFinite: return "isfinite";
-    default: return ir::op_info(op).name;
+    case Op::ArgMax:
+      return "argmax";
+    case Op::ArgMin:
+      return "argmin";
+    case Op::IsFinite:
+      return "isfinite";
+    default:
+      return ir::op_info(op).name;
   }
 }
 
@@ -180,7 +184,7 @@ Tensor square(const Tensor& x, Loc loc) {
   return mul(x, x, loc);
 }
 
-#define LOCKSTEP_BINARY_DEF(name, op)                                                        \
+#define LOCKSTEP_BINARY_DEF(name, op)                                                      \
   Tensor name(const Tensor& a, const Tensor& b, Loc loc) { return binary(op, a, b, loc); } \
   Tensor name(const Tensor& a, Scalar b, Loc loc) { return binary(op, a, b, loc); }        \
   Tensor name(Scalar a, const Tensor& b, Loc loc) { return binary(op, a, b, loc); }
@@ -207,10 +211,10 @@ Tensor where_nodes(const NodePtr& c, const NodePtr& a, const NodePtr& b, const L
     util::fail(loc, "where", cat("condition must be bool, got ", dtype_name(c->dtype)),
                "Compare to get a bool tensor, e.g. x > 0");
   if (a->dtype != b->dtype)
-    util::fail(loc, "where",
-               cat("branches have different dtypes ", dtype_name(a->dtype), " and ",
-                   dtype_name(b->dtype)),
-               "Cast one branch");
+    util::fail(
+        loc, "where",
+        cat("branches have different dtypes ", dtype_name(a->dtype), " and ", dtype_name(b->dtype)),
+        "Cast one branch");
   const Shape s = frontend::broadcast_shapes(
       frontend::broadcast_shapes(c->shape, a->shape, "where", loc), b->shape, "where", loc);
   using frontend::expand_to;
@@ -242,12 +246,11 @@ Tensor cast(const Tensor& x, DType dtype, Loc loc) {
 Tensor clamp(const Tensor& x, Scalar lo, Scalar hi, Loc loc) {
   const NodePtr& n = node(x, "clamp", loc);
   if (n->dtype == DType::Bool)
-    util::fail(loc, "clamp",
-               cat("is not defined for bool tensors, got bool", shape_str(n->shape)),
+    util::fail(loc, "clamp", cat("is not defined for bool tensors, got bool", shape_str(n->shape)),
                "Cast to a numeric dtype first, e.g. ls::cast(x, ls::f32)");
   if (lo.to_double() > hi.to_double())
-    util::fail(loc, "clamp", cat("lower bound ", lo.to_double(), " is above upper bound ",
-                                 hi.to_double()),
+    util::fail(loc, "clamp",
+               cat("lower bound ", lo.to_double(), " is above upper bound ", hi.to_double()),
                "Pass lo <= hi");
   // The bounds are checked (and named) as clamp's, then applied as maximum and minimum.
   const NodePtr lo_n = frontend::scalar_node(lo, n->dtype, n->device, "clamp", loc);
@@ -276,10 +279,10 @@ Tensor argmin(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim, L
 Tensor mean(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim, Loc loc) {
   const NodePtr& n = node(x, "mean", loc);
   if (!is_floating(n->dtype))
-    util::fail(loc, "mean",
-               cat("needs a floating-point tensor, got ", dtype_name(n->dtype),
-                   shape_str(n->shape)),
-               "Cast it first, e.g. ls::cast(x, ls::f32)");
+    util::fail(
+        loc, "mean",
+        cat("needs a floating-point tensor, got ", dtype_name(n->dtype), shape_str(n->shape)),
+        "Cast it first, e.g. ls::cast(x, ls::f32)");
   const std::vector<int64_t> attrs = frontend::reduce_attrs(n->shape, axes, keepdim, "mean", loc);
   const int64_t count = frontend::reduced_count(n->shape, attrs);
   Tensor s = record(Op::Sum, {n}, attrs, loc);
@@ -297,10 +300,10 @@ Tensor softmax_shift(const Tensor& x, const std::vector<int64_t>& axes, bool fin
                      const char* op, const Loc& loc, std::vector<int64_t>* attrs) {
   const NodePtr& n = node(x, op, loc);
   if (!is_floating(n->dtype))
-    util::fail(loc, op,
-               cat("needs a floating-point tensor, got ", dtype_name(n->dtype),
-                   shape_str(n->shape)),
-               "Cast it first, e.g. ls::cast(x, ls::f32)");
+    util::fail(
+        loc, op,
+        cat("needs a floating-point tensor, got ", dtype_name(n->dtype), shape_str(n->shape)),
+        "Cast it first, e.g. ls::cast(x, ls::f32)");
   *attrs = frontend::reduce_attrs(n->shape, axes, true, op, loc);
   if (frontend::reduced_count(n->shape, *attrs) == 0) {
     Shape kept = n->shape;
@@ -425,11 +428,13 @@ Tensor unsqueeze(const Tensor& x, int64_t axis, Loc loc) {
 
 Tensor squeeze(const Tensor& x, int64_t axis, Loc loc) {
   const NodePtr& n = node(x, "squeeze", loc);
-  const int64_t a = frontend::norm_axis(axis, static_cast<int64_t>(n->shape.size()), "squeeze", loc);
+  const int64_t a =
+      frontend::norm_axis(axis, static_cast<int64_t>(n->shape.size()), "squeeze", loc);
   if (n->shape[a] != 1)
-    util::fail(loc, "squeeze", cat("axis ", axis, " of ", shape_str(n->shape), " has size ",
-                                   n->shape[a], ", not 1"),
-               "Only size-1 axes can be squeezed");
+    util::fail(
+        loc, "squeeze",
+        cat("axis ", axis, " of ", shape_str(n->shape), " has size ", n->shape[a], ", not 1"),
+        "Only size-1 axes can be squeezed");
   Shape s = n->shape;
   s.erase(s.begin() + a);
   return record(Op::Reshape, {n}, {}, loc, s);
@@ -501,8 +506,7 @@ Tensor gather(const Tensor& x, int64_t axis, const Tensor& index, Loc loc) {
   return record(Op::Gather, {n, node(index, "gather", loc)}, {a}, loc);
 }
 
-Tensor scatter_add(const Tensor& x, int64_t axis, const Tensor& index, const Tensor& src,
-                   Loc loc) {
+Tensor scatter_add(const Tensor& x, int64_t axis, const Tensor& index, const Tensor& src, Loc loc) {
   const NodePtr& n = node(x, "scatter_add", loc);
   const int64_t a =
       frontend::norm_axis(axis, static_cast<int64_t>(n->shape.size()), "scatter_add", loc);
@@ -515,8 +519,9 @@ Tensor matmul(const Tensor& a, const Tensor& b, Loc loc) {
   const NodePtr& an = node(a, "matmul", loc);
   const NodePtr& bn = node(b, "matmul", loc);
   if (an->shape.empty() || bn->shape.empty())
-    util::fail(loc, "matmul", cat("operands ", shape_str(an->shape), " and ", shape_str(bn->shape),
-                                  " include a 0-d tensor"),
+    util::fail(loc, "matmul",
+               cat("operands ", shape_str(an->shape), " and ", shape_str(bn->shape),
+                   " include a 0-d tensor"),
                "Use ls::mul for scalars");
   Shape as = an->shape, bs = bn->shape;
   const bool a_vec = as.size() == 1, b_vec = bs.size() == 1;

@@ -16,8 +16,9 @@ Tensor::Tensor(std::shared_ptr<detail::TensorImpl> impl) : impl_(std::move(impl)
 namespace {
 const ir::Node& meta(const Tensor& t, const char* what) {
   if (!t.defined())
-    throw Error(cat(what, ": empty tensor handle (a default-constructed ls::Tensor); assign it a "
-                          "value first"));
+    throw Error(cat(what,
+                    ": empty tensor handle (a default-constructed ls::Tensor); assign it a "
+                    "value first"));
   return *t.impl()->node;
 }
 }  // namespace
@@ -125,7 +126,9 @@ std::string format_element(const unsigned char* p, DType dtype) {
       os << v;
       break;
     }
-    case DType::Bool: os << (*p ? "true" : "false"); break;
+    case DType::Bool:
+      os << (*p ? "true" : "false");
+      break;
   }
   return os.str();
 }
@@ -175,8 +178,8 @@ Tensor Tensor::to(Device device, Loc loc) const {
   backends::backend_for(device);  // fails early for an unavailable device
   const std::vector<unsigned char> bytes = runtime::read_bytes(*this, loc);
   runtime::count("transfers");
-  return runtime::new_tensor(
-      ir::make_data(runtime::upload(device, bytes.data(), bytes.size()), n->shape, n->dtype, device));
+  return runtime::new_tensor(ir::make_data(runtime::upload(device, bytes.data(), bytes.size()),
+                                           n->shape, n->dtype, device));
 }
 
 Tensor Tensor::to(DType dtype, Loc loc) const { return cast(*this, dtype, loc); }
@@ -204,20 +207,28 @@ Tensor& assign(Tensor& self, const Tensor& value, const char* op, const Loc& loc
                    shape_str(cur->shape)),
                "An in-place op cannot change the tensor's shape; use the out-of-place op");
   if (v->dtype != cur->dtype)
-    util::fail(loc, op,
-               cat("the result is ", dtype_name(v->dtype), " but the tensor is ",
-                   dtype_name(cur->dtype)),
-               "Cast the other operand to the tensor's dtype");
+    util::fail(
+        loc, op,
+        cat("the result is ", dtype_name(v->dtype), " but the tensor is ", dtype_name(cur->dtype)),
+        "Cast the other operand to the tensor's dtype");
   runtime::set_value(*self.impl(), v);
   return self;
 }
 
 }  // namespace
 
-Tensor& Tensor::add_(const Tensor& o, Loc loc) { return assign(*this, add(*this, o, loc), "add_", loc); }
-Tensor& Tensor::sub_(const Tensor& o, Loc loc) { return assign(*this, sub(*this, o, loc), "sub_", loc); }
-Tensor& Tensor::mul_(const Tensor& o, Loc loc) { return assign(*this, mul(*this, o, loc), "mul_", loc); }
-Tensor& Tensor::div_(const Tensor& o, Loc loc) { return assign(*this, div(*this, o, loc), "div_", loc); }
+Tensor& Tensor::add_(const Tensor& o, Loc loc) {
+  return assign(*this, add(*this, o, loc), "add_", loc);
+}
+Tensor& Tensor::sub_(const Tensor& o, Loc loc) {
+  return assign(*this, sub(*this, o, loc), "sub_", loc);
+}
+Tensor& Tensor::mul_(const Tensor& o, Loc loc) {
+  return assign(*this, mul(*this, o, loc), "mul_", loc);
+}
+Tensor& Tensor::div_(const Tensor& o, Loc loc) {
+  return assign(*this, div(*this, o, loc), "div_", loc);
+}
 Tensor& Tensor::add_(Scalar o, Loc loc) { return assign(*this, add(*this, o, loc), "add_", loc); }
 Tensor& Tensor::sub_(Scalar o, Loc loc) { return assign(*this, sub(*this, o, loc), "sub_", loc); }
 Tensor& Tensor::mul_(Scalar o, Loc loc) { return assign(*this, mul(*this, o, loc), "mul_", loc); }
@@ -227,15 +238,16 @@ Tensor& Tensor::copy_(const Tensor& src, Loc loc) {
   const ir::NodePtr cur = target(*this, "copy_", loc);
   const ir::NodePtr& s = node(src, "copy_", loc);
   if (!(s->device == cur->device))
-    util::fail(loc, "copy_",
-               cat("source is on ", device_name(s->device), ", the tensor on ",
-                   device_name(cur->device)),
-               "Move the source first with .to(device)");
+    util::fail(
+        loc, "copy_",
+        cat("source is on ", device_name(s->device), ", the tensor on ", device_name(cur->device)),
+        "Move the source first with .to(device)");
   frontend::broadcast_shapes(s->shape, cur->shape, "copy_", loc);
   Tensor v = cast(src, cur->dtype, loc);
-  return assign(*this, Tensor(runtime::new_tensor(frontend::expand_to(node(v, "copy_", loc),
-                                                                      cur->shape, loc))),
-                "copy_", loc);
+  return assign(
+      *this,
+      Tensor(runtime::new_tensor(frontend::expand_to(node(v, "copy_", loc), cur->shape, loc))),
+      "copy_", loc);
 }
 
 Tensor& Tensor::fill_(Scalar value, Loc loc) {

@@ -31,7 +31,8 @@ struct Fixture {
 
 Fixture load(const std::string& name) {
   Fixture f;
-  for (auto& [k, v] : ls::io::load_safetensors(std::string(LOCKSTEP_GOLDEN_DIR) + "/" + name).tensors)
+  for (auto& [k, v] :
+       ls::io::load_safetensors(std::string(LOCKSTEP_GOLDEN_DIR) + "/" + name).tensors)
     f.t[k] = v;
   return f;
 }
@@ -49,8 +50,8 @@ void expect_close(const ls::Tensor& ours, const ls::Tensor& torch, const std::st
     diff = std::max(diff, std::abs(static_cast<double>(a[i]) - b[i]));
     scale = std::max(scale, std::abs(static_cast<double>(b[i])));
   }
-  EXPECT_LE(diff, 1e-5 * std::max(scale, 1e-12)) << what << ": max |diff| " << diff
-                                                 << " against max |torch| " << scale;
+  EXPECT_LE(diff, 1e-5 * std::max(scale, 1e-12))
+      << what << ": max |diff| " << diff << " against max |torch| " << scale;
 }
 
 template <typename Model>
@@ -97,15 +98,17 @@ void check(const std::string& file, const std::function<Model()>& make) {
     return ls::optim::SGD(params, {.lr = 0.1, .momentum = 0.9, .weight_decay = 1e-4});
   });
   train("adamw.", [](std::vector<ls::Tensor> params) {
-    return ls::optim::AdamW(params, {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8,
-                                     .weight_decay = 0.01});
+    return ls::optim::AdamW(
+        params, {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.01});
   });
 }
 
 }  // namespace
 
 TEST(Golden, MlpMatchesPyTorch) {
-  check<ls::models::MLP>("mlp_training.safetensors", [] { return ls::models::MLP({20, 32, 16, 5}); });
+  check<ls::models::MLP>("mlp_training.safetensors", [] {
+    return ls::models::MLP({20, 32, 16, 5});
+  });
 }
 
 TEST(Golden, CnnMatchesPyTorch) {
