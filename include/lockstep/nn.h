@@ -197,6 +197,15 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor
 Tensor gelu(const Tensor& x, Loc loc = Loc::current());  // exact (erf) form, as PyTorch's default
 Tensor erf(const Tensor& x, Loc loc = Loc::current());
 Tensor dropout(const Tensor& x, double p, bool training, Loc loc = Loc::current());
+// Batch normalization of x [N, C, ...] per channel (axis 1), as PyTorch's F.batch_norm. In
+// training it normalizes with the batch's statistics and, when given, updates running_mean and
+// running_var in place (momentum; unbiased variance); its gradient is batch norm's own
+// two-reduction formula rather than the primitives'. In eval it normalizes with the running
+// statistics. weight and bias ([C]) are optional.
+Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                  const Tensor& weight = Tensor(), const Tensor& bias = Tensor(),
+                  bool training = false, double momentum = 0.1, double eps = 1e-5,
+                  Loc loc = Loc::current());
 
 struct CrossEntropyOptions {
   Reduction reduction = Reduction::Mean;

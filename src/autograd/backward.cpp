@@ -27,6 +27,7 @@ const std::vector<ir::NodePtr>& inputs_of(const ir::Node& n, std::vector<ir::Nod
     scratch.assign(1, n.grad_alias);
     return scratch;
   }
+  if (n.grad_fn) return n.grad_fn->inputs;
   return n.operands;
 }
 
@@ -118,12 +119,37 @@ void backward(const Tensor& output, const Tensor& grad_output, Loc loc) {
       accumulate(grads, n->grad_alias.get(), g, loc);
       continue;
     }
-    const std::vector<Tensor> gs = autograd::operand_grads(owner.at(n), g);
-    for (size_t i = 0; i < gs.size() && i < n->operands.size(); ++i)
-      if (gs[i].defined() && n->operands[i]->requires_grad)
-        accumulate(grads, n->operands[i].get(), gs[i], loc);
+    const std::vector<ir::NodePtr>& ins = n->grad_fn ? n->grad_fn->inputs : n->operands;
+    const std::vector<Tensor> gs =
+        n->grad_fn ? n->grad_fn->fn(g) : autograd::operand_grads(owner.at(n), g);
+    for (size_t i = 0; i < gs.size() && i < ins.size(); ++i)
+      if (gs[i].defined() && ins[i]->requires_grad) {
+        const ir::NodePtr& gn = runtime::node_of(gs[i], "backward", loc);
+        LS_INTERNAL_CHECK(gn->shape == ins[i]->shape && gn->dtype == ins[i]->dtype,
+                          "gradient of ", ir::op_info(n->op).name, " has the wrong shape");
+        accumulate(grads, ins[i].get(), gs[i], loc);
+      }
   }
 }
+
+namespace autograd {
+
+Tensor with_grad_fn(const Tensor& value, const std::vector<Tensor>& inputs,
+                    std::function<std::vector<Tensor>(const Tensor&)> fn, const Loc& loc) {
+  if (!ir::grad_enabled()) return value;
+  auto grad_fn = std::make_shared<ir::GradFn>();
+  bool any = false;
+  for (const Tensor& t : inputs) {
+    grad_fn->inputs.push_back(runtime::node_of(t, "backward", loc));
+    any = any || grad_fn->inputs.back()->requires_grad;
+  }
+  if (!any) return value;
+  grad_fn->fn = std::move(fn);
+  const ir::NodePtr& n = runtime::node_of(value, "backward", loc);
+  return runtime::new_tensor(ir::annotated(n, true, {}, nullptr, std::move(grad_fn)));
+}
+
+}  // namespace autograd
 
 Tensor& Tensor::set_requires_grad(bool requires_grad, Loc loc) {
   const ir::NodePtr& n = runtime::node_of(*this, "set_requires_grad", loc);

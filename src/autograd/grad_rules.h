@@ -2,6 +2,7 @@
 // the gradients of its operands, written with recorded ops (so they become part of the step).
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "ir/ir.h"
@@ -12,6 +13,14 @@ namespace lockstep::autograd {
 // Gradients for n's operands (an empty Tensor where an operand gets none). Called with
 // gradient recording off. Throws InternalError for a differentiable op without a rule.
 std::vector<Tensor> operand_grads(const ir::NodePtr& n, const Tensor& g);
+
+// `value`, computed from `inputs` with gradient recording off, as a tensor whose gradients
+// with respect to `inputs` are fn(gradient of value): a composite op's own backward, shorter
+// than the one the primitives would give (batch norm). fn runs with recording off and returns
+// one gradient per input (undefined: none). Without grad mode or an input requiring grad, it
+// returns `value` itself.
+Tensor with_grad_fn(const Tensor& value, const std::vector<Tensor>& inputs,
+                    std::function<std::vector<Tensor>(const Tensor&)> fn, const Loc& loc);
 
 // `g` summed over the dimensions that broadcasting added or stretched, down to `shape`.
 Tensor sum_to_shape(const Tensor& g, const Shape& shape, const Loc& loc);

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <source_location>
 #include <string>
@@ -32,6 +33,9 @@ struct Buffer;
 }
 namespace lockstep::detail {
 struct TensorImpl;
+}
+namespace lockstep {
+class Tensor;
 }
 
 namespace lockstep::ir {
@@ -66,6 +70,14 @@ struct ScalarValue {
 struct Node;
 using NodePtr = std::shared_ptr<const Node>;
 
+// A composite's own gradient rule (e.g. batch norm's): backward hands it the gradient of the
+// node's value and gets the gradients of `inputs` (an undefined Tensor where one gets none),
+// instead of walking through the primitives the value was recorded from.
+struct GradFn {
+  std::vector<NodePtr> inputs;
+  std::function<std::vector<Tensor>(const Tensor& grad)> fn;
+};
+
 struct Node {
   Op op;
   std::vector<NodePtr> operands;
@@ -83,6 +95,7 @@ struct Node {
   bool requires_grad = false;
   std::weak_ptr<detail::TensorImpl> grad_leaf;
   NodePtr grad_alias;
+  std::shared_ptr<const GradFn> grad_fn;  // set: backward uses it instead of the op's rule
 
   Node() = default;
   Node(const Node&) = delete;
@@ -114,7 +127,7 @@ NodePtr make_data(std::shared_ptr<runtime::Buffer> buffer, const Shape& shape, D
 NodePtr make_scalar(ScalarValue value, DType dtype, Device device, const std::source_location& loc);
 // A copy of `n` (same op, operands and data) with other autograd annotations.
 NodePtr annotated(const NodePtr& n, bool requires_grad, std::weak_ptr<detail::TensorImpl> leaf,
-                  NodePtr alias);
+                  NodePtr alias, std::shared_ptr<const GradFn> grad_fn = nullptr);
 
 struct GraphNode {
   Op op;

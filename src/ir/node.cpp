@@ -138,7 +138,7 @@ NodePtr make_scalar(ScalarValue value, DType dtype, Device device,
 }
 
 NodePtr annotated(const NodePtr& n, bool requires_grad, std::weak_ptr<detail::TensorImpl> leaf,
-                  NodePtr alias) {
+                  NodePtr alias, std::shared_ptr<const GradFn> grad_fn) {
   auto c = std::make_shared<Node>();
   c->op = n->op;
   c->operands = n->operands;
@@ -152,6 +152,7 @@ NodePtr annotated(const NodePtr& n, bool requires_grad, std::weak_ptr<detail::Te
   c->requires_grad = requires_grad;
   c->grad_leaf = std::move(leaf);
   c->grad_alias = std::move(alias);
+  c->grad_fn = std::move(grad_fn);
   return c;
 }
 

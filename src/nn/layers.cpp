@@ -68,31 +68,15 @@ Tensor BatchNorm::forward(const Tensor& x) {
   if (x.size(1) != num_features)
     throw Error(cat("BatchNorm: input ", shape_str(x.shape()), " has ", x.size(1),
                     " channels, the layer expects ", num_features));
-  std::vector<int64_t> axes{0};
-  Shape per_channel(x.dim(), 1);
-  per_channel[1] = num_features;
-  for (int64_t d = 2; d < x.dim(); ++d) axes.push_back(d);
-  Tensor mean_c, var_c;
+  if (is_training() && x.numel() / num_features <= 1)
+    throw Error(cat("BatchNorm: training needs more than one value per channel, got input ",
+                    shape_str(x.shape())));
+  Tensor y = batch_norm(x, running_mean, running_var, weight, bias, is_training(), momentum, eps,
+                        loc);
   if (is_training()) {
-    const int64_t n = x.numel() / num_features;
-    if (n <= 1)
-      throw Error(cat("BatchNorm: training needs more than one value per channel, got input ",
-                      shape_str(x.shape())));
-    mean_c = mean(x, axes, true);
-    Tensor centered = x - mean_c;
-    var_c = mean(centered * centered, axes, true);
-    NoGrad no_grad;  // running statistics: updated in the step's graph, no gradient
-    running_mean.copy_(running_mean * (1 - momentum) + reshape(mean_c, {num_features}) * momentum);
-    running_var.copy_(running_var * (1 - momentum) +
-                      reshape(var_c, {num_features}) * (momentum * n / (n - 1.0)));
+    NoGrad no_grad;
     num_batches_tracked += 1;
-  } else {
-    mean_c = reshape(running_mean, per_channel);
-    var_c = reshape(running_var, per_channel);
   }
-  (void)loc;
-  Tensor y = (x - mean_c) * rsqrt(var_c + eps);
-  if (weight.defined()) y = y * reshape(weight, per_channel) + reshape(bias, per_channel);
   return y;
 }
 

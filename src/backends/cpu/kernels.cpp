@@ -51,6 +51,76 @@ void reduce_f32(ir::Op op, const float* x, const Shape& in, const std::vector<in
       op, reduce_layout(in, attrs), [x](int64_t off, int64_t, float*) { return x + off; }, out, 0);
 }
 
+namespace {
+constexpr int kLanes = 16;
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) float sum_run_f32(const float* p,
+                                                                               int64_t n) {
+  float acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) acc[j] += p[i + j];
+  float s = 0;
+  for (; i < n; ++i) s += p[i];
+  for (int j = 0; j < kLanes; ++j) s += acc[j];
+  return s;
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) float max_run_f32(const float* p,
+                                                                               int64_t n,
+                                                                               bool* nan) {
+  float best[kLanes];
+  int bad[kLanes] = {};
+  std::fill(best, best + kLanes, -std::numeric_limits<float>::infinity());
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) {
+      const float v = p[i + j];
+      bad[j] |= v != v;
+      best[j] = v > best[j] ? v : best[j];
+    }
+  float b = -std::numeric_limits<float>::infinity();
+  int any = 0;
+  for (; i < n; ++i) {
+    any |= p[i] != p[i];
+    b = p[i] > b ? p[i] : b;
+  }
+  for (int j = 0; j < kLanes; ++j) {
+    any |= bad[j];
+    b = best[j] > b ? best[j] : b;
+  }
+  if (any) *nan = true;
+  return b;
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) float min_run_f32(const float* p,
+                                                                               int64_t n,
+                                                                               bool* nan) {
+  float best[kLanes];
+  int bad[kLanes] = {};
+  std::fill(best, best + kLanes, std::numeric_limits<float>::infinity());
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) {
+      const float v = p[i + j];
+      bad[j] |= v != v;
+      best[j] = v < best[j] ? v : best[j];
+    }
+  float b = std::numeric_limits<float>::infinity();
+  int any = 0;
+  for (; i < n; ++i) {
+    any |= p[i] != p[i];
+    b = p[i] < b ? p[i] : b;
+  }
+  for (int j = 0; j < kLanes; ++j) {
+    any |= bad[j];
+    b = best[j] < b ? best[j] : b;
+  }
+  if (any) *nan = true;
+  return b;
+}
+
 void strided_copy_4(const void* src, const Shape& out_shape, const std::vector<int64_t>& strides,
                     int64_t src_offset, void* out) {
   const int64_t n = shape_numel(out_shape);

@@ -23,6 +23,13 @@ ReduceLayout reduce_layout(const Shape& in, const std::vector<int64_t>& attrs);
 template <typename Read>
 void reduce_f32(ir::Op op, const ReduceLayout& l, Read&& read, float* out, size_t tmp_floats);
 
+// Sum, max and min of a run of n floats, vectorized (independent partial sums in lanes, so the
+// result is deterministic but not the sequential left-to-right sum). max/min set *nan when the
+// run holds a NaN.
+float sum_run_f32(const float* p, int64_t n);
+float max_run_f32(const float* p, int64_t n, bool* nan);
+float min_run_f32(const float* p, int64_t n, bool* nan);
+
 // Sum, Max or Min of x (shape `in`) over the axes in attrs ([keepdim, axes...]).
 void reduce_f32(ir::Op op, const float* x, const Shape& in, const std::vector<int64_t>& attrs,
                 float* out);
@@ -60,14 +67,10 @@ void reduce_f32(ir::Op op, const ReduceLayout& l, Read&& read, float* out, size_
           const int64_t len = std::min<int64_t>(512, l.inner - c);
           const float* p = read(off + c, len, tmp.data());
           if (is_sum) {
-            float s = 0;
-            for (int64_t i = 0; i < len; ++i) s += p[i];
-            sum += s;
+            sum += sum_run_f32(p, len);
           } else {
-            for (int64_t i = 0; i < len; ++i) {
-              nan = nan || p[i] != p[i];
-              best = is_max ? (p[i] > best ? p[i] : best) : (p[i] < best ? p[i] : best);
-            }
+            const float b = is_max ? max_run_f32(p, len, &nan) : min_run_f32(p, len, &nan);
+            best = is_max ? (b > best ? b : best) : (b < best ? b : best);
           }
         }
         for (size_t d = l.rdim.size(); d-- > 0;) {
