@@ -111,8 +111,8 @@ std::vector<Tensor> operand_grads(const ir::NodePtr& np, const Tensor& g) {
       Tensor s = y();
       return {mul(g, mul(s, sub(1.0, s, loc), loc), loc)};
     }
-    case Op::Relu:
-      return {where(gt(in(0), 0.0, loc), g, 0.0, loc)};
+    case Op::Relu:  // the mask from the output: what the next layer keeps anyway
+      return {where(gt(y(), 0.0, loc), g, 0.0, loc)};
     case Op::Sin:
       return {mul(g, cos(in(0), loc), loc)};
     case Op::Cos:

@@ -28,8 +28,8 @@ using ir::Op;
 std::atomic<int> g_threads{0};
 
 // Largest elementwise tree (in instructions) recomputed in each of several consumers rather
-// than written to memory once.
-constexpr int kRecomputeLimit = 6;
+// than written to memory once (when that saves memory traffic: see plan()).
+constexpr int kRecomputeLimit = 8;
 
 struct Ctx {
   std::vector<void*> ptr;  // per node: where its value is
@@ -38,6 +38,7 @@ struct Ctx {
 
 struct Step {
   const char* label;           // for LOCKSTEP_PROFILE
+  std::string detail;          // for plan dumps (LOCKSTEP_DUMP)
   int32_t node;                // the value it writes
   int32_t extra = -1;          // a second value it writes, if any
   std::vector<int32_t> reads;  // values it reads
@@ -163,6 +164,7 @@ class CpuExecutable final : public Executable {
     return true;
   }
   void plan_memory();
+  void dump_plan(const char* dir) const;
 
   ir::Graph g_;
   const bool profile_ = std::getenv("LOCKSTEP_PROFILE") != nullptr;
@@ -190,6 +192,8 @@ void CpuExecutable::plan() {
   absorbed_.assign(n, false);
   merged_.assign(n, false);
   std::vector<int> cost(n, 0);  // instructions of the tree a node brings into its consumers
+  // The distinct full-size values that tree reads from memory.
+  std::vector<std::vector<int32_t>> full_leaves(n);
   for (size_t i = 0; i < n; ++i) {
     const int32_t id = static_cast<int32_t>(i);
     const ir::GraphNode& node = g_.nodes[i];
@@ -207,10 +211,25 @@ void CpuExecutable::plan() {
                              reduce_layout(node.shape, cn.attrs).inner >= 64;
       all_take = all_take && (tree || reduction);
     }
-    cost[i] = 1;
-    for (int32_t o : node.operands)
-      if (absorbed_[o]) cost[i] += cost[o];
-    absorbed_[i] = all_take && (distinct.size() == 1 || cost[i] <= kRecomputeLimit);
+    cost[i] = node.op == Op::Expand ? 0 : 1;  // a broadcast is a load, not an instruction
+    for (int32_t o : node.operands) {
+      if (absorbed_[o]) {
+        cost[i] += cost[o];
+        for (int32_t l : full_leaves[o])
+          if (std::find(full_leaves[i].begin(), full_leaves[i].end(), l) == full_leaves[i].end())
+            full_leaves[i].push_back(l);
+      } else if (node.op != Op::Expand && g_.nodes[o].shape == node.shape &&
+                 std::find(full_leaves[i].begin(), full_leaves[i].end(), o) ==
+                     full_leaves[i].end()) {
+        full_leaves[i].push_back(o);
+      }
+    }
+    // Recomputing in k consumers reads the tree's L full-size inputs k times; storing it reads
+    // them once, writes the value (about two reads' worth, with the cache line fetched first)
+    // and reads it k times: recompute while (k - 1) L <= k + 2, and the tree stays short.
+    const int64_t k = static_cast<int64_t>(distinct.size());
+    const int64_t l = static_cast<int64_t>(full_leaves[i].size());
+    absorbed_[i] = all_take && (k == 1 || (cost[i] <= kRecomputeLimit && (k - 1) * l <= k + 2));
   }
   for (size_t i = 0; i < n; ++i)
     if (!absorbed_[i] && !merged_[i] && g_.nodes[i].op != Op::Data)
@@ -228,6 +247,23 @@ void CpuExecutable::plan() {
   std::reverse(kept.begin(), kept.end());
   steps_ = std::move(kept);
   plan_memory();
+  if (const char* dir = std::getenv("LOCKSTEP_DUMP")) dump_plan(dir);
+}
+
+void CpuExecutable::dump_plan(const char* dir) const {
+  static std::atomic<int> counter{0};
+  const std::string path = util::cat(dir, "/cpu-plan-", counter++, ".txt");
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) return;  // a debugging aid: never fails the compile
+  std::fprintf(f, "arena %zu bytes, %zu steps\n", arena_bytes_, steps_.size());
+  for (const Step& s : steps_) {
+    const ir::GraphNode& n = g_.nodes[s.node];
+    std::string reads;
+    for (int32_t r : s.reads) reads += util::cat(" %", r, shape_str(g_.nodes[r].shape));
+    std::fprintf(f, "%%%d %s %s%s <-%s  %s\n", s.node, s.label, dtype_name(n.dtype),
+                 shape_str(n.shape).c_str(), reads.c_str(), s.detail.c_str());
+  }
+  std::fclose(f);
 }
 
 void CpuExecutable::add_step(int32_t id) {
@@ -246,6 +282,7 @@ void CpuExecutable::add_step(int32_t id) {
     auto tree = std::make_shared<FusedTree>(g_, id, absorbed_);
     step.reads = tree->leaf_nodes();
     step.label = "fused";
+    step.detail = tree->describe();
     step.run = [tree, id](Ctx& c) {
       std::vector<const void*> leaves;
       for (int32_t l : tree->leaf_nodes()) leaves.push_back(c.ptr[l]);
@@ -315,6 +352,7 @@ void CpuExecutable::add_step(int32_t id) {
     auto tree = std::make_shared<FusedTree>(g_, n.operands[0], absorbed_);
     step.reads = tree->leaf_nodes();
     step.label = "fused_reduce";
+    step.detail = tree->describe();
     const ReduceLayout layout = reduce_layout(g_.nodes[n.operands[0]].shape, n.attrs);
     const Op op = n.op;
     step.run = [tree, layout, op, id](Ctx& c) {

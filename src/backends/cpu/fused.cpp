@@ -320,6 +320,18 @@ const float* FusedTree::eval(const std::vector<const void*>& leaf_ptrs, int64_t 
   return reg[root_reg_];
 }
 
+std::string FusedTree::describe() const {
+  std::string s;
+  for (const Instr& in : instrs_) {
+    if (in.op == Op::Data) continue;
+    s += util::cat(ir::op_info(in.op).name, "(");
+    for (int r : {in.a, in.b, in.c})
+      if (r >= 0) s += util::cat(r == in.a ? "" : ",", "r", r);
+    s += util::cat(")->r", in.out, " ");
+  }
+  return s;
+}
+
 void FusedTree::run(const std::vector<const void*>& leaf_ptrs, void* out) const {
   const int64_t tiles = (numel_ + kTile - 1) / kTile;
   const bool f32_out = out_dtype_ == DType::F32;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -28,6 +29,8 @@ class FusedTree {
                     float* dst) const;
   size_t scratch_floats() const { return static_cast<size_t>(num_regs_) * kTile; }
   int64_t numel() const { return numel_; }
+  // The instructions, as "sub(L0, L1) mul(r2, L2)" (for plan dumps).
+  std::string describe() const;
 
   static constexpr int64_t kTile = 512;
 
