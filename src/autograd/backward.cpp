@@ -125,8 +125,8 @@ void backward(const Tensor& output, const Tensor& grad_output, Loc loc) {
     for (size_t i = 0; i < gs.size() && i < ins.size(); ++i)
       if (gs[i].defined() && ins[i]->requires_grad) {
         const ir::NodePtr& gn = runtime::node_of(gs[i], "backward", loc);
-        LS_INTERNAL_CHECK(gn->shape == ins[i]->shape && gn->dtype == ins[i]->dtype,
-                          "gradient of ", ir::op_info(n->op).name, " has the wrong shape");
+        LS_INTERNAL_CHECK(gn->shape == ins[i]->shape && gn->dtype == ins[i]->dtype, "gradient of ",
+                          ir::op_info(n->op).name, " has the wrong shape");
         accumulate(grads, ins[i].get(), gs[i], loc);
       }
   }

@@ -33,8 +33,10 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
                    x.defined() ? shape_str(x.shape()) : std::string("an empty handle")),
                "Pass a batch with the channels on axis 1");
   const int64_t c = x.size(1);
-  for (auto [t, what] : {std::pair{&running_mean, "running_mean"}, {&running_var, "running_var"},
-                         {&weight, "weight"}, {&bias, "bias"}})
+  for (auto [t, what] : {std::pair{&running_mean, "running_mean"},
+                         {&running_var, "running_var"},
+                         {&weight, "weight"},
+                         {&bias, "bias"}})
     if (t->defined() && (t->shape() != Shape{c} || t->dtype() != x.dtype()))
       util::fail(loc, "batch_norm",
                  cat(what, " is ", dtype_name(t->dtype()), shape_str(t->shape()), " but input ",
@@ -54,16 +56,15 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
     if (!running_mean.defined() || !running_var.defined())
       util::fail(loc, "batch_norm", "eval mode needs running_mean and running_var",
                  "Pass the running statistics, or training = true");
-    return affine(
-        mul(sub(x, channel(running_mean), loc), rsqrt(add(channel(running_var), eps, loc), loc),
-            loc));
+    return affine(mul(sub(x, channel(running_mean), loc),
+                      rsqrt(add(channel(running_var), eps, loc), loc), loc));
   }
   const int64_t n = x.numel() / c;
   if (n <= 1)
-    util::fail(loc, "batch_norm",
-               cat("training needs more than one value per channel, got input ",
-                   shape_str(x.shape())),
-               "Use a batch of at least 2, or eval mode");
+    util::fail(
+        loc, "batch_norm",
+        cat("training needs more than one value per channel, got input ", shape_str(x.shape())),
+        "Use a batch of at least 2, or eval mode");
   Tensor xhat, rstd, y;
   {
     NoGrad no_grad;  // the gradient is the formula below; running statistics get none
@@ -76,12 +77,12 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
     Tensor rm = running_mean, rv = running_var;  // handles: copy_ updates the caller's tensors
     if (rm.defined())
       rm.copy_(add(mul(running_mean, 1 - momentum, loc),
-                             mul(reshape(mean_c, {c}, loc), momentum, loc), loc),
-                         loc);
+                   mul(reshape(mean_c, {c}, loc), momentum, loc), loc),
+               loc);
     if (rv.defined())
       rv.copy_(add(mul(running_var, 1 - momentum, loc),
-                            mul(reshape(var_c, {c}, loc), momentum * n / (n - 1.0), loc), loc),
-                        loc);
+                   mul(reshape(var_c, {c}, loc), momentum * n / (n - 1.0), loc), loc),
+               loc);
   }
   std::vector<Tensor> inputs{x};
   if (weight.defined()) inputs.push_back(weight);
@@ -90,11 +91,10 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
   // every sync as if the user held it.
   const ir::NodePtr xhat_n = runtime::node_of(xhat, "batch_norm", loc);
   const ir::NodePtr rstd_n = runtime::node_of(rstd, "batch_norm", loc);
-  const ir::NodePtr weight_n = weight.defined() ? runtime::node_of(weight, "batch_norm", loc)
-                                                : nullptr;
+  const ir::NodePtr weight_n =
+      weight.defined() ? runtime::node_of(weight, "batch_norm", loc) : nullptr;
   const bool has_bias = bias.defined();
-  auto grad = [xhat_n, rstd_n, weight_n, has_bias, axes, per_channel, n, c,
-               loc](const Tensor& g) {
+  auto grad = [xhat_n, rstd_n, weight_n, has_bias, axes, per_channel, n, c, loc](const Tensor& g) {
     // PyTorch's formula: dx = w rstd (g - mean(g) - xhat mean(g xhat)), dw = sum(g xhat),
     // db = sum(g): two reductions and one elementwise pass.
     const Tensor xh = runtime::new_tensor(xhat_n);
@@ -103,9 +103,8 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
     Tensor scale = runtime::new_tensor(rstd_n);
     if (weight_n) scale = mul(scale, reshape(runtime::new_tensor(weight_n), per_channel, loc), loc);
     const double inv_n = 1.0 / static_cast<double>(n);
-    const Tensor dx =
-        mul(sub(sub(g, mul(db, inv_n, loc), loc), mul(xh, mul(dw, inv_n, loc), loc), loc), scale,
-            loc);
+    const Tensor dx = mul(
+        sub(sub(g, mul(db, inv_n, loc), loc), mul(xh, mul(dw, inv_n, loc), loc), loc), scale, loc);
     std::vector<Tensor> gs{dx};
     if (weight_n) gs.push_back(reshape(dw, {c}, loc));
     if (has_bias) gs.push_back(reshape(db, {c}, loc));

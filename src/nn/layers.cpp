@@ -71,8 +71,8 @@ Tensor BatchNorm::forward(const Tensor& x) {
   if (is_training() && x.numel() / num_features <= 1)
     throw Error(cat("BatchNorm: training needs more than one value per channel, got input ",
                     shape_str(x.shape())));
-  Tensor y = batch_norm(x, running_mean, running_var, weight, bias, is_training(), momentum, eps,
-                        loc);
+  Tensor y =
+      batch_norm(x, running_mean, running_var, weight, bias, is_training(), momentum, eps, loc);
   if (is_training()) {
     NoGrad no_grad;
     num_batches_tracked += 1;

@@ -4,6 +4,7 @@
 // max/avg pooling forward and backward.
 #include <array>
 
+#include "backends/cpu/dnnl_ops.h"
 #include "conformance.h"
 
 namespace conformance {
@@ -172,6 +173,42 @@ TEST_F(Conv, SpecialValues) {
         },
         static_cast<double>(c.w[0] * c.w[1] * c.w[2] * c.w[3] * y[0] * y[2] * y[3]));
   }
+}
+
+LS_COVERS(Conv, WinogradMatchesRef, Op::Conv2d, Op::Conv2dBackwardInput, Op::Conv2dBackwardWeight);
+TEST_F(Conv, WinogradMatchesRef) {
+  // The cpu backend may run big 3x3 stride-1 convolutions as oneDNN's Winograd (it times both);
+  // forced here, forward and both gradients must still match ref. Shapes no other test uses, so
+  // no program compiled with direct convolutions is reused from the cache.
+  namespace cpu = lockstep::backends::cpu;
+  struct Restore {
+    cpu::ConvAlgo was = cpu::conv_algo();
+    ~Restore() { cpu::set_conv_algo(was); }
+  } restore;
+  cpu::set_conv_algo(cpu::ConvAlgo::Winograd);
+  const int64_t before = ls::metrics::counter("winograd_convolutions");
+  struct Case {
+    ls::Shape x, w;
+    int64_t pad;
+  };
+  for (const Case& c :
+       {Case{{2, 16, 12, 12}, {16, 16, 3, 3}, 1}, Case{{3, 32, 9, 11}, {24, 32, 3, 3}, 0},
+        Case{{1, 16, 21, 19}, {32, 16, 3, 3}, 1}}) {
+    ls::Conv2dOptions o;
+    o.padding = {c.pad, c.pad};
+    const ls::Shape y = ls::conv2d(ls::zeros(c.x, {ls::f32, ls::Device{ls::DeviceKind::Ref}}),
+                                   ls::zeros(c.w, {ls::f32, ls::Device{ls::DeviceKind::Ref}}), o)
+                            .shape();
+    check(
+        "winograd " + str(c.x) + " " + str(c.w), {{c.x}, {c.w}, {y}},
+        [&](const Tensors& v) {
+          return Tensors{ls::conv2d(v[0], v[1], o), ls::conv2d_backward_input(v[2], v[1], c.x, o),
+                         ls::conv2d_backward_weight(v[0], v[2], c.w, o)};
+        },
+        static_cast<double>(c.w[1] * 9 * y[0] * y[2] * y[3]));
+  }
+  EXPECT_GT(ls::metrics::counter("winograd_convolutions"), before)
+      << "no convolution ran as Winograd: the test checks nothing";
 }
 
 LS_COVERS(Conv, InNetworks, Op::Conv2d, Op::Conv2dBackwardInput, Op::Conv2dBackwardWeight, Op::Relu,

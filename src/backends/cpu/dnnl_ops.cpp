@@ -3,13 +3,19 @@
 
 #include <omp.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
+#include <map>
+#include <mutex>
 #include <new>
+#include <string>
 #include <unordered_map>
 
 #include <dnnl.hpp>
 
 #include "lockstep/error.h"
+#include "runtime/lazy.h"
 #include "util/check.h"
 
 namespace lockstep::backends::cpu {
@@ -170,6 +176,15 @@ void DnnlMatMul::run(const float* a, const float* b, float* out) {
 
 // ---- convolution ----------------------------------------------------------------------------
 
+namespace {
+
+// Fills `impl` for one algorithm; throws dnnl::error when oneDNN has no implementation of it.
+void build_conv(DnnlConv::Kind kind, const Shape& x, const Shape& w, const Shape& y,
+                const std::vector<int64_t>& a, dnnl::algorithm alg, DnnlConv::Impl& impl);
+void run_conv(DnnlConv::Impl& impl, const float* in0, const float* in1, float* out);
+
+}  // namespace
+
 struct DnnlConv::Impl {
   Kind kind;
   Operand in0, in1, out;
@@ -180,81 +195,157 @@ struct DnnlConv::Impl {
   int arg0, arg1, arg_out;
 };
 
+namespace {
+
+void build_conv(DnnlConv::Kind kind, const Shape& x, const Shape& w, const Shape& y,
+                const std::vector<int64_t>& a, dnnl::algorithm alg, DnnlConv::Impl& impl) {
+  using Kind = DnnlConv::Kind;
+  impl.kind = kind;
+  const int64_t g = a[6];
+  const memory::dims strides{a[0], a[1]};
+  const memory::dims dilates{a[4] - 1, a[5] - 1};
+  const memory::dims pad_l{a[2], a[3]};
+  // oneDNN wants the right padding that makes its output size equal PyTorch's floor formula.
+  const memory::dims pad_r{(y[2] - 1) * a[0] + (w[2] - 1) * a[4] + 1 - x[2] - a[2],
+                           (y[3] - 1) * a[1] + (w[3] - 1) * a[5] + 1 - x[3] - a[3]};
+  const memory::dims xd = dims_of(x), yd = dims_of(y);
+  memory::dims wd = g == 1 ? dims_of(w) : memory::dims{g, w[0] / g, w[1], w[2], w[3]};
+  const tag wtag = g == 1 ? tag::oihw : tag::goihw;
+  const memory::desc x_user(xd, dt::f32, tag::nchw), y_user(yd, dt::f32, tag::nchw);
+  const memory::desc w_user(wd, dt::f32, wtag);
+  const memory::desc x_any(xd, dt::f32, tag::any), y_any(yd, dt::f32, tag::any);
+  const memory::desc w_any(wd, dt::f32, tag::any);
+  dnnl::convolution_forward::desc fd(dnnl::prop_kind::forward_training, alg, x_any, w_any, y_any,
+                                     strides, dilates, pad_l, pad_r);
+  const dnnl::primitive_attr attr = user_scratchpad();
+  dnnl::convolution_forward::primitive_desc fpd(fd, attr, engine());
+  switch (kind) {
+    case Kind::Forward:
+      impl.scratch_floats += impl.in0.init(x_user, fpd.src_desc(), false, impl.scratch_floats);
+      impl.scratch_floats += impl.in1.init(w_user, fpd.weights_desc(), false, impl.scratch_floats);
+      impl.scratch_floats += impl.out.init(y_user, fpd.dst_desc(), true, impl.scratch_floats);
+      impl.pad_md = fpd.scratchpad_desc();
+      impl.prim = std::make_unique<dnnl::convolution_forward>(fpd);
+      impl.arg0 = DNNL_ARG_SRC;
+      impl.arg1 = DNNL_ARG_WEIGHTS;
+      impl.arg_out = DNNL_ARG_DST;
+      break;
+    case Kind::BackwardData: {
+      dnnl::convolution_backward_data::desc bd(alg, x_any, w_any, y_any, strides, dilates, pad_l,
+                                               pad_r);
+      dnnl::convolution_backward_data::primitive_desc bpd(bd, attr, engine(), fpd);
+      impl.pad_md = bpd.scratchpad_desc();
+      impl.scratch_floats += impl.in0.init(y_user, bpd.diff_dst_desc(), false, impl.scratch_floats);
+      impl.scratch_floats += impl.in1.init(w_user, bpd.weights_desc(), false, impl.scratch_floats);
+      impl.scratch_floats += impl.out.init(x_user, bpd.diff_src_desc(), true, impl.scratch_floats);
+      impl.prim = std::make_unique<dnnl::convolution_backward_data>(bpd);
+      impl.arg0 = DNNL_ARG_DIFF_DST;
+      impl.arg1 = DNNL_ARG_WEIGHTS;
+      impl.arg_out = DNNL_ARG_DIFF_SRC;
+      break;
+    }
+    case Kind::BackwardWeights: {
+      dnnl::convolution_backward_weights::desc bd(alg, x_any, w_any, y_any, strides, dilates, pad_l,
+                                                  pad_r);
+      dnnl::convolution_backward_weights::primitive_desc bpd(bd, attr, engine(), fpd);
+      impl.pad_md = bpd.scratchpad_desc();
+      impl.scratch_floats += impl.in0.init(x_user, bpd.src_desc(), false, impl.scratch_floats);
+      impl.scratch_floats += impl.in1.init(y_user, bpd.diff_dst_desc(), false, impl.scratch_floats);
+      impl.scratch_floats +=
+          impl.out.init(w_user, bpd.diff_weights_desc(), true, impl.scratch_floats);
+      impl.prim = std::make_unique<dnnl::convolution_backward_weights>(bpd);
+      impl.arg0 = DNNL_ARG_SRC;
+      impl.arg1 = DNNL_ARG_DIFF_DST;
+      impl.arg_out = DNNL_ARG_DIFF_WEIGHTS;
+      break;
+    }
+  }
+  impl.pad_offset = impl.scratch_floats;
+  impl.scratch_floats += floats_for(impl.pad_md);
+}
+
+void run_conv(DnnlConv::Impl& impl, const float* in0, const float* in1, float* out) {
+  float* base = scratch(impl.scratch_floats);
+  memory m0 = impl.in0.input(in0, base);
+  memory m1 = impl.in1.input(in1, base);
+  memory mo = impl.out.output(out, base);
+  std::unordered_map<int, memory> args{{impl.arg0, m0}, {impl.arg1, m1}, {impl.arg_out, mo}};
+  add_scratchpad(&args, impl.pad_md, base + impl.pad_offset);
+  impl.prim->execute(stream(), args);
+  impl.out.finish_output(out, base);
+  stream().wait();
+}
+
+std::atomic<int>& conv_algo_knob() {
+  static std::atomic<int> knob{[] {
+    const char* v = std::getenv("LOCKSTEP_CONV_ALGO");
+    const std::string s = v ? v : "";
+    if (s == "direct") return static_cast<int>(ConvAlgo::Direct);
+    if (s == "winograd") return static_cast<int>(ConvAlgo::Winograd);
+    return static_cast<int>(ConvAlgo::Auto);  // unset, "auto", or unknown
+  }()};
+  return knob;
+}
+
+// Seconds of the fastest of two runs (after a warm-up) on zero-filled operands.
+double time_conv(DnnlConv::Impl& impl, const Shape& s0, const Shape& s1, const Shape& so) {
+  std::vector<float> a(shape_numel(s0)), b(shape_numel(s1)), o(shape_numel(so));
+  run_conv(impl, a.data(), b.data(), o.data());
+  double best = 1e30;
+  for (int r = 0; r < 2; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    run_conv(impl, a.data(), b.data(), o.data());
+    best = std::min(best,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
+
+}  // namespace
+
 DnnlConv::DnnlConv(Kind kind, const Shape& x, const Shape& w, const Shape& y,
                    const std::vector<int64_t>& a)
     : impl_(std::make_unique<Impl>()) {
-  impl_->kind = kind;
   try {
-    const int64_t g = a[6];
-    const memory::dims strides{a[0], a[1]};
-    const memory::dims dilates{a[4] - 1, a[5] - 1};
-    const memory::dims pad_l{a[2], a[3]};
-    // oneDNN wants the right padding that makes its output size equal PyTorch's floor formula.
-    const memory::dims pad_r{(y[2] - 1) * a[0] + (w[2] - 1) * a[4] + 1 - x[2] - a[2],
-                             (y[3] - 1) * a[1] + (w[3] - 1) * a[5] + 1 - x[3] - a[3]};
-    const memory::dims xd = dims_of(x), yd = dims_of(y);
-    memory::dims wd = g == 1 ? dims_of(w) : memory::dims{g, w[0] / g, w[1], w[2], w[3]};
-    const tag wtag = g == 1 ? tag::oihw : tag::goihw;
-    const memory::desc x_user(xd, dt::f32, tag::nchw), y_user(yd, dt::f32, tag::nchw);
-    const memory::desc w_user(wd, dt::f32, wtag);
-    const memory::desc x_any(xd, dt::f32, tag::any), y_any(yd, dt::f32, tag::any);
-    const memory::desc w_any(wd, dt::f32, tag::any);
-    const auto alg = dnnl::algorithm::convolution_direct;
-    dnnl::convolution_forward::desc fd(dnnl::prop_kind::forward_training, alg, x_any, w_any, y_any,
-                                       strides, dilates, pad_l, pad_r);
-    const dnnl::primitive_attr attr = user_scratchpad();
-    dnnl::convolution_forward::primitive_desc fpd(fd, attr, engine());
-    switch (kind) {
-      case Kind::Forward:
-        impl_->scratch_floats +=
-            impl_->in0.init(x_user, fpd.src_desc(), false, impl_->scratch_floats);
-        impl_->scratch_floats +=
-            impl_->in1.init(w_user, fpd.weights_desc(), false, impl_->scratch_floats);
-        impl_->scratch_floats +=
-            impl_->out.init(y_user, fpd.dst_desc(), true, impl_->scratch_floats);
-        impl_->pad_md = fpd.scratchpad_desc();
-        impl_->prim = std::make_unique<dnnl::convolution_forward>(fpd);
-        impl_->arg0 = DNNL_ARG_SRC;
-        impl_->arg1 = DNNL_ARG_WEIGHTS;
-        impl_->arg_out = DNNL_ARG_DST;
-        break;
-      case Kind::BackwardData: {
-        dnnl::convolution_backward_data::desc bd(alg, x_any, w_any, y_any, strides, dilates, pad_l,
-                                                 pad_r);
-        dnnl::convolution_backward_data::primitive_desc bpd(bd, attr, engine(), fpd);
-        impl_->pad_md = bpd.scratchpad_desc();
-        impl_->scratch_floats +=
-            impl_->in0.init(y_user, bpd.diff_dst_desc(), false, impl_->scratch_floats);
-        impl_->scratch_floats +=
-            impl_->in1.init(w_user, bpd.weights_desc(), false, impl_->scratch_floats);
-        impl_->scratch_floats +=
-            impl_->out.init(x_user, bpd.diff_src_desc(), true, impl_->scratch_floats);
-        impl_->prim = std::make_unique<dnnl::convolution_backward_data>(bpd);
-        impl_->arg0 = DNNL_ARG_DIFF_DST;
-        impl_->arg1 = DNNL_ARG_WEIGHTS;
-        impl_->arg_out = DNNL_ARG_DIFF_SRC;
-        break;
-      }
-      case Kind::BackwardWeights: {
-        dnnl::convolution_backward_weights::desc bd(alg, x_any, w_any, y_any, strides, dilates,
-                                                    pad_l, pad_r);
-        dnnl::convolution_backward_weights::primitive_desc bpd(bd, attr, engine(), fpd);
-        impl_->pad_md = bpd.scratchpad_desc();
-        impl_->scratch_floats +=
-            impl_->in0.init(x_user, bpd.src_desc(), false, impl_->scratch_floats);
-        impl_->scratch_floats +=
-            impl_->in1.init(y_user, bpd.diff_dst_desc(), false, impl_->scratch_floats);
-        impl_->scratch_floats +=
-            impl_->out.init(w_user, bpd.diff_weights_desc(), true, impl_->scratch_floats);
-        impl_->prim = std::make_unique<dnnl::convolution_backward_weights>(bpd);
-        impl_->arg0 = DNNL_ARG_SRC;
-        impl_->arg1 = DNNL_ARG_DIFF_DST;
-        impl_->arg_out = DNNL_ARG_DIFF_WEIGHTS;
-        break;
-      }
+    const ConvAlgo setting = static_cast<ConvAlgo>(conv_algo_knob().load());
+    build_conv(kind, x, w, y, a, dnnl::algorithm::convolution_direct, *impl_);
+    // oneDNN's Winograd (F(4x4, 3x3)) takes 3x3 kernels, stride 1, no dilation or groups. In
+    // Auto mode only problems big enough to gain are tried: Winograd mixes the values of a tile,
+    // so it rounds a little differently from direct and spreads a non-finite input (an inf
+    // becomes NaNs in its 4x4 output tile); direct keeps small problems exact to the last bit.
+    const bool candidate =
+        w[2] == 3 && w[3] == 3 && a[0] == 1 && a[1] == 1 && a[4] == 1 && a[5] == 1 && a[6] == 1;
+    const bool big = w[0] >= 16 && w[1] >= 16 && y[2] * y[3] >= 64;
+    if (setting == ConvAlgo::Direct || !candidate || (setting == ConvAlgo::Auto && !big)) return;
+    auto wino = std::make_unique<Impl>();
+    try {
+      build_conv(kind, x, w, y, a, dnnl::algorithm::convolution_winograd, *wino);
+    } catch (const dnnl::error&) {
+      return;  // not implemented for this problem or machine: direct it is
     }
-    impl_->pad_offset = impl_->scratch_floats;
-    impl_->scratch_floats += floats_for(impl_->pad_md);
+    bool use_wino = setting == ConvAlgo::Winograd;
+    if (setting == ConvAlgo::Auto) {
+      static std::mutex mu;
+      static std::map<std::vector<int64_t>, bool> decided;
+      std::vector<int64_t> key{static_cast<int64_t>(kind)};
+      for (const Shape* s : {&x, &w, &y}) key.insert(key.end(), s->begin(), s->end());
+      key.insert(key.end(), a.begin(), a.end());
+      std::lock_guard<std::mutex> lock(mu);
+      auto it = decided.find(key);
+      if (it == decided.end()) {
+        const Shape& s0 = kind == Kind::BackwardData ? y : x;
+        const Shape& s1 = kind == Kind::BackwardWeights ? y : w;
+        const Shape& so = kind == Kind::Forward ? y : kind == Kind::BackwardData ? x : w;
+        const double t_direct = time_conv(*impl_, s0, s1, so);
+        const double t_wino = time_conv(*wino, s0, s1, so);
+        it = decided.emplace(key, t_wino < t_direct).first;
+      }
+      use_wino = it->second;
+    }
+    if (use_wino) {
+      impl_ = std::move(wino);
+      runtime::count("winograd_convolutions");
+    }
   } catch (const dnnl::error& e) {
     rethrow(e, "convolution setup");
   }
@@ -264,20 +355,14 @@ DnnlConv::~DnnlConv() = default;
 
 void DnnlConv::run(const float* in0, const float* in1, float* out) {
   try {
-    float* base = scratch(impl_->scratch_floats);
-    memory m0 = impl_->in0.input(in0, base);
-    memory m1 = impl_->in1.input(in1, base);
-    memory mo = impl_->out.output(out, base);
-    std::unordered_map<int, memory> args{
-        {impl_->arg0, m0}, {impl_->arg1, m1}, {impl_->arg_out, mo}};
-    add_scratchpad(&args, impl_->pad_md, base + impl_->pad_offset);
-    impl_->prim->execute(stream(), args);
-    impl_->out.finish_output(out, base);
-    stream().wait();
+    run_conv(*impl_, in0, in1, out);
   } catch (const dnnl::error& e) {
     rethrow(e, "convolution");
   }
 }
+
+void set_conv_algo(ConvAlgo algo) { conv_algo_knob().store(static_cast<int>(algo)); }
+ConvAlgo conv_algo() { return static_cast<ConvAlgo>(conv_algo_knob().load()); }
 
 void set_threads(int n) { omp_set_num_threads(n); }
 int threads() { return omp_get_max_threads(); }
