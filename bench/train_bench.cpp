@@ -22,11 +22,12 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// FLOPs of the matmuls and convolutions in the graph behind `t` (multiply-adds count 2).
-double graph_gflop(const ls::Tensor& t) {
+// FLOPs of the matmuls and convolutions in the graph behind `roots` (multiply-adds count 2).
+double graph_gflop(const std::vector<ls::Tensor>& roots) {
   using ls::ir::Op;
   std::unordered_set<const ls::ir::Node*> seen;
-  std::vector<const ls::ir::Node*> stack{t.impl()->node.get()};
+  std::vector<const ls::ir::Node*> stack;
+  for (const ls::Tensor& t : roots) stack.push_back(t.impl()->node.get());
   double flop = 0;
   while (!stack.empty()) {
     const ls::ir::Node* n = stack.back();
@@ -94,7 +95,7 @@ int main(int argc, char** argv) {
     loss = ls::nn::cross_entropy((*model)(images), labels);
     loss.backward();
     opt.step();
-    if (gflop == 0) gflop = graph_gflop(model->parameters().back());
+    if (gflop == 0) gflop = graph_gflop(model->parameters());  // the updated parameters
   };
   // First step: trace + compile + run, until its values are ready.
   auto t0 = std::chrono::steady_clock::now();

@@ -10,4 +10,10 @@ namespace lockstep::passes {
 // Removes nodes no output needs.
 ir::Graph cse(const ir::Graph& g);
 
+// Algebraic simplification: a permute of a permute becomes one permute, a reshape of a reshape
+// one reshape, and ops that return their operand unchanged (identity permutes, reshapes and
+// expands to the same shape, casts to the same dtype) disappear, except where the value is a
+// graph output. Leaves dead nodes behind (cse removes them).
+ir::Graph simplify(const ir::Graph& g);
+
 }  // namespace lockstep::passes

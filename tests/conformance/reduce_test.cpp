@@ -113,6 +113,16 @@ TEST_F(Reduce, Large) {
             return Tensors{ls::sum(x[0], axes), ls::max(x[0], axes, true), ls::min(x[0], axes)};
           },
           reduced_length(s, axes));
+  // Leading axes over rows of kept elements (a bias gradient: sum over the batch), with NaN,
+  // infinities and signed zeros among the values.
+  for (const auto& [s, axes] : std::vector<std::pair<ls::Shape, std::vector<int64_t>>>{
+           {{40, 33}, {0}}, {{3, 20, 17}, {1}}, {{5, 4, 300}, {0, 1}}})
+    check(
+        "rows with special values, axes " + str(axes), {{s, ls::f32, Fill::NonFinite}},
+        [&](const Tensors& x) {
+          return Tensors{ls::sum(x[0], axes), ls::max(x[0], axes, true), ls::min(x[0], axes)};
+        },
+        reduced_length(s, axes));
 }
 
 LS_COVERS(Reduce, OfElementwiseTrees, Op::Sum, Op::Max, Op::Min, Op::Exp, Op::Mul, Op::Expand,

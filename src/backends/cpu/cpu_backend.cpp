@@ -79,7 +79,9 @@ std::vector<int64_t> contiguous_strides(const Shape& s) {
 
 class CpuExecutable final : public Executable {
  public:
-  explicit CpuExecutable(const ir::Graph& input) : g_(passes::cse(input)) { plan(); }
+  explicit CpuExecutable(const ir::Graph& input) : g_(passes::cse(passes::simplify(input))) {
+    plan();
+  }
 
   std::vector<std::shared_ptr<Storage>> run(const std::vector<std::shared_ptr<Storage>>& inputs,
                                             const std::vector<ir::ScalarValue>& scalars) override {

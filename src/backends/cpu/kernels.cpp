@@ -45,8 +45,59 @@ ReduceLayout reduce_layout(const Shape& in, const std::vector<int64_t>& attrs) {
   return l;
 }
 
+namespace {
+
+// Reductions over a block of dims followed by kept ones: x viewed as [A, R, K] (K contiguous
+// kept elements innermost), out [A, K]. Whole rows of K are combined at a time, so the loads
+// stay contiguous and vectorize (the generic walk would visit one element per run).
+bool reduce_columns(ir::Op op, const float* x, const Shape& in, const std::vector<int64_t>& attrs,
+                    float* out) {
+  std::vector<bool> reduced(in.size(), false);
+  for (size_t i = 1; i < attrs.size(); ++i) reduced[attrs[i]] = true;
+  size_t d = in.size();
+  int64_t k = 1, r = 1, a = 1;
+  while (d > 0 && (!reduced[d - 1] || in[d - 1] == 1)) k *= in[--d];
+  while (d > 0 && (reduced[d - 1] || in[d - 1] == 1)) r *= in[--d];
+  while (d > 0) {
+    if (reduced[d - 1] && in[d - 1] != 1) return false;
+    a *= in[--d];
+  }
+  if (k < 16 || r < 2) return false;
+  constexpr int64_t kChunk = 256;
+  const int64_t chunks = (k + kChunk - 1) / kChunk;
+  const bool is_sum = op == ir::Op::Sum, is_max = op == ir::Op::Max;
+#pragma omp parallel for schedule(static) if (a * r * k > 32768)
+  for (int64_t job = 0; job < a * chunks; ++job) {
+    const int64_t ai = job / chunks, k0 = job % chunks * kChunk;
+    const int64_t len = std::min(kChunk, k - k0);
+    const float* base = x + ai * r * k + k0;
+    float* o = out + ai * k + k0;
+    if (is_sum) {
+      double acc[kChunk] = {};
+      for (int64_t ri = 0; ri < r; ++ri)
+        for (int64_t j = 0; j < len; ++j) acc[j] += base[ri * k + j];
+      for (int64_t j = 0; j < len; ++j) o[j] = static_cast<float>(acc[j]);
+    } else {
+      float best[kChunk];
+      int bad[kChunk] = {};
+      std::copy(base, base + len, best);
+      for (int64_t ri = 0; ri < r; ++ri)
+        for (int64_t j = 0; j < len; ++j) {
+          const float v = base[ri * k + j];
+          bad[j] |= v != v;
+          best[j] = is_max ? (v > best[j] ? v : best[j]) : (v < best[j] ? v : best[j]);
+        }
+      for (int64_t j = 0; j < len; ++j) o[j] = bad[j] ? __builtin_nanf("") : best[j];
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
 void reduce_f32(ir::Op op, const float* x, const Shape& in, const std::vector<int64_t>& attrs,
                 float* out) {
+  if (reduce_layout(in, attrs).inner == 1 && reduce_columns(op, x, in, attrs, out)) return;
   reduce_f32(
       op, reduce_layout(in, attrs), [x](int64_t off, int64_t, float*) { return x + off; }, out, 0);
 }

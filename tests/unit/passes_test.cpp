@@ -1,0 +1,112 @@
+// Graph passes, IR text in, IR text out: each test builds a small graph, runs one pass and
+// compares the printed result with what the pass must produce.
+#include <gtest/gtest.h>
+
+#include "ir/ir.h"
+#include "passes/passes.h"
+
+namespace ir = lockstep::ir;
+namespace passes = lockstep::passes;
+using ir::Op;
+using lockstep::DType;
+using lockstep::Shape;
+
+namespace {
+
+struct Builder {
+  ir::Graph g;
+  int32_t add(Op op, std::vector<int32_t> operands, std::vector<int64_t> attrs, Shape shape,
+              DType dtype = DType::F32) {
+    ir::GraphNode n;
+    n.op = op;
+    n.operands = std::move(operands);
+    n.attrs = std::move(attrs);
+    n.shape = std::move(shape);
+    n.dtype = dtype;
+    if (op == Op::Data) n.input = g.num_buffer_inputs++;
+    if (op == Op::Scalar) n.input = g.num_scalar_inputs++;
+    g.nodes.push_back(std::move(n));
+    return static_cast<int32_t>(g.nodes.size() - 1);
+  }
+  int32_t data(Shape s) { return add(Op::Data, {}, {}, std::move(s)); }
+};
+
+std::string text(const ir::Graph& g) {
+  // Drop the header line (device, counts): the nodes are what the passes change.
+  const std::string t = ir::to_text(g);
+  return t.substr(t.find('\n') + 1);
+}
+
+}  // namespace
+
+TEST(Passes, SimplifyFoldsADoubleTransposeAway) {
+  // The backward of matmul(x, transpose(w)) reads transpose(transpose(w)): that is w.
+  Builder b;
+  const int32_t x = b.data({4, 3}), w = b.data({5, 3});
+  const int32_t wt = b.add(Op::Permute, {w}, {1, 0}, {3, 5});
+  const int32_t y = b.add(Op::MatMul, {x, wt}, {}, {4, 5});
+  const int32_t wtt = b.add(Op::Permute, {wt}, {1, 0}, {5, 3});
+  const int32_t gx = b.add(Op::MatMul, {y, wtt}, {}, {4, 3});
+  b.g.outputs = {y, gx};
+  EXPECT_EQ(text(passes::cse(passes::simplify(b.g))),
+            "%0 = data(#0) f32[4, 3]\n"
+            "%1 = data(#1) f32[5, 3]\n"
+            "%2 = permute(%1) {1, 0} f32[3, 5]\n"
+            "%3 = mat_mul(%0, %2) f32[4, 5]\n"
+            "%4 = mat_mul(%3, %1) f32[4, 3]\n"
+            "return %3, %4\n");
+}
+
+TEST(Passes, SimplifyComposesPermutesAndReshapes) {
+  Builder b;
+  const int32_t x = b.data({2, 3, 4});
+  const int32_t p = b.add(Op::Permute, {x}, {2, 0, 1}, {4, 2, 3});
+  const int32_t q = b.add(Op::Permute, {p}, {0, 2, 1}, {4, 3, 2});  // x.permute(2, 1, 0)
+  const int32_t r1 = b.add(Op::Reshape, {q}, {}, {12, 2});
+  const int32_t r2 = b.add(Op::Reshape, {r1}, {}, {24});
+  b.g.outputs = {r2};
+  EXPECT_EQ(text(passes::cse(passes::simplify(b.g))),
+            "%0 = data(#0) f32[2, 3, 4]\n"
+            "%1 = permute(%0) {2, 1, 0} f32[4, 3, 2]\n"
+            "%2 = reshape(%1) f32[24]\n"
+            "return %2\n");
+}
+
+TEST(Passes, SimplifyDropsIdentitiesButKeepsOutputs) {
+  Builder b;
+  const int32_t x = b.data({2, 3});
+  const int32_t same = b.add(Op::Reshape, {x}, {}, {2, 3});
+  const int32_t cast = b.add(Op::Cast, {same}, {}, {2, 3});
+  const int32_t e = b.add(Op::Expand, {cast}, {}, {2, 3});
+  const int32_t y = b.add(Op::Neg, {e}, {}, {2, 3});
+  const int32_t kept = b.add(Op::Reshape, {y}, {}, {2, 3});  // an output: keeps its node
+  b.g.outputs = {y, kept};
+  EXPECT_EQ(text(passes::cse(passes::simplify(b.g))),
+            "%0 = data(#0) f32[2, 3]\n"
+            "%1 = neg(%0) f32[2, 3]\n"
+            "%2 = reshape(%1) f32[2, 3]\n"
+            "return %1, %2\n");
+}
+
+TEST(Passes, CseMergesEqualNodesButNotScalarsAndDropsDeadOnes) {
+  Builder b;
+  const int32_t x = b.data({3});
+  const int32_t s0 = b.add(Op::Scalar, {}, {}, {});
+  const int32_t s1 = b.add(Op::Scalar, {}, {}, {});
+  const int32_t a0 = b.add(Op::Mul, {x, s0}, {}, {3});
+  const int32_t a1 = b.add(Op::Mul, {x, s1}, {}, {3});  // another scalar: not the same value
+  const int32_t e0 = b.add(Op::Exp, {x}, {}, {3});
+  const int32_t e1 = b.add(Op::Exp, {x}, {}, {3});  // same as e0
+  b.add(Op::Log, {x}, {}, {3});                     // nothing reads it
+  const int32_t s = b.add(Op::Add, {e0, e1}, {}, {3});
+  b.g.outputs = {a0, a1, s};
+  EXPECT_EQ(text(passes::cse(b.g)),
+            "%0 = data(#0) f32[3]\n"
+            "%1 = scalar($0) f32[]\n"
+            "%2 = scalar($1) f32[]\n"
+            "%3 = mul(%0, %1) f32[3]\n"
+            "%4 = mul(%0, %2) f32[3]\n"
+            "%5 = exp(%0) f32[3]\n"
+            "%6 = add(%5, %5) f32[3]\n"
+            "return %3, %4, %6\n");
+}
