@@ -26,9 +26,11 @@ class Executable {
   // Runs the program. inputs[k] is the storage of Data input #k, scalars[k] the value of Scalar
   // input #k. Returns one storage per graph output. Throws BackendError on a run-time failure
   // (e.g. an index out of range); the runtime then poisons the step's outputs.
+  // donatable[k] (when the vector has that entry) says nothing but this run references input k:
+  // the program may overwrite it and return it as an output (a parameter updated in place).
   virtual std::vector<std::shared_ptr<Storage>> run(
       const std::vector<std::shared_ptr<Storage>>& inputs,
-      const std::vector<ir::ScalarValue>& scalars) = 0;
+      const std::vector<ir::ScalarValue>& scalars, const std::vector<bool>& donatable) = 0;
 };
 
 class Backend {

@@ -119,10 +119,16 @@ void Runtime::run_job(Job& job) {
   if (!err && job.exe) {
     std::vector<std::shared_ptr<backends::Storage>> storages;
     storages.reserve(job.inputs.size());
+    // An input only this job still references (no tensor, node or journal holds its buffer:
+    // e.g. a parameter's previous value, after the step rebound the parameter) may be
+    // overwritten by the program. References only ever drop, so the check cannot go stale.
+    std::vector<bool> donatable(job.inputs.size());
+    for (size_t k = 0; k < job.inputs.size(); ++k)
+      donatable[k] = job.inputs[k].use_count() == 1 && job.inputs[k]->storage.use_count() == 1;
     for (const auto& in : job.inputs) storages.push_back(in->storage);
     const int64_t t0 = now_ns();
     try {
-      results = job.exe->run(storages, job.scalars);
+      results = job.exe->run(storages, job.scalars, donatable);
       if (results.size() != job.outputs.size())
         util::internal_fail(__FILE__, __LINE__, "executable returned the wrong number of outputs");
     } catch (...) {
@@ -210,8 +216,12 @@ const CacheEntry& lookup_or_compile(BuiltGraph& built, const std::string& origin
 }
 
 // Computes the given pending tensors. Caller holds rt().mu.
+// Builds and compiles the programs that compute `targets` and rebinds the targets to their
+// outputs; the jobs go to `ready`, for the caller to enqueue once it has dropped its own
+// references to the old values (so the programs may update them in place).
 void sync_impls(const std::vector<std::shared_ptr<TensorImpl>>& targets, const std::string& origin,
-                std::vector<std::function<void()>>* closures, bool keep_history) {
+                std::vector<std::function<void()>>* closures, bool keep_history,
+                std::vector<Job>* ready) {
   Runtime& r = rt();
   // One program per device, in the order devices first appear.
   std::vector<Device> devices;
@@ -260,13 +270,13 @@ void sync_impls(const std::vector<std::shared_ptr<TensorImpl>>& targets, const s
       t.pending_registered = false;
     }
     if (closures && di + 1 == devices.size()) job.closures = std::move(*closures);
-    enqueue(std::move(job));
+    ready->push_back(std::move(job));
   }
   if (closures && !closures->empty()) {  // nothing to compute: closures still run in order
     Job job;
     job.origin = origin;
     job.closures = std::move(*closures);
-    enqueue(std::move(job));
+    ready->push_back(std::move(job));
   }
 }
 
@@ -375,9 +385,10 @@ bool has_pending() {
 }
 
 void sync_all(const std::string& origin, std::vector<std::function<void()>>* closures,
-              bool keep_history) {
+              bool keep_history, const std::function<void()>& before_enqueue) {
   Runtime& r = rt();
   std::vector<std::shared_ptr<TensorImpl>> targets;
+  std::vector<Job> jobs;
   {
     std::lock_guard<std::recursive_mutex> lock(r.mu);
     if (r.pending.empty() && (!closures || closures->empty())) return;  // nothing to do: free
@@ -389,8 +400,11 @@ void sync_all(const std::string& origin, std::vector<std::function<void()>>* clo
     // a loop body runs, so it makes the program (and its hash) the same.
     std::sort(targets.begin(), targets.end(),
               [](const auto& a, const auto& b) { return a->creation_index < b->creation_index; });
-    sync_impls(targets, origin, closures, keep_history);
+    sync_impls(targets, origin, closures, keep_history, &jobs);
+    targets.clear();  // the pending graphs die here: only the jobs hold the old values now
   }
+  if (before_enqueue) before_enqueue();
+  for (Job& job : jobs) enqueue(std::move(job));
 }
 
 std::shared_ptr<Buffer> materialize(const Tensor& t, const std::source_location& loc) {
@@ -407,7 +421,9 @@ std::shared_ptr<Buffer> materialize(const Tensor& t, const std::source_location&
                    "Read only tensors of the finished step in a closure, or read after the step");
       count("implicit_syncs");
       count("syncs");
-      sync_impls({impl}, cat("implicit sync at ", util::where(loc)), nullptr, true);
+      std::vector<Job> jobs;
+      sync_impls({impl}, cat("implicit sync at ", util::where(loc)), nullptr, true, &jobs);
+      for (Job& job : jobs) enqueue(std::move(job));
     }
   }
   std::shared_ptr<Buffer> b = impl->node->buffer;

@@ -83,12 +83,18 @@ void end_history(StepState& s) {
 void commit(StepState& s) {
   time_ns("trace", now_ns() - s.trace_start_ns);
   try {
-    sync_all(step_origin(s), &s.closures, false);
+    // Past the build nothing can fail: the journal goes before the program is enqueued, so
+    // the program may overwrite the previous values of what the step changed (nothing else
+    // holds them any more).
+    sync_all(step_origin(s), &s.closures, false, [&] {
+      end_history(s);
+      s.journal.clear();
+      s.created.clear();
+    });
   } catch (const std::exception& e) {
     rollback(s, e.what());
     throw;
   }
-  end_history(s);
   t_active = nullptr;
 }
 

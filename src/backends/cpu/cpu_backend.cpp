@@ -37,12 +37,15 @@ struct Ctx {
 };
 
 struct Step {
-  const char* label;           // for LOCKSTEP_PROFILE
-  std::string detail;          // for plan dumps (LOCKSTEP_DUMP)
-  int32_t node;                // the value it writes
-  int32_t extra = -1;          // a second value it writes, if any
-  std::vector<int32_t> reads;  // values it reads
+  const char* label;            // for LOCKSTEP_PROFILE
+  std::string detail;           // for plan dumps (LOCKSTEP_DUMP)
+  int32_t node;                 // the value it writes
+  std::vector<int32_t> extras;  // further values it writes
+  std::vector<int32_t> reads;   // values it reads
   std::function<void(Ctx&)> run;
+  std::shared_ptr<FusedTree> tree;  // a fused elementwise step's tree (merged into groups)
+  // A group of fused trees run tile by tile together, with the node each writes.
+  std::shared_ptr<std::vector<std::pair<int32_t, std::shared_ptr<FusedTree>>>> group;
 };
 
 // Where a value lives during a run.
@@ -84,7 +87,8 @@ class CpuExecutable final : public Executable {
   }
 
   std::vector<std::shared_ptr<Storage>> run(const std::vector<std::shared_ptr<Storage>>& inputs,
-                                            const std::vector<ir::ScalarValue>& scalars) override {
+                                            const std::vector<ir::ScalarValue>& scalars,
+                                            const std::vector<bool>& donatable) override {
     const int want = g_threads.load();
     if (want > 0 && omp_get_max_threads() != want) omp_set_num_threads(want);
     if (!arena_ && arena_bytes_) arena_ = alloc_host(arena_bytes_);
@@ -92,7 +96,15 @@ class CpuExecutable final : public Executable {
     std::vector<std::shared_ptr<Storage>> out_of_node(g_.nodes.size());
     for (size_t k = 0; k < g_.outputs.size(); ++k) {
       const int32_t id = g_.outputs[k];
-      if (!out_of_node[id]) out_of_node[id] = alloc_host(bytes_of(g_.nodes[id]));
+      if (!out_of_node[id]) {
+        // Updated in place when the planned donor input is free to take (see plan_donations).
+        const int32_t j = donor_[k];
+        if (j >= 0 && static_cast<size_t>(j) < donatable.size() && donatable[j] && inputs[j]) {
+          out_of_node[id] = inputs[j];
+          runtime::count("in_place_outputs");
+        } else
+          out_of_node[id] = alloc_host(bytes_of(g_.nodes[id]));
+      }
       outs[k] = out_of_node[id];
     }
     Ctx ctx;
@@ -165,7 +177,9 @@ class CpuExecutable final : public Executable {
       if (g_.nodes[o].dtype != DType::F32 || shape_numel(g_.nodes[o].shape) == 0) return false;
     return true;
   }
+  void merge_fused_steps();
   void plan_memory();
+  void plan_donations(const std::vector<int>& last, const std::vector<int32_t>& root);
   void dump_plan(const char* dir) const;
 
   ir::Graph g_;
@@ -175,6 +189,7 @@ class CpuExecutable final : public Executable {
   std::vector<bool> merged_;  // computed by another node's step
   std::vector<Step> steps_;
   std::vector<Slot> slot_;
+  std::vector<int32_t> donor_;  // per output: the input it may overwrite, or -1
   size_t arena_bytes_ = 0;
   std::shared_ptr<Storage> arena_;
   std::vector<std::shared_ptr<void>> keep_;  // primitives and trees the steps use
@@ -241,13 +256,15 @@ void CpuExecutable::plan() {
   for (int32_t o : g_.outputs) needed[o] = true;
   std::vector<Step> kept;
   for (size_t s = steps_.size(); s-- > 0;) {
-    const int32_t extra = steps_[s].extra;
-    if (!needed[steps_[s].node] && !(extra >= 0 && needed[extra])) continue;
+    bool any = needed[steps_[s].node];
+    for (int32_t e : steps_[s].extras) any = any || needed[e];
+    if (!any) continue;
     for (int32_t r : steps_[s].reads) needed[r] = true;
     kept.push_back(std::move(steps_[s]));
   }
   std::reverse(kept.begin(), kept.end());
   steps_ = std::move(kept);
+  merge_fused_steps();
   plan_memory();
   if (const char* dir = std::getenv("LOCKSTEP_DUMP")) dump_plan(dir);
 }
@@ -268,6 +285,61 @@ void CpuExecutable::dump_plan(const char* dir) const {
   std::fclose(f);
 }
 
+// Consecutive fused steps over the same number of elements run as one group: per tile, each
+// tree in turn, so a value one writes and the next reads (an optimizer's new momentum, then
+// the parameter it moves) is still in cache; every read of a group member's value must be at
+// the same element (no broadcast), which keeps tiles independent.
+void CpuExecutable::merge_fused_steps() {
+  std::vector<Step> out;
+  for (Step& s : steps_) {
+    // A host scalar reads nothing: it moves ahead of a fused step rather than separate it from
+    // the next one.
+    if (g_.nodes[s.node].op == Op::Scalar && !out.empty() && out.back().tree) {
+      out.insert(out.end() - 1, std::move(s));
+      continue;
+    }
+    if (!out.empty() && out.back().tree && s.tree && s.tree->numel() == out.back().tree->numel() &&
+        s.tree->numel() >= FusedTree::kTile) {
+      Step& g = out.back();
+      std::vector<int32_t> group_writes{g.node};
+      group_writes.insert(group_writes.end(), g.extras.begin(), g.extras.end());
+      bool ok = true;
+      for (size_t k = 0; k < s.tree->leaf_nodes().size(); ++k)
+        if (std::find(group_writes.begin(), group_writes.end(), s.tree->leaf_nodes()[k]) !=
+                group_writes.end() &&
+            !s.tree->leaf_is_elementwise(k))
+          ok = false;
+      if (ok) {
+        if (!g.group)
+          g.group = std::make_shared<std::vector<std::pair<int32_t, std::shared_ptr<FusedTree>>>>(
+              1, std::make_pair(g.node, g.tree));
+        g.group->emplace_back(s.node, s.tree);
+        g.extras.push_back(s.node);
+        for (int32_t r : s.reads)
+          if (std::find(g.reads.begin(), g.reads.end(), r) == g.reads.end()) g.reads.push_back(r);
+        g.label = "fused_group";
+        g.detail += "; " + s.detail;
+        auto group = g.group;
+        g.run = [group](Ctx& c) {
+          std::vector<const FusedTree*> trees;
+          std::vector<std::vector<const void*>> leaves;
+          std::vector<void*> outs;
+          for (const auto& [node, tree] : *group) {
+            trees.push_back(tree.get());
+            leaves.emplace_back();
+            for (int32_t l : tree->leaf_nodes()) leaves.back().push_back(c.ptr[l]);
+            outs.push_back(c.ptr[node]);
+          }
+          FusedTree::run_group(trees, leaves, outs);
+        };
+        continue;
+      }
+    }
+    out.push_back(std::move(s));
+  }
+  steps_ = std::move(out);
+}
+
 void CpuExecutable::add_step(int32_t id) {
   const ir::GraphNode& n = g_.nodes[id];
   Step step;
@@ -285,6 +357,7 @@ void CpuExecutable::add_step(int32_t id) {
     step.reads = tree->leaf_nodes();
     step.label = "fused";
     step.detail = tree->describe();
+    step.tree = tree;
     step.run = [tree, id](Ctx& c) {
       std::vector<const void*> leaves;
       for (int32_t l : tree->leaf_nodes()) leaves.push_back(c.ptr[l]);
@@ -385,13 +458,14 @@ void CpuExecutable::add_step(int32_t id) {
     const Op other = n.op == Op::MaxPool2d ? Op::MaxPool2dIndices : Op::MaxPool2d;
     for (int32_t k : consumers_[x])
       if (k != id && g_.nodes[k].op == other && g_.nodes[k].attrs == n.attrs && !absorbed_[k]) {
-        step.extra = k;
+        step.extras = {k};
         merged_[k] = true;
         break;
       }
     step.reads = n.operands;
-    const int32_t values = n.op == Op::MaxPool2d ? id : step.extra;
-    const int32_t indices = n.op == Op::MaxPool2d ? step.extra : id;
+    const int32_t other_id = step.extras.empty() ? -1 : step.extras[0];
+    const int32_t values = n.op == Op::MaxPool2d ? id : other_id;
+    const int32_t indices = n.op == Op::MaxPool2d ? other_id : id;
     const Shape in = g_.nodes[x].shape, out = n.shape;
     const std::vector<int64_t> attrs = n.attrs;
     step.run = [=](Ctx& c) {
@@ -474,8 +548,9 @@ void CpuExecutable::plan_memory() {
   // Liveness in step order, by the memory each value really lives in.
   std::vector<int> first(n, -1), last(n, -1);
   for (size_t s = 0; s < steps_.size(); ++s) {
-    for (int32_t written : {steps_[s].node, steps_[s].extra}) {
-      if (written < 0) continue;
+    std::vector<int32_t> writes{steps_[s].node};
+    writes.insert(writes.end(), steps_[s].extras.begin(), steps_[s].extras.end());
+    for (int32_t written : writes) {
       const int32_t w = root[written];
       if (first[w] < 0) first[w] = static_cast<int>(s);
       last[w] = std::max(last[w], static_cast<int>(s));
@@ -492,8 +567,10 @@ void CpuExecutable::plan_memory() {
     live.erase(std::remove_if(live.begin(), live.end(),
                               [&](const Block& b) { return b.last < static_cast<int>(s); }),
                live.end());
-    for (int32_t id : {steps_[s].node, steps_[s].extra}) {
-      if (id < 0 || slot_[id].kind != Slot::None || root[id] != id) continue;
+    std::vector<int32_t> writes{steps_[s].node};
+    writes.insert(writes.end(), steps_[s].extras.begin(), steps_[s].extras.end());
+    for (int32_t id : writes) {
+      if (slot_[id].kind != Slot::None || root[id] != id) continue;
       const size_t size = (bytes_of(g_.nodes[id]) + 63) / 64 * 64;
       std::sort(live.begin(), live.end(),
                 [](const Block& a, const Block& b) { return a.offset < b.offset; });
@@ -505,6 +582,50 @@ void CpuExecutable::plan_memory() {
       slot_[id] = {Slot::Arena, static_cast<int64_t>(offset)};
       live.push_back({offset, size, last[id]});
       arena_bytes_ = std::max(arena_bytes_, offset + size);
+    }
+  }
+  plan_donations(last, root);
+}
+
+// An output computed by a fused step may take over the memory of an input (a Data node) that
+// the step reads element for element and nothing reads afterwards: an optimizer's update writes
+// the new parameter where the old one was. Whether it may, the runtime says per run (no one else
+// may still hold the old value); this plans which input each output would take.
+void CpuExecutable::plan_donations(const std::vector<int>& last, const std::vector<int32_t>& root) {
+  donor_.assign(g_.outputs.size(), -1);
+  std::vector<bool> taken(g_.nodes.size(), false);
+  std::vector<int> output_number(g_.nodes.size(), -1);
+  for (size_t k = 0; k < g_.outputs.size(); ++k)
+    if (output_number[g_.outputs[k]] < 0) output_number[g_.outputs[k]] = static_cast<int>(k);
+  for (size_t si = 0; si < steps_.size(); ++si) {
+    const Step& st = steps_[si];
+    if (!st.tree) continue;
+    std::vector<std::pair<int32_t, std::shared_ptr<FusedTree>>> members;
+    if (st.group)
+      members = *st.group;
+    else
+      members.emplace_back(st.node, st.tree);
+    for (size_t m = 0; m < members.size(); ++m) {
+      const auto& [id, tree] = members[m];
+      if (output_number[id] < 0) continue;
+      for (size_t l = 0; l < tree->leaf_nodes().size(); ++l) {
+        const int32_t in = tree->leaf_nodes()[l];
+        const ir::GraphNode& src = g_.nodes[in];
+        if (src.op != Op::Data || taken[in] || is_output_[in] || !tree->leaf_is_elementwise(l) ||
+            src.dtype != g_.nodes[id].dtype || bytes_of(src) != bytes_of(g_.nodes[id]) ||
+            last[root[in]] != static_cast<int>(si))
+          continue;
+        // Later trees of the group must not read the old value after this one overwrote it.
+        bool later_reads = false;
+        for (size_t m2 = m + 1; m2 < members.size(); ++m2) {
+          const auto& ls = members[m2].second->leaf_nodes();
+          later_reads = later_reads || std::find(ls.begin(), ls.end(), in) != ls.end();
+        }
+        if (later_reads) continue;
+        taken[in] = true;
+        donor_[output_number[id]] = src.input;
+        break;
+      }
     }
   }
 }

@@ -332,9 +332,45 @@ std::string FusedTree::describe() const {
   return s;
 }
 
+void FusedTree::run_group(const std::vector<const FusedTree*>& trees,
+                          const std::vector<std::vector<const void*>>& leaves,
+                          const std::vector<void*>& outs) {
+  const int64_t numel = trees[0]->numel_;
+  const int64_t tiles = (numel + kTile - 1) / kTile;
+  size_t regs = 0;
+  for (const FusedTree* t : trees) regs = std::max(regs, static_cast<size_t>(t->num_regs_));
+  std::vector<char> in_place(trees.size());  // see run()
+  for (size_t k = 0; k < trees.size(); ++k)
+    in_place[k] = std::find(leaves[k].begin(), leaves[k].end(), outs[k]) != leaves[k].end();
+#pragma omp parallel if (numel >= 4 * kTile)
+  {
+    std::vector<float> scratch(regs * kTile);
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int64_t i0 = t * kTile;
+      const int64_t len = std::min(kTile, numel - i0);
+      for (size_t k = 0; k < trees.size(); ++k) {
+        const bool f32_out = trees[k]->out_dtype_ == DType::F32;
+        float* direct = f32_out ? static_cast<float*>(outs[k]) + i0 : nullptr;
+        const float* r =
+            trees[k]->eval(leaves[k], i0, len, scratch.data(), in_place[k] ? nullptr : direct);
+        if (!f32_out) {
+          uint8_t* o = static_cast<uint8_t*>(outs[k]) + i0;
+          for (int64_t i = 0; i < len; ++i) o[i] = r[i] != 0.0f;
+        } else if (r != direct) {
+          std::memcpy(direct, r, len * sizeof(float));
+        }
+      }
+    }
+  }
+}
+
 void FusedTree::run(const std::vector<const void*>& leaf_ptrs, void* out) const {
   const int64_t tiles = (numel_ + kTile - 1) / kTile;
   const bool f32_out = out_dtype_ == DType::F32;
+  // Written in place over a leaf: compute each tile aside, then store it (the instructions'
+  // operands must not alias their result).
+  const bool in_place = std::find(leaf_ptrs.begin(), leaf_ptrs.end(), out) != leaf_ptrs.end();
 #pragma omp parallel if (numel_ >= 4 * kTile)
   {
     std::vector<float> scratch(static_cast<size_t>(num_regs_) * kTile);
@@ -343,7 +379,7 @@ void FusedTree::run(const std::vector<const void*>& leaf_ptrs, void* out) const 
       const int64_t i0 = t * kTile;
       const int64_t len = std::min(kTile, numel_ - i0);
       float* direct = f32_out ? static_cast<float*>(out) + i0 : nullptr;
-      const float* r = eval(leaf_ptrs, i0, len, scratch.data(), direct);
+      const float* r = eval(leaf_ptrs, i0, len, scratch.data(), in_place ? nullptr : direct);
       if (!f32_out) {
         uint8_t* o = static_cast<uint8_t*>(out) + i0;
         for (int64_t i = 0; i < len; ++i) o[i] = r[i] != 0.0f;

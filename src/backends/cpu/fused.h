@@ -23,6 +23,15 @@ class FusedTree {
   // Nodes whose values the tree reads from memory, in the order run() takes their pointers.
   const std::vector<int32_t>& leaf_nodes() const { return leaf_nodes_; }
   void run(const std::vector<const void*>& leaves, void* out) const;
+  // Several trees of the same numel, tile by tile: for each tile, each tree in order (a tree may
+  // read an earlier one's output, element for element).
+  static void run_group(const std::vector<const FusedTree*>& trees,
+                        const std::vector<std::vector<const void*>>& leaves,
+                        const std::vector<void*>& outs);
+  // Whether leaf k is read element for element (same numel, no broadcast).
+  bool leaf_is_elementwise(size_t k) const {
+    return leaves_[k].contiguous && leaves_[k].numel == numel_;
+  }
   // Values [i0, i0 + len) (len <= kTile) of the tree's result, as floats (bool as 0/1); scratch
   // holds scratch_floats(). Writes into dst when given (and returns it), else into scratch.
   const float* eval(const std::vector<const void*>& leaves, int64_t i0, int64_t len, float* scratch,

@@ -363,7 +363,8 @@ class RefExecutable final : public Executable {
   }
 
   std::vector<std::shared_ptr<Storage>> run(const std::vector<std::shared_ptr<Storage>>& inputs,
-                                            const std::vector<ir::ScalarValue>& scalars) override {
+                                            const std::vector<ir::ScalarValue>& scalars,
+                                            const std::vector<bool>&) override {
     std::vector<std::shared_ptr<Storage>> values(g_.nodes.size());
     for (size_t i = 0; i < g_.nodes.size(); ++i) {
       const ir::GraphNode& n = g_.nodes[i];
