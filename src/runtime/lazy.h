@@ -82,8 +82,8 @@ bool has_pending();
 // `keep_history`, a value that requires grad remembers the node it was computed from, so
 // backward can go through it; the step's own entry and exit syncs cut that history.
 // `before_enqueue` (optional) runs once the programs are built, before they are handed to the
-// runtime thread: where a caller drops references to old values that a program may then update
-// in place.
+// runtime thread (also when there is nothing to run): where a caller drops references to old
+// values that a program may then update in place.
 void sync_all(const std::string& origin, std::vector<std::function<void()>>* closures,
               bool keep_history, const std::function<void()>& before_enqueue = {});
 void wait_all();

@@ -391,7 +391,10 @@ void sync_all(const std::string& origin, std::vector<std::function<void()>>* clo
   std::vector<Job> jobs;
   {
     std::lock_guard<std::recursive_mutex> lock(r.mu);
-    if (r.pending.empty() && (!closures || closures->empty())) return;  // nothing to do: free
+    if (r.pending.empty() && (!closures || closures->empty())) {  // nothing to do: free
+      if (before_enqueue) before_enqueue();
+      return;
+    }
     count("syncs");
     targets.reserve(r.pending.size());
     for (TensorImpl* impl : r.pending)
