@@ -149,6 +149,21 @@ void FusedTree::load(const Leaf& leaf, const void* src, int64_t i0, int64_t len,
   const bool is_bool = leaf.dtype == DType::Bool;
   const float* fs = static_cast<const float*>(src);
   const uint8_t* bs = static_cast<const uint8_t*>(src);
+  if (rank == 1 && !inner_run) {
+    // One broadcast dim (a per-channel value over [N, C, H, W]): runs of `repeat` copies of
+    // consecutive source elements, walked without a division per run.
+    const int64_t mod = leaf.mod[0], st = leaf.stride[0];
+    int64_t c = i0 / repeat % mod, left = repeat - i0 % repeat;
+    for (int64_t i = 0; i < len;) {
+      const int64_t n = std::min(len - i, left);
+      const float v = is_bool ? bs[c * st] != 0 : fs[c * st];
+      std::fill(dst + i, dst + i + n, v);
+      i += n;
+      left = repeat;
+      if (++c == mod) c = 0;
+    }
+    return;
+  }
   int64_t i = 0;
   while (i < len) {
     const int64_t o = i0 + i;
@@ -174,7 +189,7 @@ namespace {
 
 // One instruction over one tile. Separate, with restrict pointers and an AVX2 clone picked at
 // load time, so every loop vectorizes.
-__attribute__((target_clones("avx2", "default"))) void apply(
+__attribute__((target_clones("avx512f", "avx2", "default"))) void apply(
     Op op, int64_t len, float* __restrict y, const float* __restrict a, const float* __restrict b,
     const float* __restrict c, DType in_dtype, DType out_dtype) {
   switch (op) {
