@@ -96,6 +96,10 @@ struct Node {
   std::weak_ptr<detail::TensorImpl> grad_leaf;
   NodePtr grad_alias;
   std::shared_ptr<const GradFn> grad_fn;  // set: backward uses it instead of the op's rule
+  // Scratch of the graph builder (runtime/graph_builder.cpp), which runs under the runtime's
+  // lock: the node's number in the graph being built, valid while build_epoch is current.
+  mutable uint64_t build_epoch = 0;
+  mutable int32_t build_id = -1;
 
   Node() = default;
   Node(const Node&) = delete;

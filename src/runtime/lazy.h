@@ -26,6 +26,10 @@ struct Buffer {
   std::shared_ptr<backends::Storage> storage;  // valid once ready without error
   std::exception_ptr error;                    // set when its program failed
   std::atomic<bool> done{false};               // storage or error is set
+  // Graph builder scratch (under the runtime's lock): the Data node that stands for this
+  // buffer in the graph being built, valid while build_epoch is current.
+  uint64_t build_epoch = 0;
+  int32_t build_id = -1;
 };
 
 // A buffer already filled with `bytes` copied from host memory.

@@ -188,6 +188,7 @@ const CacheEntry& lookup_or_compile(BuiltGraph& built, const std::string& origin
     return *it->second;
   }
   const int64_t t0 = now_ns();
+  materialize_graph(built);
   std::shared_ptr<backends::Executable> exe =
       backends::backend_for(built.graph.device).compile(built.graph);
   time_ns("compile", now_ns() - t0);
@@ -249,9 +250,9 @@ void sync_impls(const std::vector<std::shared_ptr<TensorImpl>>& targets, const s
     job.inputs = std::move(built.buffers);
     job.scalars = std::move(built.scalars);
     job.origin = origin;
-    job.num_nodes = static_cast<int64_t>(built.graph.nodes.size());
-    for (int32_t id : built.graph.outputs) {
-      const ir::GraphNode& gn = built.graph.nodes[id];
+    job.num_nodes = static_cast<int64_t>(built.order.size());
+    for (int32_t id : built.outputs) {
+      const ir::Node& gn = *built.order[id];
       auto b = std::make_shared<Buffer>();
       b->device = device;
       b->bytes = static_cast<size_t>(shape_numel(gn.shape)) * dtype_size(gn.dtype);
