@@ -357,7 +357,7 @@ void FusedTree::run_group(const std::vector<const FusedTree*>& trees,
   std::vector<char> in_place(trees.size());  // see run()
   for (size_t k = 0; k < trees.size(); ++k)
     in_place[k] = std::find(leaves[k].begin(), leaves[k].end(), outs[k]) != leaves[k].end();
-#pragma omp parallel if (numel >= 4 * kTile)
+#pragma omp parallel if (numel >= kParallelMin)
   {
     std::vector<float> scratch(regs * kTile);
 #pragma omp for schedule(static)
@@ -386,7 +386,7 @@ void FusedTree::run(const std::vector<const void*>& leaf_ptrs, void* out) const 
   // Written in place over a leaf: compute each tile aside, then store it (the instructions'
   // operands must not alias their result).
   const bool in_place = std::find(leaf_ptrs.begin(), leaf_ptrs.end(), out) != leaf_ptrs.end();
-#pragma omp parallel if (numel_ >= 4 * kTile)
+#pragma omp parallel if (numel_ >= kParallelMin)
   {
     std::vector<float> scratch(static_cast<size_t>(num_regs_) * kTile);
 #pragma omp for schedule(static)

@@ -42,6 +42,8 @@ class FusedTree {
   std::string describe() const;
 
   static constexpr int64_t kTile = 512;
+  // Fewer elements run on one thread: waking the others costs more than the pass.
+  static constexpr int64_t kParallelMin = 131072;
 
  private:
   struct Leaf {
