@@ -44,6 +44,15 @@ struct Step {
   std::vector<int32_t> reads;   // values it reads
   std::function<void(Ctx&)> run;
   std::shared_ptr<FusedTree> tree;  // a fused elementwise step's tree (merged into groups)
+  // A sum over a walk of long runs (see merge_sums): its input shape and attrs, and the tree it
+  // reads through (absorbed operand) or else the node it reads.
+  struct SumOf {
+    Shape in;
+    std::vector<int64_t> attrs;
+    std::shared_ptr<FusedTree> tree;
+    int32_t input = -1;
+  };
+  std::shared_ptr<SumOf> sum;
   // A group of fused trees run tile by tile together, with the node each writes.
   std::shared_ptr<std::vector<std::pair<int32_t, std::shared_ptr<FusedTree>>>> group;
 };
@@ -178,6 +187,7 @@ class CpuExecutable final : public Executable {
     return true;
   }
   void merge_fused_steps();
+  void merge_sums();
   void plan_memory();
   void plan_donations(const std::vector<int>& last, const std::vector<int32_t>& root);
   void dump_plan(const char* dir) const;
@@ -264,6 +274,7 @@ void CpuExecutable::plan() {
   }
   std::reverse(kept.begin(), kept.end());
   steps_ = std::move(kept);
+  merge_sums();
   merge_fused_steps();
   plan_memory();
   if (const char* dir = std::getenv("LOCKSTEP_DUMP")) dump_plan(dir);
@@ -338,6 +349,72 @@ void CpuExecutable::merge_fused_steps() {
     out.push_back(std::move(s));
   }
   steps_ = std::move(out);
+}
+
+// Sums over the same values' layout (same input shape and axes) that a few steps apart need
+// nothing computed in between run as one walk, reading their inputs once: batch norm's backward
+// sums the output gradient and the gradient times the normalized input per channel.
+void CpuExecutable::merge_sums() {
+  constexpr size_t kLookahead = 12;
+  std::vector<bool> gone(steps_.size(), false);
+  for (size_t i = 0; i < steps_.size(); ++i) {
+    if (gone[i] || !steps_[i].sum) continue;
+    std::vector<size_t> members{i};
+    std::vector<int32_t> written;  // by the steps between
+    for (size_t j = i + 1; j < steps_.size() && j <= i + kLookahead; ++j) {
+      if (gone[j]) continue;
+      const Step& t = steps_[j];
+      bool depends = false;
+      for (int32_t r : t.reads)
+        depends = depends || std::find(written.begin(), written.end(), r) != written.end();
+      if (t.sum && !depends && t.sum->in == steps_[i].sum->in &&
+          t.sum->attrs == steps_[i].sum->attrs) {
+        members.push_back(j);
+        gone[j] = true;
+        continue;
+      }
+      written.push_back(t.node);
+      written.insert(written.end(), t.extras.begin(), t.extras.end());
+    }
+    if (members.size() == 1) continue;
+    Step& s = steps_[i];
+    std::vector<std::pair<int32_t, std::shared_ptr<Step::SumOf>>> parts;
+    for (size_t m : members) {
+      parts.emplace_back(steps_[m].node, steps_[m].sum);
+      if (m == i) continue;
+      s.extras.push_back(steps_[m].node);
+      for (int32_t r : steps_[m].reads)
+        if (std::find(s.reads.begin(), s.reads.end(), r) == s.reads.end()) s.reads.push_back(r);
+      s.detail += "; " + steps_[m].detail;
+    }
+    s.label = "sums";
+    s.sum = nullptr;
+    const ReduceLayout layout = reduce_layout(parts[0].second->in, parts[0].second->attrs);
+    size_t tmp_floats = 0;
+    for (const auto& [node, of] : parts)
+      if (of->tree) tmp_floats = std::max(tmp_floats, of->tree->scratch_floats());
+    s.run = [parts, layout, tmp_floats](Ctx& c) {
+      std::vector<std::vector<const void*>> leaves(parts.size());
+      std::vector<float*> outs;
+      for (size_t k = 0; k < parts.size(); ++k) {
+        if (parts[k].second->tree)
+          for (int32_t l : parts[k].second->tree->leaf_nodes()) leaves[k].push_back(c.ptr[l]);
+        outs.push_back(static_cast<float*>(c.ptr[parts[k].first]));
+      }
+      sum_multi_f32(
+          layout, parts.size(),
+          [&](size_t k, int64_t off, int64_t len, float* tmp) -> const float* {
+            const Step::SumOf& of = *parts[k].second;
+            if (!of.tree) return static_cast<const float*>(c.ptr[of.input]) + off;
+            return of.tree->eval(leaves[k], off, len, tmp, nullptr);
+          },
+          outs, tmp_floats);
+    };
+  }
+  std::vector<Step> kept;
+  for (size_t i = 0; i < steps_.size(); ++i)
+    if (!gone[i]) kept.push_back(std::move(steps_[i]));
+  steps_ = std::move(kept);
 }
 
 void CpuExecutable::add_step(int32_t id) {
@@ -429,6 +506,9 @@ void CpuExecutable::add_step(int32_t id) {
     step.label = "fused_reduce";
     step.detail = tree->describe();
     const ReduceLayout layout = reduce_layout(g_.nodes[n.operands[0]].shape, n.attrs);
+    if (n.op == Op::Sum)
+      step.sum = std::make_shared<Step::SumOf>(
+          Step::SumOf{g_.nodes[n.operands[0]].shape, n.attrs, tree, -1});
     const Op op = n.op;
     step.run = [tree, layout, op, id](Ctx& c) {
       std::vector<const void*> leaves;
@@ -447,6 +527,8 @@ void CpuExecutable::add_step(int32_t id) {
     const Shape in = g_.nodes[x].shape;
     const std::vector<int64_t> attrs = n.attrs;
     const Op op = n.op;
+    if (n.op == Op::Sum && reduce_layout(in, attrs).inner >= 64)
+      step.sum = std::make_shared<Step::SumOf>(Step::SumOf{in, attrs, nullptr, x});
     step.run = [=](Ctx& c) {
       reduce_f32(op, static_cast<const float*>(c.ptr[x]), in, attrs,
                  static_cast<float*>(c.ptr[id]));

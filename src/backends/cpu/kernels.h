@@ -30,6 +30,12 @@ float sum_run_f32(const float* p, int64_t n);
 float max_run_f32(const float* p, int64_t n, bool* nan);
 float min_run_f32(const float* p, int64_t n, bool* nan);
 
+// Several sums over the same layout in one walk (the batch norm backward's two per-channel
+// sums read the same values): read(k, offset, len, tmp) gives source k's values; out[k] its sums.
+template <typename Read>
+void sum_multi_f32(const ReduceLayout& l, size_t sources, Read&& read,
+                   const std::vector<float*>& out, size_t tmp_floats);
+
 // Sum, Max or Min of x (shape `in`) over the axes in attrs ([keepdim, axes...]).
 void reduce_f32(ir::Op op, const float* x, const Shape& in, const std::vector<int64_t>& attrs,
                 float* out);
@@ -81,6 +87,41 @@ void reduce_f32(ir::Op op, const ReduceLayout& l, Read&& read, float* out, size_
         }
       }
       out[o] = is_sum ? static_cast<float>(sum) : (nan ? __builtin_nanf("") : best);
+    }
+  }
+}
+
+template <typename Read>
+void sum_multi_f32(const ReduceLayout& l, size_t sources, Read&& read,
+                   const std::vector<float*>& out, size_t tmp_floats) {
+#pragma omp parallel if (l.outer > 1 && l.outer * l.groups * l.inner > 32768)
+  {
+    std::vector<float> tmp(tmp_floats);
+    std::vector<int64_t> idx(l.rdim.size());
+    std::vector<double> sum(sources);
+#pragma omp for schedule(static)
+    for (int64_t o = 0; o < l.outer; ++o) {
+      int64_t off = 0, rest = o;
+      for (size_t d = l.kdim.size(); d-- > 0;) {
+        off += rest % l.kdim[d] * l.kstride[d];
+        rest /= l.kdim[d];
+      }
+      std::fill(sum.begin(), sum.end(), 0.0);
+      std::fill(idx.begin(), idx.end(), 0);
+      for (int64_t g = 0; g < l.groups; ++g) {
+        for (int64_t c = 0; c < l.inner; c += 512) {
+          const int64_t len = std::min<int64_t>(512, l.inner - c);
+          for (size_t k = 0; k < sources; ++k)
+            sum[k] += sum_run_f32(read(k, off + c, len, tmp.data()), len);
+        }
+        for (size_t d = l.rdim.size(); d-- > 0;) {
+          off += l.rstride[d];
+          if (++idx[d] < l.rdim[d]) break;
+          off -= l.rstride[d] * l.rdim[d];
+          idx[d] = 0;
+        }
+      }
+      for (size_t k = 0; k < sources; ++k) out[k][o] = static_cast<float>(sum[k]);
     }
   }
 }
