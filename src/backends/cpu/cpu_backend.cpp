@@ -31,6 +31,10 @@ std::atomic<int> g_threads{0};
 // than written to memory once (when that saves memory traffic: see plan()).
 constexpr int kRecomputeLimit = 8;
 
+// Reductions whose contiguous runs are at least this long walk the runs; shorter ones (sums over
+// small feature maps) go by tiles of the input instead.
+constexpr int64_t kLongRun = 512;
+
 struct Ctx {
   std::vector<void*> ptr;  // per node: where its value is
   const std::vector<ir::ScalarValue>* scalars;
@@ -235,7 +239,8 @@ void CpuExecutable::plan() {
       const bool reduction = (cn.op == Op::Sum || cn.op == Op::Max || cn.op == Op::Min) &&
                              cn.dtype == DType::F32 && node.dtype == DType::F32 &&
                              shape_numel(cn.shape) > 0 &&
-                             reduce_layout(node.shape, cn.attrs).inner >= 64;
+                             (reduce_layout(node.shape, cn.attrs).inner >= 64 ||
+                              (cn.op == Op::Sum && reduce_layout(node.shape, cn.attrs).inner >= 4));
       all_take = all_take && (tree || reduction);
     }
     cost[i] = node.op == Op::Expand ? 0 : 1;  // a broadcast is a load, not an instruction
@@ -390,10 +395,11 @@ void CpuExecutable::merge_sums() {
     s.label = "sums";
     s.sum = nullptr;
     const ReduceLayout layout = reduce_layout(parts[0].second->in, parts[0].second->attrs);
+    const ReduceMap map = reduce_map(parts[0].second->in, parts[0].second->attrs);
     size_t tmp_floats = 0;
     for (const auto& [node, of] : parts)
       if (of->tree) tmp_floats = std::max(tmp_floats, of->tree->scratch_floats());
-    s.run = [parts, layout, tmp_floats](Ctx& c) {
+    s.run = [parts, layout, map, tmp_floats](Ctx& c) {
       std::vector<std::vector<const void*>> leaves(parts.size());
       std::vector<float*> outs;
       for (size_t k = 0; k < parts.size(); ++k) {
@@ -401,14 +407,15 @@ void CpuExecutable::merge_sums() {
           for (int32_t l : parts[k].second->tree->leaf_nodes()) leaves[k].push_back(c.ptr[l]);
         outs.push_back(static_cast<float*>(c.ptr[parts[k].first]));
       }
-      sum_multi_f32(
-          layout, parts.size(),
-          [&](size_t k, int64_t off, int64_t len, float* tmp) -> const float* {
-            const Step::SumOf& of = *parts[k].second;
-            if (!of.tree) return static_cast<const float*>(c.ptr[of.input]) + off;
-            return of.tree->eval(leaves[k], off, len, tmp, nullptr);
-          },
-          outs, tmp_floats);
+      auto read = [&](size_t k, int64_t off, int64_t len, float* tmp) -> const float* {
+        const Step::SumOf& of = *parts[k].second;
+        if (!of.tree) return static_cast<const float*>(c.ptr[of.input]) + off;
+        return of.tree->eval(leaves[k], off, len, tmp, nullptr);
+      };
+      if (layout.inner < kLongRun)
+        sum_tiles_f32(map, parts.size(), read, outs, tmp_floats);
+      else
+        sum_multi_f32(layout, parts.size(), read, outs, tmp_floats);
     };
   }
   std::vector<Step> kept;
@@ -510,16 +517,29 @@ void CpuExecutable::add_step(int32_t id) {
       step.sum = std::make_shared<Step::SumOf>(
           Step::SumOf{g_.nodes[n.operands[0]].shape, n.attrs, tree, -1});
     const Op op = n.op;
-    step.run = [tree, layout, op, id](Ctx& c) {
-      std::vector<const void*> leaves;
-      for (int32_t l : tree->leaf_nodes()) leaves.push_back(c.ptr[l]);
-      reduce_f32(
-          op, layout,
-          [&](int64_t off, int64_t len, float* tmp) {
-            return tree->eval(leaves, off, len, tmp, nullptr);
-          },
-          static_cast<float*>(c.ptr[id]), tree->scratch_floats());
-    };
+    if (op == Op::Sum && layout.inner < kLongRun) {  // short runs: by tiles of the input
+      const ReduceMap map = reduce_map(g_.nodes[n.operands[0]].shape, n.attrs);
+      step.run = [tree, map, id](Ctx& c) {
+        std::vector<const void*> leaves;
+        for (int32_t l : tree->leaf_nodes()) leaves.push_back(c.ptr[l]);
+        sum_tiles_f32(
+            map, 1,
+            [&](size_t, int64_t off, int64_t len, float* tmp) {
+              return tree->eval(leaves, off, len, tmp, nullptr);
+            },
+            {static_cast<float*>(c.ptr[id])}, tree->scratch_floats());
+      };
+    } else
+      step.run = [tree, layout, op, id](Ctx& c) {
+        std::vector<const void*> leaves;
+        for (int32_t l : tree->leaf_nodes()) leaves.push_back(c.ptr[l]);
+        reduce_f32(
+            op, layout,
+            [&](int64_t off, int64_t len, float* tmp) {
+              return tree->eval(leaves, off, len, tmp, nullptr);
+            },
+            static_cast<float*>(c.ptr[id]), tree->scratch_floats());
+      };
     keep_.push_back(tree);
   } else if ((n.op == Op::Sum || n.op == Op::Max || n.op == Op::Min) && all_f32()) {
     step.reads = n.operands;
@@ -527,12 +547,22 @@ void CpuExecutable::add_step(int32_t id) {
     const Shape in = g_.nodes[x].shape;
     const std::vector<int64_t> attrs = n.attrs;
     const Op op = n.op;
-    if (n.op == Op::Sum && reduce_layout(in, attrs).inner >= 64)
+    const ReduceLayout layout = reduce_layout(in, attrs);
+    if (n.op == Op::Sum && layout.inner >= 4)
       step.sum = std::make_shared<Step::SumOf>(Step::SumOf{in, attrs, nullptr, x});
-    step.run = [=](Ctx& c) {
-      reduce_f32(op, static_cast<const float*>(c.ptr[x]), in, attrs,
-                 static_cast<float*>(c.ptr[id]));
-    };
+    if (n.op == Op::Sum && layout.inner >= 2 && layout.inner < kLongRun) {
+      const ReduceMap map = reduce_map(in, attrs);
+      step.run = [map, x, id](Ctx& c) {
+        const float* src = static_cast<const float*>(c.ptr[x]);
+        sum_tiles_f32(
+            map, 1, [&](size_t, int64_t off, int64_t, float*) { return src + off; },
+            {static_cast<float*>(c.ptr[id])}, 0);
+      };
+    } else
+      step.run = [=](Ctx& c) {
+        reduce_f32(op, static_cast<const float*>(c.ptr[x]), in, attrs,
+                   static_cast<float*>(c.ptr[id]));
+      };
   } else if ((n.op == Op::MaxPool2d || n.op == Op::MaxPool2dIndices) && is_f32(g_, n.operands[0]) &&
              shape_numel(n.shape) > 0) {
     // Values and indices of the same pooling come from one pass.

@@ -102,6 +102,28 @@ void reduce_f32(ir::Op op, const float* x, const Shape& in, const std::vector<in
       op, reduce_layout(in, attrs), [x](int64_t off, int64_t, float*) { return x + off; }, out, 0);
 }
 
+ReduceMap reduce_map(const Shape& in, const std::vector<int64_t>& attrs) {
+  const size_t r = in.size();
+  std::vector<bool> reduced(r, false);
+  for (size_t i = 1; i < attrs.size(); ++i) reduced[attrs[i]] = true;
+  ReduceMap m;
+  m.numel = shape_numel(in);
+  size_t d = r;
+  while (d > 0 && reduced[d - 1]) m.run *= in[--d];
+  int64_t stride = m.run, mul = 1;
+  for (; d-- > 0;) {
+    if (!reduced[d] && in[d] > 1) {  // a kept dim of size 1 adds nothing
+      m.div.push_back(stride);
+      m.mod.push_back(in[d]);
+      m.mul.push_back(mul);
+      mul *= in[d];
+    }
+    stride *= in[d];
+  }
+  m.out_size = mul;
+  return m;
+}
+
 namespace {
 constexpr int kLanes = 16;
 }

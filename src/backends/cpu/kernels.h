@@ -2,6 +2,8 @@
 // strided copies, parallel over OpenMP threads.
 #pragma once
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <vector>
@@ -29,6 +31,22 @@ void reduce_f32(ir::Op op, const ReduceLayout& l, Read&& read, float* out, size_
 float sum_run_f32(const float* p, int64_t n);
 float max_run_f32(const float* p, int64_t n, bool* nan);
 float min_run_f32(const float* p, int64_t n, bool* nan);
+
+// Where each input element of a reduction goes: output (i) = sum over the kept dims of
+// (i / div) % mod * mul; `run` consecutive elements (the trailing reduced dims) share one.
+struct ReduceMap {
+  std::vector<int64_t> div, mod, mul;
+  int64_t run = 1, numel = 0, out_size = 1;
+};
+ReduceMap reduce_map(const Shape& in, const std::vector<int64_t>& attrs);
+
+// Sums by tiles of the flattened input (good when the runs are short, e.g. per-channel sums of
+// small feature maps): each source is read through read(k, offset, len, tmp) (len <= 512) in
+// whole tiles, and the tile's runs are added to their outputs; per-thread partial sums are
+// combined in thread order, so results do not depend on timing.
+template <typename Read>
+void sum_tiles_f32(const ReduceMap& m, size_t sources, Read&& read, const std::vector<float*>& out,
+                   size_t tmp_floats);
 
 // Several sums over the same layout in one walk (the batch norm backward's two per-channel
 // sums read the same values): read(k, offset, len, tmp) gives source k's values; out[k] its sums.
@@ -89,6 +107,44 @@ void reduce_f32(ir::Op op, const ReduceLayout& l, Read&& read, float* out, size_
       out[o] = is_sum ? static_cast<float>(sum) : (nan ? __builtin_nanf("") : best);
     }
   }
+}
+
+template <typename Read>
+void sum_tiles_f32(const ReduceMap& m, size_t sources, Read&& read, const std::vector<float*>& out,
+                   size_t tmp_floats) {
+  constexpr int64_t kTile = 512;
+  const int64_t tiles = (m.numel + kTile - 1) / kTile;
+  const int threads = m.numel >= 131072 ? omp_get_max_threads() : 1;
+  const size_t per_thread = sources * static_cast<size_t>(m.out_size);
+  std::vector<double> acc(static_cast<size_t>(threads) * per_thread, 0.0);
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<float> tmp(std::max<size_t>(tmp_floats, kTile));
+    double* a = acc.data() + static_cast<size_t>(omp_get_thread_num()) * per_thread;
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int64_t i0 = t * kTile, len = std::min(kTile, m.numel - i0);
+      for (size_t k = 0; k < sources; ++k) {
+        const float* p = read(k, i0, len, tmp.data());
+        double* ak = a + k * static_cast<size_t>(m.out_size);
+        for (int64_t j = 0; j < len;) {
+          const int64_t pos = i0 + j;
+          int64_t o = 0;
+          for (size_t d = 0; d < m.div.size(); ++d) o += pos / m.div[d] % m.mod[d] * m.mul[d];
+          const int64_t n = std::min(len - j, m.run - pos % m.run);
+          ak[o] += sum_run_f32(p + j, n);
+          j += n;
+        }
+      }
+    }
+  }
+  for (size_t k = 0; k < sources; ++k)
+    for (int64_t o = 0; o < m.out_size; ++o) {
+      double s = 0;
+      for (int t = 0; t < threads; ++t)
+        s += acc[static_cast<size_t>(t) * per_thread + k * static_cast<size_t>(m.out_size) + o];
+      out[k][o] = static_cast<float>(s);
+    }
 }
 
 template <typename Read>
