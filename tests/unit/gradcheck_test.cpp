@@ -180,3 +180,59 @@ TEST(GradCheck, EveryDifferentiableOpHasACheckedRule) {
     }
   }
 }
+
+// Batch norm in training brings its own backward (two reductions instead of the primitives'
+// chain): it must agree with finite differences too, for x, weight and bias, with and without
+// the affine parameters, over [N, C] and [N, C, H, W].
+TEST(GradCheck, BatchNormsOwnGradientMatchesFiniteDifferences) {
+  using V = const std::vector<ls::Tensor>&;
+  auto stats = [](int64_t c) { return std::pair{ls::zeros({c}, ls::f64), ls::ones({c}, ls::f64)}; };
+  const std::vector<Case> bn_cases = {
+      {{{3, 2, 4, 5}, {2}, {2}},
+       -1,
+       1,
+       [&](V x) {
+         auto [m, v] = stats(2);
+         return ls::nn::batch_norm(x[0], m, v, x[1], x[2], true, 0.1, 1e-5);
+       }},
+      {{{6, 3}},
+       -1,
+       1,
+       [&](V x) {
+         auto [m, v] = stats(3);
+         return ls::nn::batch_norm(x[0], m, v, ls::Tensor(), ls::Tensor(), true);
+       }},
+      {{{2, 3, 3, 2}, {3}},
+       -1,
+       1,
+       [&](V x) {
+         return ls::nn::batch_norm(x[0], ls::Tensor(), ls::Tensor(), x[1], ls::Tensor(), true);
+       }},
+  };
+  std::mt19937 rng(77);
+  for (size_t ci = 0; ci < bn_cases.size(); ++ci) {
+    SCOPED_TRACE("case " + std::to_string(ci));
+    const Case& c = bn_cases[ci];
+    std::vector<std::vector<double>> values;
+    for (const ls::Shape& s : c.shapes) values.push_back(sample(s, c.lo, c.hi, rng));
+    std::vector<double> weights;
+    std::uniform_real_distribution<double> u(0.5, 1.5);
+    for (int64_t i = 0; i < ls::shape_numel(c.shapes[0]); ++i) weights.push_back(u(rng));
+    std::vector<ls::Tensor> leaves;
+    objective(c, values, weights, &leaves);
+    for (size_t i = 0; i < values.size(); ++i) {
+      ASSERT_TRUE(leaves[i].grad().defined()) << "input " << i << " got no gradient";
+      const std::vector<double> analytic = leaves[i].grad().to_vector<double>();
+      for (size_t j = 0; j < values[i].size(); ++j) {
+        auto plus = values, minus = values;
+        plus[i][j] += c.step;
+        minus[i][j] -= c.step;
+        const double numeric =
+            (objective(c, plus, weights, nullptr) - objective(c, minus, weights, nullptr)) /
+            (2 * c.step);
+        EXPECT_NEAR(analytic[j], numeric, 1e-6 * std::max(1.0, std::abs(numeric)))
+            << "input " << i << " element " << j;
+      }
+    }
+  }
+}

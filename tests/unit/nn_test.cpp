@@ -236,6 +236,25 @@ TEST(NnBatchNorm, OneDimensionalInputAndErrors) {
   expect_all_near(as_double(bn.running_var), {0.5 + 0.5 * 2, 0.5, 0.5 + 0.5 * 8}, 1e-6);
 }
 
+TEST(NnBatchNorm, FunctionalFormChecksItsInputs) {
+  const ls::Tensor x = f32({1, 2, 3, 4, 5, 6}, {3, 2});
+  const ls::Tensor stat2 = f32({0, 0}, {2}), stat3 = f32({0, 0, 0}, {3});
+  EXPECT_LS_ERROR(ls::nn::batch_norm(f32({1, 2}, {2}), stat2, stat2), "batch_norm", "[N, C, ...]");
+  EXPECT_LS_ERROR(ls::nn::batch_norm(ls::Tensor(), stat2, stat2), "batch_norm", "empty");
+  EXPECT_LS_ERROR(ls::nn::batch_norm(x, stat3, stat2), "batch_norm", "running_mean", "2 channels");
+  EXPECT_LS_ERROR(ls::nn::batch_norm(x, stat2, stat2, stat3), "batch_norm", "weight");
+  EXPECT_LS_ERROR(ls::nn::batch_norm(x, stat2, ls::cast(stat2, ls::f64)), "batch_norm",
+                  "running_var", "f64");
+  EXPECT_LS_ERROR(ls::nn::batch_norm(x, ls::Tensor(), ls::Tensor()), "batch_norm",
+                  "running_mean and running_var");
+  EXPECT_LS_ERROR(ls::nn::batch_norm(f32({1, 2}, {1, 2}), stat2, stat2, {}, {}, true), "batch_norm",
+                  "more than one value");
+  // Eval mode normalizes with the given statistics: (x - mean) / sqrt(var + eps).
+  const ls::Tensor y = ls::nn::batch_norm(x, f32({1, 2}, {2}), f32({4, 1}, {2}), ls::Tensor(),
+                                          ls::Tensor(), false, 0.1, 0.0);
+  expect_all_near(as_double(y), {0, 0, 1, 2, 2, 4}, 1e-6);
+}
+
 TEST(NnBatchNorm, RunningStatsRollBackWithTheStep) {
   ls::nn::BatchNorm2d bn(2);
   ls::Tensor x = f32(std::vector<float>(16, 0.0f), {2, 2, 2, 2}) + ls::randn({2, 2, 2, 2});
