@@ -177,7 +177,7 @@ TEST_F(Conv, SpecialValues) {
 
 LS_COVERS(Conv, WinogradMatchesRef, Op::Conv2d, Op::Conv2dBackwardInput, Op::Conv2dBackwardWeight);
 TEST_F(Conv, WinogradMatchesRef) {
-  // The cpu backend may run big 3x3 stride-1 convolutions as oneDNN's Winograd (it times both);
+  // The cpu backend runs big 3x3 stride-1 convolutions as oneDNN's Winograd (small ones direct);
   // forced here, forward and both gradients must still match ref. Shapes no other test uses, so
   // no program compiled with direct convolutions is reused from the cache.
   namespace cpu = lockstep::backends::cpu;

@@ -27,9 +27,8 @@ class DnnlMatMul {
 
 // Convolution forward (in0 = x, in1 = w -> y), backward data (in0 = dy, in1 = w -> dx) and
 // backward weights (in0 = x, in1 = dy -> dw). attrs as ir::Node's: stride, padding, dilation,
-// groups. Operands and result are plain NCHW / OIHW; internally oneDNN's blocked layouts. A
-// 3x3 stride-1 convolution runs as Winograd where oneDNN has it and it is faster (timed once per
-// problem and process; see set_conv_algo).
+// groups. Operands and result are plain NCHW / OIHW; internally oneDNN's blocked layouts. Big
+// 3x3 stride-1 convolutions run as Winograd where oneDNN has it (see set_conv_algo).
 class DnnlConv {
  public:
   enum class Kind { Forward, BackwardData, BackwardWeights };
@@ -43,10 +42,10 @@ class DnnlConv {
   std::unique_ptr<Impl> impl_;
 };
 
-// How convolutions built from now on pick their algorithm: Auto (default) times direct against
-// Winograd for big 3x3 stride-1 problems and keeps the faster; Direct never uses Winograd;
-// Winograd uses it wherever oneDNN has it. The environment's LOCKSTEP_CONV_ALGO=auto|direct|
-// winograd sets the initial value.
+// How convolutions built from now on pick their algorithm: Auto (default) uses Winograd for 3x3
+// stride-1 problems of at least 16 channels in and out and 64 output pixels, direct otherwise;
+// Direct never uses Winograd; Winograd uses it wherever oneDNN has it. The environment's
+// LOCKSTEP_CONV_ALGO=auto|direct| winograd sets the initial value.
 enum class ConvAlgo { Auto, Direct, Winograd };
 void set_conv_algo(ConvAlgo algo);
 ConvAlgo conv_algo();
