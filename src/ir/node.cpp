@@ -77,20 +77,14 @@ Node::~Node() {
   draining = nullptr;
 }
 
-NodePtr make_node(Op op, std::vector<NodePtr> operands, std::vector<int64_t> attrs, Shape shape,
-                  DType dtype, const std::source_location& loc) {
-  for (size_t i = 0; i < operands.size(); ++i) {
-    LS_INTERNAL_CHECK(operands[i] != nullptr, "null operand of ", op_info(op).name);
-    if (!(operands[i]->device == operands[0]->device))
-      util::fail(loc, op_info(op).name,
-                 util::cat("operands are on different devices (", device_name(operands[0]->device),
-                           " and ", device_name(operands[i]->device), ")"),
-                 "Move one with .to(device) first");
-  }
+namespace {
+
+NodePtr new_node(Op op, std::vector<NodePtr> operands, std::vector<int64_t> attrs, Shape shape,
+                 DType dtype, Device device, const std::source_location& loc) {
   infer(op, operands, attrs, &shape, &dtype, loc);
   auto node = std::make_shared<Node>();
   node->op = op;
-  node->device = operands.empty() ? default_device() : operands[0]->device;
+  node->device = device;
   node->operands = std::move(operands);
   node->attrs = std::move(attrs);
   node->shape = std::move(shape);
@@ -102,17 +96,25 @@ NodePtr make_node(Op op, std::vector<NodePtr> operands, std::vector<int64_t> att
   return node;
 }
 
+}  // namespace
+
+NodePtr make_node(Op op, std::vector<NodePtr> operands, std::vector<int64_t> attrs, Shape shape,
+                  DType dtype, const std::source_location& loc) {
+  for (size_t i = 0; i < operands.size(); ++i) {
+    LS_INTERNAL_CHECK(operands[i] != nullptr, "null operand of ", op_info(op).name);
+    if (!(operands[i]->device == operands[0]->device))
+      util::fail(loc, op_info(op).name,
+                 util::cat("operands are on different devices (", device_name(operands[0]->device),
+                           " and ", device_name(operands[i]->device), ")"),
+                 "Move one with .to(device) first");
+  }
+  const Device device = operands.empty() ? default_device() : operands[0]->device;
+  return new_node(op, std::move(operands), std::move(attrs), std::move(shape), dtype, device, loc);
+}
+
 NodePtr make_leaf(Op op, std::vector<int64_t> attrs, Shape shape, DType dtype, Device device,
                   const std::source_location& loc) {
-  infer(op, {}, attrs, &shape, &dtype, loc);
-  auto node = std::make_shared<Node>();
-  node->op = op;
-  node->device = device;
-  node->attrs = std::move(attrs);
-  node->shape = std::move(shape);
-  node->dtype = dtype;
-  node->loc = loc;
-  return node;
+  return new_node(op, {}, std::move(attrs), std::move(shape), dtype, device, loc);
 }
 
 NodePtr make_data(std::shared_ptr<runtime::Buffer> buffer, const Shape& shape, DType dtype,

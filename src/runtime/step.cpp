@@ -153,21 +153,25 @@ Step::Step(Loc loc) : uncaught_at_entry_(std::uncaught_exceptions()) {
   t_guard_states.push_back(std::move(s));
 }
 
+namespace {
+std::unique_ptr<runtime::StepState> pop_guard_state() {
+  std::unique_ptr<runtime::StepState> s = std::move(t_guard_states.back());
+  t_guard_states.pop_back();
+  return s;
+}
+}  // namespace
+
 void Step::commit() {
   if (done_) return;
   done_ = true;
-  std::unique_ptr<runtime::StepState> s = std::move(t_guard_states.back());
-  t_guard_states.pop_back();
-  runtime::commit(*s);
+  runtime::commit(*pop_guard_state());
 }
 
 Step::~Step() noexcept(false) {
   if (done_) return;
   if (std::uncaught_exceptions() > uncaught_at_entry_) {
     done_ = true;
-    std::unique_ptr<runtime::StepState> s = std::move(t_guard_states.back());
-    t_guard_states.pop_back();
-    runtime::rollback(*s, "an exception left the ls::Step scope");
+    runtime::rollback(*pop_guard_state(), "an exception left the ls::Step scope");
     return;
   }
   commit();

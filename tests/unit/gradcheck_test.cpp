@@ -132,6 +132,28 @@ double objective(const Case& c, const std::vector<std::vector<double>>& values,
   return loss.item<double>();
 }
 
+// Every input's analytic gradient (from backward) against central differences of objective().
+void expect_matches_finite_differences(const Case& c,
+                                       const std::vector<std::vector<double>>& values,
+                                       const std::vector<double>& weights) {
+  std::vector<ls::Tensor> leaves;
+  objective(c, values, weights, &leaves);
+  for (size_t i = 0; i < values.size(); ++i) {
+    ASSERT_TRUE(leaves[i].grad().defined()) << "input " << i << " got no gradient";
+    const std::vector<double> analytic = leaves[i].grad().to_vector<double>();
+    for (size_t j = 0; j < values[i].size(); ++j) {
+      auto plus = values, minus = values;
+      plus[i][j] += c.step;
+      minus[i][j] -= c.step;
+      const double numeric =
+          (objective(c, plus, weights, nullptr) - objective(c, minus, weights, nullptr)) /
+          (2 * c.step);
+      EXPECT_NEAR(analytic[j], numeric, c.tol * std::max(1.0, std::abs(numeric)))
+          << "input " << i << " element " << j;
+    }
+  }
+}
+
 }  // namespace
 
 TEST(GradCheck, EveryDifferentiableOpHasACheckedRule) {
@@ -162,22 +184,7 @@ TEST(GradCheck, EveryDifferentiableOpHasACheckedRule) {
       std::uniform_real_distribution<double> u(0.5, 1.5);
       for (int64_t i = 0; i < ls::shape_numel(ys); ++i) weights.push_back(u(rng));
     }
-    std::vector<ls::Tensor> leaves;
-    objective(c, values, weights, &leaves);
-    for (size_t i = 0; i < values.size(); ++i) {
-      ASSERT_TRUE(leaves[i].grad().defined()) << "input " << i << " got no gradient";
-      const std::vector<double> analytic = leaves[i].grad().to_vector<double>();
-      for (size_t j = 0; j < values[i].size(); ++j) {
-        auto plus = values, minus = values;
-        plus[i][j] += c.step;
-        minus[i][j] -= c.step;
-        const double numeric =
-            (objective(c, plus, weights, nullptr) - objective(c, minus, weights, nullptr)) /
-            (2 * c.step);
-        EXPECT_NEAR(analytic[j], numeric, c.tol * std::max(1.0, std::abs(numeric)))
-            << "input " << i << " element " << j;
-      }
-    }
+    expect_matches_finite_differences(c, values, weights);
   }
 }
 
@@ -218,21 +225,6 @@ TEST(GradCheck, BatchNormsOwnGradientMatchesFiniteDifferences) {
     std::vector<double> weights;
     std::uniform_real_distribution<double> u(0.5, 1.5);
     for (int64_t i = 0; i < ls::shape_numel(c.shapes[0]); ++i) weights.push_back(u(rng));
-    std::vector<ls::Tensor> leaves;
-    objective(c, values, weights, &leaves);
-    for (size_t i = 0; i < values.size(); ++i) {
-      ASSERT_TRUE(leaves[i].grad().defined()) << "input " << i << " got no gradient";
-      const std::vector<double> analytic = leaves[i].grad().to_vector<double>();
-      for (size_t j = 0; j < values[i].size(); ++j) {
-        auto plus = values, minus = values;
-        plus[i][j] += c.step;
-        minus[i][j] -= c.step;
-        const double numeric =
-            (objective(c, plus, weights, nullptr) - objective(c, minus, weights, nullptr)) /
-            (2 * c.step);
-        EXPECT_NEAR(analytic[j], numeric, 1e-6 * std::max(1.0, std::abs(numeric)))
-            << "input " << i << " element " << j;
-      }
-    }
+    expect_matches_finite_differences(c, values, weights);
   }
 }

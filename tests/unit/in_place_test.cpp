@@ -3,12 +3,12 @@
 // computing into fresh memory, and never behind the back of a tensor that still holds it.
 #include <gtest/gtest.h>
 
-#include <cstring>
-
 #include <lockstep/lockstep.h>
 #include "runtime/lazy.h"
+#include "unit/ops_test_util.h"
 
 namespace ls = lockstep;
+using ops_test::bits;
 
 namespace {
 
@@ -19,13 +19,6 @@ const void* storage_of(const ls::Tensor& t) {
   return node->buffer->storage->data();
 }
 
-std::vector<uint32_t> bits(const ls::Tensor& t) {
-  std::vector<float> v = t.to_vector<float>();
-  std::vector<uint32_t> b(v.size());
-  std::memcpy(b.data(), v.data(), v.size() * sizeof(float));
-  return b;
-}
-
 struct Net {
   ls::nn::Linear fc1{16, 32}, fc2{32, 4};
   std::vector<ls::Tensor> params() const { return {fc1.weight, fc1.bias, fc2.weight, fc2.bias}; }
@@ -34,26 +27,38 @@ struct Net {
   }
 };
 
+struct Seeded {
+  explicit Seeded(uint64_t seed) { ls::manual_seed(seed); }
+};
+
+// A net trained with SGD on a fixed batch; three steps in, so the momentum buffers exist.
+struct Training : Seeded {
+  Net net;
+  ls::optim::SGD opt;
+  ls::Tensor x = ls::randn({8, 16}), y = ls::randint(0, 4, {8});
+  explicit Training(uint64_t seed, bool nesterov = false)
+      : Seeded(seed), opt(net.params(), {.lr = 0.05, .momentum = 0.9, .nesterov = nesterov}) {
+    for (int i = 0; i < 3; ++i) step();
+  }
+  void step() {
+    ls::step([&] {
+      opt.zero_grad();
+      net.loss(x, y).backward();
+      opt.step();
+    });
+  }
+};
+
 }  // namespace
 
 TEST(InPlace, SgdMomentumUpdatesParametersWhereTheyAre) {
-  ls::manual_seed(3);
-  Net net;
-  ls::optim::SGD opt(net.params(), {.lr = 0.1, .momentum = 0.9});
-  const ls::Tensor x = ls::randn({8, 16}), y = ls::randint(0, 4, {8});
-  auto body = [&] {
-    opt.zero_grad();
-    net.loss(x, y).backward();
-    opt.step();
-  };
-  for (int i = 0; i < 3; ++i) ls::step(body);  // momentum buffers exist from here on
-  const void* w = storage_of(net.fc1.weight);
+  Training t(3);
+  const void* w = storage_of(t.net.fc1.weight);
   const int64_t before = ls::metrics::counter("in_place_outputs");
   for (int i = 0; i < 3; ++i) {
-    ls::step(body);
-    EXPECT_EQ(storage_of(net.fc1.weight), w) << "the weight moved to new memory in step " << i;
+    t.step();
+    EXPECT_EQ(storage_of(t.net.fc1.weight), w) << "the weight moved to new memory in step " << i;
   }
-  EXPECT_EQ(storage_of(net.fc1.weight), w) << "the weight moved to new memory";
   // Four parameters and four momentum buffers per step.
   EXPECT_GE(ls::metrics::counter("in_place_outputs") - before, 3 * 8);
 }
@@ -61,47 +66,25 @@ TEST(InPlace, SgdMomentumUpdatesParametersWhereTheyAre) {
 TEST(InPlace, GivesTheSameValuesAsFreshMemory) {
   // Twin runs: one where every old value is still held (so nothing is donated), one where none
   // is. Bit-identical parameters after every step.
-  ls::manual_seed(4);
-  Net a;
-  ls::manual_seed(4);
-  Net b;
-  ls::optim::SGD opt_a(a.params(), {.lr = 0.05, .momentum = 0.9, .nesterov = true});
-  ls::optim::SGD opt_b(b.params(), {.lr = 0.05, .momentum = 0.9, .nesterov = true});
-  const ls::Tensor x = ls::randn({8, 16}), y = ls::randint(0, 4, {8});
+  Training a(4, true), b(4, true);
   for (int i = 0; i < 5; ++i) {
     std::vector<ls::Tensor> held;
-    for (const ls::Tensor& p : b.params()) held.push_back(p.detach());
-    ls::step([&] {
-      opt_a.zero_grad();
-      a.loss(x, y).backward();
-      opt_a.step();
-    });
-    ls::step([&] {
-      opt_b.zero_grad();
-      b.loss(x, y).backward();
-      opt_b.step();
-    });
-    for (size_t k = 0; k < a.params().size(); ++k)
-      ASSERT_EQ(bits(a.params()[k]), bits(b.params()[k])) << "step " << i << " parameter " << k;
+    for (const ls::Tensor& p : b.net.params()) held.push_back(p.detach());
+    a.step();
+    b.step();
+    for (size_t k = 0; k < a.net.params().size(); ++k)
+      ASSERT_EQ(bits(a.net.params()[k]), bits(b.net.params()[k]))
+          << "step " << i << " parameter " << k;
   }
 }
 
 TEST(InPlace, NeverOverwritesAValueATensorStillHolds) {
-  ls::manual_seed(5);
-  Net net;
-  ls::optim::SGD opt(net.params(), {.lr = 0.1, .momentum = 0.9});
-  const ls::Tensor x = ls::randn({8, 16}), y = ls::randint(0, 4, {8});
-  auto body = [&] {
-    opt.zero_grad();
-    net.loss(x, y).backward();
-    opt.step();
-  };
-  for (int i = 0; i < 3; ++i) ls::step(body);
-  const ls::Tensor old = net.fc1.weight.detach();  // shares the current value
+  Training t(5);
+  const ls::Tensor old = t.net.fc1.weight.detach();  // shares the current value
   const std::vector<uint32_t> old_bits = bits(old);
-  const void* old_storage = storage_of(net.fc1.weight);
-  ls::step(body);
+  const void* old_storage = storage_of(t.net.fc1.weight);
+  t.step();
   EXPECT_EQ(bits(old), old_bits) << "a held value was overwritten";
-  EXPECT_NE(storage_of(net.fc1.weight), old_storage);
-  EXPECT_NE(bits(net.fc1.weight), old_bits) << "the step did not update the weight";
+  EXPECT_NE(storage_of(t.net.fc1.weight), old_storage);
+  EXPECT_NE(bits(t.net.fc1.weight), old_bits) << "the step did not update the weight";
 }

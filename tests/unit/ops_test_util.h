@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <source_location>
@@ -27,6 +28,14 @@ namespace ops_test {
 inline ls::Device test_device() {
   const char* env = std::getenv("LOCKSTEP_TEST_DEVICE");
   return ls::parse_device(env && *env ? env : "ref");
+}
+
+// The bit patterns of an f32 tensor's values: "the same" meaning bit for bit.
+inline std::vector<uint32_t> bits(const ls::Tensor& t) {
+  const std::vector<float> v = t.to_vector<float>();
+  std::vector<uint32_t> b(v.size());
+  std::memcpy(b.data(), v.data(), v.size() * sizeof(float));
+  return b;
 }
 
 // Fixture of every op test: new tensors go to test_device() for the duration of the test.

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include <lockstep/lockstep.h>
+#include "unit/ops_test_util.h"
 
 namespace ls = lockstep;
 using ::testing::HasSubstr;
@@ -25,13 +26,7 @@ struct UserError : std::runtime_error {
   explicit UserError(int c) : std::runtime_error("user error"), code(c) {}
 };
 
-// Bit patterns, so "restored" means bit-for-bit, not approximately.
-std::vector<uint32_t> bits(const ls::Tensor& t) {
-  std::vector<float> v = t.to_vector<float>();
-  std::vector<uint32_t> b(v.size());
-  std::memcpy(b.data(), v.data(), v.size() * sizeof(float));
-  return b;
-}
+using ops_test::bits;  // bit patterns: "restored" means bit for bit, not approximately
 
 // A little SGD-with-momentum model whose update is written by hand.
 struct Model {

@@ -68,6 +68,25 @@ void max_pool2d_f32(const float* x, const Shape& in, const Shape& out,
 void max_pool2d_backward_f32(const float* gy, const int64_t* indices, const Shape& gy_shape,
                              const Shape& in, float* gx);
 
+// Walking a layout: the offset of output o's first run, and the step from one group of runs to
+// the next (idx counts through the reduced dims).
+inline int64_t first_run(const ReduceLayout& l, int64_t o) {
+  int64_t off = 0;
+  for (size_t d = l.kdim.size(); d-- > 0;) {
+    off += o % l.kdim[d] * l.kstride[d];
+    o /= l.kdim[d];
+  }
+  return off;
+}
+inline void next_group(const ReduceLayout& l, std::vector<int64_t>& idx, int64_t& off) {
+  for (size_t d = l.rdim.size(); d-- > 0;) {
+    off += l.rstride[d];
+    if (++idx[d] < l.rdim[d]) break;
+    off -= l.rstride[d] * l.rdim[d];
+    idx[d] = 0;
+  }
+}
+
 template <typename Read>
 void reduce_f32(ir::Op op, const ReduceLayout& l, Read&& read, float* out, size_t tmp_floats) {
   const bool is_sum = op == ir::Op::Sum, is_max = op == ir::Op::Max;
@@ -77,11 +96,7 @@ void reduce_f32(ir::Op op, const ReduceLayout& l, Read&& read, float* out, size_
     std::vector<int64_t> idx(l.rdim.size());
 #pragma omp for schedule(static)
     for (int64_t o = 0; o < l.outer; ++o) {
-      int64_t off = 0, rest = o;
-      for (size_t d = l.kdim.size(); d-- > 0;) {
-        off += rest % l.kdim[d] * l.kstride[d];
-        rest /= l.kdim[d];
-      }
+      int64_t off = first_run(l, o);
       double sum = 0;
       float best = is_max ? -__builtin_inff() : __builtin_inff();
       bool nan = false;
@@ -97,12 +112,7 @@ void reduce_f32(ir::Op op, const ReduceLayout& l, Read&& read, float* out, size_
             best = is_max ? (b > best ? b : best) : (b < best ? b : best);
           }
         }
-        for (size_t d = l.rdim.size(); d-- > 0;) {
-          off += l.rstride[d];
-          if (++idx[d] < l.rdim[d]) break;
-          off -= l.rstride[d] * l.rdim[d];
-          idx[d] = 0;
-        }
+        next_group(l, idx, off);
       }
       out[o] = is_sum ? static_cast<float>(sum) : (nan ? __builtin_nanf("") : best);
     }
@@ -157,11 +167,7 @@ void sum_multi_f32(const ReduceLayout& l, size_t sources, Read&& read,
     std::vector<double> sum(sources);
 #pragma omp for schedule(static)
     for (int64_t o = 0; o < l.outer; ++o) {
-      int64_t off = 0, rest = o;
-      for (size_t d = l.kdim.size(); d-- > 0;) {
-        off += rest % l.kdim[d] * l.kstride[d];
-        rest /= l.kdim[d];
-      }
+      int64_t off = first_run(l, o);
       std::fill(sum.begin(), sum.end(), 0.0);
       std::fill(idx.begin(), idx.end(), 0);
       for (int64_t g = 0; g < l.groups; ++g) {
@@ -170,12 +176,7 @@ void sum_multi_f32(const ReduceLayout& l, size_t sources, Read&& read,
           for (size_t k = 0; k < sources; ++k)
             sum[k] += sum_run_f32(read(k, off + c, len, tmp.data()), len);
         }
-        for (size_t d = l.rdim.size(); d-- > 0;) {
-          off += l.rstride[d];
-          if (++idx[d] < l.rdim[d]) break;
-          off -= l.rstride[d] * l.rdim[d];
-          idx[d] = 0;
-        }
+        next_group(l, idx, off);
       }
       for (size_t k = 0; k < sources; ++k) out[k][o] = static_cast<float>(sum[k]);
     }
