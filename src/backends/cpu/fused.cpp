@@ -243,7 +243,7 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void apply(
       if (in_dtype == DType::Bool)
         for (int64_t i = 0; i < len; ++i) y[i] = 1.0f;
       else
-        for (int64_t i = 0; i < len; ++i) y[i] = std::isfinite(a[i]);
+        for (int64_t i = 0; i < len; ++i) y[i] = (a[i] - a[i]) == 0.0f;  // inf-inf, NaN: NaN
       return;
     case Op::Cast:
       // f32 <-> bool: to bool is "!= 0" (NaN is true); from bool, 0/1 already.
@@ -268,10 +268,16 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void apply(
       for (int64_t i = 0; i < len; ++i) y[i] = std::pow(a[i], b[i]);
       return;
     case Op::Maximum:
-      for (int64_t i = 0; i < len; ++i) y[i] = (a[i] != a[i] || a[i] > b[i]) ? a[i] : b[i];
+      for (int64_t i = 0; i < len; ++i) {
+        const float av = a[i], bv = b[i];
+        y[i] = ((av != av) | (av > bv)) ? av : bv;
+      }
       return;
     case Op::Minimum:
-      for (int64_t i = 0; i < len; ++i) y[i] = (a[i] != a[i] || a[i] < b[i]) ? a[i] : b[i];
+      for (int64_t i = 0; i < len; ++i) {
+        const float av = a[i], bv = b[i];
+        y[i] = ((av != av) | (av < bv)) ? av : bv;
+      }
       return;
     case Op::Eq:
       for (int64_t i = 0; i < len; ++i) y[i] = a[i] == b[i];
@@ -292,13 +298,17 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void apply(
       for (int64_t i = 0; i < len; ++i) y[i] = a[i] >= b[i];
       return;
     case Op::LogicalAnd:
-      for (int64_t i = 0; i < len; ++i) y[i] = a[i] != 0.0f && b[i] != 0.0f;
+      for (int64_t i = 0; i < len; ++i) y[i] = (a[i] != 0.0f) & (b[i] != 0.0f);
       return;
     case Op::LogicalOr:
-      for (int64_t i = 0; i < len; ++i) y[i] = a[i] != 0.0f || b[i] != 0.0f;
+      for (int64_t i = 0; i < len; ++i) y[i] = (a[i] != 0.0f) | (b[i] != 0.0f);
       return;
     case Op::Where:
-      for (int64_t i = 0; i < len; ++i) y[i] = a[i] != 0.0f ? b[i] : c[i];
+      // Both sides loaded unconditionally, so the loop vectorizes into a blend.
+      for (int64_t i = 0; i < len; ++i) {
+        const float bv = b[i], cv = c[i];
+        y[i] = a[i] != 0.0f ? bv : cv;
+      }
       return;
     default:
       break;
@@ -309,7 +319,7 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void apply(
 }  // namespace
 
 const float* FusedTree::eval(const std::vector<const void*>& leaf_ptrs, int64_t i0, int64_t len,
-                             float* scratch, float* dst) const {
+                             float* scratch, float* dst, bool scalars_loaded) const {
   // Registers point into the sources when they can (contiguous f32 leaves), else into scratch;
   // the root writes straight to `dst` when given.
   thread_local std::vector<const float*> regs;
@@ -321,6 +331,10 @@ const float* FusedTree::eval(const std::vector<const void*>& leaf_ptrs, int64_t 
       const Leaf& leaf = leaves_[in.a];
       if (leaf.contiguous && leaf.dtype == DType::F32 && leaf.numel != 1) {
         reg[in.out] = static_cast<const float*>(leaf_ptrs[in.a]) + i0;
+      } else if (leaf.numel == 1) {  // a tile of the one value, filled once per scratch
+        // (A thread's first tile is short only when it is its last: static schedules.)
+        if (!scalars_loaded) load(leaf, leaf_ptrs[in.a], 0, len, own);
+        reg[in.out] = own;
       } else {
         load(leaf, leaf_ptrs[in.a], i0, len, own);
         reg[in.out] = own;
@@ -352,14 +366,17 @@ void FusedTree::run_group(const std::vector<const FusedTree*>& trees,
                           const std::vector<void*>& outs) {
   const int64_t numel = trees[0]->numel_;
   const int64_t tiles = (numel + kTile - 1) / kTile;
-  size_t regs = 0;
-  for (const FusedTree* t : trees) regs = std::max(regs, static_cast<size_t>(t->num_regs_));
+  // Each tree its own registers, so the scalar leaves' tiles survive from tile to tile.
+  std::vector<size_t> base(trees.size() + 1, 0);
+  for (size_t k = 0; k < trees.size(); ++k)
+    base[k + 1] = base[k] + static_cast<size_t>(trees[k]->num_regs_) * kTile;
   std::vector<char> in_place(trees.size());  // see run()
   for (size_t k = 0; k < trees.size(); ++k)
     in_place[k] = std::find(leaves[k].begin(), leaves[k].end(), outs[k]) != leaves[k].end();
 #pragma omp parallel if (numel >= kParallelMin)
   {
-    std::vector<float> scratch(regs * kTile);
+    std::vector<float> scratch(base.back());
+    bool loaded = false;
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < tiles; ++t) {
       const int64_t i0 = t * kTile;
@@ -367,8 +384,8 @@ void FusedTree::run_group(const std::vector<const FusedTree*>& trees,
       for (size_t k = 0; k < trees.size(); ++k) {
         const bool f32_out = trees[k]->out_dtype_ == DType::F32;
         float* direct = f32_out ? static_cast<float*>(outs[k]) + i0 : nullptr;
-        const float* r =
-            trees[k]->eval(leaves[k], i0, len, scratch.data(), in_place[k] ? nullptr : direct);
+        const float* r = trees[k]->eval(leaves[k], i0, len, scratch.data() + base[k],
+                                        in_place[k] ? nullptr : direct, loaded);
         if (!f32_out) {
           uint8_t* o = static_cast<uint8_t*>(outs[k]) + i0;
           for (int64_t i = 0; i < len; ++i) o[i] = r[i] != 0.0f;
@@ -376,6 +393,7 @@ void FusedTree::run_group(const std::vector<const FusedTree*>& trees,
           std::memcpy(direct, r, len * sizeof(float));
         }
       }
+      loaded = true;
     }
   }
 }
@@ -389,12 +407,15 @@ void FusedTree::run(const std::vector<const void*>& leaf_ptrs, void* out) const 
 #pragma omp parallel if (numel_ >= kParallelMin)
   {
     std::vector<float> scratch(static_cast<size_t>(num_regs_) * kTile);
+    bool loaded = false;  // the scalar leaves' tiles, filled by the first eval
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < tiles; ++t) {
       const int64_t i0 = t * kTile;
       const int64_t len = std::min(kTile, numel_ - i0);
       float* direct = f32_out ? static_cast<float*>(out) + i0 : nullptr;
-      const float* r = eval(leaf_ptrs, i0, len, scratch.data(), in_place ? nullptr : direct);
+      const float* r =
+          eval(leaf_ptrs, i0, len, scratch.data(), in_place ? nullptr : direct, loaded);
+      loaded = true;
       if (!f32_out) {
         uint8_t* o = static_cast<uint8_t*>(out) + i0;
         for (int64_t i = 0; i < len; ++i) o[i] = r[i] != 0.0f;

@@ -34,8 +34,10 @@ class FusedTree {
   }
   // Values [i0, i0 + len) (len <= kTile) of the tree's result, as floats (bool as 0/1); scratch
   // holds scratch_floats(). Writes into dst when given (and returns it), else into scratch.
+  // With scalars_loaded, the scalar leaves' registers already hold their values (scratch kept
+  // from an earlier eval of this tree).
   const float* eval(const std::vector<const void*>& leaves, int64_t i0, int64_t len, float* scratch,
-                    float* dst) const;
+                    float* dst, bool scalars_loaded = false) const;
   size_t scratch_floats() const { return static_cast<size_t>(num_regs_) * kTile; }
   int64_t numel() const { return numel_; }
   // The instructions, as "sub(L0, L1) mul(r2, L2)" (for plan dumps).
