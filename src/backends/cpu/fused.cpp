@@ -15,6 +15,12 @@ using ir::Op;
 
 bool f32_or_bool(DType d) { return d == DType::F32 || d == DType::Bool; }
 
+// Broadcast loads: n copies of v, with the machine's widest stores.
+__attribute__((target_clones("avx512f", "avx2", "default"))) void fill_run(float* dst, int64_t n,
+                                                                           float v) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = v;
+}
+
 }  // namespace
 
 bool fusible(const ir::Graph& g, int32_t id) {
@@ -129,7 +135,7 @@ void FusedTree::load(const Leaf& leaf, const void* src, int64_t i0, int64_t len,
   if (leaf.numel == 1) {
     const float v = leaf.dtype == DType::Bool ? static_cast<const uint8_t*>(src)[0] != 0
                                               : static_cast<const float*>(src)[0];
-    std::fill(dst, dst + len, v);
+    fill_run(dst, len, v);
     return;
   }
   if (leaf.contiguous) {
@@ -157,7 +163,7 @@ void FusedTree::load(const Leaf& leaf, const void* src, int64_t i0, int64_t len,
     for (int64_t i = 0; i < len;) {
       const int64_t n = std::min(len - i, left);
       const float v = is_bool ? bs[c * st] != 0 : fs[c * st];
-      std::fill(dst + i, dst + i + n, v);
+      fill_run(dst + i, n, v);
       i += n;
       left = repeat;
       if (++c == mod) c = 0;
@@ -179,7 +185,7 @@ void FusedTree::load(const Leaf& leaf, const void* src, int64_t i0, int64_t len,
     } else {
       const int64_t n = std::min(len - i, repeat - o % repeat);
       const float v = is_bool ? bs[off] != 0 : fs[off];
-      std::fill(dst + i, dst + i + n, v);
+      fill_run(dst + i, n, v);
       i += n;
     }
   }
