@@ -55,9 +55,15 @@ int num_threads();
 // Most compiled programs kept (least recently used are dropped first). Default 64.
 void set_compile_cache_capacity(size_t capacity);
 
+// Most programs waiting behind the one that runs (default 2, at least 1). A sync or step that
+// would queue more waits for room, so tracing runs at most that far ahead of execution and the
+// inputs of queued programs (e.g. uploaded batches) stay bounded. Counted as `queue_waits`.
+void set_max_queued_programs(size_t n);
+
 namespace metrics {
 // Counters: steps, syncs, implicit_syncs, compiles, cache_hits, executions, executed_nodes,
-// rollbacks, transfers, bytes_to_device, bytes_from_device, execution_errors. Unknown names read 0.
+// rollbacks, transfers, bytes_to_device, bytes_from_device, execution_errors, queue_waits, and
+// from the cpu backend in_place_outputs, winograd_convolutions. Unknown names read 0.
 int64_t counter(const std::string& name);
 // Timers (trace, graph, compile, execute): total nanoseconds and number of samples.
 int64_t timer_total_ns(const std::string& name);

@@ -92,6 +92,7 @@ void sync_all(const std::string& origin, std::vector<std::function<void()>>* clo
               bool keep_history, const std::function<void()>& before_enqueue = {});
 void wait_all();
 void set_cache_capacity(size_t capacity);
+void set_max_queued(size_t n);
 std::string last_graph_text();
 bool on_runtime_thread();
 

@@ -57,6 +57,8 @@ struct Runtime {
   std::mutex qmu;
   std::condition_variable work_cv;
   std::condition_variable done_cv;
+  std::condition_variable space_cv;  // a program left the queue
+  size_t max_queued = 2;             // programs waiting behind the running one (see enqueue)
   std::deque<Job> queue;
   bool busy = false;
   std::thread worker;
@@ -79,6 +81,7 @@ struct Runtime {
         queue.pop_front();
         busy = true;
       }
+      space_cv.notify_all();
       run_job(job);
       {
         std::lock_guard<std::mutex> lock(qmu);
@@ -162,11 +165,19 @@ void Runtime::run_job(Job& job) {
   }
 }
 
+// Hands a program to the runtime thread. Backpressure: with max_queued programs already
+// waiting, the caller waits for room (never the runtime thread itself, and never a caller that
+// holds the registry lock, which the runtime thread may need), so a loop that traces faster
+// than it runs does not pile up programs and the inputs they hold.
 void enqueue(Job job) {
   Runtime& r = rt();
   {
-    std::lock_guard<std::mutex> lock(r.qmu);
+    std::unique_lock<std::mutex> lock(r.qmu);
     if (!r.worker.joinable() && r.worker_id == std::thread::id()) r.start_worker();
+    if (std::this_thread::get_id() != r.worker_id && r.queue.size() >= r.max_queued) {
+      count("queue_waits");
+      r.space_cv.wait(lock, [&] { return r.queue.size() < r.max_queued; });
+    }
     r.queue.push_back(std::move(job));
   }
   r.work_cv.notify_one();
@@ -415,6 +426,7 @@ std::shared_ptr<Buffer> materialize(const Tensor& t, const std::source_location&
   node_of(t, "read", loc);
   std::shared_ptr<TensorImpl> impl = t.impl_ptr();
   Runtime& r = rt();
+  std::vector<Job> jobs;
   {
     std::lock_guard<std::recursive_mutex> lock(r.mu);
     if (impl->node->op != ir::Op::Data) {
@@ -425,11 +437,10 @@ std::shared_ptr<Buffer> materialize(const Tensor& t, const std::source_location&
                    "Read only tensors of the finished step in a closure, or read after the step");
       count("implicit_syncs");
       count("syncs");
-      std::vector<Job> jobs;
       sync_impls({impl}, cat("implicit sync at ", util::where(loc)), nullptr, true, &jobs);
-      for (Job& job : jobs) enqueue(std::move(job));
     }
   }
+  for (Job& job : jobs) enqueue(std::move(job));  // not under the registry lock: it may wait
   std::shared_ptr<Buffer> b = impl->node->buffer;
   wait_buffer(*b);
   if (b->error) {
@@ -460,6 +471,15 @@ void wait_all() {
     r.done_cv.wait(lock, [&] { return r.queue.empty() && !r.busy; });
   }
   throw_unreported();
+}
+
+void set_max_queued(size_t n) {
+  Runtime& r = rt();
+  {
+    std::lock_guard<std::mutex> lock(r.qmu);
+    r.max_queued = n;
+  }
+  r.space_cv.notify_all();
 }
 
 void set_cache_capacity(size_t capacity) {

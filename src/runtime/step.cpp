@@ -190,6 +190,14 @@ void add_step_closure(std::function<void()> fn, Loc loc) {
 
 void set_compile_cache_capacity(size_t capacity) { runtime::set_cache_capacity(capacity); }
 
+void set_max_queued_programs(size_t n) {
+  if (n == 0)
+    throw Error(
+        "set_max_queued_programs: n must be at least 1 (a step's program must be able to "
+        "wait while the previous one runs)");
+  runtime::set_max_queued(n);
+}
+
 void set_num_threads(int n) {
   if (n < 0) throw Error(util::cat("set_num_threads: n must be >= 0, got ", n));
   backends::cpu::set_num_threads(n);

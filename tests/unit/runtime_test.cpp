@@ -326,3 +326,22 @@ TEST(Threads, TensorsFromOtherThreadsAreUsable) {
   t.join();
   EXPECT_EQ((made * 2.0f).to_vector<float>(), (std::vector<float>{6, 8}));
 }
+
+TEST(RuntimeQueue, TracingWaitsWhenTooManyProgramsAreQueued) {
+  // Steps traced far faster than they run: with at most one program waiting, the loop has to
+  // wait for room instead of queueing all thirty; the values come out right.
+  struct Restore {
+    ~Restore() { ls::set_max_queued_programs(2); }
+  } restore;
+  ls::set_max_queued_programs(1);
+  Delta waits("queue_waits");
+  ls::Tensor a = ls::ones({128, 128});
+  const ls::Tensor m = ls::full({128, 128}, 1.0 / 128);
+  for (int i = 0; i < 30; ++i)
+    ls::step([&] {
+      for (int k = 0; k < 10; ++k) a = ls::matmul(a, m);
+    });
+  for (float v : a.to_vector<float>()) ASSERT_NEAR(v, 1.0f, 1e-4f);
+  EXPECT_GT(waits.get(), 0);
+  EXPECT_THROW(ls::set_max_queued_programs(0), ls::Error);
+}
