@@ -396,10 +396,12 @@ class RateTracker {
 };
 
 // ---- pacing ---------------------------------------------------------------------------------
-// ls::sync returns as soon as a step is enqueued, and tracing is much faster than running, so a
-// loop left alone would trace (and upload the batches of) a whole epoch ahead of execution.
-// Each step adds a closure that counts it done; before tracing a step the loop waits until at
-// most kMaxInFlight earlier steps are still queued. Waiting here is not a sync: no value is read.
+// ls::sync returns as soon as a step is enqueued, and tracing is much faster than running. The
+// library bounds its queue (ls::set_max_queued_programs), but only once a step's program is
+// built, after its batch was taken and uploaded; pacing before the batch keeps the loader, the
+// uploads and the progress counts in step with execution. Each step adds a closure that counts
+// it done; before taking a batch the loop waits until at most kMaxInFlight earlier steps are
+// still queued. Waiting here is not a sync: no value is read.
 class Pacer {
  public:
   static constexpr int64_t kMaxInFlight = 2;
