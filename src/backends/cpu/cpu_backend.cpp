@@ -40,6 +40,21 @@ struct Ctx {
   const std::vector<ir::ScalarValue>* scalars;
 };
 
+// Trees of a fused elementwise step with the node each writes: one, or several that
+// merge_fused_steps joined to run tile by tile together.
+using FusedMembers = std::vector<std::pair<int32_t, std::shared_ptr<FusedTree>>>;
+
+// A sum over one input layout, read through a fused tree (an absorbed operand) or else straight
+// from the node `input`.
+struct SumOf {
+  Shape in;
+  std::vector<int64_t> attrs;
+  std::shared_ptr<FusedTree> tree;
+  int32_t input = -1;
+};
+// Sums over the same layout with the node each writes: one, or several joined by merge_sums.
+using SumParts = std::vector<std::pair<int32_t, std::shared_ptr<SumOf>>>;
+
 struct Step {
   const char* label;            // for LOCKSTEP_PROFILE
   std::string detail;           // for plan dumps (LOCKSTEP_DUMP)
@@ -47,18 +62,8 @@ struct Step {
   std::vector<int32_t> extras;  // further values it writes
   std::vector<int32_t> reads;   // values it reads
   std::function<void(Ctx&)> run;
-  std::shared_ptr<FusedTree> tree;  // a fused elementwise step's tree (merged into groups)
-  // A sum over a walk of long runs (see merge_sums): its input shape and attrs, and the tree it
-  // reads through (absorbed operand) or else the node it reads.
-  struct SumOf {
-    Shape in;
-    std::vector<int64_t> attrs;
-    std::shared_ptr<FusedTree> tree;
-    int32_t input = -1;
-  };
-  std::shared_ptr<SumOf> sum;
-  // A group of fused trees run tile by tile together, with the node each writes.
-  std::shared_ptr<std::vector<std::pair<int32_t, std::shared_ptr<FusedTree>>>> group;
+  std::shared_ptr<FusedMembers> fused;  // set for fused elementwise steps
+  std::shared_ptr<SumOf> sum;           // set for a single sum that merge_sums may join
 };
 
 // Where a value lives during a run.
@@ -83,14 +88,48 @@ bool is_last_two_swap(const ir::GraphNode& n) {
          n.attrs[r - 1] == static_cast<int64_t>(r - 2);
 }
 
-std::vector<int64_t> contiguous_strides(const Shape& s) {
-  std::vector<int64_t> st(s.size());
-  int64_t acc = 1;
-  for (size_t i = s.size(); i-- > 0;) {
-    st[i] = acc;
-    acc *= s[i];
-  }
-  return st;
+// Runs the trees of a fused step, tile by tile.
+std::function<void(Ctx&)> run_fused(std::shared_ptr<const FusedMembers> members) {
+  return [members](Ctx& c) {
+    std::vector<const FusedTree*> trees;
+    std::vector<std::vector<const void*>> leaves;
+    std::vector<void*> outs;
+    for (const auto& [node, tree] : *members) {
+      trees.push_back(tree.get());
+      leaves.emplace_back();
+      for (int32_t l : tree->leaf_nodes()) leaves.back().push_back(c.ptr[l]);
+      outs.push_back(c.ptr[node]);
+    }
+    FusedTree::run_group(trees, leaves, outs);
+  };
+}
+
+// Computes sums that share one input layout: short runs (sums over small feature maps) by tiles
+// of the input, long ones walked run by run.
+std::function<void(Ctx&)> run_sums(SumParts parts) {
+  const ReduceLayout layout = reduce_layout(parts[0].second->in, parts[0].second->attrs);
+  const ReduceMap map = reduce_map(parts[0].second->in, parts[0].second->attrs);
+  size_t tmp_floats = 0;
+  for (const auto& [node, of] : parts)
+    if (of->tree) tmp_floats = std::max(tmp_floats, of->tree->scratch_floats());
+  return [parts = std::move(parts), layout, map, tmp_floats](Ctx& c) {
+    std::vector<std::vector<const void*>> leaves(parts.size());
+    std::vector<float*> outs;
+    for (size_t k = 0; k < parts.size(); ++k) {
+      if (parts[k].second->tree)
+        for (int32_t l : parts[k].second->tree->leaf_nodes()) leaves[k].push_back(c.ptr[l]);
+      outs.push_back(static_cast<float*>(c.ptr[parts[k].first]));
+    }
+    auto read = [&](size_t k, int64_t off, int64_t len, float* tmp) -> const float* {
+      const SumOf& of = *parts[k].second;
+      if (!of.tree) return static_cast<const float*>(c.ptr[of.input]) + off;
+      return of.tree->eval(leaves[k], off, len, tmp, nullptr);
+    };
+    if (layout.inner < kLongRun)
+      sum_tiles_f32(map, parts.size(), read, outs, tmp_floats);
+    else
+      sum_multi_f32(layout, parts.size(), read, outs, tmp_floats);
+  };
 }
 
 class CpuExecutable final : public Executable {
@@ -206,7 +245,6 @@ class CpuExecutable final : public Executable {
   std::vector<int32_t> donor_;  // per output: the input it may overwrite, or -1
   size_t arena_bytes_ = 0;
   std::shared_ptr<Storage> arena_;
-  std::vector<std::shared_ptr<void>> keep_;  // primitives and trees the steps use
 };
 
 void CpuExecutable::plan() {
@@ -310,44 +348,26 @@ void CpuExecutable::merge_fused_steps() {
   for (Step& s : steps_) {
     // A host scalar reads nothing: it moves ahead of a fused step rather than separate it from
     // the next one.
-    if (g_.nodes[s.node].op == Op::Scalar && !out.empty() && out.back().tree) {
+    if (g_.nodes[s.node].op == Op::Scalar && !out.empty() && out.back().fused) {
       out.insert(out.end() - 1, std::move(s));
       continue;
     }
-    if (!out.empty() && out.back().tree && s.tree && s.tree->numel() == out.back().tree->numel() &&
-        s.tree->numel() >= FusedTree::kTile) {
+    if (!out.empty() && out.back().fused && s.fused) {
       Step& g = out.back();
-      std::vector<int32_t> group_writes{g.node};
-      group_writes.insert(group_writes.end(), g.extras.begin(), g.extras.end());
-      bool ok = true;
-      for (size_t k = 0; k < s.tree->leaf_nodes().size(); ++k)
-        if (std::find(group_writes.begin(), group_writes.end(), s.tree->leaf_nodes()[k]) !=
-                group_writes.end() &&
-            !s.tree->leaf_is_elementwise(k))
-          ok = false;
+      const FusedTree& next = *s.fused->front().second;
+      const int64_t numel = g.fused->front().second->numel();
+      bool ok = next.numel() == numel && numel >= FusedTree::kTile;
+      for (size_t k = 0; ok && k < next.leaf_nodes().size(); ++k)
+        for (const auto& [node, tree] : *g.fused)
+          if (next.leaf_nodes()[k] == node && !next.leaf_is_elementwise(k)) ok = false;
       if (ok) {
-        if (!g.group)
-          g.group = std::make_shared<std::vector<std::pair<int32_t, std::shared_ptr<FusedTree>>>>(
-              1, std::make_pair(g.node, g.tree));
-        g.group->emplace_back(s.node, s.tree);
+        g.fused->push_back(s.fused->front());
         g.extras.push_back(s.node);
         for (int32_t r : s.reads)
           if (std::find(g.reads.begin(), g.reads.end(), r) == g.reads.end()) g.reads.push_back(r);
         g.label = "fused_group";
         g.detail += "; " + s.detail;
-        auto group = g.group;
-        g.run = [group](Ctx& c) {
-          std::vector<const FusedTree*> trees;
-          std::vector<std::vector<const void*>> leaves;
-          std::vector<void*> outs;
-          for (const auto& [node, tree] : *group) {
-            trees.push_back(tree.get());
-            leaves.emplace_back();
-            for (int32_t l : tree->leaf_nodes()) leaves.back().push_back(c.ptr[l]);
-            outs.push_back(c.ptr[node]);
-          }
-          FusedTree::run_group(trees, leaves, outs);
-        };
+        g.run = run_fused(g.fused);
         continue;
       }
     }
@@ -383,7 +403,7 @@ void CpuExecutable::merge_sums() {
     }
     if (members.size() == 1) continue;
     Step& s = steps_[i];
-    std::vector<std::pair<int32_t, std::shared_ptr<Step::SumOf>>> parts;
+    SumParts parts;
     for (size_t m : members) {
       parts.emplace_back(steps_[m].node, steps_[m].sum);
       if (m == i) continue;
@@ -394,29 +414,7 @@ void CpuExecutable::merge_sums() {
     }
     s.label = "sums";
     s.sum = nullptr;
-    const ReduceLayout layout = reduce_layout(parts[0].second->in, parts[0].second->attrs);
-    const ReduceMap map = reduce_map(parts[0].second->in, parts[0].second->attrs);
-    size_t tmp_floats = 0;
-    for (const auto& [node, of] : parts)
-      if (of->tree) tmp_floats = std::max(tmp_floats, of->tree->scratch_floats());
-    s.run = [parts, layout, map, tmp_floats](Ctx& c) {
-      std::vector<std::vector<const void*>> leaves(parts.size());
-      std::vector<float*> outs;
-      for (size_t k = 0; k < parts.size(); ++k) {
-        if (parts[k].second->tree)
-          for (int32_t l : parts[k].second->tree->leaf_nodes()) leaves[k].push_back(c.ptr[l]);
-        outs.push_back(static_cast<float*>(c.ptr[parts[k].first]));
-      }
-      auto read = [&](size_t k, int64_t off, int64_t len, float* tmp) -> const float* {
-        const Step::SumOf& of = *parts[k].second;
-        if (!of.tree) return static_cast<const float*>(c.ptr[of.input]) + off;
-        return of.tree->eval(leaves[k], off, len, tmp, nullptr);
-      };
-      if (layout.inner < kLongRun)
-        sum_tiles_f32(map, parts.size(), read, outs, tmp_floats);
-      else
-        sum_multi_f32(layout, parts.size(), read, outs, tmp_floats);
-    };
+    s.run = run_sums(std::move(parts));
   }
   std::vector<Step> kept;
   for (size_t i = 0; i < steps_.size(); ++i)
@@ -441,13 +439,8 @@ void CpuExecutable::add_step(int32_t id) {
     step.reads = tree->leaf_nodes();
     step.label = "fused";
     step.detail = tree->describe();
-    step.tree = tree;
-    step.run = [tree, id](Ctx& c) {
-      std::vector<const void*> leaves;
-      for (int32_t l : tree->leaf_nodes()) leaves.push_back(c.ptr[l]);
-      tree->run(leaves, c.ptr[id]);
-    };
-    keep_.push_back(tree);
+    step.fused = std::make_shared<FusedMembers>(1, std::make_pair(id, tree));
+    step.run = run_fused(step.fused);
   } else if ((n.op == Op::MatMul && all_f32()) || transposed_matmul(id)) {
     // A matmul; or the transpose of one, computed directly as B^T A^T. Operands that are
     // transposes are read through swapped strides instead of being copied.
@@ -467,7 +460,7 @@ void CpuExecutable::add_step(int32_t id) {
       }
       operand[k] = source;
       const Shape& ss = g_.nodes[source].shape;
-      strides[k] = contiguous_strides(ss);
+      strides[k] = ref::strides_of(ss);
       shape[k] = ss;
       if (transposed) {
         const size_t r = ss.size();
@@ -483,7 +476,6 @@ void CpuExecutable::add_step(int32_t id) {
       mm->run(static_cast<const float*>(c.ptr[a]), static_cast<const float*>(c.ptr[b]),
               static_cast<float*>(c.ptr[id]));
     };
-    keep_.push_back(mm);
   } else if ((n.op == Op::Conv2d || n.op == Op::Conv2dBackwardInput ||
               n.op == Op::Conv2dBackwardWeight) &&
              all_f32() && dnnl_conv_fits(id)) {
@@ -505,31 +497,18 @@ void CpuExecutable::add_step(int32_t id) {
       conv->run(static_cast<const float*>(c.ptr[x]), static_cast<const float*>(c.ptr[y]),
                 static_cast<float*>(c.ptr[id]));
     };
-    keep_.push_back(conv);
   } else if ((n.op == Op::Sum || n.op == Op::Max || n.op == Op::Min) && f32 &&
              absorbed_[n.operands[0]]) {
     auto tree = std::make_shared<FusedTree>(g_, n.operands[0], absorbed_);
     step.reads = tree->leaf_nodes();
     step.label = "fused_reduce";
     step.detail = tree->describe();
-    const ReduceLayout layout = reduce_layout(g_.nodes[n.operands[0]].shape, n.attrs);
-    if (n.op == Op::Sum)
-      step.sum = std::make_shared<Step::SumOf>(
-          Step::SumOf{g_.nodes[n.operands[0]].shape, n.attrs, tree, -1});
-    const Op op = n.op;
-    if (op == Op::Sum && layout.inner < kLongRun) {  // short runs: by tiles of the input
-      const ReduceMap map = reduce_map(g_.nodes[n.operands[0]].shape, n.attrs);
-      step.run = [tree, map, id](Ctx& c) {
-        std::vector<const void*> leaves;
-        for (int32_t l : tree->leaf_nodes()) leaves.push_back(c.ptr[l]);
-        sum_tiles_f32(
-            map, 1,
-            [&](size_t, int64_t off, int64_t len, float* tmp) {
-              return tree->eval(leaves, off, len, tmp, nullptr);
-            },
-            {static_cast<float*>(c.ptr[id])}, tree->scratch_floats());
-      };
-    } else
+    if (n.op == Op::Sum) {
+      step.sum = std::make_shared<SumOf>(SumOf{g_.nodes[n.operands[0]].shape, n.attrs, tree, -1});
+      step.run = run_sums({{id, step.sum}});
+    } else {
+      const ReduceLayout layout = reduce_layout(g_.nodes[n.operands[0]].shape, n.attrs);
+      const Op op = n.op;
       step.run = [tree, layout, op, id](Ctx& c) {
         std::vector<const void*> leaves;
         for (int32_t l : tree->leaf_nodes()) leaves.push_back(c.ptr[l]);
@@ -540,29 +519,22 @@ void CpuExecutable::add_step(int32_t id) {
             },
             static_cast<float*>(c.ptr[id]), tree->scratch_floats());
       };
-    keep_.push_back(tree);
+    }
   } else if ((n.op == Op::Sum || n.op == Op::Max || n.op == Op::Min) && all_f32()) {
     step.reads = n.operands;
     const int32_t x = n.operands[0];
     const Shape in = g_.nodes[x].shape;
     const std::vector<int64_t> attrs = n.attrs;
     const Op op = n.op;
-    const ReduceLayout layout = reduce_layout(in, attrs);
-    if (n.op == Op::Sum && layout.inner >= 4)
-      step.sum = std::make_shared<Step::SumOf>(Step::SumOf{in, attrs, nullptr, x});
-    if (n.op == Op::Sum && layout.inner >= 2 && layout.inner < kLongRun) {
-      const ReduceMap map = reduce_map(in, attrs);
-      step.run = [map, x, id](Ctx& c) {
-        const float* src = static_cast<const float*>(c.ptr[x]);
-        sum_tiles_f32(
-            map, 1, [&](size_t, int64_t off, int64_t, float*) { return src + off; },
-            {static_cast<float*>(c.ptr[id])}, 0);
-      };
-    } else
+    if (n.op == Op::Sum && reduce_layout(in, attrs).inner >= 2) {
+      step.sum = std::make_shared<SumOf>(SumOf{in, attrs, nullptr, x});
+      step.run = run_sums({{id, step.sum}});
+    } else {  // Max, Min, and sums over axes below kept ones (by rows, see reduce_f32)
       step.run = [=](Ctx& c) {
         reduce_f32(op, static_cast<const float*>(c.ptr[x]), in, attrs,
                    static_cast<float*>(c.ptr[id]));
       };
+    }
   } else if ((n.op == Op::MaxPool2d || n.op == Op::MaxPool2dIndices) && is_f32(g_, n.operands[0]) &&
              shape_numel(n.shape) > 0) {
     // Values and indices of the same pooling come from one pass.
@@ -597,7 +569,7 @@ void CpuExecutable::add_step(int32_t id) {
   } else if ((n.op == Op::Permute || n.op == Op::Slice) && dtype_size(n.dtype) == 4) {
     step.reads = n.operands;
     const int32_t x = n.operands[0];
-    const std::vector<int64_t> xs = contiguous_strides(g_.nodes[x].shape);
+    const std::vector<int64_t> xs = ref::strides_of(g_.nodes[x].shape);
     std::vector<int64_t> st;
     int64_t offset = 0;
     if (n.op == Op::Permute) {
@@ -710,13 +682,8 @@ void CpuExecutable::plan_donations(const std::vector<int>& last, const std::vect
   for (size_t k = 0; k < g_.outputs.size(); ++k)
     if (output_number[g_.outputs[k]] < 0) output_number[g_.outputs[k]] = static_cast<int>(k);
   for (size_t si = 0; si < steps_.size(); ++si) {
-    const Step& st = steps_[si];
-    if (!st.tree) continue;
-    std::vector<std::pair<int32_t, std::shared_ptr<FusedTree>>> members;
-    if (st.group)
-      members = *st.group;
-    else
-      members.emplace_back(st.node, st.tree);
+    if (!steps_[si].fused) continue;
+    const FusedMembers& members = *steps_[si].fused;
     for (size_t m = 0; m < members.size(); ++m) {
       const auto& [id, tree] = members[m];
       if (output_number[id] < 0) continue;

@@ -376,7 +376,9 @@ void FusedTree::run_group(const std::vector<const FusedTree*>& trees,
   std::vector<size_t> base(trees.size() + 1, 0);
   for (size_t k = 0; k < trees.size(); ++k)
     base[k + 1] = base[k] + static_cast<size_t>(trees[k]->num_regs_) * kTile;
-  std::vector<char> in_place(trees.size());  // see run()
+  // A tree written in place over one of its leaves computes each tile aside, then stores it
+  // (the instructions' operands must not alias their result).
+  std::vector<char> in_place(trees.size());
   for (size_t k = 0; k < trees.size(); ++k)
     in_place[k] = std::find(leaves[k].begin(), leaves[k].end(), outs[k]) != leaves[k].end();
 #pragma omp parallel if (numel >= kParallelMin)
@@ -400,34 +402,6 @@ void FusedTree::run_group(const std::vector<const FusedTree*>& trees,
         }
       }
       loaded = true;
-    }
-  }
-}
-
-void FusedTree::run(const std::vector<const void*>& leaf_ptrs, void* out) const {
-  const int64_t tiles = (numel_ + kTile - 1) / kTile;
-  const bool f32_out = out_dtype_ == DType::F32;
-  // Written in place over a leaf: compute each tile aside, then store it (the instructions'
-  // operands must not alias their result).
-  const bool in_place = std::find(leaf_ptrs.begin(), leaf_ptrs.end(), out) != leaf_ptrs.end();
-#pragma omp parallel if (numel_ >= kParallelMin)
-  {
-    std::vector<float> scratch(static_cast<size_t>(num_regs_) * kTile);
-    bool loaded = false;  // the scalar leaves' tiles, filled by the first eval
-#pragma omp for schedule(static)
-    for (int64_t t = 0; t < tiles; ++t) {
-      const int64_t i0 = t * kTile;
-      const int64_t len = std::min(kTile, numel_ - i0);
-      float* direct = f32_out ? static_cast<float*>(out) + i0 : nullptr;
-      const float* r =
-          eval(leaf_ptrs, i0, len, scratch.data(), in_place ? nullptr : direct, loaded);
-      loaded = true;
-      if (!f32_out) {
-        uint8_t* o = static_cast<uint8_t*>(out) + i0;
-        for (int64_t i = 0; i < len; ++i) o[i] = r[i] != 0.0f;
-      } else if (r != direct) {
-        std::memcpy(direct, r, len * sizeof(float));
-      }
     }
   }
 }

@@ -22,9 +22,9 @@ class FusedTree {
   FusedTree(const ir::Graph& g, int32_t root, const std::vector<bool>& absorbed);
   // Nodes whose values the tree reads from memory, in the order run() takes their pointers.
   const std::vector<int32_t>& leaf_nodes() const { return leaf_nodes_; }
-  void run(const std::vector<const void*>& leaves, void* out) const;
-  // Several trees of the same numel, tile by tile: for each tile, each tree in order (a tree may
-  // read an earlier one's output, element for element).
+  // Trees of the same numel (one or more), tile by tile: for each tile, each tree in order (a
+  // tree may read an earlier one's output, element for element); outs[k] may be one of tree k's
+  // leaves (an update in place).
   static void run_group(const std::vector<const FusedTree*>& trees,
                         const std::vector<std::vector<const void*>>& leaves,
                         const std::vector<void*>& outs);
