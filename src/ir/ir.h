@@ -58,6 +58,9 @@ struct OpInfo {
   bool differentiable;
 };
 const OpInfo& op_info(Op op);
+// The name users call an op by, for error messages (the IR name differs for a few, e.g.
+// mat_mul is matmul).
+const char* user_name(Op op);
 // Op by its IR name; false if unknown.
 bool op_from_name(const std::string& name, Op* op);
 

@@ -7,11 +7,7 @@
 #include "util/check.h"
 
 namespace lockstep::ir {
-namespace {
 
-using util::cat;
-
-// The name users call an op by, for error messages (the IR name differs for a few).
 const char* user_name(Op op) {
   switch (op) {
     case Op::MatMul:
@@ -30,6 +26,10 @@ const char* user_name(Op op) {
       return op_info(op).name;
   }
 }
+
+namespace {
+
+using util::cat;
 
 struct Checker {
   Op op;

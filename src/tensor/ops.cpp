@@ -70,22 +70,8 @@ Device device_of(const TensorOptions& options) {
 
 namespace {
 
-// The name users call an op by (the IR name differs for a few), for error messages.
-const char* user_name(Op op) {
-  switch (op) {
-    case Op::ArgMax:
-      return "argmax";
-    case Op::ArgMin:
-      return "argmin";
-    case Op::IsFinite:
-      return "isfinite";
-    default:
-      return ir::op_info(op).name;
-  }
-}
-
 Tensor unary(Op op, const Tensor& x, const Loc& loc) {
-  return record(op, {node(x, user_name(op), loc)}, {}, loc);
+  return record(op, {node(x, ir::user_name(op), loc)}, {}, loc);
 }
 
 Tensor binary(Op op, const NodePtr& a, const NodePtr& b, const Loc& loc) {
@@ -139,7 +125,7 @@ std::vector<int64_t> reduce_attrs(const Shape& shape, const std::vector<int64_t>
 
 Tensor reduce(Op op, const Tensor& x, const std::vector<int64_t>& axes, bool keepdim,
               const Loc& loc) {
-  const char* name = user_name(op);
+  const char* name = ir::user_name(op);
   const NodePtr& n = node(x, name, loc);
   return record(op, {n}, reduce_attrs(n->shape, axes, keepdim, name, loc), loc);
 }
