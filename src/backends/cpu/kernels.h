@@ -89,7 +89,13 @@ inline void next_group(const ReduceLayout& l, std::vector<int64_t>& idx, int64_t
 
 template <typename Read>
 void reduce_f32(ir::Op op, const ReduceLayout& l, Read&& read, float* out, size_t tmp_floats) {
-  const bool is_sum = op == ir::Op::Sum, is_max = op == ir::Op::Max;
+  if (op == ir::Op::Sum) {
+    sum_multi_f32(
+        l, 1, [&](size_t, int64_t off, int64_t len, float* tmp) { return read(off, len, tmp); },
+        {out}, tmp_floats);
+    return;
+  }
+  const bool is_max = op == ir::Op::Max;
 #pragma omp parallel if (l.outer > 1 && l.outer * l.groups * l.inner > 32768)
   {
     std::vector<float> tmp(tmp_floats);
@@ -97,7 +103,6 @@ void reduce_f32(ir::Op op, const ReduceLayout& l, Read&& read, float* out, size_
 #pragma omp for schedule(static)
     for (int64_t o = 0; o < l.outer; ++o) {
       int64_t off = first_run(l, o);
-      double sum = 0;
       float best = is_max ? -__builtin_inff() : __builtin_inff();
       bool nan = false;
       std::fill(idx.begin(), idx.end(), 0);
@@ -105,16 +110,12 @@ void reduce_f32(ir::Op op, const ReduceLayout& l, Read&& read, float* out, size_
         for (int64_t c = 0; c < l.inner; c += 512) {
           const int64_t len = std::min<int64_t>(512, l.inner - c);
           const float* p = read(off + c, len, tmp.data());
-          if (is_sum) {
-            sum += sum_run_f32(p, len);
-          } else {
-            const float b = is_max ? max_run_f32(p, len, &nan) : min_run_f32(p, len, &nan);
-            best = is_max ? (b > best ? b : best) : (b < best ? b : best);
-          }
+          const float b = is_max ? max_run_f32(p, len, &nan) : min_run_f32(p, len, &nan);
+          best = is_max ? (b > best ? b : best) : (b < best ? b : best);
         }
         next_group(l, idx, off);
       }
-      out[o] = is_sum ? static_cast<float>(sum) : (nan ? __builtin_nanf("") : best);
+      out[o] = nan ? __builtin_nanf("") : best;
     }
   }
 }
