@@ -291,7 +291,6 @@ DnnlConv::DnnlConv(Kind kind, const Shape& x, const Shape& w, const Shape& y,
     : impl_(std::make_unique<Impl>()) {
   try {
     const ConvAlgo setting = static_cast<ConvAlgo>(conv_algo_knob().load());
-    build_conv(kind, x, w, y, a, dnnl::algorithm::convolution_direct, *impl_);
     // oneDNN's Winograd (F(4x4, 3x3)) takes 3x3 kernels, stride 1, no dilation or groups. Auto
     // uses it for problems of at least 16 channels in and out and 64 output pixels: timed on
     // ResNet-18 and -50 (bench/README.md) every such convolution ran 1.5-2.8x faster as Winograd
@@ -302,15 +301,16 @@ DnnlConv::DnnlConv(Kind kind, const Shape& x, const Shape& w, const Shape& y,
     const bool candidate =
         w[2] == 3 && w[3] == 3 && a[0] == 1 && a[1] == 1 && a[4] == 1 && a[5] == 1 && a[6] == 1;
     const bool big = w[0] >= 16 && w[1] >= 16 && y[2] * y[3] >= 64;
-    if (setting == ConvAlgo::Direct || !candidate || (setting == ConvAlgo::Auto && !big)) return;
-    auto wino = std::make_unique<Impl>();
-    try {
-      build_conv(kind, x, w, y, a, dnnl::algorithm::convolution_winograd, *wino);
-    } catch (const dnnl::error&) {
-      return;  // not implemented for this problem or machine: direct it is
+    if (setting != ConvAlgo::Direct && candidate && (setting == ConvAlgo::Winograd || big)) {
+      try {
+        build_conv(kind, x, w, y, a, dnnl::algorithm::convolution_winograd, *impl_);
+        runtime::count("winograd_convolutions");
+        return;
+      } catch (const dnnl::error&) {
+        impl_ = std::make_unique<Impl>();  // not implemented for this problem or machine
+      }
     }
-    impl_ = std::move(wino);
-    runtime::count("winograd_convolutions");
+    build_conv(kind, x, w, y, a, dnnl::algorithm::convolution_direct, *impl_);
   } catch (const dnnl::error& e) {
     rethrow(e, "convolution setup");
   }
