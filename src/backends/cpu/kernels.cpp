@@ -140,58 +140,47 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) float sum_run_f32(c
   return s;
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) float max_run_f32(const float* p,
-                                                                               int64_t n,
-                                                                               bool* nan) {
+// The largest (kMax) or smallest value of a run, in kLanes independent lanes so it vectorizes;
+// inlined into each clone below, compiled for that clone's instruction set.
+template <bool kMax>
+inline float extreme_run(const float* p, int64_t n, bool* nan) {
+  const float start =
+      kMax ? -std::numeric_limits<float>::infinity() : std::numeric_limits<float>::infinity();
+  auto pick = [](float v, float b) { return (kMax ? v > b : v < b) ? v : b; };
   float best[kLanes];
   int bad[kLanes] = {};
-  std::fill(best, best + kLanes, -std::numeric_limits<float>::infinity());
+  std::fill(best, best + kLanes, start);
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes)
     for (int j = 0; j < kLanes; ++j) {
       const float v = p[i + j];
       bad[j] |= v != v;
-      best[j] = v > best[j] ? v : best[j];
+      best[j] = pick(v, best[j]);
     }
-  float b = -std::numeric_limits<float>::infinity();
+  float b = start;
   int any = 0;
   for (; i < n; ++i) {
     any |= p[i] != p[i];
-    b = p[i] > b ? p[i] : b;
+    b = pick(p[i], b);
   }
   for (int j = 0; j < kLanes; ++j) {
     any |= bad[j];
-    b = best[j] > b ? best[j] : b;
+    b = pick(best[j], b);
   }
   if (any) *nan = true;
   return b;
 }
 
+__attribute__((target_clones("avx512f", "avx2", "default"))) float max_run_f32(const float* p,
+                                                                               int64_t n,
+                                                                               bool* nan) {
+  return extreme_run<true>(p, n, nan);
+}
+
 __attribute__((target_clones("avx512f", "avx2", "default"))) float min_run_f32(const float* p,
                                                                                int64_t n,
                                                                                bool* nan) {
-  float best[kLanes];
-  int bad[kLanes] = {};
-  std::fill(best, best + kLanes, std::numeric_limits<float>::infinity());
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int j = 0; j < kLanes; ++j) {
-      const float v = p[i + j];
-      bad[j] |= v != v;
-      best[j] = v < best[j] ? v : best[j];
-    }
-  float b = std::numeric_limits<float>::infinity();
-  int any = 0;
-  for (; i < n; ++i) {
-    any |= p[i] != p[i];
-    b = p[i] < b ? p[i] : b;
-  }
-  for (int j = 0; j < kLanes; ++j) {
-    any |= bad[j];
-    b = best[j] < b ? best[j] : b;
-  }
-  if (any) *nan = true;
-  return b;
+  return extreme_run<false>(p, n, nan);
 }
 
 void strided_copy_4(const void* src, const Shape& out_shape, const std::vector<int64_t>& strides,
