@@ -16,4 +16,17 @@ ir::Graph cse(const ir::Graph& g);
 // graph output. Leaves dead nodes behind (cse removes them).
 ir::Graph simplify(const ir::Graph& g);
 
+// Constant folding, the plan: the values that depend on nothing supplied at run time (no
+// buffer, host scalar or random key; index ramps and what is computed from them alone), and of
+// those the ones a backend computes once at compile time and keeps: each read by a value that is
+// computed at run time. Outputs and values over max_bytes are computed at run time (an output
+// must be fresh memory; a huge broadcast is cheaper to recompute than to keep), from folded
+// operands.
+struct Constants {
+  std::vector<bool> constant;  // per node
+  std::vector<bool> run_time;  // per node: computed at run time (not constant, an output, or big)
+  std::vector<int32_t> fold;   // in graph order
+};
+Constants find_constants(const ir::Graph& g, size_t max_bytes);
+
 }  // namespace lockstep::passes

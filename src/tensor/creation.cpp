@@ -51,11 +51,13 @@ Tensor full_like(const Tensor& t, Scalar value, Loc loc) {
 Tensor zeros_like(const Tensor& t, Loc loc) { return full_like(t, 0, loc); }
 Tensor ones_like(const Tensor& t, Loc loc) { return full_like(t, 1, loc); }
 
-Tensor arange(Scalar end, TensorOptions options, Loc loc) {
-  return arange(0, end, 1, options, loc);
-}
+namespace {
 
-Tensor arange(Scalar start, Scalar end, Scalar step, TensorOptions options, Loc loc) {
+// arange(end) is the index ramp itself, with no host scalars: a constant the compiler can fold
+// (a table computed from it is computed once, at compile time). arange(start, end, step) keeps
+// start and step as runtime scalars, so changing them never recompiles.
+Tensor arange_of(Scalar start, Scalar end, Scalar step, TensorOptions options, Loc loc,
+                 bool ramp_only) {
   if (options.dtype == DType::Bool)
     util::fail(loc, "arange", "cannot count in bool", "Use an integer or floating dtype");
   if (step.to_double() == 0) util::fail(loc, "arange", "step is 0", "Use a non-zero step");
@@ -70,11 +72,21 @@ Tensor arange(Scalar start, Scalar end, Scalar step, TensorOptions options, Loc 
   const Device device = frontend::device_of(options);
   const DType dt = options.dtype;
   ir::NodePtr ramp = ir::make_leaf(Op::Iota, {0}, {n}, dt, device, loc);
+  if (ramp_only) return runtime::new_tensor(std::move(ramp));
   ir::NodePtr st =
       frontend::expand_to(frontend::scalar_node(step, dt, device, "arange", loc), {n}, loc);
   ir::NodePtr s0 =
       frontend::expand_to(frontend::scalar_node(start, dt, device, "arange", loc), {n}, loc);
   return frontend::record(Op::Add, {make(Op::Mul, {ramp, st}, {}, loc), s0}, {}, loc);
+}
+
+}  // namespace
+
+Tensor arange(Scalar end, TensorOptions options, Loc loc) {
+  return arange_of(0, end, 1, options, loc, true);
+}
+Tensor arange(Scalar start, Scalar end, Scalar step, TensorOptions options, Loc loc) {
+  return arange_of(start, end, step, options, loc, false);
 }
 
 Tensor from_blob(const void* data, const Shape& shape, DType dtype, Device device, Loc loc) {

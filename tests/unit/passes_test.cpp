@@ -110,3 +110,32 @@ TEST(Passes, CseMergesEqualNodesButNotScalarsAndDropsDeadOnes) {
             "%6 = add(%5, %5) f32[3]\n"
             "return %3, %4, %6\n");
 }
+
+TEST(Passes, FindConstantsFoldsWhatRunTimeValuesReadOfRampsAlone) {
+  Builder b;
+  const int32_t ramp = b.add(Op::Iota, {}, {0}, {8}, DType::I64);  // %0 constant
+  const int32_t cast = b.add(Op::Cast, {ramp}, {}, {8});           // %1 constant
+  const int32_t sine = b.add(Op::Sin, {cast}, {}, {8});            // %2 constant, read below
+  const int32_t x = b.data({8});                                   // %3
+  const int32_t y = b.add(Op::Mul, {x, sine}, {}, {8});            // %4 run time
+  const int32_t s = b.add(Op::Scalar, {}, {}, {});                 // %5 host scalar
+  const int32_t se = b.add(Op::Expand, {s}, {}, {8});              // %6 run time
+  const int32_t z = b.add(Op::Add, {cast, se}, {}, {8});           // %7 run time
+  const int32_t big = b.add(Op::Expand, {cast}, {}, {1000, 8});    // %8 constant, big
+  const int32_t w = b.data({1000, 8});                             // %9
+  const int32_t v = b.add(Op::Add, {w, big}, {}, {1000, 8});       // %10 run time
+  const int32_t out = b.add(Op::Cos, {sine}, {}, {8});             // %11 constant output
+  b.g.outputs = {y, z, v, out};
+  const passes::Constants c = passes::find_constants(b.g, 1024);
+  EXPECT_EQ(c.constant, (std::vector<bool>{true, true, true, false, false, false, false, false,
+                                           true, false, false, true}));
+  // The cast (read by z and by the big broadcast) and the sine (read by y and the output) are
+  // kept; the ramp is only needed to compute them. The broadcast (32,000 bytes) and the output
+  // are computed at run time from what was folded.
+  EXPECT_EQ(c.fold, (std::vector<int32_t>{cast, sine}));
+  EXPECT_FALSE(c.run_time[ramp]);
+  EXPECT_TRUE(c.run_time[big]);
+  EXPECT_TRUE(c.run_time[out]);
+  // With room for the broadcast, it is folded too.
+  EXPECT_EQ(passes::find_constants(b.g, 1 << 20).fold, (std::vector<int32_t>{cast, sine, big}));
+}

@@ -35,6 +35,9 @@ constexpr int kRecomputeLimit = 8;
 // small feature maps) go by tiles of the input instead.
 constexpr int64_t kLongRun = 512;
 
+// Constant values larger than this are recomputed every run rather than kept with the program.
+constexpr size_t kFoldMaxBytes = size_t{16} << 20;
+
 struct Ctx {
   std::vector<void*> ptr;  // per node: where its value is
   const std::vector<ir::ScalarValue>* scalars;
@@ -68,8 +71,9 @@ struct Step {
 
 // Where a value lives during a run.
 struct Slot {
-  enum Kind { None, Input, Arena, Output, Alias } kind = None;
-  int64_t index = 0;  // input number, arena offset, output number, or aliased node
+  enum Kind { None, Input, Arena, Output, Alias, Constant } kind = None;
+  // Input number, arena offset, output number, aliased node, or offset among the constants.
+  int64_t index = 0;
 };
 
 bool is_f32(const ir::Graph& g, int32_t id) { return g.nodes[id].dtype == DType::F32; }
@@ -180,13 +184,20 @@ class CpuExecutable final : public Executable {
         case Slot::Alias:
           ctx.ptr[i] = ctx.ptr[s.index];
           break;
+        case Slot::Constant:
+          ctx.ptr[i] = static_cast<char*>(constants_->data()) + s.index;
+          break;
       }
     }
     if (profile_) {
       for (Step& step : steps_) {
         const int64_t t0 = runtime::now_ns();
         step.run(ctx);
-        runtime::time_ns(step.label, runtime::now_ns() - t0);
+        // LOCKSTEP_PROFILE=steps: a timer per step ("mat_mul %93[1024, 784]"), else per kind.
+        std::string name;
+        if (profile_steps_)
+          name = util::cat(step.label, " %", step.node, shape_str(g_.nodes[step.node].shape));
+        runtime::time_ns(profile_steps_ ? name.c_str() : step.label, runtime::now_ns() - t0);
       }
     } else {
       for (Step& step : steps_) step.run(ctx);
@@ -224,11 +235,13 @@ class CpuExecutable final : public Executable {
     if (!is_last_two_swap(n) || n.dtype != DType::F32 || shape_numel(n.shape) == 0) return false;
     const int32_t m = n.operands[0];
     const ir::GraphNode& mm = g_.nodes[m];
-    if (mm.op != Op::MatMul || is_output_[m] || consumers_[m].size() != 1) return false;
+    if (mm.op != Op::MatMul || is_output_[m] || consumers_[m].size() != 1 || !run_time_[m])
+      return false;
     for (int32_t o : mm.operands)
       if (g_.nodes[o].dtype != DType::F32 || shape_numel(g_.nodes[o].shape) == 0) return false;
     return true;
   }
+  void fold_constants();
   void merge_fused_steps();
   void merge_sums();
   void plan_memory();
@@ -237,9 +250,13 @@ class CpuExecutable final : public Executable {
 
   ir::Graph g_;
   const bool profile_ = std::getenv("LOCKSTEP_PROFILE") != nullptr;
+  const bool profile_steps_ = profile_ && std::string(std::getenv("LOCKSTEP_PROFILE")) == "steps";
   std::vector<std::vector<int32_t>> consumers_;
   std::vector<bool> is_output_, absorbed_;
-  std::vector<bool> merged_;  // computed by another node's step
+  std::vector<bool> merged_;          // computed by another node's step
+  std::vector<bool> run_time_;        // computed by a step (not a constant folded at compile time)
+  std::vector<int64_t> constant_at_;  // offset of a folded constant in constants_, else -1
+  std::shared_ptr<Storage> constants_;
   std::vector<Step> steps_;
   std::vector<Slot> slot_;
   std::vector<int32_t> donor_;  // per output: the input it may overwrite, or -1
@@ -254,6 +271,7 @@ void CpuExecutable::plan() {
   for (size_t i = 0; i < n; ++i)
     for (int32_t o : g_.nodes[i].operands) consumers_[o].push_back(static_cast<int32_t>(i));
   for (int32_t o : g_.outputs) is_output_[o] = true;
+  fold_constants();
   // A fusible node is evaluated inside its consumers' trees (its value never goes to memory)
   // when every consumer can take it: a fusible node of its shape, or an f32 reduction walking
   // it in long contiguous runs. With several consumers the node is recomputed in each, which
@@ -266,11 +284,13 @@ void CpuExecutable::plan() {
   for (size_t i = 0; i < n; ++i) {
     const int32_t id = static_cast<int32_t>(i);
     const ir::GraphNode& node = g_.nodes[i];
-    if (is_output_[i] || node.op == Op::Scalar || !fusible(g_, id) || consumers_[i].empty())
+    if (is_output_[i] || node.op == Op::Scalar || !fusible(g_, id) || consumers_[i].empty() ||
+        !run_time_[i])
       continue;
     bool all_take = true;
     std::vector<int32_t> distinct;
     for (int32_t c : consumers_[i]) {
+      if (!run_time_[c]) continue;  // computed at compile time, from its own copy
       if (std::find(distinct.begin(), distinct.end(), c) == distinct.end()) distinct.push_back(c);
       const ir::GraphNode& cn = g_.nodes[c];
       const bool tree = fusible(g_, c) && cn.shape == node.shape;
@@ -302,7 +322,7 @@ void CpuExecutable::plan() {
     absorbed_[i] = all_take && (k == 1 || (cost[i] <= kRecomputeLimit && (k - 1) * l <= k + 2));
   }
   for (size_t i = 0; i < n; ++i)
-    if (!absorbed_[i] && !merged_[i] && g_.nodes[i].op != Op::Data)
+    if (!absorbed_[i] && !merged_[i] && run_time_[i] && g_.nodes[i].op != Op::Data)
       add_step(static_cast<int32_t>(i));
   // Drop steps whose value nothing reads (e.g. a transpose folded into a matmul).
   std::vector<bool> needed(n, false);
@@ -323,12 +343,55 @@ void CpuExecutable::plan() {
   if (const char* dir = std::getenv("LOCKSTEP_DUMP")) dump_plan(dir);
 }
 
+// Values that depend on nothing supplied at run time (index ramps and what is computed from
+// them alone) are computed here, once, by the ref kernels, and kept with the program: the steps
+// that read them read the kept copy.
+void CpuExecutable::fold_constants() {
+  const size_t n = g_.nodes.size();
+  const passes::Constants c = passes::find_constants(g_, kFoldMaxBytes);
+  run_time_ = c.run_time;
+  constant_at_.assign(n, -1);
+  if (c.fold.empty()) return;
+  // Everything the folded values are computed from, evaluated in graph order.
+  std::vector<bool> needed(n, false);
+  for (int32_t f : c.fold) needed[f] = true;
+  for (size_t i = n; i-- > 0;)
+    if (needed[i])
+      for (int32_t o : g_.nodes[i].operands) needed[o] = true;
+  std::vector<std::vector<std::byte>> value(n);
+  const std::vector<ir::ScalarValue> no_scalars;
+  for (size_t i = 0; i < n; ++i) {
+    if (!needed[i]) continue;
+    const ir::GraphNode& node = g_.nodes[i];
+    std::vector<ref::Arr> args;
+    for (int32_t o : node.operands)
+      args.push_back({value[o].data(), g_.nodes[o].shape, g_.nodes[o].dtype});
+    value[i].resize(bytes_of(node));
+    ref::eval_node(node, args, no_scalars, value[i].data());
+  }
+  size_t total = 0;
+  for (int32_t f : c.fold) {
+    constant_at_[f] = static_cast<int64_t>(total);
+    total += (bytes_of(g_.nodes[f]) + 63) / 64 * 64;
+  }
+  constants_ = alloc_host(std::max<size_t>(total, 64));
+  for (int32_t f : c.fold)
+    if (!value[f].empty())
+      std::memcpy(static_cast<char*>(constants_->data()) + constant_at_[f], value[f].data(),
+                  value[f].size());
+  runtime::count("folded_constants", static_cast<int64_t>(c.fold.size()));
+}
+
 void CpuExecutable::dump_plan(const char* dir) const {
   static std::atomic<int> counter{0};
   const std::string path = util::cat(dir, "/cpu-plan-", counter++, ".txt");
   std::FILE* f = std::fopen(path.c_str(), "w");
   if (!f) return;  // a debugging aid: never fails the compile
   std::fprintf(f, "arena %zu bytes, %zu steps\n", arena_bytes_, steps_.size());
+  for (size_t i = 0; i < g_.nodes.size(); ++i)
+    if (constant_at_[i] >= 0)
+      std::fprintf(f, "%%%zu constant %s%s (folded)\n", i, dtype_name(g_.nodes[i].dtype),
+                   shape_str(g_.nodes[i].shape).c_str());
   for (const Step& s : steps_) {
     const ir::GraphNode& n = g_.nodes[s.node];
     std::string reads;
@@ -454,7 +517,8 @@ void CpuExecutable::add_step(int32_t id) {
       const ir::GraphNode& o = g_.nodes[operand[k]];
       bool transposed = flip;  // (A B)^T = B^T A^T: each operand is read transposed
       int32_t source = operand[k];
-      if (is_last_two_swap(o)) {  // a transpose feeding the matmul: read its input instead
+      // A transpose feeding the matmul: read its input instead.
+      if (is_last_two_swap(o) && run_time_[operand[k]]) {
         source = o.operands[0];
         transposed = !transposed;
       }
@@ -541,7 +605,8 @@ void CpuExecutable::add_step(int32_t id) {
     const int32_t x = n.operands[0];
     const Op other = n.op == Op::MaxPool2d ? Op::MaxPool2dIndices : Op::MaxPool2d;
     for (int32_t k : consumers_[x])
-      if (k != id && g_.nodes[k].op == other && g_.nodes[k].attrs == n.attrs && !absorbed_[k]) {
+      if (k != id && g_.nodes[k].op == other && g_.nodes[k].attrs == n.attrs && !absorbed_[k] &&
+          run_time_[k]) {
         step.extras = {k};
         merged_[k] = true;
         break;
@@ -616,8 +681,10 @@ void CpuExecutable::add_step(int32_t id) {
 void CpuExecutable::plan_memory() {
   const size_t n = g_.nodes.size();
   slot_.assign(n, Slot{});
-  for (size_t i = 0; i < n; ++i)
+  for (size_t i = 0; i < n; ++i) {
     if (g_.nodes[i].op == Op::Data) slot_[i] = {Slot::Input, g_.nodes[i].input};
+    if (constant_at_[i] >= 0) slot_[i] = {Slot::Constant, constant_at_[i]};
+  }
   for (int32_t o : g_.outputs) slot_[o] = {Slot::Output, 0};
   // Reshapes that are not outputs alias their operand's memory.
   std::vector<int32_t> root(n);
