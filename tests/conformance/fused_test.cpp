@@ -64,6 +64,19 @@ TEST_F(Fused, BroadcastLeaves) {
     const ls::Tensor e = ls::expand(v[0], {4, 5});
     return Tensors{e, e * v[1] + ls::exp(e), v[0] * 3.0f, ls::sum(v[0]) + ls::sum(e)};
   });
+  // Per-channel values over small feature maps (short broadcast runs, read from one expanded
+  // period whose length does not divide the tile), in elementwise trees and in the sums and max
+  // that read them; the largest runs on several threads.
+  for (const ls::Shape& x : {ls::Shape{5, 37, 3, 3}, ls::Shape{7, 19, 2, 2}, ls::Shape{2, 3, 1, 5},
+                             ls::Shape{32, 64, 8, 8}}) {
+    const ls::Shape c = {x[1], 1, 1};
+    check("per-channel leaves over " + str(x), {{x}, {c}, {c}, {c, ls::boolean}},
+          [](const Tensors& v) {
+            const ls::Tensor t = (v[0] - v[1]) * v[2];
+            return Tensors{ls::where(v[3], ls::relu(t), t + v[1]), ls::sum(t * v[0], {0, 2, 3}),
+                           ls::sum(t, {0, 2, 3}), ls::max(t + v[2], {1})};
+          });
+  }
   // Broadcast of a computed (non-leaf) value, and of a bool comparison result.
   check("broadcast computed values", {{{6, 1, 9}}, {{6, 7, 9}}}, [](const Tensors& v) {
     const ls::Tensor m = ls::exp(v[0]) > 1.0f;

@@ -76,8 +76,8 @@ void reduce_cases(const std::vector<ls::Shape>& shapes, const std::vector<ls::DT
 
 LS_COVERS(Reduce, AxisSubsets, Op::Sum, Op::Max, Op::Min, Op::ArgMax, Op::ArgMin);
 TEST_F(Reduce, AxisSubsets) {
-  reduce_cases({{2, 3, 4, 5}, {1, 7, 1, 3}, {3, 0, 2, 5}}, {ls::f32, ls::f64, ls::i32},
-               Fill::Normal, true);
+  reduce_cases({{2, 3, 4, 5}, {1, 7, 1, 3}, {3, 4, 1, 5}, {3, 0, 2, 5}},
+               {ls::f32, ls::f64, ls::i32}, Fill::Normal, true);
   reduce_cases({{2, 3, 4, 5}}, {ls::i64, ls::boolean}, Fill::Normal, true);
 }
 
@@ -104,7 +104,11 @@ TEST_F(Reduce, Large) {
       {{150001}, {}},
       {{3, 50001}, {1}},
       {{50001, 3}, {0}},
-      {{2, 300, 257}, {0, 2}}};
+      {{2, 300, 257}, {0, 2}},
+      // Per-channel sums of small feature maps (short runs), on one thread and on several.
+      {{16, 256, 2, 2}, {0, 2, 3}},
+      {{32, 512, 3, 3}, {0, 2, 3}},
+      {{32, 512, 3, 3}, {2, 3}}};
   for (ls::DType dt : {ls::f32, ls::f64})
     for (const auto& [s, axes] : cases)
       check(

@@ -97,11 +97,11 @@ std::function<void(Ctx&)> run_fused(std::shared_ptr<const FusedMembers> members)
   return [members](Ctx& c) {
     std::vector<const FusedTree*> trees;
     std::vector<std::vector<const void*>> leaves;
+    std::vector<std::vector<float>> expanded;
     std::vector<void*> outs;
     for (const auto& [node, tree] : *members) {
       trees.push_back(tree.get());
-      leaves.emplace_back();
-      for (int32_t l : tree->leaf_nodes()) leaves.back().push_back(c.ptr[l]);
+      leaves.push_back(tree->bind(c.ptr, expanded));
       outs.push_back(c.ptr[node]);
     }
     FusedTree::run_group(trees, leaves, outs);
@@ -118,10 +118,10 @@ std::function<void(Ctx&)> run_sums(SumParts parts) {
     if (of->tree) tmp_floats = std::max(tmp_floats, of->tree->scratch_floats());
   return [parts = std::move(parts), layout, map, tmp_floats](Ctx& c) {
     std::vector<std::vector<const void*>> leaves(parts.size());
+    std::vector<std::vector<float>> expanded;
     std::vector<float*> outs;
     for (size_t k = 0; k < parts.size(); ++k) {
-      if (parts[k].second->tree)
-        for (int32_t l : parts[k].second->tree->leaf_nodes()) leaves[k].push_back(c.ptr[l]);
+      if (parts[k].second->tree) leaves[k] = parts[k].second->tree->bind(c.ptr, expanded);
       outs.push_back(static_cast<float*>(c.ptr[parts[k].first]));
     }
     auto read = [&](size_t k, int64_t off, int64_t len, float* tmp) -> const float* {
@@ -574,8 +574,8 @@ void CpuExecutable::add_step(int32_t id) {
       const ReduceLayout layout = reduce_layout(g_.nodes[n.operands[0]].shape, n.attrs);
       const Op op = n.op;
       step.run = [tree, layout, op, id](Ctx& c) {
-        std::vector<const void*> leaves;
-        for (int32_t l : tree->leaf_nodes()) leaves.push_back(c.ptr[l]);
+        std::vector<std::vector<float>> expanded;
+        const std::vector<const void*> leaves = tree->bind(c.ptr, expanded);
         reduce_f32(
             op, layout,
             [&](int64_t off, int64_t len, float* tmp) {

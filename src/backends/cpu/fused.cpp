@@ -121,6 +121,22 @@ int FusedTree::add_leaf(const ir::Graph& g, int32_t node, const Shape& out_shape
       if (d >= lead) src_stride *= src.shape[d - lead];
       out_stride *= out_shape[d];
     }
+    // Neighbouring dims that are neighbours in the source too are one dim ([N, C, 1, 1] into
+    // [N, C, H, W]: runs of H * W copies of consecutive values).
+    for (size_t k = 0; k + 1 < leaf.div.size();) {
+      if (leaf.div[k + 1] == leaf.div[k] * leaf.mod[k] &&
+          leaf.stride[k + 1] == leaf.stride[k] * leaf.mod[k]) {
+        leaf.mod[k] *= leaf.mod[k + 1];
+        leaf.div.erase(leaf.div.begin() + static_cast<std::ptrdiff_t>(k) + 1);
+        leaf.mod.erase(leaf.mod.begin() + static_cast<std::ptrdiff_t>(k) + 1);
+        leaf.stride.erase(leaf.stride.begin() + static_cast<std::ptrdiff_t>(k) + 1);
+      } else {
+        ++k;
+      }
+    }
+    if (leaf.div.size() == 1 && leaf.div[0] > 1 && leaf.div[0] <= kShortRun &&
+        leaf.div[0] * leaf.mod[0] <= kMaxPeriod)
+      leaf.period = leaf.div[0] * leaf.mod[0];
   }
   leaves_.push_back(std::move(leaf));
   leaf_nodes_.push_back(node);
@@ -129,6 +145,28 @@ int FusedTree::add_leaf(const ir::Graph& g, int32_t node, const Shape& out_shape
   instrs_.push_back(
       {Op::Data, reg, static_cast<int>(leaves_.size() - 1), -1, -1, src.dtype, src.dtype});
   return reg;
+}
+
+std::vector<const void*> FusedTree::bind(const std::vector<void*>& ptr,
+                                         std::vector<std::vector<float>>& expanded) const {
+  std::vector<const void*> out;
+  out.reserve(leaves_.size());
+  for (size_t k = 0; k < leaves_.size(); ++k) {
+    const Leaf& leaf = leaves_[k];
+    const void* p = ptr[leaf_nodes_[k]];
+    if (leaf.period > 0) {
+      std::vector<float>& e = expanded.emplace_back(leaf.period);
+      const int64_t repeat = leaf.div[0], st = leaf.stride[0];
+      for (int64_t c = 0; c < leaf.mod[0]; ++c) {
+        const float v = leaf.dtype == DType::Bool ? static_cast<const uint8_t*>(p)[c * st] != 0
+                                                  : static_cast<const float*>(p)[c * st];
+        fill_run(e.data() + c * repeat, repeat, v);
+      }
+      p = e.data();
+    }
+    out.push_back(p);
+  }
+  return out;
 }
 
 void FusedTree::load(const Leaf& leaf, const void* src, int64_t i0, int64_t len, float* dst) const {
@@ -144,6 +182,16 @@ void FusedTree::load(const Leaf& leaf, const void* src, int64_t i0, int64_t len,
       for (int64_t i = 0; i < len; ++i) dst[i] = s[i] != 0;
     } else {
       std::memcpy(dst, static_cast<const float*>(src) + i0, len * sizeof(float));
+    }
+    return;
+  }
+  if (leaf.period > 0) {  // src is one expanded period (bind())
+    const float* e = static_cast<const float*>(src);
+    for (int64_t i = 0, at = i0 % leaf.period; i < len;) {
+      const int64_t n = std::min(len - i, leaf.period - at);
+      std::memcpy(dst + i, e + at, n * sizeof(float));
+      i += n;
+      at = 0;
     }
     return;
   }
@@ -337,6 +385,8 @@ const float* FusedTree::eval(const std::vector<const void*>& leaf_ptrs, int64_t 
       const Leaf& leaf = leaves_[in.a];
       if (leaf.contiguous && leaf.dtype == DType::F32 && leaf.numel != 1) {
         reg[in.out] = static_cast<const float*>(leaf_ptrs[in.a]) + i0;
+      } else if (leaf.period > 0 && i0 % leaf.period + len <= leaf.period) {
+        reg[in.out] = static_cast<const float*>(leaf_ptrs[in.a]) + i0 % leaf.period;
       } else if (leaf.numel == 1) {  // a tile of the one value, filled once per scratch
         // (A thread's first tile is short only when it is its last: static schedules.)
         if (!scalars_loaded) load(leaf, leaf_ptrs[in.a], 0, len, own);

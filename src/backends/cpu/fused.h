@@ -22,6 +22,11 @@ class FusedTree {
   FusedTree(const ir::Graph& g, int32_t root, const std::vector<bool>& absorbed);
   // Nodes whose values the tree reads from memory, in the order run() takes their pointers.
   const std::vector<int32_t>& leaf_nodes() const { return leaf_nodes_; }
+  // The leaf pointers eval() and run_group() take, from each node's memory (`ptr`, by node).
+  // A leaf broadcast per channel over short runs (a small feature map) is read from one period
+  // of its values written out in full, into `expanded`, which must outlive the pointers.
+  std::vector<const void*> bind(const std::vector<void*>& ptr,
+                                std::vector<std::vector<float>>& expanded) const;
   // Trees of the same numel (one or more), tile by tile: for each tile, each tree in order (a
   // tree may read an earlier one's output, element for element); outs[k] may be one of tree k's
   // leaves (an update in place).
@@ -46,6 +51,10 @@ class FusedTree {
   static constexpr int64_t kTile = 512;
   // Fewer elements run on one thread: waking the others costs more than the pass.
   static constexpr int64_t kParallelMin = 131072;
+  // Broadcast runs this short are read from an expanded period (see bind()), of at most
+  // kMaxPeriod floats.
+  static constexpr int64_t kShortRun = 64;
+  static constexpr int64_t kMaxPeriod = 262144;
 
  private:
   struct Leaf {
@@ -54,6 +63,9 @@ class FusedTree {
     int64_t numel;
     // Otherwise: the source offset of output index i is sum_d ((i / div[d]) % mod[d]) * stride[d].
     std::vector<int64_t> div, mod, stride;
+    // > 0: one broadcast dim with runs shorter than kShortRun, read through bind()'s copy of
+    // one period (div[0] * mod[0] floats) instead of run by run.
+    int64_t period = 0;
   };
   struct Instr {
     ir::Op op;

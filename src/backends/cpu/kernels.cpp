@@ -120,6 +120,17 @@ ReduceMap reduce_map(const Shape& in, const std::vector<int64_t>& attrs) {
     }
     stride *= in[d];
   }
+  // Kept dims next to each other are one ([N, C] kept of [N, C, H, W]).
+  for (size_t k = 0; k + 1 < m.div.size();) {
+    if (m.div[k + 1] == m.div[k] * m.mod[k] && m.mul[k + 1] == m.mul[k] * m.mod[k]) {
+      m.mod[k] *= m.mod[k + 1];
+      m.div.erase(m.div.begin() + static_cast<std::ptrdiff_t>(k) + 1);
+      m.mod.erase(m.mod.begin() + static_cast<std::ptrdiff_t>(k) + 1);
+      m.mul.erase(m.mul.begin() + static_cast<std::ptrdiff_t>(k) + 1);
+    } else {
+      ++k;
+    }
+  }
   m.out_size = mul;
   return m;
 }
