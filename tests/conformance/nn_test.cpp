@@ -252,6 +252,7 @@ std::vector<PoolCase> pool_cases() {
       {{2, 3, 9, 7}, opts(3, 3, 2, 2, 1, 1, true)},   {{2, 3, 9, 7}, opts(3, 3, 2, 2, 1, 1, false)},
       {{1, 2, 10, 5}, opts(3, 2, 1, 2, 1, 0, false)}, {{3, 1, 5, 11}, opts(2, 3, 2, 1, 0, 1, true)},
       {{1, 4, 7, 7}, opts(7, 7, 1, 1, 3, 3, false)},  {{0, 2, 6, 6}, opts(2, 2, 2, 2, 0, 0, true)},
+      {{2, 2, 11, 13}, opts(3, 4, 3, 3, 1, 2, true)},    // a stride other than 1 and 2
       {{4, 16, 44, 44}, opts(3, 3, 2, 2, 1, 1, true)}};  // > 100k elements
 }
 

@@ -219,30 +219,74 @@ void strided_copy_4(const void* src, const Shape& out_shape, const std::vector<i
   }
 }
 
+namespace {
+
+// One output row of a max pooling, for the window row h and column offset kx: outputs
+// [lo, hi) (whose windows lie inside the plane along w) take x[h, wo * S - pw + kx] when it is
+// larger or the first NaN. S is the stride when known at compile time (so the strided loads
+// vectorize), 0 for "use sw".
+template <int S>
+void pool_row(const float* xrow, int64_t lo, int64_t hi, int64_t sw, int64_t off, int32_t base,
+              float* __restrict best, int32_t* __restrict at) {
+  const int64_t stride = S > 0 ? S : sw;
+  for (int64_t wo = lo; wo < hi; ++wo) {
+    const int64_t w = wo * stride + off;
+    const float v = xrow[w];
+    const float b = best[wo];
+    const bool take = (v > b) | ((v != v) & (b == b));
+    best[wo] = take ? v : b;
+    at[wo] = take ? base + static_cast<int32_t>(w) : at[wo];
+  }
+}
+
+}  // namespace
+
 void max_pool2d_f32(const float* x, const Shape& in, const Shape& out,
                     const std::vector<int64_t>& a, float* values, int64_t* indices) {
   const int64_t planes = in[0] * in[1], H = in[2], W = in[3], HO = out[2], WO = out[3];
   const int64_t kh = a[0], kw = a[1], sh = a[2], sw = a[3], ph = a[4], pw = a[5];
-#pragma omp parallel for schedule(static)
-  for (int64_t p = 0; p < planes; ++p) {
-    const float* xp = x + p * H * W;
-    for (int64_t ho = 0; ho < HO; ++ho)
-      for (int64_t wo = 0; wo < WO; ++wo) {
-        float best = 0;
-        int64_t at = -1;
-        const int64_t h0 = ho * sh - ph, w0 = wo * sw - pw;
-        for (int64_t h = std::max<int64_t>(h0, 0); h < std::min(h0 + kh, H); ++h)
-          for (int64_t w = std::max<int64_t>(w0, 0); w < std::min(w0 + kw, W); ++w) {
-            const float v = xp[h * W + w];
-            if (at < 0 || (!std::isnan(best) && (std::isnan(v) || v > best))) {
-              best = v;
-              at = h * W + w;
-            }
+  if (H * W > INT32_MAX) {  // indices kept as int32 below
+    throw BackendError(util::cat("max_pool2d: a plane of ", H * W, " elements is too large"));
+  }
+#pragma omp parallel
+  {
+    // A row of outputs at a time, window element by window element in row-major order: each
+    // output keeps the first element of its window, then any larger one or the first NaN (so
+    // ties go to the first). The outputs of a row are independent, so this vectorizes.
+    std::vector<float> best(static_cast<size_t>(WO));
+    std::vector<int32_t> at(static_cast<size_t>(WO));
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < planes; ++p) {
+      const float* xp = x + p * H * W;
+      for (int64_t ho = 0; ho < HO; ++ho) {
+        const int64_t h0 = ho * sh - ph;
+        const int64_t hs = std::max<int64_t>(h0, 0), he = std::min(h0 + kh, H);
+        for (int64_t wo = 0; wo < WO; ++wo) {
+          const int64_t ws = std::max<int64_t>(wo * sw - pw, 0);
+          const bool any = hs < he && ws < std::min(wo * sw - pw + kw, W);
+          at[wo] = any ? static_cast<int32_t>(hs * W + ws) : -1;
+          best[wo] = any ? xp[at[wo]] : 0.0f;
+        }
+        for (int64_t h = hs; h < he; ++h)
+          for (int64_t kx = 0; kx < kw; ++kx) {
+            // Outputs whose column w = wo * sw - pw + kx lies in [0, W).
+            const int64_t off = kx - pw;
+            const int64_t lo = off >= 0 ? 0 : (-off + sw - 1) / sw;
+            const int64_t hi = std::min(WO, W - off > 0 ? (W - off - 1) / sw + 1 : 0);
+            const float* xrow = xp + h * W;
+            const int32_t base = static_cast<int32_t>(h * W);
+            if (sw == 2)
+              pool_row<2>(xrow, lo, hi, sw, off, base, best.data(), at.data());
+            else if (sw == 1)
+              pool_row<1>(xrow, lo, hi, sw, off, base, best.data(), at.data());
+            else
+              pool_row<0>(xrow, lo, hi, sw, off, base, best.data(), at.data());
           }
-        const int64_t o = (p * HO + ho) * WO + wo;
-        if (values) values[o] = best;
-        if (indices) indices[o] = at;
+        const int64_t o = (p * HO + ho) * WO;
+        if (values) std::copy(best.begin(), best.end(), values + o);
+        if (indices) std::copy(at.begin(), at.end(), indices + o);
       }
+    }
   }
 }
 
