@@ -230,6 +230,32 @@ TEST_F(Conv, InNetworks) {
         return Tensors{y, gh, gw, gx, ls::sum(gh, {0, 2, 3})};
       },
       8 * 9 * 4 * 9);
+  // Channels in multiples of 16 (oneDNN's blocked layouts): an activation read by two
+  // convolutions (a bottleneck and its shortcut), every one with both gradients, so copies in
+  // oneDNN's layout are made once and shared (forward input with weight gradient, output
+  // gradient between the two backward convolutions).
+  const int64_t before = ls::metrics::counter("shared_conv_copies");
+  ls::Conv2dOptions one;
+  check(
+      "shared layout copies",
+      {{{2, 16, 8, 8}}, {{32, 16, 3, 3}}, {{32, 16, 1, 1}}, {{16, 32, 1, 1}}},
+      [o, one](const Tensors& x) {
+        const ls::Tensor a = ls::relu(ls::conv2d(x[0], x[1], o));
+        const ls::Tensor s = ls::conv2d(x[0], x[2], one);
+        const ls::Tensor h = a + s;
+        const ls::Tensor y = ls::conv2d(h, x[3], one);
+        const ls::Tensor gy = y * 0.25f;
+        const ls::Tensor gh = ls::conv2d_backward_input(gy, x[3], h.shape(), one);
+        const ls::Tensor gw3 = ls::conv2d_backward_weight(h, gy, x[3].shape(), one);
+        const ls::Tensor ga = gh * ls::cast(a > 0, ls::f32);
+        const ls::Tensor gx = ls::conv2d_backward_input(ga, x[1], x[0].shape(), o) +
+                              ls::conv2d_backward_input(gh, x[2], x[0].shape(), one);
+        return Tensors{y, gx, gw3, ls::conv2d_backward_weight(x[0], ga, x[1].shape(), o),
+                       ls::conv2d_backward_weight(x[0], gh, x[2].shape(), one)};
+      },
+      16 * 9 * 32);
+  EXPECT_GT(ls::metrics::counter("shared_conv_copies"), before)
+      << "no copy was shared: the case checks nothing new";
 }
 
 struct PoolCase {

@@ -41,6 +41,7 @@ constexpr size_t kFoldMaxBytes = size_t{16} << 20;
 struct Ctx {
   std::vector<void*> ptr;  // per node: where its value is
   const std::vector<ir::ScalarValue>* scalars;
+  float* copies = nullptr;  // convolution operands' shared copies (see share_conv_copies)
 };
 
 // Trees of a fused elementwise step with the node each writes: one, or several that
@@ -67,7 +68,26 @@ struct Step {
   std::function<void(Ctx&)> run;
   std::shared_ptr<FusedMembers> fused;  // set for fused elementwise steps
   std::shared_ptr<SumOf> sum;           // set for a single sum that merge_sums may join
+  std::shared_ptr<DnnlConv> conv;       // set for oneDNN convolutions
+  std::pair<int64_t, bool> copy_place[2] = {{-1, false}, {-1, false}};  // see run_conv_step
 };
+
+// Runs a oneDNN convolution; copy[k] places operand k's copy in oneDNN's layout among the shared
+// copies: {offset in floats, whether this step writes it}, or offset -1 for the scratch.
+std::function<void(Ctx&)> run_conv_step(std::shared_ptr<DnnlConv> conv, int32_t x, int32_t y,
+                                        int32_t id, std::pair<int64_t, bool> copy0 = {-1, false},
+                                        std::pair<int64_t, bool> copy1 = {-1, false}) {
+  return [=](Ctx& c) {
+    auto place = [&](std::pair<int64_t, bool> p) {
+      DnnlConv::Copy copy;
+      if (p.first >= 0 && p.second) copy.keep = c.copies + p.first;
+      if (p.first >= 0 && !p.second) copy.ready = c.copies + p.first;
+      return copy;
+    };
+    conv->run(static_cast<const float*>(c.ptr[x]), static_cast<const float*>(c.ptr[y]),
+              static_cast<float*>(c.ptr[id]), place(copy0), place(copy1));
+  };
+}
 
 // Where a value lives during a run.
 struct Slot {
@@ -148,6 +168,7 @@ class CpuExecutable final : public Executable {
     const int want = g_threads.load();
     if (want > 0 && omp_get_max_threads() != want) omp_set_num_threads(want);
     if (!arena_ && arena_bytes_) arena_ = alloc_host(arena_bytes_);
+    if (!copies_ && copies_floats_) copies_ = alloc_host(copies_floats_ * sizeof(float));
     std::vector<std::shared_ptr<Storage>> outs(g_.outputs.size());
     std::vector<std::shared_ptr<Storage>> out_of_node(g_.nodes.size());
     for (size_t k = 0; k < g_.outputs.size(); ++k) {
@@ -165,6 +186,7 @@ class CpuExecutable final : public Executable {
     }
     Ctx ctx;
     ctx.scalars = &scalars;
+    ctx.copies = copies_ ? static_cast<float*>(copies_->data()) : nullptr;
     ctx.ptr.assign(g_.nodes.size(), nullptr);
     for (size_t i = 0; i < g_.nodes.size(); ++i) {
       const Slot& s = slot_[i];
@@ -242,6 +264,7 @@ class CpuExecutable final : public Executable {
     return true;
   }
   void fold_constants();
+  void share_conv_copies();
   void merge_fused_steps();
   void merge_sums();
   void plan_memory();
@@ -262,6 +285,8 @@ class CpuExecutable final : public Executable {
   std::vector<int32_t> donor_;  // per output: the input it may overwrite, or -1
   size_t arena_bytes_ = 0;
   std::shared_ptr<Storage> arena_;
+  size_t copies_floats_ = 0;
+  std::shared_ptr<Storage> copies_;
 };
 
 void CpuExecutable::plan() {
@@ -339,6 +364,7 @@ void CpuExecutable::plan() {
   steps_ = std::move(kept);
   merge_sums();
   merge_fused_steps();
+  share_conv_copies();
   plan_memory();
   if (const char* dir = std::getenv("LOCKSTEP_DUMP")) dump_plan(dir);
 }
@@ -400,6 +426,103 @@ void CpuExecutable::dump_plan(const char* dir) const {
                  shape_str(n.shape).c_str(), reads.c_str(), s.detail.c_str());
   }
   std::fclose(f);
+}
+
+// A value that several convolutions copy to the same oneDNN layout is copied once: a forward
+// convolution's input, copied again by its weight gradient, and an output gradient, copied by
+// both backward convolutions. The first of them in step order writes the copy, the others read
+// it. The copies live in their own memory, planned like the arena (first fit by lifetime).
+void CpuExecutable::share_conv_copies() {
+  // A weight gradient moves up to right after the input gradient of the same convolution (both
+  // read the output gradient): its operands are ready there, the shared copy of the output
+  // gradient lives for one step instead of hundreds, and so do the operands' last reads.
+  std::vector<int> producer(g_.nodes.size(), -1);
+  auto index_producers = [&] {
+    std::fill(producer.begin(), producer.end(), -1);
+    for (size_t s = 0; s < steps_.size(); ++s) {
+      producer[steps_[s].node] = static_cast<int>(s);
+      for (int32_t e : steps_[s].extras) producer[e] = static_cast<int>(s);
+    }
+  };
+  index_producers();
+  for (size_t w = 0; w < steps_.size(); ++w) {
+    const ir::GraphNode& wn = g_.nodes[steps_[w].node];
+    if (!steps_[w].conv || wn.op != Op::Conv2dBackwardWeight) continue;
+    const int dy_step = producer[wn.operands[1]];
+    for (size_t d = static_cast<size_t>(std::max(dy_step, 0)); d + 1 < w; ++d) {
+      const ir::GraphNode& dn = g_.nodes[steps_[d].node];
+      if (!steps_[d].conv || dn.op != Op::Conv2dBackwardInput || dn.operands[0] != wn.operands[1])
+        continue;
+      bool ready = true;
+      for (int32_t r : steps_[w].reads) ready = ready && producer[r] <= static_cast<int>(d);
+      if (!ready) break;
+      Step moved = std::move(steps_[w]);
+      steps_.erase(steps_.begin() + static_cast<std::ptrdiff_t>(w));
+      steps_.insert(steps_.begin() + static_cast<std::ptrdiff_t>(d) + 1, std::move(moved));
+      index_producers();
+      break;
+    }
+  }
+  struct Use {
+    size_t step;
+    int k;
+  };
+  std::vector<std::vector<Use>> groups;
+  std::vector<int32_t> group_value;
+  for (size_t s = 0; s < steps_.size(); ++s) {
+    if (!steps_[s].conv) continue;
+    for (int k = 0; k < 2; ++k) {
+      if (steps_[s].conv->copy_floats(k) == 0) continue;
+      const int32_t v = g_.nodes[steps_[s].node].operands[k];
+      bool joined = false;
+      for (size_t gi = 0; gi < groups.size() && !joined; ++gi) {
+        const Use& u = groups[gi][0];
+        if (group_value[gi] == v && steps_[s].conv->same_copy(k, *steps_[u.step].conv, u.k)) {
+          groups[gi].push_back({s, k});
+          joined = true;
+        }
+      }
+      if (!joined) {
+        groups.push_back({{s, k}});
+        group_value.push_back(v);
+      }
+    }
+  }
+  struct Block {
+    size_t offset, size, last;
+  };
+  std::vector<Block> live;
+  for (const std::vector<Use>& uses : groups) {
+    if (uses.size() < 2) continue;
+    const size_t first = uses.front().step, last = uses.back().step;
+    const size_t size = steps_[first].conv->copy_floats(uses.front().k);
+    live.erase(
+        std::remove_if(live.begin(), live.end(), [&](const Block& b) { return b.last < first; }),
+        live.end());
+    std::sort(live.begin(), live.end(),
+              [](const Block& a, const Block& b) { return a.offset < b.offset; });
+    size_t offset = 0;
+    for (const Block& b : live) {
+      if (b.offset >= offset + size) break;
+      offset = std::max(offset, b.offset + b.size);
+    }
+    live.push_back({offset, size, last});
+    copies_floats_ = std::max(copies_floats_, offset + size);
+    runtime::count("shared_conv_copies", static_cast<int64_t>(uses.size() - 1));
+    std::pair<int64_t, bool> place[2];
+    for (const Use& u : uses) {
+      Step& st = steps_[u.step];
+      place[0] = place[1] = {-1, false};
+      // Keep what this step already shares through its other operand.
+      const int other = 1 - u.k;
+      place[other] = st.copy_place[other];
+      place[u.k] = {static_cast<int64_t>(offset), u.step == first};
+      st.copy_place[0] = place[0];
+      st.copy_place[1] = place[1];
+      const ir::GraphNode& n = g_.nodes[st.node];
+      st.run = run_conv_step(st.conv, n.operands[0], n.operands[1], st.node, place[0], place[1]);
+    }
+  }
 }
 
 // Consecutive fused steps over the same number of elements run as one group: per tile, each
@@ -556,11 +679,8 @@ void CpuExecutable::add_step(int32_t id) {
       conv = std::make_shared<DnnlConv>(DnnlConv::Kind::BackwardWeights, a.shape, n.shape, b.shape,
                                         n.attrs);
     step.reads = n.operands;
-    const int32_t x = n.operands[0], y = n.operands[1];
-    step.run = [conv, x, y, id](Ctx& c) {
-      conv->run(static_cast<const float*>(c.ptr[x]), static_cast<const float*>(c.ptr[y]),
-                static_cast<float*>(c.ptr[id]));
-    };
+    step.conv = conv;
+    step.run = run_conv_step(conv, n.operands[0], n.operands[1], id);
   } else if ((n.op == Op::Sum || n.op == Op::Max || n.op == Op::Min) && f32 &&
              absorbed_[n.operands[0]]) {
     auto tree = std::make_shared<FusedTree>(g_, n.operands[0], absorbed_);

@@ -132,10 +132,11 @@ struct Operand {
     r.execute(stream(), args);
   }
 
-  memory input(const float* ptr, float* base) {
+  memory input(const float* ptr, float* base, DnnlConv::Copy copy) {
     memory user(user_md, engine(), const_cast<float*>(ptr));
     if (!reorder) return user;
-    memory blocked(prim_md, engine(), base + offset);
+    if (copy.ready) return memory(prim_md, engine(), const_cast<float*>(copy.ready));
+    memory blocked(prim_md, engine(), copy.keep ? copy.keep : base + offset);
     run_reorder(*to_prim, user, blocked, base);
     return blocked;
   }
@@ -211,7 +212,8 @@ namespace {
 // Fills `impl` for one algorithm; throws dnnl::error when oneDNN has no implementation of it.
 void build_conv(DnnlConv::Kind kind, const Shape& x, const Shape& w, const Shape& y,
                 const std::vector<int64_t>& a, dnnl::algorithm alg, DnnlConv::Impl& impl);
-void run_conv(DnnlConv::Impl& impl, const float* in0, const float* in1, float* out);
+void run_conv(DnnlConv::Impl& impl, const float* in0, const float* in1, float* out,
+              DnnlConv::Copy copy0, DnnlConv::Copy copy1);
 
 }  // namespace
 
@@ -294,10 +296,11 @@ void build_conv(DnnlConv::Kind kind, const Shape& x, const Shape& w, const Shape
   impl.scratch_floats += floats_for(impl.pad_md);
 }
 
-void run_conv(DnnlConv::Impl& impl, const float* in0, const float* in1, float* out) {
+void run_conv(DnnlConv::Impl& impl, const float* in0, const float* in1, float* out,
+              DnnlConv::Copy copy0, DnnlConv::Copy copy1) {
   float* base = scratch(impl.scratch_floats);
-  memory m0 = impl.in0.input(in0, base);
-  memory m1 = impl.in1.input(in1, base);
+  memory m0 = impl.in0.input(in0, base, copy0);
+  memory m1 = impl.in1.input(in1, base, copy1);
   memory mo = impl.out.output(out, base);
   std::unordered_map<int, memory> args{{impl.arg0, m0}, {impl.arg1, m1}, {impl.arg_out, mo}};
   add_scratchpad(&args, impl.pad_md, base + impl.pad_offset);
@@ -351,12 +354,23 @@ DnnlConv::DnnlConv(Kind kind, const Shape& x, const Shape& w, const Shape& y,
 
 DnnlConv::~DnnlConv() = default;
 
-void DnnlConv::run(const float* in0, const float* in1, float* out) {
+void DnnlConv::run(const float* in0, const float* in1, float* out, Copy copy0, Copy copy1) {
   try {
-    run_conv(*impl_, in0, in1, out);
+    run_conv(*impl_, in0, in1, out, copy0, copy1);
   } catch (const dnnl::error& e) {
     rethrow(e, "convolution");
   }
+}
+
+size_t DnnlConv::copy_floats(int k) const {
+  const Operand& o = k == 0 ? impl_->in0 : impl_->in1;
+  return o.reorder ? floats_for(o.prim_md) : 0;
+}
+
+bool DnnlConv::same_copy(int k, const DnnlConv& other, int other_k) const {
+  const Operand& a = k == 0 ? impl_->in0 : impl_->in1;
+  const Operand& b = other_k == 0 ? other.impl_->in0 : other.impl_->in1;
+  return a.reorder && b.reorder && a.user_md == b.user_md && a.prim_md == b.prim_md;
 }
 
 void set_conv_algo(ConvAlgo algo) { conv_algo_knob().store(static_cast<int>(algo)); }

@@ -29,13 +29,28 @@ class DnnlMatMul {
 // backward weights (in0 = x, in1 = dy -> dw). attrs as ir::Node's: stride, padding, dilation,
 // groups. Operands and result are plain NCHW / OIHW; internally oneDNN's blocked layouts. Big
 // 3x3 stride-1 convolutions run as Winograd where oneDNN has it (see set_conv_algo).
+// Where a convolution operand's copy in oneDNN's layout lives (see DnnlConv::run): by default
+// in the shared scratch, written and used by one run. With `keep`, the copy is written there for
+// a later convolution to read; with `ready`, it is already there (written by an earlier
+// convolution's `keep`) and no reorder runs.
+struct ConvCopy {
+  float* keep = nullptr;
+  const float* ready = nullptr;
+};
+
 class DnnlConv {
  public:
   enum class Kind { Forward, BackwardData, BackwardWeights };
   DnnlConv(Kind kind, const Shape& x, const Shape& w, const Shape& y,
            const std::vector<int64_t>& attrs);
   ~DnnlConv();
-  void run(const float* in0, const float* in1, float* out);
+  using Copy = ConvCopy;
+  void run(const float* in0, const float* in1, float* out, Copy copy0 = {}, Copy copy1 = {});
+  // Floats of operand k's copy in oneDNN's layout; 0 when the operand is used as it is.
+  size_t copy_floats(int k) const;
+  // Whether operand k of this convolution and operand other_k of `other` are copied to the
+  // same layout (so, for the same value, one copy serves both).
+  bool same_copy(int k, const DnnlConv& other, int other_k) const;
   struct Impl;
 
  private:
