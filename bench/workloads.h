@@ -32,11 +32,15 @@ inline double peak_rss_mib() {
 
 // One result line, parsed by scripts/bench:
 //   result <workload> <framework> first_step_ms <x> img_per_s <x> peak_mib <x> gflops <x>
+// trace_ms: host time per step tracing and hashing while the previous step runs (competing
+// for the cores); trace_idle_ms: the same with the cores idle (the work itself).
 inline void print_result(const std::string& workload, const char* framework, double first_ms,
-                         double img_per_s, double gflop_per_step, double step_s, double trace_ms) {
+                         double img_per_s, double gflop_per_step, double step_s, double trace_ms,
+                         double trace_idle_ms) {
   std::printf(
-      "result %s %s first_step_ms %.1f img_per_s %.2f peak_mib %.1f gflops %.2f trace_ms %.3f\n",
+      "result %s %s first_step_ms %.1f img_per_s %.2f peak_mib %.1f gflops %.2f trace_ms %.3f "
+      "trace_idle_ms %.3f\n",
       workload.c_str(), framework, first_ms, img_per_s, peak_rss_mib(), gflop_per_step / step_s,
-      trace_ms);
+      trace_ms, trace_idle_ms);
   std::fflush(stdout);
 }

@@ -136,6 +136,6 @@ int main(int argc, char** argv) {
   const double s = seconds_since(t0);
   std::printf("loss %.4f\n", loss.item<float>());
   // GFLOP/s is reported by the lockstep side (which counts its graph); 0 here unless known.
-  print_result(w.name, "libtorch", first_ms, steps * w.batch / s, gflop, s / steps, 0.0);
+  print_result(w.name, "libtorch", first_ms, steps * w.batch / s, gflop, s / steps, 0.0, 0.0);
   return 0;
 }

@@ -264,6 +264,7 @@ class CpuExecutable final : public Executable {
     return true;
   }
   void fold_constants();
+  void schedule();
   void share_conv_copies();
   void merge_fused_steps();
   void merge_sums();
@@ -364,6 +365,7 @@ void CpuExecutable::plan() {
   steps_ = std::move(kept);
   merge_sums();
   merge_fused_steps();
+  schedule();
   share_conv_copies();
   plan_memory();
   if (const char* dir = std::getenv("LOCKSTEP_DUMP")) dump_plan(dir);
@@ -432,10 +434,13 @@ void CpuExecutable::dump_plan(const char* dir) const {
 // convolution's input, copied again by its weight gradient, and an output gradient, copied by
 // both backward convolutions. The first of them in step order writes the copy, the others read
 // it. The copies live in their own memory, planned like the arena (first fit by lifetime).
-void CpuExecutable::share_conv_copies() {
+// Step order, refined: the order of the graph is a valid one, but it computes some values long
+// before they are needed and reads others long after they were written.
+void CpuExecutable::schedule() {
   // A weight gradient moves up to right after the input gradient of the same convolution (both
   // read the output gradient): its operands are ready there, the shared copy of the output
-  // gradient lives for one step instead of hundreds, and so do the operands' last reads.
+  // gradient (share_conv_copies) lives for one step instead of hundreds, and so do the
+  // operands' last reads.
   std::vector<int> producer(g_.nodes.size(), -1);
   auto index_producers = [&] {
     std::fill(producer.begin(), producer.end(), -1);
@@ -463,6 +468,9 @@ void CpuExecutable::share_conv_copies() {
       break;
     }
   }
+}
+
+void CpuExecutable::share_conv_copies() {
   struct Use {
     size_t step;
     int k;
