@@ -1,7 +1,10 @@
 // Which backend serves which device, and host memory shared by the host backends.
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <new>
+#include <unordered_map>
+#include <vector>
 
 #include "backends/backend.h"
 #include "backends/cpu/cpu_backend.h"
@@ -11,20 +14,72 @@
 namespace lockstep::backends {
 namespace {
 
+// Large host buffers are kept for reuse when released: a training step releases the previous
+// step's gradients and allocates its own, of the same sizes, and memory fresh from the system
+// costs a page fault and a zeroed page for every page touched (measured: ~10% of a ResNet-50 step
+// here). Sizes are rounded up to 16 classes per power of two (at most 1/16 more memory); what
+// is kept is bounded by kMaxKept, beyond which released buffers go back to the system.
+class HostCache {
+ public:
+  static constexpr size_t kMinBytes = size_t{64} << 10;
+  static constexpr size_t kMaxKept = size_t{1} << 30;
+
+  // The size a buffer of `bytes` is allocated with (a multiple of 64).
+  static size_t rounded(size_t bytes) {
+    if (bytes < kMinBytes) return (bytes + 63) / 64 * 64;
+    size_t top = kMinBytes;
+    while (top * 2 <= bytes) top *= 2;
+    const size_t step = top / 16;
+    return (bytes + step - 1) / step * step;
+  }
+  void* take(size_t size) {
+    if (size < kMinBytes) return nullptr;
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = free_.find(size);
+    if (it == free_.end() || it->second.empty()) return nullptr;
+    void* p = it->second.back();
+    it->second.pop_back();
+    kept_ -= size;
+    return p;
+  }
+  // Whether the cache took the buffer (else the caller frees it).
+  bool give(void* p, size_t size) {
+    if (size < kMinBytes) return false;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (kept_ + size > kMaxKept) return false;
+    free_[size].push_back(p);
+    kept_ += size;
+    return true;
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<size_t, std::vector<void*>> free_;
+  size_t kept_ = 0;
+};
+
+HostCache& host_cache() {
+  static HostCache* c = new HostCache;  // never destroyed: storage may outlive static objects
+  return *c;
+}
+
 class HostStorage final : public Storage {
  public:
-  explicit HostStorage(size_t bytes) : bytes_(bytes) {
-    const size_t rounded = (bytes + 63) / 64 * 64;
-    data_ = rounded ? std::aligned_alloc(64, rounded) : nullptr;
-    if (rounded && !data_) throw std::bad_alloc();
+  explicit HostStorage(size_t bytes) : bytes_(bytes), size_(HostCache::rounded(bytes)) {
+    if (!size_) return;
+    data_ = host_cache().take(size_);
+    if (!data_) data_ = std::aligned_alloc(64, size_);
+    if (!data_) throw std::bad_alloc();
   }
-  ~HostStorage() override { std::free(data_); }
+  ~HostStorage() override {
+    if (data_ && !host_cache().give(data_, size_)) std::free(data_);
+  }
   void* data() override { return data_; }
   size_t bytes() const override { return bytes_; }
 
  private:
-  void* data_;
-  size_t bytes_;
+  void* data_ = nullptr;
+  size_t bytes_, size_;
 };
 
 }  // namespace
