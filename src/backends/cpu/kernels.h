@@ -138,14 +138,18 @@ void sum_tiles_f32(const ReduceMap& m, size_t sources, Read&& read, const std::v
       for (size_t k = 0; k < sources; ++k) {
         const float* p = read(k, i0, len, tmp.data());
         double* ak = a + k * static_cast<size_t>(m.out_size);
-        if (m.div.size() == 1 && m.div[0] == m.run && m.run < 16) {
-          // One kept dim right above short runs (per-channel sums of a small feature map):
-          // consecutive runs go to consecutive outputs, counted along without divisions.
+        if (m.div.size() == 1 && m.div[0] == m.run) {
+          // One kept dim right above the runs (per-channel sums of a feature map): consecutive
+          // runs go to consecutive outputs, counted along without divisions; short runs are
+          // added inline.
           int64_t o = i0 / m.div[0] % m.mod[0], left = m.run - i0 % m.run;
           for (int64_t j = 0; j < len;) {
             const int64_t n = std::min(len - j, left);
             float s = 0;
-            for (int64_t q = 0; q < n; ++q) s += p[j + q];
+            if (n < 16)
+              for (int64_t q = 0; q < n; ++q) s += p[j + q];
+            else
+              s = sum_run_f32(p + j, n);
             ak[o] += s;
             j += n;
             left = m.run;
