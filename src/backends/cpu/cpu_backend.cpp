@@ -96,6 +96,37 @@ struct Slot {
   int64_t index = 0;
 };
 
+// Greedy first-fit placement of values in one block of memory, in step order: a value lives from
+// the step that places it to its last step; blocks whose values are dead are reused.
+class FirstFit {
+ public:
+  // Where a value of `size` placed at step `now` and last used at step `last` goes.
+  size_t place(size_t size, int64_t now, int64_t last) {
+    live_.erase(
+        std::remove_if(live_.begin(), live_.end(), [&](const Block& b) { return b.last < now; }),
+        live_.end());
+    std::sort(live_.begin(), live_.end(),
+              [](const Block& a, const Block& b) { return a.offset < b.offset; });
+    size_t offset = 0;
+    for (const Block& b : live_) {
+      if (b.offset >= offset + size) break;
+      offset = std::max(offset, b.offset + b.size);
+    }
+    live_.push_back({offset, size, last});
+    peak_ = std::max(peak_, offset + size);
+    return offset;
+  }
+  size_t peak() const { return peak_; }
+
+ private:
+  struct Block {
+    size_t offset, size;
+    int64_t last;
+  };
+  std::vector<Block> live_;
+  size_t peak_ = 0;
+};
+
 bool is_f32(const ir::Graph& g, int32_t id) { return g.nodes[id].dtype == DType::F32; }
 
 size_t bytes_of(const ir::GraphNode& n) {
@@ -496,26 +527,13 @@ void CpuExecutable::share_conv_copies() {
       }
     }
   }
-  struct Block {
-    size_t offset, size, last;
-  };
-  std::vector<Block> live;
+  FirstFit fit;
   for (const std::vector<Use>& uses : groups) {
     if (uses.size() < 2) continue;
     const size_t first = uses.front().step, last = uses.back().step;
-    const size_t size = steps_[first].conv->copy_floats(uses.front().k);
-    live.erase(
-        std::remove_if(live.begin(), live.end(), [&](const Block& b) { return b.last < first; }),
-        live.end());
-    std::sort(live.begin(), live.end(),
-              [](const Block& a, const Block& b) { return a.offset < b.offset; });
-    size_t offset = 0;
-    for (const Block& b : live) {
-      if (b.offset >= offset + size) break;
-      offset = std::max(offset, b.offset + b.size);
-    }
-    live.push_back({offset, size, last});
-    copies_floats_ = std::max(copies_floats_, offset + size);
+    const size_t offset = fit.place(steps_[first].conv->copy_floats(uses.front().k),
+                                    static_cast<int64_t>(first), static_cast<int64_t>(last));
+    copies_floats_ = fit.peak();
     runtime::count("shared_conv_copies", static_cast<int64_t>(uses.size() - 1));
     std::pair<int64_t, bool> place[2];
     for (const Use& u : uses) {
@@ -837,32 +855,18 @@ void CpuExecutable::plan_memory() {
     for (int32_t r : steps_[s].reads) last[root[r]] = std::max(last[root[r]], static_cast<int>(s));
   }
   // Greedy first-fit offsets in one arena, 64-byte aligned.
-  struct Block {
-    size_t offset, size;
-    int last;
-  };
-  std::vector<Block> live;
+  FirstFit fit;
   for (size_t s = 0; s < steps_.size(); ++s) {
-    live.erase(std::remove_if(live.begin(), live.end(),
-                              [&](const Block& b) { return b.last < static_cast<int>(s); }),
-               live.end());
     std::vector<int32_t> writes{steps_[s].node};
     writes.insert(writes.end(), steps_[s].extras.begin(), steps_[s].extras.end());
     for (int32_t id : writes) {
       if (slot_[id].kind != Slot::None || root[id] != id) continue;
       const size_t size = (bytes_of(g_.nodes[id]) + 63) / 64 * 64;
-      std::sort(live.begin(), live.end(),
-                [](const Block& a, const Block& b) { return a.offset < b.offset; });
-      size_t offset = 0;
-      for (const Block& b : live) {
-        if (b.offset >= offset + size) break;
-        offset = std::max(offset, b.offset + b.size);
-      }
-      slot_[id] = {Slot::Arena, static_cast<int64_t>(offset)};
-      live.push_back({offset, size, last[id]});
-      arena_bytes_ = std::max(arena_bytes_, offset + size);
+      slot_[id] = {Slot::Arena,
+                   static_cast<int64_t>(fit.place(size, static_cast<int64_t>(s), last[id]))};
     }
   }
+  arena_bytes_ = fit.peak();
   plan_donations(last, root);
 }
 

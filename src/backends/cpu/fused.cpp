@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "backends/cpu/kernels.h"
 #include "util/check.h"
 
 namespace lockstep::backends::cpu {
@@ -123,17 +124,7 @@ int FusedTree::add_leaf(const ir::Graph& g, int32_t node, const Shape& out_shape
     }
     // Neighbouring dims that are neighbours in the source too are one dim ([N, C, 1, 1] into
     // [N, C, H, W]: runs of H * W copies of consecutive values).
-    for (size_t k = 0; k + 1 < leaf.div.size();) {
-      if (leaf.div[k + 1] == leaf.div[k] * leaf.mod[k] &&
-          leaf.stride[k + 1] == leaf.stride[k] * leaf.mod[k]) {
-        leaf.mod[k] *= leaf.mod[k + 1];
-        leaf.div.erase(leaf.div.begin() + static_cast<std::ptrdiff_t>(k) + 1);
-        leaf.mod.erase(leaf.mod.begin() + static_cast<std::ptrdiff_t>(k) + 1);
-        leaf.stride.erase(leaf.stride.begin() + static_cast<std::ptrdiff_t>(k) + 1);
-      } else {
-        ++k;
-      }
-    }
+    merge_dims(leaf.div, leaf.mod, leaf.stride);
     if (leaf.div.size() == 1 && leaf.div[0] > 1 && leaf.div[0] <= kShortRun &&
         leaf.div[0] * leaf.mod[0] <= kMaxPeriod)
       leaf.period = leaf.div[0] * leaf.mod[0];

@@ -102,6 +102,20 @@ void reduce_f32(ir::Op op, const float* x, const Shape& in, const std::vector<in
       op, reduce_layout(in, attrs), [x](int64_t off, int64_t, float*) { return x + off; }, out, 0);
 }
 
+void merge_dims(std::vector<int64_t>& div, std::vector<int64_t>& mod, std::vector<int64_t>& step) {
+  for (size_t k = 0; k + 1 < div.size();) {
+    if (div[k + 1] == div[k] * mod[k] && step[k + 1] == step[k] * mod[k]) {
+      mod[k] *= mod[k + 1];
+      const auto next = static_cast<std::ptrdiff_t>(k) + 1;
+      div.erase(div.begin() + next);
+      mod.erase(mod.begin() + next);
+      step.erase(step.begin() + next);
+    } else {
+      ++k;
+    }
+  }
+}
+
 ReduceMap reduce_map(const Shape& in, const std::vector<int64_t>& attrs) {
   const size_t r = in.size();
   std::vector<bool> reduced(r, false);
@@ -120,17 +134,7 @@ ReduceMap reduce_map(const Shape& in, const std::vector<int64_t>& attrs) {
     }
     stride *= in[d];
   }
-  // Kept dims next to each other are one ([N, C] kept of [N, C, H, W]).
-  for (size_t k = 0; k + 1 < m.div.size();) {
-    if (m.div[k + 1] == m.div[k] * m.mod[k] && m.mul[k + 1] == m.mul[k] * m.mod[k]) {
-      m.mod[k] *= m.mod[k + 1];
-      m.div.erase(m.div.begin() + static_cast<std::ptrdiff_t>(k) + 1);
-      m.mod.erase(m.mod.begin() + static_cast<std::ptrdiff_t>(k) + 1);
-      m.mul.erase(m.mul.begin() + static_cast<std::ptrdiff_t>(k) + 1);
-    } else {
-      ++k;
-    }
-  }
+  merge_dims(m.div, m.mod, m.mul);
   m.out_size = mul;
   return m;
 }
