@@ -22,7 +22,12 @@ namespace {
 class HostCache {
  public:
   static constexpr size_t kMinBytes = size_t{64} << 10;
+#if defined(__SANITIZE_ADDRESS__)
+  // Under AddressSanitizer every buffer goes back to the system, so a use after release is caught.
+  static constexpr size_t kMaxKept = 0;
+#else
   static constexpr size_t kMaxKept = size_t{1} << 30;
+#endif
 
   // The size a buffer of `bytes` is allocated with (a multiple of 64).
   static size_t rounded(size_t bytes) {
