@@ -768,6 +768,19 @@ void CpuExecutable::add_step(int32_t id) {
                      values >= 0 ? static_cast<float*>(c.ptr[values]) : nullptr,
                      indices >= 0 ? static_cast<int64_t*>(c.ptr[indices]) : nullptr);
     };
+  } else if ((n.op == Op::AvgPool2d || n.op == Op::AvgPool2dBackward) && all_f32() &&
+             (n.op == Op::AvgPool2d
+                  ? DnnlAvgPool::fits(g_.nodes[n.operands[0]].shape, n.shape, n.attrs)
+                  : DnnlAvgPool::fits(n.shape, g_.nodes[n.operands[0]].shape, n.attrs))) {
+    const bool backward = n.op == Op::AvgPool2dBackward;
+    const Shape& in = g_.nodes[n.operands[0]].shape;
+    auto pool = std::make_shared<DnnlAvgPool>(backward, backward ? n.shape : in,
+                                              backward ? in : n.shape, n.attrs);
+    step.reads = n.operands;
+    const int32_t x = n.operands[0];
+    step.run = [pool, x, id](Ctx& c) {
+      pool->run(static_cast<const float*>(c.ptr[x]), static_cast<float*>(c.ptr[id]));
+    };
   } else if (n.op == Op::MaxPool2dBackward && f32 && shape_numel(n.shape) > 0) {
     step.reads = n.operands;
     const int32_t gy = n.operands[0], idx = n.operands[1];

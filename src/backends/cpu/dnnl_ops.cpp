@@ -362,6 +362,75 @@ void DnnlConv::run(const float* in0, const float* in1, float* out, Copy copy0, C
   }
 }
 
+// ---- average pooling -----------------------------------------------------------------------
+
+struct DnnlAvgPool::Impl {
+  memory::desc in_md, out_md, pad_md;
+  std::unique_ptr<dnnl::primitive> prim;
+  bool backward = false;
+};
+
+bool DnnlAvgPool::fits(const Shape& x, const Shape& y, const std::vector<int64_t>& a) {
+  for (int d = 0; d < 2; ++d) {
+    const int64_t pad_r = (y[2 + d] - 1) * a[2 + d] + a[d] - x[2 + d] - a[4 + d];
+    if (pad_r < 0 || (a[6] != 0 && pad_r > a[4 + d])) return false;
+  }
+  return true;
+}
+
+DnnlAvgPool::DnnlAvgPool(bool backward, const Shape& x, const Shape& y,
+                         const std::vector<int64_t>& a)
+    : impl_(std::make_unique<Impl>()) {
+  if (!fits(x, y, a)) throw BackendError("average pooling: padding oneDNN does not take");
+  try {
+    const memory::desc x_md(dims_of(x), dt::f32, tag::nchw), y_md(dims_of(y), dt::f32, tag::nchw);
+    const memory::dims kernel{a[0], a[1]}, strides{a[2], a[3]}, pad_l{a[4], a[5]};
+    const memory::dims pad_r{(y[2] - 1) * a[2] + a[0] - x[2] - a[4],
+                             (y[3] - 1) * a[3] + a[1] - x[3] - a[5]};
+    const dnnl::algorithm alg = a[6] != 0 ? dnnl::algorithm::pooling_avg_include_padding
+                                          : dnnl::algorithm::pooling_avg_exclude_padding;
+    const dnnl::primitive_attr attr = user_scratchpad();
+    dnnl::pooling_forward::desc fd(dnnl::prop_kind::forward_training, alg, x_md, y_md, strides,
+                                   kernel, pad_l, pad_r);
+    dnnl::pooling_forward::primitive_desc fpd(fd, attr, engine());
+    impl_->backward = backward;
+    if (!backward) {
+      impl_->in_md = x_md;
+      impl_->out_md = y_md;
+      impl_->pad_md = fpd.scratchpad_desc();
+      impl_->prim = std::make_unique<dnnl::pooling_forward>(fpd);
+    } else {
+      dnnl::pooling_backward::desc bd(alg, x_md, y_md, strides, kernel, pad_l, pad_r);
+      dnnl::pooling_backward::primitive_desc bpd(bd, attr, engine(), fpd);
+      impl_->in_md = y_md;
+      impl_->out_md = x_md;
+      impl_->pad_md = bpd.scratchpad_desc();
+      impl_->prim = std::make_unique<dnnl::pooling_backward>(bpd);
+    }
+  } catch (const dnnl::error& e) {
+    rethrow(e, "average pooling setup");
+  }
+}
+
+DnnlAvgPool::~DnnlAvgPool() = default;
+
+void DnnlAvgPool::run(const float* in, float* out) {
+  try {
+    memory im(impl_->in_md, engine(), const_cast<float*>(in));
+    memory om(impl_->out_md, engine(), out);
+    std::unordered_map<int, memory> args;
+    if (impl_->backward)
+      args = {{DNNL_ARG_DIFF_DST, im}, {DNNL_ARG_DIFF_SRC, om}};
+    else
+      args = {{DNNL_ARG_SRC, im}, {DNNL_ARG_DST, om}};
+    add_scratchpad(&args, impl_->pad_md, scratch(floats_for(impl_->pad_md)));
+    impl_->prim->execute(stream(), args);
+    stream().wait();
+  } catch (const dnnl::error& e) {
+    rethrow(e, "average pooling");
+  }
+}
+
 size_t DnnlConv::copy_floats(int k) const {
   const Operand& o = k == 0 ? impl_->in0 : impl_->in1;
   return o.reorder ? floats_for(o.prim_md) : 0;

@@ -57,6 +57,25 @@ class DnnlConv {
   std::unique_ptr<Impl> impl_;
 };
 
+// Average pooling forward (x -> y) or backward (dy -> dx) on f32 NCHW tensors; attrs as
+// ir::Node's pooling attrs (kernel, stride, padding, count_include_pad). Throws BackendError
+// where oneDNN's windows would not be PyTorch's (see fits()).
+class DnnlAvgPool {
+ public:
+  DnnlAvgPool(bool backward, const Shape& x, const Shape& y, const std::vector<int64_t>& attrs);
+  ~DnnlAvgPool();
+  void run(const float* in, float* out);
+  // Whether oneDNN computes what PyTorch (and ref) define for these shapes: its right padding
+  // (implied by the output size) must not be negative, and when padding counts in the divisor
+  // it must not exceed the left one (oneDNN divides by the whole kernel, PyTorch by the part
+  // of the window inside the padded input).
+  static bool fits(const Shape& x, const Shape& y, const std::vector<int64_t>& attrs);
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
 // How convolutions built from now on pick their algorithm: Auto (default) uses Winograd for 3x3
 // stride-1 problems of at least 16 channels in and out and 64 output pixels, direct otherwise;
 // Direct never uses Winograd; Winograd uses it wherever oneDNN has it. The environment's
