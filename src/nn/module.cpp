@@ -5,6 +5,7 @@
 
 #include "lockstep/autograd.h"
 #include "lockstep/nn.h"
+#include "nn/state_match.h"
 #include "runtime/lazy.h"
 #include "util/check.h"
 
@@ -109,11 +110,9 @@ NamedTensors Module::state_dict() const {
   return out;
 }
 
-namespace {
-
-// Pairs each of `mine` with its source in `state`; throws Error listing every problem.
 std::vector<std::pair<Tensor, Tensor>> match_state(const NamedTensors& mine,
-                                                   const NamedTensors& state, bool strict) {
+                                                   const NamedTensors& state, bool strict,
+                                                   const char* what, const std::string& hint) {
   std::vector<std::string> missing, unexpected, mismatched;
   std::vector<std::pair<Tensor, Tensor>> copies;  // (destination, source)
   std::map<std::string, const Tensor*> given;
@@ -149,21 +148,26 @@ std::vector<std::pair<Tensor, Tensor>> match_state(const NamedTensors& mine,
   if (!mismatched.empty()) problems += "mismatched: " + list(mismatched) + ". ";
   if (strict && !missing.empty()) problems += "missing: " + list(missing) + ". ";
   if (strict && !unexpected.empty()) problems += "unexpected: " + list(unexpected) + ". ";
-  if (!problems.empty())
-    throw Error("load_state_dict: " + problems +
-                "Nothing was loaded. Check that the state comes from the same model architecture" +
-                (strict ? " (or pass strict=false to skip missing and unexpected names)" : ""));
+  if (!problems.empty()) throw Error(cat(what, ": ", problems, "Nothing was loaded. ", hint));
   return copies;
+}
+
+namespace {
+
+std::string module_hint(bool strict) {
+  return cat("Check that the state comes from the same model architecture",
+             strict ? " (or pass strict=false to skip missing and unexpected names)" : "");
 }
 
 }  // namespace
 
 void Module::check_state_dict(const NamedTensors& state, bool strict) const {
-  match_state(state_dict(), state, strict);
+  match_state(state_dict(), state, strict, "load_state_dict", module_hint(strict));
 }
 
 void Module::load_state_dict(const NamedTensors& state, bool strict) {
-  std::vector<std::pair<Tensor, Tensor>> copies = match_state(state_dict(), state, strict);
+  std::vector<std::pair<Tensor, Tensor>> copies =
+      match_state(state_dict(), state, strict, "load_state_dict", module_hint(strict));
   NoGrad no_grad;
   for (auto& [dst, src] : copies)
     dst.copy_(src.device() == dst.device() ? src : src.to(dst.device()));

@@ -6,6 +6,7 @@
 #include "lockstep/autograd.h"
 #include "lockstep/optim.h"
 #include "lockstep/runtime.h"
+#include "nn/state_match.h"
 #include "runtime/lazy.h"
 #include "util/check.h"
 
@@ -93,33 +94,25 @@ nn::NamedTensors Optimizer::state_dict() const {
   return out;
 }
 
+namespace {
+
+const char* const kOptimizerHint =
+    "Check that the state comes from the same optimizer over the same parameters";
+
+}  // namespace
+
 void Optimizer::check_state_dict(const nn::NamedTensors& state_in) const {
-  const nn::NamedTensors mine = state_dict();
-  for (const auto& [name, dst] : mine) {
-    const Tensor* src = nullptr;
-    for (const auto& [n, t] : state_in)
-      if (n == name) src = &t;
-    if (!src || !src->defined())
-      throw Error(cat("optimizer load_state_dict: missing '", name, "'; nothing was loaded"));
-    if (src->shape() != dst.shape() || src->dtype() != dst.dtype())
-      throw Error(cat("optimizer load_state_dict: '", name, "' is ", dtype_name(src->dtype()),
-                      shape_str(src->shape()), ", expected ", dtype_name(dst.dtype()),
-                      shape_str(dst.shape()), "; nothing was loaded"));
-  }
-  if (state_in.size() != mine.size())
-    throw Error(cat("optimizer load_state_dict: ", state_in.size(), " entries given, ", mine.size(),
-                    " expected (a different optimizer or parameter list?); nothing was loaded"));
+  nn::match_state(state_dict(), state_in, true, "optimizer load_state_dict", kOptimizerHint);
 }
 
 void Optimizer::load_state_dict(const nn::NamedTensors& state_in) {
-  check_state_dict(state_in);
+  const std::vector<std::pair<Tensor, Tensor>> copies =
+      nn::match_state(state_dict(), state_in, true, "optimizer load_state_dict", kOptimizerHint);
   NoGrad no_grad;
-  for (const auto& [name, dst] : state_dict())
-    for (const auto& [n, t] : state_in)
-      if (n == name) {
-        Tensor d = dst;
-        d.copy_(t.device() == d.device() ? t : t.to(d.device()));
-      }
+  for (const auto& [dst, src] : copies) {
+    Tensor d = dst;
+    d.copy_(src.device() == d.device() ? src : src.to(d.device()));
+  }
 }
 
 // ---- SGD ------------------------------------------------------------------------------------

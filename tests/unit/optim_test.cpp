@@ -483,8 +483,18 @@ TEST(OptimStateDict, RoundTripContinuesIdentically) {
     EXPECT_THAT(e.what(), HasSubstr("[4]"));
   }
   bad = saved;
+  const std::string dropped = bad.back().first;
   bad.pop_back();
-  EXPECT_THROW(b.load_state_dict(bad), ls::Error);
+  bad.emplace_back("0.not_a_state", ls::zeros({4}));
+  try {
+    b.load_state_dict(bad);
+    ADD_FAILURE() << "did not throw";
+  } catch (const ls::Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("optimizer load_state_dict"));
+    EXPECT_THAT(e.what(), HasSubstr("missing: " + dropped));
+    EXPECT_THAT(e.what(), HasSubstr("unexpected: 0.not_a_state"));
+    EXPECT_THAT(e.what(), HasSubstr("Nothing was loaded"));
+  }
   ls::optim::SGD sgd({q}, {.lr = 0.1, .momentum = 0.9});
   EXPECT_THROW(sgd.load_state_dict(saved), ls::Error);
   EXPECT_THROW(b.check_state_dict(sgd.state_dict()), ls::Error);
