@@ -47,6 +47,9 @@ struct TensorImpl : std::enable_shared_from_this<TensorImpl> {
   // Step transaction bookkeeping (see runtime/step.cpp).
   int64_t touched_in_step = 0;  // step id in which it was journaled or created
   bool pending_registered = false;
+  // Links of the runtime's list of pending tensors (valid while pending_registered).
+  TensorImpl* pending_prev = nullptr;
+  TensorImpl* pending_next = nullptr;
   // Order of creation: sorts a sync's outputs the same way every time a loop body runs.
   const uint64_t creation_index;
   // Autograd: a leaf that collects gradients in `grad` (see autograd/backward.cpp).

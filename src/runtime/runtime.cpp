@@ -13,7 +13,6 @@
 #include <mutex>
 #include <thread>
 #include <unordered_map>
-#include <unordered_set>
 
 #include "lockstep/runtime.h"
 #include "runtime/graph_builder.h"
@@ -45,7 +44,27 @@ struct Runtime {
   // Registry and compile cache. Recursive: a tensor may die (and unregister) while the registry
   // is being walked on the same thread.
   std::recursive_mutex mu;
-  std::unordered_set<TensorImpl*> pending;
+  // Tensors whose value is a pending graph, in a list threaded through them (no allocation per
+  // recorded op), oldest first.
+  struct PendingList {
+    TensorImpl* head = nullptr;
+    TensorImpl* tail = nullptr;
+    size_t size = 0;
+    void insert(TensorImpl* t) {
+      t->pending_prev = tail;
+      t->pending_next = nullptr;
+      (tail ? tail->pending_next : head) = t;
+      tail = t;
+      ++size;
+    }
+    void erase(TensorImpl* t) {
+      (t->pending_prev ? t->pending_prev->pending_next : head) = t->pending_next;
+      (t->pending_next ? t->pending_next->pending_prev : tail) = t->pending_prev;
+      t->pending_prev = t->pending_next = nullptr;
+      --size;
+    }
+    bool empty() const { return size == 0; }
+  } pending;
   std::list<CacheEntry> lru;  // front: most recently used
   std::unordered_map<uint64_t, std::list<CacheEntry>::iterator> cache;
   size_t cache_capacity = 64;
@@ -278,7 +297,7 @@ void sync_impls(const std::vector<std::shared_ptr<TensorImpl>>& targets, const s
       else if (keep_history && t.node->requires_grad)
         data = ir::annotated(data, true, {}, t.node);
       t.node = std::move(data);
-      r.pending.erase(&t);
+      if (t.pending_registered) r.pending.erase(&t);
       t.pending_registered = false;
     }
     if (closures && di + 1 == devices.size()) job.closures = std::move(*closures);
@@ -408,11 +427,11 @@ void sync_all(const std::string& origin, std::vector<std::function<void()>>* clo
       return;
     }
     count("syncs");
-    targets.reserve(r.pending.size());
-    for (TensorImpl* impl : r.pending)
+    targets.reserve(r.pending.size);
+    for (TensorImpl* impl = r.pending.head; impl; impl = impl->pending_next)
       if (auto sp = impl->weak_from_this().lock()) targets.push_back(std::move(sp));
-    // The set's order is arbitrary; the order tensors were created in is the same every time
-    // a loop body runs, so it makes the program (and its hash) the same.
+    // The list's order is that of becoming pending; the order tensors were created in is the
+    // same every time a loop body runs, so it makes the program (and its hash) the same.
     std::sort(targets.begin(), targets.end(),
               [](const auto& a, const auto& b) { return a->creation_index < b->creation_index; });
     sync_impls(targets, origin, closures, keep_history, &jobs);
