@@ -461,10 +461,6 @@ void CpuExecutable::dump_plan(const char* dir) const {
   std::fclose(f);
 }
 
-// A value that several convolutions copy to the same oneDNN layout is copied once: a forward
-// convolution's input, copied again by its weight gradient, and an output gradient, copied by
-// both backward convolutions. The first of them in step order writes the copy, the others read
-// it. The copies live in their own memory, planned like the arena (first fit by lifetime).
 // Step order, refined: the order of the graph is a valid one, but it computes some values long
 // before they are needed and reads others long after they were written.
 void CpuExecutable::schedule() {
@@ -501,6 +497,10 @@ void CpuExecutable::schedule() {
   }
 }
 
+// A value that several convolutions copy to the same oneDNN layout is copied once: a forward
+// convolution's input, copied again by its weight gradient, and an output gradient, copied by
+// both backward convolutions. The first of them in step order writes the copy, the others read
+// it. The copies live in their own memory, planned like the arena (first fit by lifetime).
 void CpuExecutable::share_conv_copies() {
   struct Use {
     size_t step;
