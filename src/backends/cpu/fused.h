@@ -51,7 +51,7 @@ class FusedTree {
   static constexpr int64_t kTile = 512;
   // Fewer elements run on one thread: waking the others costs more than the pass.
   static constexpr int64_t kParallelMin = 131072;
-  // Broadcast runs this short are read from an expanded period (see bind()), of at most
+  // Broadcast runs this short or shorter are read from an expanded period (see bind()), of at most
   // kMaxPeriod floats.
   static constexpr int64_t kShortRun = 64;
   static constexpr int64_t kMaxPeriod = 262144;
@@ -63,7 +63,7 @@ class FusedTree {
     int64_t numel;
     // Otherwise: the source offset of output index i is sum_d ((i / div[d]) % mod[d]) * stride[d].
     std::vector<int64_t> div, mod, stride;
-    // > 0: one broadcast dim with runs shorter than kShortRun, read through bind()'s copy of
+    // > 0: one broadcast dim with runs of at most kShortRun, read through bind()'s copy of
     // one period (div[0] * mod[0] floats) instead of run by run.
     int64_t period = 0;
   };
