@@ -1,4 +1,4 @@
-// oneDNN primitives for matmul and convolution; see dnnl_ops.h.
+// oneDNN primitives for matmul, convolution and average pooling; see dnnl_ops.h.
 #include "backends/cpu/dnnl_ops.h"
 
 #include <omp.h>

@@ -1,5 +1,6 @@
-// The one adapter between lockstep and oneDNN (2.x API): matmul and the three convolutions on
-// f32 NCHW tensors. Primitives are created when a program is compiled and reused on every run.
+// The one adapter between lockstep and oneDNN (2.x API): matmul, the three convolutions and
+// average pooling on f32 NCHW tensors. Primitives are created when a program is compiled and
+// reused on every run.
 // Errors from oneDNN become BackendError here. Nothing else includes dnnl.hpp.
 #pragma once
 
