@@ -207,16 +207,6 @@ void DnnlMatMul::run(const float* a, const float* b, float* out) {
 
 // ---- convolution ----------------------------------------------------------------------------
 
-namespace {
-
-// Fills `impl` for one algorithm; throws dnnl::error when oneDNN has no implementation of it.
-void build_conv(DnnlConv::Kind kind, const Shape& x, const Shape& w, const Shape& y,
-                const std::vector<int64_t>& a, dnnl::algorithm alg, DnnlConv::Impl& impl);
-void run_conv(DnnlConv::Impl& impl, const float* in0, const float* in1, float* out,
-              DnnlConv::Copy copy0, DnnlConv::Copy copy1);
-
-}  // namespace
-
 struct DnnlConv::Impl {
   Kind kind;
   Operand in0, in1, out;
@@ -229,6 +219,7 @@ struct DnnlConv::Impl {
 
 namespace {
 
+// Fills `impl` for one algorithm; throws dnnl::error when oneDNN has no implementation of it.
 void build_conv(DnnlConv::Kind kind, const Shape& x, const Shape& w, const Shape& y,
                 const std::vector<int64_t>& a, dnnl::algorithm alg, DnnlConv::Impl& impl) {
   using Kind = DnnlConv::Kind;
@@ -251,47 +242,51 @@ void build_conv(DnnlConv::Kind kind, const Shape& x, const Shape& w, const Shape
                                      strides, dilates, pad_l, pad_r);
   const dnnl::primitive_attr attr = user_scratchpad();
   dnnl::convolution_forward::primitive_desc fpd(fd, attr, engine());
+  // Per kind: the primitive, and for its two operands and result the plain memory, the layout
+  // oneDNN chose and the argument it is passed as.
+  struct Wire {
+    const memory::desc* user;
+    memory::desc prim;
+    int arg;
+  };
+  Wire in0, in1, out;
   switch (kind) {
     case Kind::Forward:
-      impl.scratch_floats += impl.in0.init(x_user, fpd.src_desc(), false, impl.scratch_floats);
-      impl.scratch_floats += impl.in1.init(w_user, fpd.weights_desc(), false, impl.scratch_floats);
-      impl.scratch_floats += impl.out.init(y_user, fpd.dst_desc(), true, impl.scratch_floats);
+      in0 = {&x_user, fpd.src_desc(), DNNL_ARG_SRC};
+      in1 = {&w_user, fpd.weights_desc(), DNNL_ARG_WEIGHTS};
+      out = {&y_user, fpd.dst_desc(), DNNL_ARG_DST};
       impl.pad_md = fpd.scratchpad_desc();
       impl.prim = std::make_unique<dnnl::convolution_forward>(fpd);
-      impl.arg0 = DNNL_ARG_SRC;
-      impl.arg1 = DNNL_ARG_WEIGHTS;
-      impl.arg_out = DNNL_ARG_DST;
       break;
     case Kind::BackwardData: {
       dnnl::convolution_backward_data::desc bd(alg, x_any, w_any, y_any, strides, dilates, pad_l,
                                                pad_r);
       dnnl::convolution_backward_data::primitive_desc bpd(bd, attr, engine(), fpd);
+      in0 = {&y_user, bpd.diff_dst_desc(), DNNL_ARG_DIFF_DST};
+      in1 = {&w_user, bpd.weights_desc(), DNNL_ARG_WEIGHTS};
+      out = {&x_user, bpd.diff_src_desc(), DNNL_ARG_DIFF_SRC};
       impl.pad_md = bpd.scratchpad_desc();
-      impl.scratch_floats += impl.in0.init(y_user, bpd.diff_dst_desc(), false, impl.scratch_floats);
-      impl.scratch_floats += impl.in1.init(w_user, bpd.weights_desc(), false, impl.scratch_floats);
-      impl.scratch_floats += impl.out.init(x_user, bpd.diff_src_desc(), true, impl.scratch_floats);
       impl.prim = std::make_unique<dnnl::convolution_backward_data>(bpd);
-      impl.arg0 = DNNL_ARG_DIFF_DST;
-      impl.arg1 = DNNL_ARG_WEIGHTS;
-      impl.arg_out = DNNL_ARG_DIFF_SRC;
       break;
     }
     case Kind::BackwardWeights: {
       dnnl::convolution_backward_weights::desc bd(alg, x_any, w_any, y_any, strides, dilates, pad_l,
                                                   pad_r);
       dnnl::convolution_backward_weights::primitive_desc bpd(bd, attr, engine(), fpd);
+      in0 = {&x_user, bpd.src_desc(), DNNL_ARG_SRC};
+      in1 = {&y_user, bpd.diff_dst_desc(), DNNL_ARG_DIFF_DST};
+      out = {&w_user, bpd.diff_weights_desc(), DNNL_ARG_DIFF_WEIGHTS};
       impl.pad_md = bpd.scratchpad_desc();
-      impl.scratch_floats += impl.in0.init(x_user, bpd.src_desc(), false, impl.scratch_floats);
-      impl.scratch_floats += impl.in1.init(y_user, bpd.diff_dst_desc(), false, impl.scratch_floats);
-      impl.scratch_floats +=
-          impl.out.init(w_user, bpd.diff_weights_desc(), true, impl.scratch_floats);
       impl.prim = std::make_unique<dnnl::convolution_backward_weights>(bpd);
-      impl.arg0 = DNNL_ARG_SRC;
-      impl.arg1 = DNNL_ARG_DIFF_DST;
-      impl.arg_out = DNNL_ARG_DIFF_WEIGHTS;
       break;
     }
   }
+  impl.scratch_floats += impl.in0.init(*in0.user, in0.prim, false, impl.scratch_floats);
+  impl.scratch_floats += impl.in1.init(*in1.user, in1.prim, false, impl.scratch_floats);
+  impl.scratch_floats += impl.out.init(*out.user, out.prim, true, impl.scratch_floats);
+  impl.arg0 = in0.arg;
+  impl.arg1 = in1.arg;
+  impl.arg_out = out.arg;
   impl.pad_offset = impl.scratch_floats;
   impl.scratch_floats += floats_for(impl.pad_md);
 }
