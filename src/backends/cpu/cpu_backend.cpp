@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -69,7 +70,12 @@ struct Step {
   std::shared_ptr<FusedMembers> fused;  // set for fused elementwise steps
   std::shared_ptr<SumOf> sum;           // set for a single sum that merge_sums may join
   std::shared_ptr<DnnlConv> conv;       // set for oneDNN convolutions
-  std::pair<int64_t, bool> copy_place[2] = {{-1, false}, {-1, false}};  // see run_conv_step
+  // The values it writes: node, then extras.
+  std::vector<int32_t> writes() const {
+    std::vector<int32_t> w{node};
+    w.insert(w.end(), extras.begin(), extras.end());
+    return w;
+  }
 };
 
 // Runs a oneDNN convolution; copy[k] places operand k's copy in oneDNN's layout among the shared
@@ -282,6 +288,13 @@ class CpuExecutable final : public Executable {
     }
     return true;
   }
+  // The forward pooling's input and output shapes, for an average pooling or its backward.
+  const Shape& pool_input(const ir::GraphNode& n) const {
+    return n.op == Op::AvgPool2dBackward ? n.shape : g_.nodes[n.operands[0]].shape;
+  }
+  const Shape& pool_output(const ir::GraphNode& n) const {
+    return n.op == Op::AvgPool2dBackward ? g_.nodes[n.operands[0]].shape : n.shape;
+  }
   // A last-two-axes transpose of an f32 matmul that nothing else reads.
   bool transposed_matmul(int32_t id) const {
     const ir::GraphNode& n = g_.nodes[id];
@@ -386,8 +399,8 @@ void CpuExecutable::plan() {
   for (int32_t o : g_.outputs) needed[o] = true;
   std::vector<Step> kept;
   for (size_t s = steps_.size(); s-- > 0;) {
-    bool any = needed[steps_[s].node];
-    for (int32_t e : steps_[s].extras) any = any || needed[e];
+    bool any = false;
+    for (int32_t w : steps_[s].writes()) any = any || needed[w];
     if (!any) continue;
     for (int32_t r : steps_[s].reads) needed[r] = true;
     kept.push_back(std::move(steps_[s]));
@@ -471,10 +484,8 @@ void CpuExecutable::schedule() {
   std::vector<int> producer(g_.nodes.size(), -1);
   auto index_producers = [&] {
     std::fill(producer.begin(), producer.end(), -1);
-    for (size_t s = 0; s < steps_.size(); ++s) {
-      producer[steps_[s].node] = static_cast<int>(s);
-      for (int32_t e : steps_[s].extras) producer[e] = static_cast<int>(s);
-    }
+    for (size_t s = 0; s < steps_.size(); ++s)
+      for (int32_t v : steps_[s].writes()) producer[v] = static_cast<int>(s);
   };
   index_producers();
   for (size_t w = 0; w < steps_.size(); ++w) {
@@ -528,26 +539,25 @@ void CpuExecutable::share_conv_copies() {
     }
   }
   FirstFit fit;
+  using Place = std::pair<int64_t, bool>;         // see run_conv_step
+  std::map<size_t, std::array<Place, 2>> places;  // by step, for steps that share a copy
   for (const std::vector<Use>& uses : groups) {
     if (uses.size() < 2) continue;
     const size_t first = uses.front().step, last = uses.back().step;
     const size_t offset = fit.place(steps_[first].conv->copy_floats(uses.front().k),
                                     static_cast<int64_t>(first), static_cast<int64_t>(last));
-    copies_floats_ = fit.peak();
     runtime::count("shared_conv_copies", static_cast<int64_t>(uses.size() - 1));
-    std::pair<int64_t, bool> place[2];
     for (const Use& u : uses) {
-      Step& st = steps_[u.step];
-      place[0] = place[1] = {-1, false};
-      // Keep what this step already shares through its other operand.
-      const int other = 1 - u.k;
-      place[other] = st.copy_place[other];
-      place[u.k] = {static_cast<int64_t>(offset), u.step == first};
-      st.copy_place[0] = place[0];
-      st.copy_place[1] = place[1];
-      const ir::GraphNode& n = g_.nodes[st.node];
-      st.run = run_conv_step(st.conv, n.operands[0], n.operands[1], st.node, place[0], place[1]);
+      auto [it, fresh] =
+          places.try_emplace(u.step, std::array<Place, 2>{Place{-1, false}, Place{-1, false}});
+      it->second[u.k] = {static_cast<int64_t>(offset), u.step == first};
     }
+  }
+  copies_floats_ = fit.peak();
+  for (const auto& [s, place] : places) {
+    Step& st = steps_[s];
+    const ir::GraphNode& n = g_.nodes[st.node];
+    st.run = run_conv_step(st.conv, n.operands[0], n.operands[1], st.node, place[0], place[1]);
   }
 }
 
@@ -610,8 +620,8 @@ void CpuExecutable::merge_sums() {
         gone[j] = true;
         continue;
       }
-      written.push_back(t.node);
-      written.insert(written.end(), t.extras.begin(), t.extras.end());
+      const std::vector<int32_t> w = t.writes();
+      written.insert(written.end(), w.begin(), w.end());
     }
     if (members.size() == 1) continue;
     Step& s = steps_[i];
@@ -769,13 +779,9 @@ void CpuExecutable::add_step(int32_t id) {
                      indices >= 0 ? static_cast<int64_t*>(c.ptr[indices]) : nullptr);
     };
   } else if ((n.op == Op::AvgPool2d || n.op == Op::AvgPool2dBackward) && all_f32() &&
-             (n.op == Op::AvgPool2d
-                  ? DnnlAvgPool::fits(g_.nodes[n.operands[0]].shape, n.shape, n.attrs)
-                  : DnnlAvgPool::fits(n.shape, g_.nodes[n.operands[0]].shape, n.attrs))) {
-    const bool backward = n.op == Op::AvgPool2dBackward;
-    const Shape& in = g_.nodes[n.operands[0]].shape;
-    auto pool = std::make_shared<DnnlAvgPool>(backward, backward ? n.shape : in,
-                                              backward ? in : n.shape, n.attrs);
+             DnnlAvgPool::fits(pool_input(n), pool_output(n), n.attrs)) {
+    auto pool = std::make_shared<DnnlAvgPool>(n.op == Op::AvgPool2dBackward, pool_input(n),
+                                              pool_output(n), n.attrs);
     step.reads = n.operands;
     const int32_t x = n.operands[0];
     step.run = [pool, x, id](Ctx& c) {
@@ -858,9 +864,7 @@ void CpuExecutable::plan_memory() {
   // Liveness in step order, by the memory each value really lives in.
   std::vector<int> first(n, -1), last(n, -1);
   for (size_t s = 0; s < steps_.size(); ++s) {
-    std::vector<int32_t> writes{steps_[s].node};
-    writes.insert(writes.end(), steps_[s].extras.begin(), steps_[s].extras.end());
-    for (int32_t written : writes) {
+    for (int32_t written : steps_[s].writes()) {
       const int32_t w = root[written];
       if (first[w] < 0) first[w] = static_cast<int>(s);
       last[w] = std::max(last[w], static_cast<int>(s));
@@ -870,9 +874,7 @@ void CpuExecutable::plan_memory() {
   // Greedy first-fit offsets in one arena, 64-byte aligned.
   FirstFit fit;
   for (size_t s = 0; s < steps_.size(); ++s) {
-    std::vector<int32_t> writes{steps_[s].node};
-    writes.insert(writes.end(), steps_[s].extras.begin(), steps_[s].extras.end());
-    for (int32_t id : writes) {
+    for (int32_t id : steps_[s].writes()) {
       if (slot_[id].kind != Slot::None || root[id] != id) continue;
       const size_t size = (bytes_of(g_.nodes[id]) + 63) / 64 * 64;
       slot_[id] = {Slot::Arena,
