@@ -147,12 +147,7 @@ std::vector<const void*> FusedTree::bind(const std::vector<void*>& ptr,
     const void* p = ptr[leaf_nodes_[k]];
     if (leaf.period > 0) {
       std::vector<float>& e = expanded.emplace_back(leaf.period);
-      const int64_t repeat = leaf.div[0], st = leaf.stride[0];
-      for (int64_t c = 0; c < leaf.mod[0]; ++c) {
-        const float v = leaf.dtype == DType::Bool ? static_cast<const uint8_t*>(p)[c * st] != 0
-                                                  : static_cast<const float*>(p)[c * st];
-        fill_run(e.data() + c * repeat, repeat, v);
-      }
+      load_source(leaf, p, 0, leaf.period, e.data());
       p = e.data();
     }
     out.push_back(p);
@@ -161,6 +156,22 @@ std::vector<const void*> FusedTree::bind(const std::vector<void*>& ptr,
 }
 
 void FusedTree::load(const Leaf& leaf, const void* src, int64_t i0, int64_t len, float* dst) const {
+  if (leaf.period == 0) {
+    load_source(leaf, src, i0, len, dst);
+    return;
+  }
+  // src is one expanded period (bind()).
+  const float* e = static_cast<const float*>(src);
+  for (int64_t i = 0, at = i0 % leaf.period; i < len;) {
+    const int64_t n = std::min(len - i, leaf.period - at);
+    std::memcpy(dst + i, e + at, n * sizeof(float));
+    i += n;
+    at = 0;
+  }
+}
+
+void FusedTree::load_source(const Leaf& leaf, const void* src, int64_t i0, int64_t len,
+                            float* dst) const {
   if (leaf.numel == 1) {
     const float v = leaf.dtype == DType::Bool ? static_cast<const uint8_t*>(src)[0] != 0
                                               : static_cast<const float*>(src)[0];
@@ -173,16 +184,6 @@ void FusedTree::load(const Leaf& leaf, const void* src, int64_t i0, int64_t len,
       for (int64_t i = 0; i < len; ++i) dst[i] = s[i] != 0;
     } else {
       std::memcpy(dst, static_cast<const float*>(src) + i0, len * sizeof(float));
-    }
-    return;
-  }
-  if (leaf.period > 0) {  // src is one expanded period (bind())
-    const float* e = static_cast<const float*>(src);
-    for (int64_t i = 0, at = i0 % leaf.period; i < len;) {
-      const int64_t n = std::min(len - i, leaf.period - at);
-      std::memcpy(dst + i, e + at, n * sizeof(float));
-      i += n;
-      at = 0;
     }
     return;
   }

@@ -75,7 +75,10 @@ class FusedTree {
   };
   int visit(const ir::Graph& g, int32_t id, const std::vector<bool>& absorbed, bool is_root);
   int add_leaf(const ir::Graph& g, int32_t node, const Shape& out_shape);
+  // Values [i0, i0 + len) of a leaf as floats: load() reads a periodic leaf from the period
+  // bind() expanded, load_source() from the leaf's own memory.
   void load(const Leaf& leaf, const void* src, int64_t i0, int64_t len, float* dst) const;
+  void load_source(const Leaf& leaf, const void* src, int64_t i0, int64_t len, float* dst) const;
 
   int64_t numel_ = 0;
   DType out_dtype_ = DType::F32;

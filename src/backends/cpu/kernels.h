@@ -32,13 +32,13 @@ float sum_run_f32(const float* p, int64_t n);
 float max_run_f32(const float* p, int64_t n, bool* nan);
 float min_run_f32(const float* p, int64_t n, bool* nan);
 
-// Where each input element of a reduction goes: output (i) = sum over the kept dims of
-// (i / div) % mod * mul; `run` consecutive elements (the trailing reduced dims) share one.
 // Index maps of the form sum_d ((i / div[d]) % mod[d]) * step[d] (broadcast reads, reduction
 // outputs) with neighbouring dims merged where one continues the other (div[d + 1] = div[d] *
 // mod[d] and step[d + 1] = step[d] * mod[d]): [N, C] of [N, C, H, W] is one dim.
 void merge_dims(std::vector<int64_t>& div, std::vector<int64_t>& mod, std::vector<int64_t>& step);
 
+// Where each input element of a reduction goes: output (i) = sum over the kept dims of
+// (i / div) % mod * mul; `run` consecutive elements (the trailing reduced dims) share one.
 struct ReduceMap {
   std::vector<int64_t> div, mod, mul;
   int64_t run = 1, numel = 0, out_size = 1;
