@@ -258,6 +258,104 @@ TEST_F(Conv, InNetworks) {
       << "no copy was shared: the case checks nothing new";
 }
 
+LS_COVERS(Conv, BlockedActivations, Op::Conv2d, Op::Conv2dBackwardInput, Op::Conv2dBackwardWeight,
+          Op::Sum, Op::Expand);
+TEST_F(Conv, BlockedActivations) {
+  // A bottleneck block with batch norm in training and its shortcut, differentiated by autograd:
+  // activations between the convolutions stay in oneDNN's blocked layout, read by elementwise
+  // trees (with per-channel leaves), per-channel and per-map sums, and the convolutions'
+  // gradients. Maps of 2x2 to 6x5 (per-channel periods of 64 to 480 values).
+  for (const ls::Shape& xs :
+       std::vector<ls::Shape>{{2, 32, 6, 5}, {3, 16, 2, 2}, {2, 48, 4, 4}, {4, 64, 16, 16}}) {
+    const int64_t c = xs[1];
+    const int64_t before = ls::metrics::counter("blocked_activations");
+    check(
+        "bottleneck " + str(xs),
+        {{xs},
+         {{c, c, 1, 1}},
+         {{c, c, 3, 3}},
+         {{2 * c, c, 1, 1}},
+         {{2 * c, c, 1, 1}},
+         {{c}},
+         {{c}},
+         {{2 * c, 1, 1}}},
+        [](const Tensors& in) {
+          Tensors x;
+          for (const ls::Tensor& t : in) x.push_back(t.detach().set_requires_grad());
+          ls::Conv2dOptions one, three;
+          three.padding = {1, 1};
+          auto bn = [](const ls::Tensor& v, const ls::Tensor& w, const ls::Tensor& b) {
+            return ls::nn::batch_norm(v, ls::Tensor(), ls::Tensor(), w, b, true);
+          };
+          const ls::Tensor a = ls::relu(bn(ls::conv2d(x[0], x[1], one), x[5], x[6]));
+          const ls::Tensor h = ls::relu(ls::conv2d(a, x[2], three) * 0.5f);
+          const ls::Tensor y =
+              ls::relu(ls::conv2d(h, x[3], one) + x[7] + ls::conv2d(x[0], x[4], one));
+          const ls::Tensor pooled = ls::mean(y, {2, 3});
+          const ls::Tensor loss = ls::sum(pooled * pooled) + ls::sum(y, {1}).sum();
+          ls::backward(loss);
+          Tensors out{loss, pooled};
+          for (const ls::Tensor& t : x) out.push_back(t.grad());
+          return out;
+        },
+        xs[0] * xs[2] * xs[3] * c * 9);
+    EXPECT_GT(ls::metrics::counter("blocked_activations"), before)
+        << "no activation was blocked: the case checks nothing new";
+  }
+}
+
+LS_COVERS(Conv, BlockedLayoutReaders, Op::Conv2d, Op::Conv2dBackwardInput, Op::Conv2dBackwardWeight,
+          Op::Sum, Op::Max, Op::Expand, Op::Where);
+TEST_F(Conv, BlockedLayoutReaders) {
+  // Every kind of reader of a value held in the blocked layout: trees with broadcast leaves of
+  // each shape ([C], [1, C, 1, 1], [N, C, 1, 1], [H, W], a scalar) and bool values, sums over
+  // each set of axes a blocked walk takes (and one it does not), convolutions in all three
+  // directions; and a value that a max reads, which keeps its whole class plain.
+  for (const ls::Shape& xs : std::vector<ls::Shape>{
+           {2, 16, 5, 7}, {1, 32, 3, 3}, {3, 16, 1, 2}, {2, 16, 1, 1}, {2, 48, 9, 9}}) {
+    const int64_t n = xs[0], c = xs[1], h = xs[2], w = xs[3];
+    const int64_t before = ls::metrics::counter("blocked_activations");
+    check(
+        "blocked readers " + str(xs),
+        {{xs},
+         {{c, c, 1, 1}},
+         {{c, c, 3, 3}},
+         {{c}},
+         {{1, c, 1, 1}},
+         {{n, c, 1, 1}},
+         {{h, w}},
+         {{c, c, 1, 1}}},
+        [&](const Tensors& x) {
+          ls::Conv2dOptions one, three;
+          three.padding = {1, 1};
+          const ls::Tensor a = ls::conv2d(x[0], x[1], one);
+          const ls::Tensor t = ls::relu(a * x[3].reshape({c, 1, 1}) + x[4]) - x[6] + x[5] * 0.5f;
+          const ls::Tensor u = ls::where(t > 0.1f, t, a * 0.5f);
+          const ls::Tensor y = ls::conv2d(u, x[2], three);
+          const ls::Tensor gu = ls::conv2d_backward_input(y * 0.25f, x[2], u.shape(), three);
+          // A second branch whose values a max and a sum over the batch read: plain, next to
+          // blocked ones.
+          const ls::Tensor p = ls::conv2d(x[0], x[7], one) * 2.0f;
+          return Tensors{y,
+                         ls::sum(gu * u, {0, 2, 3}),
+                         ls::conv2d_backward_weight(u, ls::relu(y), x[2].shape(), three),
+                         ls::sum(u, {0, 2, 3}),
+                         ls::sum(u * u, {2, 3}, true),
+                         ls::sum(t, {1}),
+                         ls::sum(a),
+                         ls::sum(u - a, {1, 2, 3}),
+                         ls::sum(p, {0}),
+                         ls::max(p + 1.0f, {2, 3}),
+                         ls::conv2d(p, x[2], three)};
+        },
+        static_cast<double>(n * c * h * w * 9));
+    if (h * w > 1) {
+      EXPECT_GT(ls::metrics::counter("blocked_activations"), before)
+          << "no activation was blocked: the case checks nothing new";
+    }
+  }
+}
+
 struct PoolCase {
   ls::Shape x;
   ls::Pool2dOptions o;

@@ -308,6 +308,36 @@ class CpuExecutable final : public Executable {
     return true;
   }
   void fold_constants();
+  void choose_layouts();
+  // Whether node id's step is a oneDNN convolution (else the ref kernel runs it).
+  bool dnnl_conv(int32_t id) const {
+    const ir::GraphNode& n = g_.nodes[id];
+    if (n.op != Op::Conv2d && n.op != Op::Conv2dBackwardInput && n.op != Op::Conv2dBackwardWeight)
+      return false;
+    for (int32_t o : n.operands)
+      if (!is_f32(g_, o) || shape_numel(g_.nodes[o].shape) == 0) return false;
+    return is_f32(g_, id) && shape_numel(n.shape) > 0 && dnnl_conv_fits(id);
+  }
+  // A sum over `in` read in blocked order (see choose_layouts): 4-D and blockable, summing over
+  // the channels or over the whole feature map, so that its results come out in plain order.
+  static bool sum_takes_blocked(const Shape& in, const std::vector<int64_t>& attrs) {
+    if (!blockable(in)) return false;
+    bool reduced[4] = {false, false, false, false};
+    for (size_t i = 1; i < attrs.size(); ++i) reduced[attrs[i]] = true;
+    return reduced[1] || (reduced[2] && reduced[3]);
+  }
+  // A sum's input shape and attrs as it walks a blocked value: [N, C/16, H, W, 16].
+  static std::pair<Shape, std::vector<int64_t>> blocked_sum(const Shape& in,
+                                                            const std::vector<int64_t>& attrs) {
+    const Shape in5{in[0], in[1] / kBlock, in[2], in[3], kBlock};
+    std::vector<int64_t> a5{attrs[0]};
+    for (size_t i = 1; i < attrs.size(); ++i) {
+      a5.push_back(attrs[i]);
+      if (attrs[i] == 1) a5.push_back(4);
+    }
+    std::sort(a5.begin() + 1, a5.end());
+    return {in5, a5};
+  }
   void schedule();
   void share_conv_copies();
   void merge_fused_steps();
@@ -321,6 +351,8 @@ class CpuExecutable final : public Executable {
   const bool profile_steps_ = profile_ && std::string(std::getenv("LOCKSTEP_PROFILE")) == "steps";
   std::vector<std::vector<int32_t>> consumers_;
   std::vector<bool> is_output_, absorbed_;
+  std::vector<bool> blocked_;         // held in the blocked activation layout (choose_layouts)
+  std::vector<bool> blocked_walk_;    // a sum walking its input in blocked order
   std::vector<bool> merged_;          // computed by another node's step
   std::vector<bool> run_time_;        // computed by a step (not a constant folded at compile time)
   std::vector<int64_t> constant_at_;  // offset of a folded constant in constants_, else -1
@@ -391,6 +423,7 @@ void CpuExecutable::plan() {
     const int64_t l = static_cast<int64_t>(full_leaves[i].size());
     absorbed_[i] = all_take && (k == 1 || (cost[i] <= kRecomputeLimit && (k - 1) * l <= k + 2));
   }
+  choose_layouts();
   for (size_t i = 0; i < n; ++i)
     if (!absorbed_[i] && !merged_[i] && run_time_[i] && g_.nodes[i].op != Op::Data)
       add_step(static_cast<int32_t>(i));
@@ -413,6 +446,94 @@ void CpuExecutable::plan() {
   share_conv_copies();
   plan_memory();
   if (const char* dir = std::getenv("LOCKSTEP_DUMP")) dump_plan(dir);
+}
+
+// Which activations stay in oneDNN's blocked layout (nChw16c) between convolutions. Values are
+// grouped into classes that must share a layout: a fused tree's result with the full-size values
+// it reads (it walks them all in one order), the full-size values one sum reads. A class is
+// blocked when every member may be: a blockable f32 value computed at run time by a oneDNN
+// convolution or a fused tree (or a bool mask a tree computes), not a program output, and read
+// only by oneDNN convolutions (as an activation or gradient, never as weights), fused trees of
+// its shape and sums over its channels or its whole feature maps. A value anything else reads
+// (pooling, reshapes, matmuls, ref kernels) stays plain, and so does its class: a convolution
+// then reorders it as before.
+void CpuExecutable::choose_layouts() {
+  const size_t n = g_.nodes.size();
+  blocked_.assign(n, false);
+  blocked_walk_.assign(n, false);
+  // Union-find over the nodes; n stands for "plain", n + 1 + i for sum i's walk over its input.
+  std::vector<int32_t> parent(2 * n + 1);
+  for (size_t i = 0; i < parent.size(); ++i) parent[i] = static_cast<int32_t>(i);
+  auto find = [&](int32_t v) {
+    while (parent[v] != v) v = parent[v] = parent[parent[v]];
+    return v;
+  };
+  auto join = [&](int32_t a, int32_t b) { parent[find(a)] = find(b); };
+  auto tree_leaves = [&](int32_t root) { return FusedTree(g_, root, absorbed_).leaf_nodes(); };
+  const int32_t plain = static_cast<int32_t>(n);
+  std::vector<bool> candidate(n, false);
+  for (size_t i = 0; i < n; ++i) {
+    const ir::GraphNode& node = g_.nodes[i];
+    // f32 values, and bool ones (masks) that trees compute and read.
+    const bool fused = fusible(g_, static_cast<int32_t>(i));
+    candidate[i] =
+        (node.dtype == DType::F32 || (fused && node.dtype == DType::Bool)) &&
+        blockable(node.shape) && run_time_[i] && !absorbed_[i] && !is_output_[i] &&
+        node.op != Op::Data &&
+        (fused || (node.op != Op::Conv2dBackwardWeight && dnnl_conv(static_cast<int32_t>(i))));
+    if (!candidate[i]) join(static_cast<int32_t>(i), plain);
+  }
+  // The full-size leaves of a walk over `shape` (a tree's or a sum's) share its layout; a
+  // smaller value read through a broadcast stays plain.
+  auto walk = [&](int32_t self, const Shape& shape, const std::vector<int32_t>& leaves) {
+    for (int32_t l : leaves) {
+      if (g_.nodes[l].shape == shape)
+        join(l, self);
+      else
+        join(l, plain);
+    }
+  };
+  for (size_t i = 0; i < n; ++i) {
+    const int32_t id = static_cast<int32_t>(i);
+    const ir::GraphNode& node = g_.nodes[i];
+    if (absorbed_[i] || !run_time_[i] || node.op == Op::Data) continue;
+    if (fusible(g_, id)) {
+      walk(id, node.shape, tree_leaves(id));
+    } else if (dnnl_conv(id)) {
+      // Weights (forward and backward-data operand 1) and weight gradients stay plain.
+      if (node.op != Op::Conv2dBackwardWeight) join(node.operands[1], plain);
+      if (node.op == Op::Conv2dBackwardWeight) join(id, plain);
+    } else if (node.op == Op::Sum && node.dtype == DType::F32 &&
+               sum_takes_blocked(g_.nodes[node.operands[0]].shape, node.attrs)) {
+      const int32_t x = node.operands[0];
+      const Shape& shape = g_.nodes[x].shape;
+      walk(plain + 1 + id, shape, absorbed_[x] ? tree_leaves(x) : std::vector<int32_t>{x});
+    } else {
+      join(id, plain);
+      for (int32_t o : node.operands) {
+        if (!absorbed_[o]) join(o, plain);
+        if (absorbed_[o])  // a reduction other than those sums walks the tree in plain order
+          for (int32_t l : tree_leaves(o)) join(l, plain);
+      }
+    }
+  }
+  for (int32_t o : g_.outputs) join(o, plain);
+  int64_t count = 0;
+  for (size_t i = 0; i < n; ++i) {
+    blocked_[i] = candidate[i] && find(static_cast<int32_t>(i)) != find(plain);
+    count += blocked_[i];
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const ir::GraphNode& node = g_.nodes[i];
+    if (node.op != Op::Sum || absorbed_[i] || !run_time_[i]) continue;
+    // Blocked when the values it reads are (a walk over broadcasts only stays plain).
+    const int32_t x = node.operands[0];
+    const std::vector<int32_t> leaves = absorbed_[x] ? tree_leaves(x) : std::vector<int32_t>{x};
+    for (int32_t l : leaves)
+      if (blocked_[l] && find(plain + 1 + static_cast<int32_t>(i)) == find(l))
+        blocked_walk_[i] = true;
+  }
+  if (count) runtime::count("blocked_activations", count);
 }
 
 // Values that depend on nothing supplied at run time (index ramps and what is computed from
@@ -466,10 +587,14 @@ void CpuExecutable::dump_plan(const char* dir) const {
                    shape_str(g_.nodes[i].shape).c_str());
   for (const Step& s : steps_) {
     const ir::GraphNode& n = g_.nodes[s.node];
+    // Values in the blocked activation layout are marked "(nChw16c)"; so is a sum that walks
+    // its input in that order.
+    auto layout = [&](int32_t v) { return blocked_[v] ? "(nChw16c)" : ""; };
     std::string reads;
-    for (int32_t r : s.reads) reads += util::cat(" %", r, shape_str(g_.nodes[r].shape));
-    std::fprintf(f, "%%%d %s %s%s <-%s  %s\n", s.node, s.label, dtype_name(n.dtype),
-                 shape_str(n.shape).c_str(), reads.c_str(), s.detail.c_str());
+    for (int32_t r : s.reads) reads += util::cat(" %", r, shape_str(g_.nodes[r].shape), layout(r));
+    std::fprintf(f, "%%%d %s %s%s%s <-%s  %s\n", s.node, s.label, dtype_name(n.dtype),
+                 shape_str(n.shape).c_str(), blocked_walk_[s.node] ? "(nChw16c)" : layout(s.node),
+                 reads.c_str(), s.detail.c_str());
   }
   std::fclose(f);
 }
@@ -657,7 +782,7 @@ void CpuExecutable::add_step(int32_t id) {
     return f32 && shape_numel(n.shape) > 0;
   };
   if (fusible(g_, id)) {
-    auto tree = std::make_shared<FusedTree>(g_, id, absorbed_);
+    auto tree = std::make_shared<FusedTree>(g_, id, absorbed_, &blocked_, blocked_[id]);
     step.reads = tree->leaf_nodes();
     step.label = "fused";
     step.detail = tree->describe();
@@ -699,32 +824,34 @@ void CpuExecutable::add_step(int32_t id) {
       mm->run(static_cast<const float*>(c.ptr[a]), static_cast<const float*>(c.ptr[b]),
               static_cast<float*>(c.ptr[id]));
     };
-  } else if ((n.op == Op::Conv2d || n.op == Op::Conv2dBackwardInput ||
-              n.op == Op::Conv2dBackwardWeight) &&
-             all_f32() && dnnl_conv_fits(id)) {
+  } else if (dnnl_conv(id)) {
     const ir::GraphNode& a = g_.nodes[n.operands[0]];
     const ir::GraphNode& b = g_.nodes[n.operands[1]];
     std::shared_ptr<DnnlConv> conv;
+    const DnnlConv::Blocked blocked{blocked_[n.operands[0]], blocked_[n.operands[1]], blocked_[id]};
     if (n.op == Op::Conv2d)
-      conv =
-          std::make_shared<DnnlConv>(DnnlConv::Kind::Forward, a.shape, b.shape, n.shape, n.attrs);
+      conv = std::make_shared<DnnlConv>(DnnlConv::Kind::Forward, a.shape, b.shape, n.shape, n.attrs,
+                                        blocked);
     else if (n.op == Op::Conv2dBackwardInput)
       conv = std::make_shared<DnnlConv>(DnnlConv::Kind::BackwardData, n.shape, b.shape, a.shape,
-                                        n.attrs);
+                                        n.attrs, blocked);
     else
       conv = std::make_shared<DnnlConv>(DnnlConv::Kind::BackwardWeights, a.shape, n.shape, b.shape,
-                                        n.attrs);
+                                        n.attrs, blocked);
     step.reads = n.operands;
     step.conv = conv;
     step.run = run_conv_step(conv, n.operands[0], n.operands[1], id);
   } else if ((n.op == Op::Sum || n.op == Op::Max || n.op == Op::Min) && f32 &&
              absorbed_[n.operands[0]]) {
-    auto tree = std::make_shared<FusedTree>(g_, n.operands[0], absorbed_);
+    const bool walk_blocked = blocked_walk_[id];
+    auto tree = std::make_shared<FusedTree>(g_, n.operands[0], absorbed_, &blocked_, walk_blocked);
     step.reads = tree->leaf_nodes();
     step.label = "fused_reduce";
     step.detail = tree->describe();
     if (n.op == Op::Sum) {
-      step.sum = std::make_shared<SumOf>(SumOf{g_.nodes[n.operands[0]].shape, n.attrs, tree, -1});
+      auto [in, attrs] = walk_blocked ? blocked_sum(g_.nodes[n.operands[0]].shape, n.attrs)
+                                      : std::make_pair(g_.nodes[n.operands[0]].shape, n.attrs);
+      step.sum = std::make_shared<SumOf>(SumOf{in, attrs, tree, -1});
       step.run = run_sums({{id, step.sum}});
     } else {
       const ReduceLayout layout = reduce_layout(g_.nodes[n.operands[0]].shape, n.attrs);
@@ -746,7 +873,11 @@ void CpuExecutable::add_step(int32_t id) {
     const Shape in = g_.nodes[x].shape;
     const std::vector<int64_t> attrs = n.attrs;
     const Op op = n.op;
-    if (n.op == Op::Sum && reduce_layout(in, attrs).inner >= 2) {
+    if (blocked_walk_[id]) {
+      auto [in5, attrs5] = blocked_sum(in, attrs);
+      step.sum = std::make_shared<SumOf>(SumOf{in5, attrs5, nullptr, x});
+      step.run = run_sums({{id, step.sum}});
+    } else if (n.op == Op::Sum && reduce_layout(in, attrs).inner >= 2) {
       step.sum = std::make_shared<SumOf>(SumOf{in, attrs, nullptr, x});
       step.run = run_sums({{id, step.sum}});
     } else {  // Max, Min, and sums over axes below kept ones (by rows, see reduce_f32)

@@ -221,7 +221,8 @@ namespace {
 
 // Fills `impl` for one algorithm; throws dnnl::error when oneDNN has no implementation of it.
 void build_conv(DnnlConv::Kind kind, const Shape& x, const Shape& w, const Shape& y,
-                const std::vector<int64_t>& a, dnnl::algorithm alg, DnnlConv::Impl& impl) {
+                const std::vector<int64_t>& a, DnnlConv::Blocked blocked, dnnl::algorithm alg,
+                DnnlConv::Impl& impl) {
   using Kind = DnnlConv::Kind;
   impl.kind = kind;
   const int64_t g = a[6];
@@ -234,7 +235,9 @@ void build_conv(DnnlConv::Kind kind, const Shape& x, const Shape& w, const Shape
   const memory::dims xd = dims_of(x), yd = dims_of(y);
   memory::dims wd = g == 1 ? dims_of(w) : memory::dims{g, w[0] / g, w[1], w[2], w[3]};
   const tag wtag = g == 1 ? tag::oihw : tag::goihw;
-  const memory::desc x_user(xd, dt::f32, tag::nchw), y_user(yd, dt::f32, tag::nchw);
+  auto act = [](const memory::dims& d, bool b) {
+    return memory::desc(d, dt::f32, b ? tag::nChw16c : tag::nchw);
+  };
   const memory::desc w_user(wd, dt::f32, wtag);
   const memory::desc x_any(xd, dt::f32, tag::any), y_any(yd, dt::f32, tag::any);
   const memory::desc w_any(wd, dt::f32, tag::any);
@@ -245,16 +248,16 @@ void build_conv(DnnlConv::Kind kind, const Shape& x, const Shape& w, const Shape
   // Per kind: the primitive, and for its two operands and result the plain memory, the layout
   // oneDNN chose and the argument it is passed as.
   struct Wire {
-    const memory::desc* user;
+    memory::desc user;
     memory::desc prim;
     int arg;
   };
   Wire in0, in1, out;
   switch (kind) {
     case Kind::Forward:
-      in0 = {&x_user, fpd.src_desc(), DNNL_ARG_SRC};
-      in1 = {&w_user, fpd.weights_desc(), DNNL_ARG_WEIGHTS};
-      out = {&y_user, fpd.dst_desc(), DNNL_ARG_DST};
+      in0 = {act(xd, blocked.in0), fpd.src_desc(), DNNL_ARG_SRC};
+      in1 = {w_user, fpd.weights_desc(), DNNL_ARG_WEIGHTS};
+      out = {act(yd, blocked.out), fpd.dst_desc(), DNNL_ARG_DST};
       impl.pad_md = fpd.scratchpad_desc();
       impl.prim = std::make_unique<dnnl::convolution_forward>(fpd);
       break;
@@ -262,9 +265,9 @@ void build_conv(DnnlConv::Kind kind, const Shape& x, const Shape& w, const Shape
       dnnl::convolution_backward_data::desc bd(alg, x_any, w_any, y_any, strides, dilates, pad_l,
                                                pad_r);
       dnnl::convolution_backward_data::primitive_desc bpd(bd, attr, engine(), fpd);
-      in0 = {&y_user, bpd.diff_dst_desc(), DNNL_ARG_DIFF_DST};
-      in1 = {&w_user, bpd.weights_desc(), DNNL_ARG_WEIGHTS};
-      out = {&x_user, bpd.diff_src_desc(), DNNL_ARG_DIFF_SRC};
+      in0 = {act(yd, blocked.in0), bpd.diff_dst_desc(), DNNL_ARG_DIFF_DST};
+      in1 = {w_user, bpd.weights_desc(), DNNL_ARG_WEIGHTS};
+      out = {act(xd, blocked.out), bpd.diff_src_desc(), DNNL_ARG_DIFF_SRC};
       impl.pad_md = bpd.scratchpad_desc();
       impl.prim = std::make_unique<dnnl::convolution_backward_data>(bpd);
       break;
@@ -273,17 +276,17 @@ void build_conv(DnnlConv::Kind kind, const Shape& x, const Shape& w, const Shape
       dnnl::convolution_backward_weights::desc bd(alg, x_any, w_any, y_any, strides, dilates, pad_l,
                                                   pad_r);
       dnnl::convolution_backward_weights::primitive_desc bpd(bd, attr, engine(), fpd);
-      in0 = {&x_user, bpd.src_desc(), DNNL_ARG_SRC};
-      in1 = {&y_user, bpd.diff_dst_desc(), DNNL_ARG_DIFF_DST};
-      out = {&w_user, bpd.diff_weights_desc(), DNNL_ARG_DIFF_WEIGHTS};
+      in0 = {act(xd, blocked.in0), bpd.src_desc(), DNNL_ARG_SRC};
+      in1 = {act(yd, blocked.in1), bpd.diff_dst_desc(), DNNL_ARG_DIFF_DST};
+      out = {w_user, bpd.diff_weights_desc(), DNNL_ARG_DIFF_WEIGHTS};
       impl.pad_md = bpd.scratchpad_desc();
       impl.prim = std::make_unique<dnnl::convolution_backward_weights>(bpd);
       break;
     }
   }
-  impl.scratch_floats += impl.in0.init(*in0.user, in0.prim, false, impl.scratch_floats);
-  impl.scratch_floats += impl.in1.init(*in1.user, in1.prim, false, impl.scratch_floats);
-  impl.scratch_floats += impl.out.init(*out.user, out.prim, true, impl.scratch_floats);
+  impl.scratch_floats += impl.in0.init(in0.user, in0.prim, false, impl.scratch_floats);
+  impl.scratch_floats += impl.in1.init(in1.user, in1.prim, false, impl.scratch_floats);
+  impl.scratch_floats += impl.out.init(out.user, out.prim, true, impl.scratch_floats);
   impl.arg0 = in0.arg;
   impl.arg1 = in1.arg;
   impl.arg_out = out.arg;
@@ -318,7 +321,7 @@ std::atomic<int>& conv_algo_knob() {
 }  // namespace
 
 DnnlConv::DnnlConv(Kind kind, const Shape& x, const Shape& w, const Shape& y,
-                   const std::vector<int64_t>& a)
+                   const std::vector<int64_t>& a, Blocked blocked)
     : impl_(std::make_unique<Impl>()) {
   try {
     const ConvAlgo setting = static_cast<ConvAlgo>(conv_algo_knob().load());
@@ -334,14 +337,14 @@ DnnlConv::DnnlConv(Kind kind, const Shape& x, const Shape& w, const Shape& y,
     const bool big = w[0] >= 16 && w[1] >= 16 && y[2] * y[3] >= 64;
     if (setting != ConvAlgo::Direct && candidate && (setting == ConvAlgo::Winograd || big)) {
       try {
-        build_conv(kind, x, w, y, a, dnnl::algorithm::convolution_winograd, *impl_);
+        build_conv(kind, x, w, y, a, blocked, dnnl::algorithm::convolution_winograd, *impl_);
         runtime::count("winograd_convolutions");
         return;
       } catch (const dnnl::error&) {
         impl_ = std::make_unique<Impl>();  // not implemented for this problem or machine
       }
     }
-    build_conv(kind, x, w, y, a, dnnl::algorithm::convolution_direct, *impl_);
+    build_conv(kind, x, w, y, a, blocked, dnnl::algorithm::convolution_direct, *impl_);
   } catch (const dnnl::error& e) {
     rethrow(e, "convolution setup");
   }

@@ -39,11 +39,18 @@ struct ConvCopy {
   const float* ready = nullptr;
 };
 
+// Which of a convolution's operands and its result are activations (or their gradients) held in
+// the blocked nChw16c layout instead of plain NCHW; weights are always plain.
+struct ConvBlocked {
+  bool in0 = false, in1 = false, out = false;
+};
+
 class DnnlConv {
  public:
   enum class Kind { Forward, BackwardData, BackwardWeights };
+  using Blocked = ConvBlocked;
   DnnlConv(Kind kind, const Shape& x, const Shape& w, const Shape& y,
-           const std::vector<int64_t>& attrs);
+           const std::vector<int64_t>& attrs, Blocked blocked = {});
   ~DnnlConv();
   using Copy = ConvCopy;
   void run(const float* in0, const float* in1, float* out, Copy copy0 = {}, Copy copy1 = {});

@@ -71,11 +71,20 @@ bool fusible(const ir::Graph& g, int32_t id) {
   return true;
 }
 
-FusedTree::FusedTree(const ir::Graph& g, int32_t root, const std::vector<bool>& absorbed) {
+bool blockable(const Shape& s) {
+  return s.size() == 4 && s[0] > 0 && s[1] > 0 && s[1] % kBlock == 0 && s[2] * s[3] > 1;
+}
+
+FusedTree::FusedTree(const ir::Graph& g, int32_t root, const std::vector<bool>& absorbed,
+                     const std::vector<bool>* blocked, bool blocked_order)
+    : blocked_order_(blocked_order), blocked_(blocked) {
   const ir::GraphNode& r = g.nodes[root];
+  LS_INTERNAL_CHECK(!blocked_order || blockable(r.shape),
+                    "blocked order over an unblockable shape");
   numel_ = shape_numel(r.shape);
   out_dtype_ = r.dtype;
   root_reg_ = visit(g, root, absorbed, true);
+  blocked_ = nullptr;
 }
 
 int FusedTree::visit(const ir::Graph& g, int32_t id, const std::vector<bool>& absorbed,
@@ -106,28 +115,52 @@ int FusedTree::add_leaf(const ir::Graph& g, int32_t node, const Shape& out_shape
   Leaf leaf;
   leaf.dtype = src.dtype;
   leaf.numel = shape_numel(src.shape);
-  leaf.contiguous = src.shape == out_shape || leaf.numel == numel_;
-  if (!leaf.contiguous) {
-    // Broadcast: src aligned to the right of out_shape; size-1 dims stride 0. Dims whose source
-    // stride is 0 contribute nothing and are skipped.
-    const size_t lead = out_shape.size() - src.shape.size();
-    int64_t out_stride = 1, src_stride = 1;
-    for (size_t d = out_shape.size(); d-- > 0;) {
-      const bool present = d >= lead && src.shape[d - lead] != 1;
-      if (present && out_shape[d] > 1) {
+  // A blocked value is only read whole, by a tree in blocked order (choose_layouts).
+  const bool src_blocked = blocked_ && (*blocked_)[node];
+  LS_INTERNAL_CHECK(!src_blocked || (blocked_order_ && src.shape == out_shape),
+                    "a blocked value read in plain order or through a broadcast");
+  leaf.contiguous =
+      src_blocked || (!blocked_order_ && (src.shape == out_shape || leaf.numel == numel_));
+  if (leaf.numel == 1) {
+    leaf.contiguous = numel_ == 1;
+  } else if (!leaf.contiguous) {
+    // The source's stride along each output dim: src aligned to the right of out_shape, size-1
+    // (broadcast) dims stride 0.
+    const size_t r = out_shape.size(), lead = r - src.shape.size();
+    std::vector<int64_t> size(out_shape.begin(), out_shape.end()), stride(r, 0);
+    int64_t acc = 1;
+    for (size_t d = r; d-- > lead;) {
+      if (src.shape[d - lead] != 1) stride[d] = acc;
+      acc *= src.shape[d - lead];
+    }
+    if (blocked_order_) {
+      // Walked as [N, C/16, H, W, 16]: the channel dim as blocks of 16 and the channel within.
+      const int64_t cb = size[1] / kBlock;
+      size = {size[0], cb, size[2], size[3], kBlock};
+      stride = {stride[0], kBlock * stride[1], stride[2], stride[3], stride[1]};
+    }
+    // Dims whose source stride is 0 (broadcast) contribute nothing and are skipped.
+    int64_t out_stride = 1;
+    for (size_t d = size.size(); d-- > 0;) {
+      if (stride[d] != 0 && size[d] > 1) {
         leaf.div.push_back(out_stride);
-        leaf.mod.push_back(out_shape[d]);
-        leaf.stride.push_back(src_stride);
+        leaf.mod.push_back(size[d]);
+        leaf.stride.push_back(stride[d]);
       }
-      if (d >= lead) src_stride *= src.shape[d - lead];
-      out_stride *= out_shape[d];
+      out_stride *= size[d];
     }
     // Neighbouring dims that are neighbours in the source too are one dim ([N, C, 1, 1] into
     // [N, C, H, W]: runs of H * W copies of consecutive values).
     merge_dims(leaf.div, leaf.mod, leaf.stride);
-    if (leaf.div.size() == 1 && leaf.div[0] > 1 && leaf.div[0] <= kShortRun &&
-        leaf.div[0] * leaf.mod[0] <= kMaxPeriod)
+    if (leaf.div.size() == 1 && leaf.div[0] == 1 && leaf.stride[0] == 1 && leaf.mod[0] == numel_) {
+      leaf.contiguous = true;  // same order after all (e.g. [1, C, H, W] as [C, H, W])
+      leaf.div.clear();
+      leaf.mod.clear();
+      leaf.stride.clear();
+    } else if (leaf.div.size() == 1 && leaf.div[0] > 1 && leaf.div[0] <= kShortRun &&
+               leaf.div[0] * leaf.mod[0] <= kMaxPeriod) {
       leaf.period = leaf.div[0] * leaf.mod[0];
+    }
   }
   leaves_.push_back(std::move(leaf));
   leaf_nodes_.push_back(node);
@@ -195,6 +228,26 @@ void FusedTree::load_source(const Leaf& leaf, const void* src, int64_t i0, int64
   const bool is_bool = leaf.dtype == DType::Bool;
   const float* fs = static_cast<const float*>(src);
   const uint8_t* bs = static_cast<const uint8_t*>(src);
+  if (rank == 2 && inner_run && leaf.mod[0] == kBlock && leaf.stride[0] == 1 &&
+      leaf.div[1] % kBlock == 0 && i0 % kBlock == 0 && len % kBlock == 0) {
+    // Per-channel values in blocked order: each 16 values are the 16 channels of one block,
+    // the same block for div[1] values in a row; blocks counted along without divisions.
+    const int64_t span = leaf.div[1], blocks = leaf.mod[1], st = leaf.stride[1];
+    int64_t b = i0 / span % blocks, left = span - i0 % span;
+    for (int64_t i = 0; i < len; i += kBlock) {
+      const int64_t off = b * st;
+      if (is_bool)
+        for (int64_t q = 0; q < kBlock; ++q) dst[i + q] = bs[off + q] != 0;
+      else
+        std::memcpy(dst + i, fs + off, kBlock * sizeof(float));
+      left -= kBlock;
+      if (left == 0) {
+        left = span;
+        if (++b == blocks) b = 0;
+      }
+    }
+    return;
+  }
   if (rank == 1 && !inner_run) {
     // One broadcast dim (a per-channel value over [N, C, H, W]): runs of `repeat` copies of
     // consecutive source elements, walked without a division per run.

@@ -15,11 +15,21 @@ namespace lockstep::backends::cpu {
 // Whether node `id` can be part of a fused tree.
 bool fusible(const ir::Graph& g, int32_t id);
 
+// Activation layouts. A 4-D f32 value [N, C, H, W] whose C is a multiple of kBlock (and H * W > 1)
+// may be held in oneDNN's blocked nChw16c layout, [N][C / 16][H][W][16 channels], between
+// convolutions, so that they read and write it without reorders (see choose_layouts in
+// cpu_backend.cpp). Elementwise trees and per-channel sums walk such values in that order.
+constexpr int64_t kBlock = 16;
+bool blockable(const Shape& s);
+
 class FusedTree {
  public:
   // The tree rooted at `root`; operands with absorbed[id] are evaluated inside the tree, the
-  // others are read from memory.
-  FusedTree(const ir::Graph& g, int32_t root, const std::vector<bool>& absorbed);
+  // others are read from memory. Leaves with blocked[id] are held in the blocked layout; with
+  // blocked_order the tree computes its values in that layout's order (its root shape must be
+  // blockable), else in plain order.
+  FusedTree(const ir::Graph& g, int32_t root, const std::vector<bool>& absorbed,
+            const std::vector<bool>* blocked = nullptr, bool blocked_order = false);
   // Nodes whose values the tree reads from memory, in the order run() takes their pointers.
   const std::vector<int32_t>& leaf_nodes() const { return leaf_nodes_; }
   // The leaf pointers eval() and run_group() take, from each node's memory (`ptr`, by node).
@@ -45,6 +55,7 @@ class FusedTree {
                     float* dst, bool scalars_loaded = false) const;
   size_t scratch_floats() const { return static_cast<size_t>(num_regs_) * kTile; }
   int64_t numel() const { return numel_; }
+  bool blocked_order() const { return blocked_order_; }
   // The instructions, as "sub(L0, L1) mul(r2, L2)" (for plan dumps).
   std::string describe() const;
 
@@ -81,6 +92,8 @@ class FusedTree {
   void load_source(const Leaf& leaf, const void* src, int64_t i0, int64_t len, float* dst) const;
 
   int64_t numel_ = 0;
+  bool blocked_order_ = false;
+  const std::vector<bool>* blocked_ = nullptr;  // while constructing
   DType out_dtype_ = DType::F32;
   int num_regs_ = 0;
   int root_reg_ = -1;

@@ -162,6 +162,31 @@ void sum_tiles_f32(const ReduceMap& m, size_t sources, Read&& read, const std::v
           }
           continue;
         }
+        if (m.run == 1 && m.div.size() == 2 && m.div[0] == 1 && m.mod[0] == 16 && m.mul[0] == 1 &&
+            m.mul[1] == 16 && m.div[1] % 16 == 0 && i0 % 16 == 0 && len % 16 == 0) {
+          // Per-channel sums of a blocked (nChw16c) value: each 16 consecutive values go to the
+          // 16 channels of their block, counted along without divisions.
+          // A block's values are added up in floats along the tile, as runs are.
+          const int64_t span = m.div[1], blocks = m.mod[1];
+          int64_t b = i0 / span % blocks, left = span - i0 % span;
+          float part[16] = {};
+          for (int64_t j = 0; j < len; j += 16) {
+            for (int q = 0; q < 16; ++q) part[q] += p[j + q];
+            left -= 16;
+            if (left == 0 || j + 16 == len) {
+              double* o = ak + b * 16;
+              for (int q = 0; q < 16; ++q) {
+                o[q] += part[q];
+                part[q] = 0;
+              }
+            }
+            if (left == 0) {
+              left = span;
+              if (++b == blocks) b = 0;
+            }
+          }
+          continue;
+        }
         for (int64_t j = 0; j < len;) {
           const int64_t pos = i0 + j;
           int64_t o = 0;
