@@ -160,6 +160,10 @@ int FusedTree::add_leaf(const ir::Graph& g, int32_t node, const Shape& out_shape
     } else if (leaf.div.size() == 1 && leaf.div[0] > 1 && leaf.div[0] <= kShortRun &&
                leaf.div[0] * leaf.mod[0] <= kMaxPeriod) {
       leaf.period = leaf.div[0] * leaf.mod[0];
+    } else if (blocked_order_ && leaf.div.size() == 2 && leaf.div[0] == 1 &&
+               leaf.mod[0] == kBlock && leaf.stride[0] == 1 && leaf.div[1] % kBlock == 0 &&
+               leaf.mod[1] * kTile <= kMaxPeriod) {
+      leaf.per_block = true;
     }
   }
   leaves_.push_back(std::move(leaf));
@@ -182,6 +186,18 @@ std::vector<const void*> FusedTree::bind(const std::vector<void*>& ptr,
       std::vector<float>& e = expanded.emplace_back(leaf.period);
       load_source(leaf, p, 0, leaf.period, e.data());
       p = e.data();
+    } else if (leaf.per_block) {
+      // Block b's 16 channels, kTile / 16 times over, at b * kTile.
+      const int64_t blocks = leaf.mod[1], st = leaf.stride[1];
+      std::vector<float>& e = expanded.emplace_back(blocks * kTile);
+      for (int64_t b = 0; b < blocks; ++b)
+        for (int64_t q = 0; q < kBlock; ++q) {
+          const float v = leaf.dtype == DType::Bool
+                              ? static_cast<const uint8_t*>(p)[b * st + q] != 0
+                              : static_cast<const float*>(p)[b * st + q];
+          for (int64_t r = q; r < kTile; r += kBlock) e[b * kTile + r] = v;
+        }
+      p = e.data();
     }
     out.push_back(p);
   }
@@ -189,6 +205,24 @@ std::vector<const void*> FusedTree::bind(const std::vector<void*>& ptr,
 }
 
 void FusedTree::load(const Leaf& leaf, const void* src, int64_t i0, int64_t len, float* dst) const {
+  if (leaf.per_block) {
+    // src is the table bind() wrote: runs of one block's channels, piece by piece.
+    const float* table = static_cast<const float*>(src);
+    const int64_t span = leaf.div[1], blocks = leaf.mod[1];
+    int64_t b = i0 / span % blocks, left = span - i0 % span;
+    const int64_t phase = i0 % kBlock;
+    for (int64_t i = 0; i < len;) {
+      const int64_t n = std::min({len - i, left, kTile - kBlock});
+      std::memcpy(dst + i, table + b * kTile + (phase + i) % kBlock, n * sizeof(float));
+      i += n;
+      left -= n;
+      if (left == 0) {
+        left = span;
+        if (++b == blocks) b = 0;
+      }
+    }
+    return;
+  }
   if (leaf.period == 0) {
     load_source(leaf, src, i0, len, dst);
     return;
@@ -228,26 +262,6 @@ void FusedTree::load_source(const Leaf& leaf, const void* src, int64_t i0, int64
   const bool is_bool = leaf.dtype == DType::Bool;
   const float* fs = static_cast<const float*>(src);
   const uint8_t* bs = static_cast<const uint8_t*>(src);
-  if (rank == 2 && inner_run && leaf.mod[0] == kBlock && leaf.stride[0] == 1 &&
-      leaf.div[1] % kBlock == 0 && i0 % kBlock == 0 && len % kBlock == 0) {
-    // Per-channel values in blocked order: each 16 values are the 16 channels of one block,
-    // the same block for div[1] values in a row; blocks counted along without divisions.
-    const int64_t span = leaf.div[1], blocks = leaf.mod[1], st = leaf.stride[1];
-    int64_t b = i0 / span % blocks, left = span - i0 % span;
-    for (int64_t i = 0; i < len; i += kBlock) {
-      const int64_t off = b * st;
-      if (is_bool)
-        for (int64_t q = 0; q < kBlock; ++q) dst[i + q] = bs[off + q] != 0;
-      else
-        std::memcpy(dst + i, fs + off, kBlock * sizeof(float));
-      left -= kBlock;
-      if (left == 0) {
-        left = span;
-        if (++b == blocks) b = 0;
-      }
-    }
-    return;
-  }
   if (rank == 1 && !inner_run) {
     // One broadcast dim (a per-channel value over [N, C, H, W]): runs of `repeat` copies of
     // consecutive source elements, walked without a division per run.
@@ -432,6 +446,10 @@ const float* FusedTree::eval(const std::vector<const void*>& leaf_ptrs, int64_t 
         reg[in.out] = static_cast<const float*>(leaf_ptrs[in.a]) + i0;
       } else if (leaf.period > 0 && i0 % leaf.period + len <= leaf.period) {
         reg[in.out] = static_cast<const float*>(leaf_ptrs[in.a]) + i0 % leaf.period;
+      } else if (leaf.per_block && i0 % kBlock == 0 &&
+                 i0 % leaf.div[1] + len <= leaf.div[1]) {  // within one block's run
+        reg[in.out] =
+            static_cast<const float*>(leaf_ptrs[in.a]) + i0 / leaf.div[1] % leaf.mod[1] * kTile;
       } else if (leaf.numel == 1) {  // a tile of the one value, filled once per scratch
         // (A thread's first tile is short only when it is its last: static schedules.)
         if (!scalars_loaded) load(leaf, leaf_ptrs[in.a], 0, len, own);

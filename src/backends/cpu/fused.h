@@ -34,6 +34,7 @@ class FusedTree {
   const std::vector<int32_t>& leaf_nodes() const { return leaf_nodes_; }
   // The leaf pointers eval() and run_group() take, from each node's memory (`ptr`, by node).
   // A leaf broadcast per channel over short runs (a small feature map) is read from one period
+  // (a per-channel leaf in blocked order: from a tile's worth of each block's channels)
   // of its values written out in full, into `expanded`, which must outlive the pointers.
   std::vector<const void*> bind(const std::vector<void*>& ptr,
                                 std::vector<std::vector<float>>& expanded) const;
@@ -77,6 +78,10 @@ class FusedTree {
     // > 0: one broadcast dim with runs of at most kShortRun, read through bind()'s copy of
     // one period (div[0] * mod[0] floats) instead of run by run.
     int64_t period = 0;
+    // In blocked order, a per-channel value: each 16 values are the 16 channels of one block
+    // (div[0] = 1, mod[0] = 16), the same block for div[1] values in a row. Read through
+    // bind()'s table of a tile's worth of each block's values repeated.
+    bool per_block = false;
   };
   struct Instr {
     ir::Op op;
