@@ -184,6 +184,7 @@ std::function<void(Ctx&)> run_sums(SumParts parts) {
     auto read = [&](size_t k, int64_t off, int64_t len, float* tmp) -> const float* {
       const SumOf& of = *parts[k].second;
       if (!of.tree) return static_cast<const float*>(c.ptr[of.input]) + off;
+      of.tree->prefetch(leaves[k], off, len);
       return of.tree->eval(leaves[k], off, len, tmp, nullptr);
     };
     if (layout.inner < kLongRun)

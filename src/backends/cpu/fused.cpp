@@ -468,6 +468,16 @@ const float* FusedTree::eval(const std::vector<const void*>& leaf_ptrs, int64_t 
   return reg[root_reg_];
 }
 
+void FusedTree::prefetch(const std::vector<const void*>& leaf_ptrs, int64_t i0, int64_t len) const {
+  for (size_t k = 0; k < leaves_.size(); ++k) {
+    const Leaf& leaf = leaves_[k];
+    if (!leaf.contiguous || leaf.numel == 1) continue;
+    const size_t size = dtype_size(leaf.dtype);
+    const char* p = static_cast<const char*>(leaf_ptrs[k]) + i0 * size;
+    for (int64_t b = 0; b < len * static_cast<int64_t>(size); b += 64) __builtin_prefetch(p + b);
+  }
+}
+
 std::string FusedTree::describe() const {
   std::string s;
   for (const Instr& in : instrs_) {
@@ -502,6 +512,8 @@ void FusedTree::run_group(const std::vector<const FusedTree*>& trees,
     for (int64_t t = 0; t < tiles; ++t) {
       const int64_t i0 = t * kTile;
       const int64_t len = std::min(kTile, numel - i0);
+      // All the tile's streams at once, not one instruction's after another's.
+      for (size_t k = 0; k < trees.size(); ++k) trees[k]->prefetch(leaves[k], i0, len);
       for (size_t k = 0; k < trees.size(); ++k) {
         const bool f32_out = trees[k]->out_dtype_ == DType::F32;
         float* direct = f32_out ? static_cast<float*>(outs[k]) + i0 : nullptr;

@@ -55,6 +55,10 @@ class FusedTree {
   const float* eval(const std::vector<const void*>& leaves, int64_t i0, int64_t len, float* scratch,
                     float* dst, bool scalars_loaded = false) const;
   size_t scratch_floats() const { return static_cast<size_t>(num_regs_) * kTile; }
+  // Asks for the cache lines of values [i0, i0 + len) of the leaves read in place (from memory,
+  // element for element), before eval() reads them: an eval reads its leaves one instruction at
+  // a time, and each stream's misses would otherwise wait for the last one's.
+  void prefetch(const std::vector<const void*>& leaves, int64_t i0, int64_t len) const;
   int64_t numel() const { return numel_; }
   bool blocked_order() const { return blocked_order_; }
   // The instructions, as "sub(L0, L1) mul(r2, L2)" (for plan dumps).
