@@ -264,7 +264,8 @@ TEST_F(Conv, BlockedActivations) {
   // A bottleneck block with batch norm in training and its shortcut, differentiated by autograd:
   // activations between the convolutions stay in oneDNN's blocked layout, read by elementwise
   // trees (with per-channel leaves), per-channel and per-map sums, and the convolutions'
-  // gradients. Maps of 2x2 to 6x5 (per-channel periods of 64 to 480 values).
+  // gradients. Maps of 2x2 to 16x16: a block's channels repeat in runs of 64 to 4,096 values,
+  // shorter and longer than a tile; the largest case's 128-channel values run on both threads.
   for (const ls::Shape& xs :
        std::vector<ls::Shape>{{2, 32, 6, 5}, {3, 16, 2, 2}, {2, 48, 4, 4}, {4, 64, 16, 16}}) {
     const int64_t c = xs[1];
