@@ -3,6 +3,8 @@
 // and both gradients (stride, padding, dilation, groups, strides that do not divide evenly), and
 // max/avg pooling forward and backward.
 #include <array>
+#include <random>
+#include <string>
 
 #include "backends/cpu/dnnl_ops.h"
 #include "conformance.h"
@@ -354,6 +356,90 @@ TEST_F(Conv, BlockedLayoutReaders) {
       EXPECT_GT(ls::metrics::counter("blocked_activations"), before)
           << "no activation was blocked: the case checks nothing new";
     }
+  }
+}
+
+LS_COVERS(Conv, BlockedRandomChains, Op::Conv2d, Op::Conv2dBackwardInput, Op::Sum, Op::Expand,
+          Op::Where, Op::Maximum);
+TEST_F(Conv, BlockedRandomChains) {
+  // Random chains of convolutions, elementwise ops with broadcast operands of every shape, batch-
+  // norm-like centring and sums, over 16 or 32 channels: which values end up blocked depends on
+  // every reader, so the layout choice meets mixes that hand-written cases do not. Seeded.
+  for (uint32_t seed = 1; seed <= 24; ++seed) {
+    std::mt19937 rng(seed);
+    auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+    const int64_t n = uni(1, 3), c = 16 * uni(1, 2), h = uni(1, 7), w = uni(2, 6);
+    const int steps = uni(4, 9);
+    std::vector<In> inputs{{{n, c, h, w}}};
+    // Per step: the kind of op, and its operand's shape when it reads a new input.
+    std::vector<int> kinds, picks;
+    for (int k = 0; k < steps; ++k) {
+      const int kind = uni(0, 7), pick = uni(0, 99);
+      kinds.push_back(kind);
+      picks.push_back(pick);
+      if (kind == 0 || kind == 6) inputs.push_back({{c, c, pick % 2 ? 3 : 1, pick % 2 ? 3 : 1}});
+      if (kind == 2) {
+        const std::array<ls::Shape, 6> shapes = {ls::Shape{c, 1, 1},    ls::Shape{1, c, 1, 1},
+                                                 ls::Shape{n, c, 1, 1}, ls::Shape{h, w},
+                                                 ls::Shape{1, 1, 1, w}, ls::Shape{n, 1, h, w}};
+        inputs.push_back({shapes[pick % shapes.size()]});
+      }
+    }
+    check(
+        "random blocked chain, seed " + std::to_string(seed) + " x " + str({n, c, h, w}), inputs,
+        [&](const Tensors& x) {
+          std::vector<ls::Tensor> v{x[0]};
+          Tensors out;
+          size_t next = 1;
+          auto conv = [&](const ls::Tensor& a, const ls::Tensor& wt) {
+            ls::Conv2dOptions o;
+            o.padding = {wt.shape()[2] / 2, wt.shape()[3] / 2};
+            return ls::conv2d(a, wt, o);
+          };
+          for (int k = 0; k < steps; ++k) {
+            const ls::Tensor a = v[static_cast<size_t>(picks[k]) % v.size()];
+            const ls::Tensor b = v.back();
+            switch (kinds[k]) {
+              case 0:
+                v.push_back(conv(a, x[next++]) * 0.25f);
+                break;
+              case 1:
+                v.push_back(ls::tanh(a) + ls::relu(b));
+                break;
+              case 2:
+                v.push_back(ls::maximum(a, x[next++]) - b * 0.5f);
+                break;
+              case 3:
+                v.push_back(ls::where(a > 0.0f, b, ls::sigmoid(a)));
+                break;
+              case 4: {  // batch-norm-like: centre per channel
+                const ls::Tensor m = ls::mean(a, {0, 2, 3}, true);
+                v.push_back(a - m);
+                out.push_back(ls::sum((a - m) * (a - m), {0, 2, 3}));
+                break;
+              }
+              case 5:
+                out.push_back(ls::sum(
+                    a, picks[k] % 2 ? std::vector<int64_t>{1} : std::vector<int64_t>{2, 3}));
+                v.push_back(ls::relu(a));
+                break;
+              case 6: {
+                ls::Conv2dOptions o;
+                o.padding = {x[next].shape()[2] / 2, x[next].shape()[3] / 2};
+                v.push_back(ls::conv2d_backward_input(a, x[next], a.shape(), o) * 0.25f);
+                ++next;
+                break;
+              }
+              default:
+                if (picks[k] % 3 == 0) out.push_back(a);  // a program output: plain
+                v.push_back(ls::sigmoid(a) * b);
+            }
+          }
+          out.push_back(ls::sum(v.back(), {0, 2, 3}));
+          out.push_back(ls::sum(v.back() * v.back()));
+          return out;
+        },
+        static_cast<double>(n * c * h * w * 9));
   }
 }
 
