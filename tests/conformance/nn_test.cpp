@@ -339,7 +339,13 @@ TEST_F(Conv, BlockedLayoutReaders) {
           // A second branch whose values a max and a sum over the batch read: plain, next to
           // blocked ones.
           const ls::Tensor p = ls::conv2d(x[0], x[7], one) * 2.0f;
+          // A mask of three values that three trees read: stored (blocked too) rather than
+          // recomputed in each.
+          const ls::Tensor mask = (a + t + u) > 0.0f;
           return Tensors{y,
+                         ls::conv2d(ls::where(mask, a, u), x[2], three),
+                         ls::sum(ls::where(mask, t, a), {0, 2, 3}),
+                         ls::sum(ls::where(mask, u * 2.0f, a), {1}),
                          ls::sum(gu * u, {0, 2, 3}),
                          ls::conv2d_backward_weight(u, ls::relu(y), x[2].shape(), three),
                          ls::sum(u, {0, 2, 3}),
