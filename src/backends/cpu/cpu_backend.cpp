@@ -310,14 +310,19 @@ class CpuExecutable final : public Executable {
   }
   void fold_constants();
   void choose_layouts();
-  // Whether node id's step is a oneDNN convolution (else the ref kernel runs it).
-  bool dnnl_conv(int32_t id) const {
+  // Specialized kernels take f32 operands and results with no empty dimension; the rest goes to
+  // ref.
+  bool all_f32(int32_t id) const {
     const ir::GraphNode& n = g_.nodes[id];
-    if (n.op != Op::Conv2d && n.op != Op::Conv2dBackwardInput && n.op != Op::Conv2dBackwardWeight)
-      return false;
     for (int32_t o : n.operands)
       if (!is_f32(g_, o) || shape_numel(g_.nodes[o].shape) == 0) return false;
-    return is_f32(g_, id) && shape_numel(n.shape) > 0 && dnnl_conv_fits(id);
+    return is_f32(g_, id) && shape_numel(n.shape) > 0;
+  }
+  // Whether node id's step is a oneDNN convolution (else the ref kernel runs it).
+  bool dnnl_conv(int32_t id) const {
+    const Op op = g_.nodes[id].op;
+    return (op == Op::Conv2d || op == Op::Conv2dBackwardInput || op == Op::Conv2dBackwardWeight) &&
+           all_f32(id) && dnnl_conv_fits(id);
   }
   // A sum over `in` read in blocked order (see choose_layouts): 4-D and blockable, summing over
   // the channels or over the whole feature map, so that its results come out in plain order.
@@ -485,15 +490,17 @@ void CpuExecutable::choose_layouts() {
     if (!candidate[i]) join(static_cast<int32_t>(i), plain);
   }
   // The full-size leaves of a walk over `shape` (a tree's or a sum's) share its layout; a
-  // smaller value read through a broadcast stays plain.
+  // smaller value read through a broadcast stays plain. Says whether any leaf was full-size.
   auto walk = [&](int32_t self, const Shape& shape, const std::vector<int32_t>& leaves) {
+    bool full = false;
     for (int32_t l : leaves) {
-      if (g_.nodes[l].shape == shape)
-        join(l, self);
-      else
-        join(l, plain);
+      const bool same = g_.nodes[l].shape == shape;
+      join(l, same ? self : plain);
+      full = full || same;
     }
+    return full;
   };
+  std::vector<int32_t> walking_sums;  // sums whose walk reads a full-size value
   for (size_t i = 0; i < n; ++i) {
     const int32_t id = static_cast<int32_t>(i);
     const ir::GraphNode& node = g_.nodes[i];
@@ -508,13 +515,16 @@ void CpuExecutable::choose_layouts() {
                sum_takes_blocked(g_.nodes[node.operands[0]].shape, node.attrs)) {
       const int32_t x = node.operands[0];
       const Shape& shape = g_.nodes[x].shape;
-      walk(plain + 1 + id, shape, absorbed_[x] ? tree_leaves(x) : std::vector<int32_t>{x});
+      if (walk(plain + 1 + id, shape, absorbed_[x] ? tree_leaves(x) : std::vector<int32_t>{x}))
+        walking_sums.push_back(id);
     } else {
       join(id, plain);
       for (int32_t o : node.operands) {
-        if (!absorbed_[o]) join(o, plain);
-        if (absorbed_[o])  // a reduction other than those sums walks the tree in plain order
+        if (!absorbed_[o]) {
+          join(o, plain);
+        } else {  // a reduction other than those sums walks the tree in plain order
           for (int32_t l : tree_leaves(o)) join(l, plain);
+        }
       }
     }
   }
@@ -524,16 +534,10 @@ void CpuExecutable::choose_layouts() {
     blocked_[i] = candidate[i] && find(static_cast<int32_t>(i)) != find(plain);
     count += blocked_[i];
   }
-  for (size_t i = 0; i < n; ++i) {
-    const ir::GraphNode& node = g_.nodes[i];
-    if (node.op != Op::Sum || absorbed_[i] || !run_time_[i]) continue;
-    // Blocked when the values it reads are (a walk over broadcasts only stays plain).
-    const int32_t x = node.operands[0];
-    const std::vector<int32_t> leaves = absorbed_[x] ? tree_leaves(x) : std::vector<int32_t>{x};
-    for (int32_t l : leaves)
-      if (blocked_[l] && find(plain + 1 + static_cast<int32_t>(i)) == find(l))
-        blocked_walk_[i] = true;
-  }
+  // A sum walks in blocked order when the values it reads are blocked: its full-size leaves
+  // share its class, and a class that is not plain holds only blocked values. (A walk over
+  // broadcasts only stays plain.)
+  for (int32_t id : walking_sums) blocked_walk_[id] = find(plain + 1 + id) != find(plain);
   if (count) runtime::count("blocked_activations", count);
 }
 
@@ -776,12 +780,6 @@ void CpuExecutable::add_step(int32_t id) {
   step.node = id;
   step.label = ir::op_info(n.op).name;
   const bool f32 = is_f32(g_, id);
-  // Specialized kernels take f32 operands with no empty dimension; the rest goes to ref.
-  auto all_f32 = [&] {
-    for (int32_t o : n.operands)
-      if (!is_f32(g_, o) || shape_numel(g_.nodes[o].shape) == 0) return false;
-    return f32 && shape_numel(n.shape) > 0;
-  };
   if (fusible(g_, id)) {
     auto tree = std::make_shared<FusedTree>(g_, id, absorbed_, &blocked_, blocked_[id]);
     step.reads = tree->leaf_nodes();
@@ -789,7 +787,7 @@ void CpuExecutable::add_step(int32_t id) {
     step.detail = tree->describe();
     step.fused = std::make_shared<FusedMembers>(1, std::make_pair(id, tree));
     step.run = run_fused(step.fused);
-  } else if ((n.op == Op::MatMul && all_f32()) || transposed_matmul(id)) {
+  } else if ((n.op == Op::MatMul && all_f32(id)) || transposed_matmul(id)) {
     // A matmul; or the transpose of one, computed directly as B^T A^T. Operands that are
     // transposes are read through swapped strides instead of being copied.
     const bool flip = n.op == Op::Permute;
@@ -868,7 +866,7 @@ void CpuExecutable::add_step(int32_t id) {
             static_cast<float*>(c.ptr[id]), tree->scratch_floats());
       };
     }
-  } else if ((n.op == Op::Sum || n.op == Op::Max || n.op == Op::Min) && all_f32()) {
+  } else if ((n.op == Op::Sum || n.op == Op::Max || n.op == Op::Min) && all_f32(id)) {
     step.reads = n.operands;
     const int32_t x = n.operands[0];
     const Shape in = g_.nodes[x].shape;
@@ -910,7 +908,7 @@ void CpuExecutable::add_step(int32_t id) {
                      values >= 0 ? static_cast<float*>(c.ptr[values]) : nullptr,
                      indices >= 0 ? static_cast<int64_t*>(c.ptr[indices]) : nullptr);
     };
-  } else if ((n.op == Op::AvgPool2d || n.op == Op::AvgPool2dBackward) && all_f32() &&
+  } else if ((n.op == Op::AvgPool2d || n.op == Op::AvgPool2dBackward) && all_f32(id) &&
              DnnlAvgPool::fits(pool_input(n), pool_output(n), n.attrs)) {
     auto pool = std::make_shared<DnnlAvgPool>(n.op == Op::AvgPool2dBackward, pool_input(n),
                                               pool_output(n), n.attrs);

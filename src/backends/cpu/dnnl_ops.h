@@ -28,7 +28,8 @@ class DnnlMatMul {
 
 // Convolution forward (in0 = x, in1 = w -> y), backward data (in0 = dy, in1 = w -> dx) and
 // backward weights (in0 = x, in1 = dy -> dw). attrs as ir::Node's: stride, padding, dilation,
-// groups. Operands and result are plain NCHW / OIHW; internally oneDNN's blocked layouts. Big
+// groups. Weights are plain OIHW; activations and their gradients plain NCHW or, as `blocked`
+// says, oneDNN's nChw16c; oneDNN's preferred layouts inside, reordered to and from. Big
 // 3x3 stride-1 convolutions run as Winograd where oneDNN has it (see set_conv_algo).
 // Where a convolution operand's copy in oneDNN's layout lives (see DnnlConv::run): by default
 // in the shared scratch, written and used by one run. With `keep`, the copy is written there for

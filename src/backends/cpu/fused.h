@@ -15,7 +15,7 @@ namespace lockstep::backends::cpu {
 // Whether node `id` can be part of a fused tree.
 bool fusible(const ir::Graph& g, int32_t id);
 
-// Activation layouts. A 4-D f32 value [N, C, H, W] whose C is a multiple of kBlock (and H * W > 1)
+// Activation layouts. A 4-D value [N, C, H, W] whose C is a multiple of kBlock (and H * W > 1)
 // may be held in oneDNN's blocked nChw16c layout, [N][C / 16][H][W][16 channels], between
 // convolutions, so that they read and write it without reorders (see choose_layouts in
 // cpu_backend.cpp). Elementwise trees and per-channel sums walk such values in that order.
@@ -34,8 +34,8 @@ class FusedTree {
   const std::vector<int32_t>& leaf_nodes() const { return leaf_nodes_; }
   // The leaf pointers eval() and run_group() take, from each node's memory (`ptr`, by node).
   // A leaf broadcast per channel over short runs (a small feature map) is read from one period
-  // (a per-channel leaf in blocked order: from a tile's worth of each block's channels)
-  // of its values written out in full, into `expanded`, which must outlive the pointers.
+  // of its values written out in full, and a per-channel leaf in blocked order from a tile's
+  // worth of each block's channels; both into `expanded`, which must outlive the pointers.
   std::vector<const void*> bind(const std::vector<void*>& ptr,
                                 std::vector<std::vector<float>>& expanded) const;
   // Trees of the same numel (one or more), tile by tile: for each tile, each tree in order (a
@@ -60,7 +60,6 @@ class FusedTree {
   // a time, and each stream's misses would otherwise wait for the last one's.
   void prefetch(const std::vector<const void*>& leaves, int64_t i0, int64_t len) const;
   int64_t numel() const { return numel_; }
-  bool blocked_order() const { return blocked_order_; }
   // The instructions, as "sub(L0, L1) mul(r2, L2)" (for plan dumps).
   std::string describe() const;
 
