@@ -253,11 +253,12 @@ class CpuExecutable final : public Executable {
       for (Step& step : steps_) {
         const int64_t t0 = runtime::now_ns();
         step.run(ctx);
+        const int64_t took = runtime::now_ns() - t0;
         // LOCKSTEP_PROFILE=steps: a timer per step ("mat_mul %93[1024, 784]"), else per kind.
         std::string name;
         if (profile_steps_)
           name = util::cat(step.label, " %", step.node, shape_str(g_.nodes[step.node].shape));
-        runtime::time_ns(profile_steps_ ? name.c_str() : step.label, runtime::now_ns() - t0);
+        runtime::time_ns(profile_steps_ ? name.c_str() : step.label, took);
       }
     } else {
       for (Step& step : steps_) step.run(ctx);

@@ -2,6 +2,8 @@
 // floats, so the compiler vectorizes it; tiles are spread over the OpenMP threads.
 #include "backends/cpu/fused.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -161,9 +163,16 @@ int FusedTree::add_leaf(const ir::Graph& g, int32_t node, const Shape& out_shape
                leaf.div[0] * leaf.mod[0] <= kMaxPeriod) {
       leaf.period = leaf.div[0] * leaf.mod[0];
     } else if (blocked_order_ && leaf.div.size() == 2 && leaf.div[0] == 1 &&
-               leaf.mod[0] == kBlock && leaf.stride[0] == 1 && leaf.div[1] % kBlock == 0 &&
-               leaf.mod[1] * kTile <= kMaxPeriod) {
-      leaf.per_block = true;
+               leaf.mod[0] == kBlock && leaf.stride[0] == 1 && leaf.div[1] % kBlock == 0) {
+      // Blocks of 16 consecutive values, each block for div[1] values in a row: a per-channel
+      // value (or [N, C, 1, 1]) in blocked order. Runs shorter than a tile (maps of 2x2 or
+      // 4x4) are read from one period written out in full, which is then smaller than a
+      // tile-long row per block, and longer ones from that per-block table.
+      const int64_t period = leaf.div[1] * leaf.mod[1];
+      if (leaf.div[1] < kTile && period <= kMaxPeriod && period < numel_)
+        leaf.period = period;
+      else if (leaf.mod[1] * kTile <= kMaxPeriod)
+        leaf.per_block = true;
     }
   }
   leaves_.push_back(std::move(leaf));
@@ -274,6 +283,30 @@ void FusedTree::load_source(const Leaf& leaf, const void* src, int64_t i0, int64
       i += n;
       left = repeat;
       if (++c == mod) c = 0;
+    }
+    return;
+  }
+  if (rank == 2 && inner_run && leaf.mod[0] == kBlock && leaf.stride[0] == 1 &&
+      leaf.div[1] % kBlock == 0) {
+    // Blocks of 16 consecutive source values, each repeated over a run of div[1] outputs
+    // ([N, C, 1, 1] over a blocked map whose per-block table would be too large): copied 16
+    // at a time, counted along without divisions.
+    const int64_t span = leaf.div[1], blocks = leaf.mod[1], st = leaf.stride[1];
+    int64_t b = i0 / span % blocks, left = span - i0 % span, q = i0 % kBlock;
+    for (int64_t i = 0; i < len;) {
+      const int64_t n = std::min(len - i, kBlock - q);
+      const int64_t off = b * st + q;
+      if (is_bool)
+        for (int64_t j = 0; j < n; ++j) dst[i + j] = bs[off + j] != 0;
+      else
+        std::memcpy(dst + i, fs + off, n * sizeof(float));
+      i += n;
+      left -= n;
+      q = 0;
+      if (left == 0) {
+        left = span;
+        if (++b == blocks) b = 0;
+      }
     }
     return;
   }
@@ -504,12 +537,12 @@ void FusedTree::run_group(const std::vector<const FusedTree*>& trees,
   std::vector<char> in_place(trees.size());
   for (size_t k = 0; k < trees.size(); ++k)
     in_place[k] = std::find(leaves[k].begin(), leaves[k].end(), outs[k]) != leaves[k].end();
-#pragma omp parallel if (numel >= kParallelMin)
-  {
-    std::vector<float> scratch(base.back());
-    bool loaded = false;
-#pragma omp for schedule(static)
-    for (int64_t t = 0; t < tiles; ++t) {
+  // Tiles t0 .. t1 on this thread, with its own scratch (kept from run to run: a small tree's
+  // whole run is a few tiles, and allocating and clearing registers would cost as much).
+  auto run_tiles = [&](int64_t t0, int64_t t1) {
+    thread_local std::vector<float> scratch;
+    if (scratch.size() < base.back()) scratch.resize(base.back());
+    for (int64_t t = t0; t < t1; ++t) {
       const int64_t i0 = t * kTile;
       const int64_t len = std::min(kTile, numel - i0);
       // All the tile's streams at once, not one instruction's after another's.
@@ -518,7 +551,7 @@ void FusedTree::run_group(const std::vector<const FusedTree*>& trees,
         const bool f32_out = trees[k]->out_dtype_ == DType::F32;
         float* direct = f32_out ? static_cast<float*>(outs[k]) + i0 : nullptr;
         const float* r = trees[k]->eval(leaves[k], i0, len, scratch.data() + base[k],
-                                        in_place[k] ? nullptr : direct, loaded);
+                                        in_place[k] ? nullptr : direct, t > t0);
         if (!f32_out) {
           uint8_t* o = static_cast<uint8_t*>(outs[k]) + i0;
           for (int64_t i = 0; i < len; ++i) o[i] = r[i] != 0.0f;
@@ -526,8 +559,19 @@ void FusedTree::run_group(const std::vector<const FusedTree*>& trees,
           std::memcpy(direct, r, len * sizeof(float));
         }
       }
-      loaded = true;
     }
+  };
+  if (numel < kParallelMin) {
+    run_tiles(0, tiles);
+    return;
+  }
+#pragma omp parallel
+  {
+    // schedule(static)'s split: contiguous chunks, the first tiles % threads one tile longer.
+    const int64_t nt = omp_get_num_threads(), id = omp_get_thread_num();
+    const int64_t chunk = tiles / nt, extra = tiles % nt;
+    const int64_t t0 = id * chunk + std::min(id, extra);
+    run_tiles(t0, t0 + chunk + (id < extra ? 1 : 0));
   }
 }
 
