@@ -199,13 +199,14 @@ std::vector<const void*> FusedTree::bind(const std::vector<void*>& ptr,
       // Block b's 16 channels, kTile / 16 times over, at b * kTile.
       const int64_t blocks = leaf.mod[1], st = leaf.stride[1];
       std::vector<float>& e = expanded.emplace_back(blocks * kTile);
-      for (int64_t b = 0; b < blocks; ++b)
-        for (int64_t q = 0; q < kBlock; ++q) {
-          const float v = leaf.dtype == DType::Bool
-                              ? static_cast<const uint8_t*>(p)[b * st + q] != 0
-                              : static_cast<const float*>(p)[b * st + q];
-          for (int64_t r = q; r < kTile; r += kBlock) e[b * kTile + r] = v;
-        }
+      for (int64_t b = 0; b < blocks; ++b) {
+        float* row = e.data() + b * kTile;
+        for (int64_t q = 0; q < kBlock; ++q)
+          row[q] = leaf.dtype == DType::Bool ? static_cast<const uint8_t*>(p)[b * st + q] != 0
+                                             : static_cast<const float*>(p)[b * st + q];
+        for (int64_t r = kBlock; r < kTile; r += kBlock)
+          std::memcpy(row + r, row, kBlock * sizeof(float));
+      }
       p = e.data();
     }
     out.push_back(p);
