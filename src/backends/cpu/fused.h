@@ -64,8 +64,6 @@ class FusedTree {
   std::string describe() const;
 
   static constexpr int64_t kTile = 512;
-  // Fewer elements run on one thread: waking the others costs more than the pass.
-  static constexpr int64_t kParallelMin = 131072;
   // Broadcast runs this short or shorter are read from an expanded period (see bind()), of at most
   // kMaxPeriod floats.
   static constexpr int64_t kShortRun = 64;
