@@ -505,6 +505,64 @@ TEST_F(Pool, MaxForwardAndBackward) {
          });
 }
 
+LS_COVERS(Pool, MaxBlocked, Op::MaxPool2d, Op::MaxPool2dIndices, Op::MaxPool2dBackward, Op::Conv2d,
+          Op::Conv2dBackwardInput, Op::Floor, Op::Log);
+TEST_F(Pool, MaxBlocked) {
+  // Max pooling between convolutions, whose values stay in the blocked layout: the pooled
+  // values, the indices and the gradient that uses them (explicitly and through autograd), with
+  // distinct inputs, many ties (whole numbers: the first index must win) and NaNs (log of
+  // negative values: the first NaN must win), for windows with and without padding, strided and
+  // not, over maps of odd sizes too.
+  auto opts = [](int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw) {
+    ls::Pool2dOptions o;
+    o.kernel = {kh, kw};
+    o.stride = {sh, sw};
+    o.padding = {ph, pw};
+    return o;
+  };
+  const std::vector<std::pair<ls::Shape, ls::Pool2dOptions>> cases = {
+      {{2, 16, 8, 8}, opts(3, 3, 2, 2, 1, 1)},
+      {{1, 32, 7, 9}, opts(2, 2, 2, 2, 0, 0)},
+      {{3, 16, 5, 5}, opts(3, 3, 1, 1, 1, 1)},
+      {{2, 16, 6, 7}, opts(3, 2, 1, 2, 1, 0)}};
+  for (const auto& [xs, o] : cases)
+    for (int values = 0; values < 3; ++values) {
+      const int64_t c = xs[1];
+      const int64_t before = ls::metrics::counter("blocked_max_pooling");
+      check(
+          "blocked max pool " + str(xs) + " kernel " + str({o.kernel[0], o.kernel[1]}) +
+              " values " + std::to_string(values),
+          {{xs}, {{c, c, 3, 3}}, {{c, c, 1, 1}}, {{c, c, 3, 3}}},
+          [&](const Tensors& in) {
+            Tensors x;
+            for (const ls::Tensor& t : in) x.push_back(t.detach().set_requires_grad());
+            ls::Conv2dOptions same, one;
+            same.padding = {1, 1};
+            const ls::Tensor a = ls::conv2d(x[0], x[1], same);
+            const ls::Tensor t = values == 0   ? ls::relu(a) + a * 0.25f
+                                 : values == 1 ? ls::floor(a * 2.0f)
+                                               : ls::log(a);
+            const auto [v, idx] = ls::max_pool2d_with_indices(t, o);
+            // Through autograd: the pooling's gradient goes back to the first convolution.
+            const ls::Tensor p = ls::max_pool2d(ls::relu(a) * 2.0f, o);
+            const ls::Tensor loss = ls::sum(ls::conv2d(p, x[2], one) * 0.5f);
+            ls::backward(loss);
+            // The indices used explicitly, with a finite output gradient (non-finite values
+            // through convolutions compare poorly: f32 overflows where ref's f64 does not).
+            const ls::Tensor gx =
+                ls::max_pool2d_backward(ls::conv2d(p.detach(), x[2], one), idx, t.shape(), o);
+            const ls::Tensor z = ls::conv2d(gx * 0.5f + a, x[3], same);
+            Tensors out{ls::sum(z, {1}), ls::sum(v * v, {0, 2, 3}), loss, x[0].grad(), x[1].grad(),
+                        x[2].grad()};
+            if (values != 2) out.push_back(ls::sum(ls::conv2d(v, x[2], one), {0, 2, 3}));
+            return out;
+          },
+          static_cast<double>(xs[0] * xs[2] * xs[3] * c * 9));
+      EXPECT_GT(ls::metrics::counter("blocked_max_pooling"), before)
+          << "no max pooling ran in the blocked layout: the case checks nothing new";
+    }
+}
+
 LS_COVERS(Pool, AvgForwardAndBackward, Op::AvgPool2d, Op::AvgPool2dBackward);
 TEST_F(Pool, AvgForwardAndBackward) {
   for (ls::DType dt : {ls::f32, ls::f64})

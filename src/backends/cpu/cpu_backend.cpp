@@ -325,6 +325,18 @@ class CpuExecutable final : public Executable {
     return (op == Op::Conv2d || op == Op::Conv2dBackwardInput || op == Op::Conv2dBackwardWeight) &&
            all_f32(id) && dnnl_conv_fits(id);
   }
+  // Whether node id's step is our max pooling kernel (values, indices or the gradient), which
+  // reads and writes the blocked layout as well as the plain one: f32 values, i64 indices, no
+  // empty dimension, and blockable maps on both sides.
+  bool blockable_pool(int32_t id) const {
+    const ir::GraphNode& n = g_.nodes[id];
+    if (n.op != Op::MaxPool2d && n.op != Op::MaxPool2dIndices && n.op != Op::MaxPool2dBackward)
+      return false;
+    if (n.dtype != (n.op == Op::MaxPool2dIndices ? DType::I64 : DType::F32)) return false;
+    const ir::GraphNode& x = g_.nodes[n.operands[0]];  // the input, or the output gradient
+    if (x.dtype != DType::F32 || !blockable(x.shape) || !blockable(n.shape)) return false;
+    return n.op != Op::MaxPool2dBackward || g_.nodes[n.operands[1]].dtype == DType::I64;
+  }
   // A sum over `in` read in blocked order (see choose_layouts): 4-D and blockable, summing over
   // the channels or over the whole feature map, so that its results come out in plain order.
   static bool sum_takes_blocked(const Shape& in, const std::vector<int64_t>& attrs) {
@@ -483,11 +495,12 @@ void CpuExecutable::choose_layouts() {
     const ir::GraphNode& node = g_.nodes[i];
     // f32 values, and bool ones (masks) that trees compute and read.
     const bool fused = fusible(g_, static_cast<int32_t>(i));
-    candidate[i] =
-        (node.dtype == DType::F32 || (fused && node.dtype == DType::Bool)) &&
-        blockable(node.shape) && run_time_[i] && !absorbed_[i] && !is_output_[i] &&
-        node.op != Op::Data &&
-        (fused || (node.op != Op::Conv2dBackwardWeight && dnnl_conv(static_cast<int32_t>(i))));
+    const bool pool = blockable_pool(static_cast<int32_t>(i));
+    candidate[i] = (node.dtype == DType::F32 || (fused && node.dtype == DType::Bool) || pool) &&
+                   blockable(node.shape) && run_time_[i] && !absorbed_[i] && !is_output_[i] &&
+                   node.op != Op::Data &&
+                   (fused || pool ||
+                    (node.op != Op::Conv2dBackwardWeight && dnnl_conv(static_cast<int32_t>(i))));
     if (!candidate[i]) join(static_cast<int32_t>(i), plain);
   }
   // The full-size leaves of a walk over `shape` (a tree's or a sum's) share its layout; a
@@ -512,6 +525,11 @@ void CpuExecutable::choose_layouts() {
       // Weights (forward and backward-data operand 1) and weight gradients stay plain.
       if (node.op != Op::Conv2dBackwardWeight) join(node.operands[1], plain);
       if (node.op == Op::Conv2dBackwardWeight) join(id, plain);
+    } else if (blockable_pool(id)) {
+      // Max pooling takes its input (or output gradient) and indices in the layout of its
+      // result: the values and indices of one pooling, and the gradients that use those
+      // indices, all share one layout.
+      for (int32_t o : node.operands) join(o, id);
     } else if (node.op == Op::Sum && node.dtype == DType::F32 &&
                sum_takes_blocked(g_.nodes[node.operands[0]].shape, node.attrs)) {
       const int32_t x = node.operands[0];
@@ -904,10 +922,17 @@ void CpuExecutable::add_step(int32_t id) {
     const int32_t indices = n.op == Op::MaxPool2d ? other_id : id;
     const Shape in = g_.nodes[x].shape, out = n.shape;
     const std::vector<int64_t> attrs = n.attrs;
+    const bool blocked = blocked_[x];
+    LS_INTERNAL_CHECK(blocked_[id] == blocked && (other_id < 0 || blocked_[other_id] == blocked),
+                      "max pooling's input, values and indices in different layouts");
+    if (blocked) runtime::count("blocked_max_pooling");
     step.run = [=](Ctx& c) {
-      max_pool2d_f32(static_cast<const float*>(c.ptr[x]), in, out, attrs,
-                     values >= 0 ? static_cast<float*>(c.ptr[values]) : nullptr,
-                     indices >= 0 ? static_cast<int64_t*>(c.ptr[indices]) : nullptr);
+      float* v = values >= 0 ? static_cast<float*>(c.ptr[values]) : nullptr;
+      int64_t* i = indices >= 0 ? static_cast<int64_t*>(c.ptr[indices]) : nullptr;
+      if (blocked)
+        max_pool2d_blocked_f32(static_cast<const float*>(c.ptr[x]), in, out, attrs, v, i);
+      else
+        max_pool2d_f32(static_cast<const float*>(c.ptr[x]), in, out, attrs, v, i);
     };
   } else if ((n.op == Op::AvgPool2d || n.op == Op::AvgPool2dBackward) && all_f32(id) &&
              DnnlAvgPool::fits(pool_input(n), pool_output(n), n.attrs)) {
@@ -922,10 +947,18 @@ void CpuExecutable::add_step(int32_t id) {
     step.reads = n.operands;
     const int32_t gy = n.operands[0], idx = n.operands[1];
     const Shape gys = g_.nodes[gy].shape, in = n.shape;
+    const bool blocked = blocked_[id];
+    LS_INTERNAL_CHECK(blocked_[gy] == blocked && blocked_[idx] == blocked,
+                      "max pooling's gradient, output gradient and indices in different layouts");
+    if (blocked) runtime::count("blocked_max_pooling");
     step.run = [=](Ctx& c) {
-      max_pool2d_backward_f32(static_cast<const float*>(c.ptr[gy]),
-                              static_cast<const int64_t*>(c.ptr[idx]), gys, in,
-                              static_cast<float*>(c.ptr[id]));
+      const float* g = static_cast<const float*>(c.ptr[gy]);
+      const int64_t* i = static_cast<const int64_t*>(c.ptr[idx]);
+      float* dx = static_cast<float*>(c.ptr[id]);
+      if (blocked)
+        max_pool2d_backward_blocked_f32(g, i, gys, in, dx);
+      else
+        max_pool2d_backward_f32(g, i, gys, in, dx);
     };
   } else if ((n.op == Op::Permute || n.op == Op::Slice) && dtype_size(n.dtype) == 4) {
     step.reads = n.operands;

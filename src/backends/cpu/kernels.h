@@ -77,6 +77,13 @@ void max_pool2d_f32(const float* x, const Shape& in, const Shape& out,
                     const std::vector<int64_t>& attrs, float* values, int64_t* indices);
 void max_pool2d_backward_f32(const float* gy, const int64_t* indices, const Shape& gy_shape,
                              const Shape& in, float* gx);
+// The same two on values held in the blocked nChw16c layout (C a multiple of 16): x, values, gy
+// and gx as [N][C/16][H][W][16], and the indices in that order too (each still an index into
+// its plane's H*W, as PyTorch's). Every output equals the plain kernels' bit for bit.
+void max_pool2d_blocked_f32(const float* x, const Shape& in, const Shape& out,
+                            const std::vector<int64_t>& attrs, float* values, int64_t* indices);
+void max_pool2d_backward_blocked_f32(const float* gy, const int64_t* indices, const Shape& gy_shape,
+                                     const Shape& in, float* gx);
 
 // Walking a layout: the offset of output o's first run, and the step from one group of runs to
 // the next (idx counts through the reduced dims).
