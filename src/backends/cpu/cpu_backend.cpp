@@ -469,13 +469,15 @@ void CpuExecutable::plan() {
 
 // Which activations stay in oneDNN's blocked layout (nChw16c) between convolutions. Values are
 // grouped into classes that must share a layout: a fused tree's result with the full-size values
-// it reads (it walks them all in one order), the full-size values one sum reads. A class is
-// blocked when every member may be: a blockable f32 value computed at run time by a oneDNN
-// convolution or a fused tree (or a bool mask a tree computes), not a program output, and read
-// only by oneDNN convolutions (as an activation or gradient, never as weights), fused trees of
-// its shape and sums over its channels or its whole feature maps. A value anything else reads
-// (pooling, reshapes, matmuls, ref kernels) stays plain, and so does its class: a convolution
-// then reorders it as before.
+// it reads (it walks them all in one order), the full-size values one sum reads, a max
+// pooling's input with its values and indices and the gradients computed from those indices. A
+// class is blocked when every member may be: a blockable f32 value computed at run time by a
+// oneDNN convolution, a fused tree or our max pooling (or a bool mask a tree computes, or the
+// pooling's i64 indices), not a program output, and read only by oneDNN convolutions (as an
+// activation or gradient, never as weights), fused trees of its shape, sums over its channels
+// or its whole feature maps and max pooling. A value anything else reads (average pooling,
+// reshapes, matmuls, ref kernels) stays plain, and so does its class: a convolution then
+// reorders it as before.
 void CpuExecutable::choose_layouts() {
   const size_t n = g_.nodes.size();
   blocked_.assign(n, false);
