@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "backends/cpu/kernels.h"
 #include "ir/ir.h"
 
 namespace lockstep::backends::cpu {
@@ -15,11 +16,11 @@ namespace lockstep::backends::cpu {
 // Whether node `id` can be part of a fused tree.
 bool fusible(const ir::Graph& g, int32_t id);
 
-// Activation layouts. A 4-D value [N, C, H, W] whose C is a multiple of kBlock (and H * W > 1)
-// may be held in oneDNN's blocked nChw16c layout, [N][C / 16][H][W][16 channels], between
-// convolutions, so that they read and write it without reorders (see choose_layouts in
-// cpu_backend.cpp). Elementwise trees and per-channel sums walk such values in that order.
-constexpr int64_t kBlock = 16;
+// Activation layouts. A 4-D value [N, C, H, W] whose C is a multiple of kBlock (kernels.h) and
+// H * W > 1 may be held in oneDNN's blocked nChw16c layout, [N][C / 16][H][W][16 channels],
+// between convolutions, so that they read and write it without reorders (see choose_layouts in
+// cpu_backend.cpp). Elementwise trees, per-channel sums and max pooling walk such values in that
+// order.
 bool blockable(const Shape& s);
 
 class FusedTree {
@@ -76,8 +77,9 @@ class FusedTree {
     int64_t numel;
     // Otherwise: the source offset of output index i is sum_d ((i / div[d]) % mod[d]) * stride[d].
     std::vector<int64_t> div, mod, stride;
-    // > 0: one broadcast dim with runs of at most kShortRun, read through bind()'s copy of
-    // one period (div[0] * mod[0] floats) instead of run by run.
+    // > 0: read through bind()'s copy of one period (div * mod of the outermost dim) instead of
+    // run by run: one broadcast dim with runs of at most kShortRun, or a per-channel value in
+    // blocked order whose blocks' runs are shorter than a tile (small maps).
     int64_t period = 0;
     // In blocked order, a per-channel value: each 16 values are the 16 channels of one block
     // (div[0] = 1, mod[0] = 16), the same block for div[1] values in a row. Read through

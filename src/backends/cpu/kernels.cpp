@@ -294,14 +294,23 @@ void max_pool2d_f32(const float* x, const Shape& in, const Shape& out,
   }
 }
 
+namespace {
+
+// Every index a max pooling gradient scatters through must lie in its plane of `plane` values.
+void check_pool_indices(const int64_t* indices, int64_t count, int64_t plane) {
+  for (int64_t i = 0; i < count; ++i)
+    if (indices[i] < 0 || indices[i] >= plane)
+      throw BackendError(util::cat("max_pool2d_backward: index ", indices[i],
+                                   " out of range for a plane of ", plane, " elements"));
+}
+
+}  // namespace
+
 void max_pool2d_backward_f32(const float* gy, const int64_t* indices, const Shape& gy_shape,
                              const Shape& in, float* gx) {
   const int64_t planes = in[0] * in[1], HW = in[2] * in[3];
   const int64_t OHW = gy_shape[2] * gy_shape[3];
-  for (int64_t i = 0; i < planes * OHW; ++i)  // checked first: no throwing inside OpenMP
-    if (indices[i] < 0 || indices[i] >= HW)
-      throw BackendError(util::cat("max_pool2d_backward: index ", indices[i],
-                                   " out of range for a plane of ", HW, " elements"));
+  check_pool_indices(indices, planes * OHW, HW);  // first: no throwing inside OpenMP
 #pragma omp parallel for schedule(static)
   for (int64_t p = 0; p < planes; ++p) {
     float* g = gx + p * HW;
@@ -315,8 +324,6 @@ void max_pool2d_backward_f32(const float* gy, const int64_t* indices, const Shap
 
 namespace {
 
-constexpr int64_t kBlockLanes = 16;  // channels of one nChw16c block
-
 // One output of a blocked max pooling: the window [hs, he) x [ws, we) of a block's plane (16
 // channels per pixel), row-major, keeping the first element, then any larger one or the first
 // NaN, as the plain kernel does per channel. The 16 channels are one vector: `omp simd` makes
@@ -324,20 +331,20 @@ constexpr int64_t kBlockLanes = 16;  // channels of one nChw16c block
 __attribute__((target_clones("avx512f", "avx2", "default"))) void pool_window_blocked(
     const float* __restrict xp, int64_t W, int64_t hs, int64_t he, int64_t ws, int64_t we,
     float* __restrict value, int64_t* __restrict index) {
-  alignas(64) float best[kBlockLanes];
-  alignas(64) int32_t at[kBlockLanes];
+  alignas(64) float best[kBlock];
+  alignas(64) int32_t at[kBlock];
   const int32_t first = static_cast<int32_t>(hs * W + ws);
 #pragma omp simd
-  for (int64_t q = 0; q < kBlockLanes; ++q) {
-    best[q] = xp[first * kBlockLanes + q];
+  for (int64_t q = 0; q < kBlock; ++q) {
+    best[q] = xp[first * kBlock + q];
     at[q] = first;
   }
   for (int64_t h = hs; h < he; ++h)
     for (int64_t w = h == hs ? ws + 1 : ws; w < we; ++w) {
       const int32_t i = static_cast<int32_t>(h * W + w);
-      const float* v = xp + i * kBlockLanes;
+      const float* v = xp + i * kBlock;
 #pragma omp simd
-      for (int64_t q = 0; q < kBlockLanes; ++q) {
+      for (int64_t q = 0; q < kBlock; ++q) {
         const bool take = (v[q] > best[q]) | ((v[q] != v[q]) & (best[q] == best[q]));
         best[q] = take ? v[q] : best[q];
         at[q] = take ? i : at[q];
@@ -346,7 +353,7 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void pool_window_bl
   if (value) std::memcpy(value, best, sizeof best);
   if (index) {
 #pragma omp simd
-    for (int64_t q = 0; q < kBlockLanes; ++q) index[q] = at[q];
+    for (int64_t q = 0; q < kBlock; ++q) index[q] = at[q];
   }
 }
 
@@ -354,28 +361,27 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void pool_window_bl
 
 void max_pool2d_blocked_f32(const float* x, const Shape& in, const Shape& out,
                             const std::vector<int64_t>& a, float* values, int64_t* indices) {
-  const int64_t blocks = in[0] * (in[1] / kBlockLanes), H = in[2], W = in[3], HO = out[2],
-                WO = out[3];
+  const int64_t blocks = in[0] * (in[1] / kBlock), H = in[2], W = in[3], HO = out[2], WO = out[3];
   const int64_t kh = a[0], kw = a[1], sh = a[2], sw = a[3], ph = a[4], pw = a[5];
   if (H * W > INT32_MAX) {  // indices kept as int32 below
     throw BackendError(util::cat("max_pool2d: a plane of ", H * W, " elements is too large"));
   }
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < blocks; ++b) {
-    const float* xp = x + b * H * W * kBlockLanes;
+    const float* xp = x + b * H * W * kBlock;
     for (int64_t ho = 0; ho < HO; ++ho) {
       const int64_t h0 = ho * sh - ph;
       const int64_t hs = std::max<int64_t>(h0, 0), he = std::min(h0 + kh, H);
       for (int64_t wo = 0; wo < WO; ++wo) {
         const int64_t w0 = wo * sw - pw;
         const int64_t ws = std::max<int64_t>(w0, 0), we = std::min(w0 + kw, W);
-        const int64_t o = ((b * HO + ho) * WO + wo) * kBlockLanes;
+        const int64_t o = ((b * HO + ho) * WO + wo) * kBlock;
         float* value = values ? values + o : nullptr;
         int64_t* index = indices ? indices + o : nullptr;
         if (hs < he && ws < we) {
           pool_window_blocked(xp, W, hs, he, ws, we, value, index);
         } else {  // a window of padding only (as the plain kernel: 0 and index -1)
-          for (int64_t q = 0; q < kBlockLanes; ++q) {
+          for (int64_t q = 0; q < kBlock; ++q) {
             if (value) value[q] = 0.0f;
             if (index) index[q] = -1;
           }
@@ -387,22 +393,19 @@ void max_pool2d_blocked_f32(const float* x, const Shape& in, const Shape& out,
 
 void max_pool2d_backward_blocked_f32(const float* gy, const int64_t* indices, const Shape& gy_shape,
                                      const Shape& in, float* gx) {
-  const int64_t blocks = in[0] * (in[1] / kBlockLanes), HW = in[2] * in[3];
+  const int64_t blocks = in[0] * (in[1] / kBlock), HW = in[2] * in[3];
   const int64_t OHW = gy_shape[2] * gy_shape[3];
-  for (int64_t i = 0; i < blocks * OHW * kBlockLanes; ++i)  // checked first: no throwing in OpenMP
-    if (indices[i] < 0 || indices[i] >= HW)
-      throw BackendError(util::cat("max_pool2d_backward: index ", indices[i],
-                                   " out of range for a plane of ", HW, " elements"));
+  check_pool_indices(indices, blocks * OHW * kBlock, HW);  // first: no throwing inside OpenMP
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < blocks; ++b) {
-    float* g = gx + b * HW * kBlockLanes;
-    std::fill(g, g + HW * kBlockLanes, 0.0f);
-    const float* gyb = gy + b * OHW * kBlockLanes;
-    const int64_t* ib = indices + b * OHW * kBlockLanes;
+    float* g = gx + b * HW * kBlock;
+    std::fill(g, g + HW * kBlock, 0.0f);
+    const float* gyb = gy + b * OHW * kBlock;
+    const int64_t* ib = indices + b * OHW * kBlock;
     // Per channel in output order, as the plain kernel adds them.
     for (int64_t o = 0; o < OHW; ++o)
-      for (int64_t q = 0; q < kBlockLanes; ++q)
-        g[ib[o * kBlockLanes + q] * kBlockLanes + q] += gyb[o * kBlockLanes + q];
+      for (int64_t q = 0; q < kBlock; ++q)
+        g[ib[o * kBlock + q] * kBlock + q] += gyb[o * kBlock + q];
   }
 }
 

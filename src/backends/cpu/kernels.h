@@ -17,6 +17,10 @@ namespace lockstep::backends::cpu {
 // like, took 0.3-2.9 ms a step less with this threshold than with 131,072, in five pairs of runs.)
 constexpr int64_t kParallelMin = 32768;
 
+// Channels per block of oneDNN's blocked activation layout nChw16c, [N][C / 16][H][W][16] (see
+// blockable() in fused.h).
+constexpr int64_t kBlock = 16;
+
 // How a reduction walks its input: output elements over the kept dims (parallel), each a walk
 // over the reduced dims in runs of `inner` contiguous elements.
 struct ReduceLayout {
@@ -174,20 +178,21 @@ void sum_tiles_f32(const ReduceMap& m, size_t sources, Read&& read, const std::v
           }
           continue;
         }
-        if (m.run == 1 && m.div.size() == 2 && m.div[0] == 1 && m.mod[0] == 16 && m.mul[0] == 1 &&
-            m.mul[1] == 16 && m.div[1] % 16 == 0 && i0 % 16 == 0 && len % 16 == 0) {
+        if (m.run == 1 && m.div.size() == 2 && m.div[0] == 1 && m.mod[0] == kBlock &&
+            m.mul[0] == 1 && m.mul[1] == kBlock && m.div[1] % kBlock == 0 && i0 % kBlock == 0 &&
+            len % kBlock == 0) {
           // Per-channel sums of a blocked (nChw16c) value: each 16 consecutive values go to the
           // 16 channels of their block, counted along without divisions.
           // A block's values are added up in floats along the tile, as runs are.
           const int64_t span = m.div[1], blocks = m.mod[1];
           int64_t b = i0 / span % blocks, left = span - i0 % span;
-          float part[16] = {};
-          for (int64_t j = 0; j < len; j += 16) {
-            for (int q = 0; q < 16; ++q) part[q] += p[j + q];
-            left -= 16;
-            if (left == 0 || j + 16 == len) {
-              double* o = ak + b * 16;
-              for (int q = 0; q < 16; ++q) {
+          float part[kBlock] = {};
+          for (int64_t j = 0; j < len; j += kBlock) {
+            for (int q = 0; q < kBlock; ++q) part[q] += p[j + q];
+            left -= kBlock;
+            if (left == 0 || j + kBlock == len) {
+              double* o = ak + b * kBlock;
+              for (int q = 0; q < kBlock; ++q) {
                 o[q] += part[q];
                 part[q] = 0;
               }
