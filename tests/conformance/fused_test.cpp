@@ -2,6 +2,10 @@
 // operands, bool masks (comparisons, logical ops, where), shared subexpressions and intermediate
 // values that are also outputs, composite ops (softmax, layer norm, clamp), and trees feeding
 // reductions and matmuls. Tensors up to > 100k elements, so tiles and threads are exercised.
+#include <cmath>
+#include <limits>
+#include <string>
+
 #include "conformance.h"
 
 namespace conformance {
@@ -104,6 +108,43 @@ TEST_F(Fused, SharedSubexpressions) {
     }
     return Tensors(outs.rbegin(), outs.rend());
   });
+}
+
+LS_COVERS(Fused, ScalarOperands, Op::Add, Op::Sub, Op::Mul, Op::Div, Op::Pow, Op::Maximum,
+          Op::Minimum, Op::Lt, Op::Ge, Op::Eq, Op::Ne, Op::LogicalAnd, Op::LogicalOr, Op::Where);
+TEST_F(Fused, ScalarOperands) {
+  // A one-value operand of a larger tree (0-d, or [1, 1, 1] broadcast) is read once instead of
+  // from a tile of copies, on either side of each binary op; a one-value condition picks one side
+  // whole. Special values on both sides; the large shape runs on several threads, and the
+  // second output of each where is the tree's root, written to memory from the side it picks.
+  const double inf = std::numeric_limits<double>::infinity();
+  for (const ls::Shape& s : {ls::Shape{3, 129, 257}, ls::Shape{5, 7}})
+    for (const ls::Shape& one : {ls::Shape{}, ls::Shape{1, 1, 1}})
+      for (double v : {2.5, -0.0, std::nan(""), inf, -inf, -3.0})
+        for (bool cond : {true, false})
+          check("scalar operand " + std::to_string(v) + " " + str(one) + " with " + str(s),
+                {{s, ls::f32, Fill::Special}, {s, ls::boolean}}, [&](const Tensors& in) {
+                  const ls::Tensor& x = in[0];
+                  const ls::Tensor c = ls::full(one, v);
+                  const ls::Tensor b = ls::full(one, cond ? 1 : 0, ls::boolean);
+                  return Tensors{x + c,
+                                 c - x,
+                                 x - c,
+                                 c / x,
+                                 x / c * x,
+                                 ls::pow(c, x),
+                                 ls::pow(x, c),
+                                 ls::maximum(c, x) + ls::maximum(x, c),
+                                 ls::minimum(c, x) - ls::minimum(x, c),
+                                 ls::logical_or(c < x, x >= c),
+                                 ls::logical_and(x == c, c != x),
+                                 ls::logical_and(b, in[1]),
+                                 ls::logical_or(in[1], b),
+                                 ls::where(b, x * c, c - x),
+                                 ls::where(b, x, c),
+                                 ls::where(b, c, ls::exp(x)),
+                                 ls::where(in[1], c, x) * c};
+                });
 }
 
 LS_COVERS(Fused, Composites, Op::Sum, Op::Max, Op::Exp, Op::Log, Op::Sub, Op::Div, Op::Rsqrt);

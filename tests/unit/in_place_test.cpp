@@ -20,7 +20,8 @@ const void* storage_of(const ls::Tensor& t) {
 }
 
 struct Net {
-  ls::nn::Linear fc1{16, 32}, fc2{32, 4};
+  explicit Net(int64_t hidden) : fc1(16, hidden), fc2(hidden, 4) {}
+  ls::nn::Linear fc1, fc2;
   std::vector<ls::Tensor> params() const { return {fc1.weight, fc1.bias, fc2.weight, fc2.bias}; }
   ls::Tensor loss(const ls::Tensor& x, const ls::Tensor& y) {
     return ls::nn::cross_entropy(fc2(ls::relu(fc1(x))), y);
@@ -36,8 +37,10 @@ struct Training : Seeded {
   Net net;
   ls::optim::SGD opt;
   ls::Tensor x = ls::randn({8, 16}), y = ls::randint(0, 4, {8});
-  explicit Training(uint64_t seed, bool nesterov = false)
-      : Seeded(seed), opt(net.params(), {.lr = 0.05, .momentum = 0.9, .nesterov = nesterov}) {
+  explicit Training(uint64_t seed, bool nesterov = false, int64_t hidden = 32)
+      : Seeded(seed),
+        net(hidden),
+        opt(net.params(), {.lr = 0.05, .momentum = 0.9, .nesterov = nesterov}) {
     for (int i = 0; i < 3; ++i) step();
   }
   void step() {
@@ -65,16 +68,23 @@ TEST(InPlace, SgdMomentumUpdatesParametersWhereTheyAre) {
 
 TEST(InPlace, GivesTheSameValuesAsFreshMemory) {
   // Twin runs: one where every old value is still held (so nothing is donated), one where none
-  // is. Bit-identical parameters after every step.
-  Training a(4, true), b(4, true);
-  for (int i = 0; i < 5; ++i) {
-    std::vector<ls::Tensor> held;
-    for (const ls::Tensor& p : b.net.params()) held.push_back(p.detach());
-    a.step();
-    b.step();
-    for (size_t k = 0; k < a.net.params().size(); ++k)
-      ASSERT_EQ(bits(a.net.params()[k]), bits(b.net.params()[k]))
-          << "step " << i << " parameter " << k;
+  // is. Bit-identical parameters after every step. With 2,600 hidden units the first layer's
+  // weight (41,600 values) is updated over many tiles, on several threads.
+  for (int64_t hidden : {32, 2600}) {
+    SCOPED_TRACE(hidden);
+    Training a(4, true, hidden), b(4, true, hidden);
+    const int64_t before = ls::metrics::counter("in_place_outputs");
+    for (int i = 0; i < 5; ++i) {
+      std::vector<ls::Tensor> held;
+      for (const ls::Tensor& p : b.net.params()) held.push_back(p.detach());
+      a.step();
+      b.step();
+      for (size_t k = 0; k < a.net.params().size(); ++k)
+        ASSERT_EQ(bits(a.net.params()[k]), bits(b.net.params()[k]))
+            << "step " << i << " parameter " << k;
+    }
+    EXPECT_GE(ls::metrics::counter("in_place_outputs") - before, 5 * 8)
+        << "a updated nothing in place";
   }
 }
 

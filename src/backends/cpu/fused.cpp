@@ -1,5 +1,6 @@
 // Fused elementwise trees; see fused.h. Each instruction is a loop over one tile of up to kTile
-// floats, so the compiler vectorizes it; tiles are spread over the OpenMP threads.
+// floats, so the compiler vectorizes it (an operand that is one value for the whole tree is read
+// once, not from a tile of copies); tiles are spread over the OpenMP threads.
 #include "backends/cpu/fused.h"
 
 #include <omp.h>
@@ -100,11 +101,14 @@ int FusedTree::visit(const ir::Graph& g, int32_t id, const std::vector<bool>& ab
   } else if (n.op == Op::Expand) {
     reg = add_leaf(g, n.operands[0], n.shape);
   } else {
-    Instr in{n.op, -1, -1, -1, -1, g.nodes[n.operands[0]].dtype, n.dtype};
+    Instr in{n.op, -1, -1, -1, -1, 0, g.nodes[n.operands[0]].dtype, n.dtype};
     if (n.operands.size() > 0) in.a = visit(g, n.operands[0], absorbed, false);
     if (n.operands.size() > 1) in.b = visit(g, n.operands[1], absorbed, false);
     if (n.operands.size() > 2) in.c = visit(g, n.operands[2], absorbed, false);
+    in.scalars = (in.a >= 0 && scalar_reg_[in.a] ? kScalarA : 0u) |
+                 (in.b >= 0 && scalar_reg_[in.b] ? kScalarB : 0u);
     in.out = num_regs_++;
+    scalar_reg_.push_back(0);
     instrs_.push_back(in);
     reg = in.out;
   }
@@ -178,9 +182,10 @@ int FusedTree::add_leaf(const ir::Graph& g, int32_t node, const Shape& out_shape
   leaves_.push_back(std::move(leaf));
   leaf_nodes_.push_back(node);
   const int reg = num_regs_++;
+  scalar_reg_.push_back(leaves_.back().numel == 1 && numel_ != 1);
   // Leaves are loaded into registers 0..; remember the mapping by order of leaves_.
   instrs_.push_back(
-      {Op::Data, reg, static_cast<int>(leaves_.size() - 1), -1, -1, src.dtype, src.dtype});
+      {Op::Data, reg, static_cast<int>(leaves_.size() - 1), -1, -1, 0, src.dtype, src.dtype});
   return reg;
 }
 
@@ -334,11 +339,28 @@ void FusedTree::load_source(const Leaf& leaf, const void* src, int64_t i0, int64
 
 namespace {
 
-// One instruction over one tile. Separate, with restrict pointers and an AVX2 clone picked at
-// load time, so every loop vectorizes.
+// y = f(a, b) over a tile; an operand flagged in `scalars` is one value (a tile's first float)
+// held in a register instead of read from its tile.
+template <typename F>
+inline void binary(int64_t len, float* y, const float* a, const float* b, unsigned scalars, F f) {
+  if (scalars & kScalarA) {
+    const float av = a[0];
+    for (int64_t i = 0; i < len; ++i) y[i] = f(av, b[i]);
+  } else if (scalars & kScalarB) {
+    const float bv = b[0];
+    for (int64_t i = 0; i < len; ++i) y[i] = f(a[i], bv);
+  } else {
+    for (int64_t i = 0; i < len; ++i) y[i] = f(a[i], b[i]);
+  }
+}
+
+// One instruction over one tile. Separate, with AVX-512 and AVX2 clones picked at load time, so
+// every loop vectorizes. No restrict: y may be an operand's tile itself (a tree's root written
+// in place over a leaf), which each loop reads at an index before it writes that index; GCC's
+// runtime overlap check lets such loops run vectorized.
 __attribute__((target_clones("avx512f", "avx2", "default"))) void apply(
-    Op op, int64_t len, float* __restrict y, const float* __restrict a, const float* __restrict b,
-    const float* __restrict c, DType in_dtype, DType out_dtype) {
+    Op op, int64_t len, float* y, const float* a, const float* b, const float* c, unsigned scalars,
+    DType in_dtype, DType out_dtype) {
   switch (op) {
     case Op::Neg:
       for (int64_t i = 0; i < len; ++i) y[i] = -a[i];
@@ -400,55 +422,53 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void apply(
         for (int64_t i = 0; i < len; ++i) y[i] = a[i];
       return;
     case Op::Add:
-      for (int64_t i = 0; i < len; ++i) y[i] = a[i] + b[i];
+      binary(len, y, a, b, scalars, [](float x, float z) { return x + z; });
       return;
     case Op::Sub:
-      for (int64_t i = 0; i < len; ++i) y[i] = a[i] - b[i];
+      binary(len, y, a, b, scalars, [](float x, float z) { return x - z; });
       return;
     case Op::Mul:
-      for (int64_t i = 0; i < len; ++i) y[i] = a[i] * b[i];
+      binary(len, y, a, b, scalars, [](float x, float z) { return x * z; });
       return;
     case Op::Div:
-      for (int64_t i = 0; i < len; ++i) y[i] = a[i] / b[i];
+      binary(len, y, a, b, scalars, [](float x, float z) { return x / z; });
       return;
     case Op::Pow:
-      for (int64_t i = 0; i < len; ++i) y[i] = std::pow(a[i], b[i]);
+      binary(len, y, a, b, scalars, [](float x, float z) { return std::pow(x, z); });
       return;
     case Op::Maximum:
-      for (int64_t i = 0; i < len; ++i) {
-        const float av = a[i], bv = b[i];
-        y[i] = ((av != av) | (av > bv)) ? av : bv;
-      }
+      binary(len, y, a, b, scalars,
+             [](float av, float bv) { return ((av != av) | (av > bv)) ? av : bv; });
       return;
     case Op::Minimum:
-      for (int64_t i = 0; i < len; ++i) {
-        const float av = a[i], bv = b[i];
-        y[i] = ((av != av) | (av < bv)) ? av : bv;
-      }
+      binary(len, y, a, b, scalars,
+             [](float av, float bv) { return ((av != av) | (av < bv)) ? av : bv; });
       return;
     case Op::Eq:
-      for (int64_t i = 0; i < len; ++i) y[i] = a[i] == b[i];
+      binary(len, y, a, b, scalars, [](float x, float z) { return static_cast<float>(x == z); });
       return;
     case Op::Ne:
-      for (int64_t i = 0; i < len; ++i) y[i] = a[i] != b[i];
+      binary(len, y, a, b, scalars, [](float x, float z) { return static_cast<float>(x != z); });
       return;
     case Op::Lt:
-      for (int64_t i = 0; i < len; ++i) y[i] = a[i] < b[i];
+      binary(len, y, a, b, scalars, [](float x, float z) { return static_cast<float>(x < z); });
       return;
     case Op::Le:
-      for (int64_t i = 0; i < len; ++i) y[i] = a[i] <= b[i];
+      binary(len, y, a, b, scalars, [](float x, float z) { return static_cast<float>(x <= z); });
       return;
     case Op::Gt:
-      for (int64_t i = 0; i < len; ++i) y[i] = a[i] > b[i];
+      binary(len, y, a, b, scalars, [](float x, float z) { return static_cast<float>(x > z); });
       return;
     case Op::Ge:
-      for (int64_t i = 0; i < len; ++i) y[i] = a[i] >= b[i];
+      binary(len, y, a, b, scalars, [](float x, float z) { return static_cast<float>(x >= z); });
       return;
     case Op::LogicalAnd:
-      for (int64_t i = 0; i < len; ++i) y[i] = (a[i] != 0.0f) & (b[i] != 0.0f);
+      binary(len, y, a, b, scalars,
+             [](float x, float z) { return static_cast<float>((x != 0.0f) & (z != 0.0f)); });
       return;
     case Op::LogicalOr:
-      for (int64_t i = 0; i < len; ++i) y[i] = (a[i] != 0.0f) | (b[i] != 0.0f);
+      binary(len, y, a, b, scalars,
+             [](float x, float z) { return static_cast<float>((x != 0.0f) | (z != 0.0f)); });
       return;
     case Op::Where:
       // Both sides loaded unconditionally, so the loop vectorizes into a blend.
@@ -495,8 +515,15 @@ const float* FusedTree::eval(const std::vector<const void*>& leaf_ptrs, int64_t 
       continue;
     }
     float* y = (in.out == root_reg_ && dst) ? dst : own;
+    if (in.op == Op::Where && (in.scalars & kScalarA)) {
+      // One condition for the whole tree: its result is one of the two operands' tiles.
+      const float* pick = reg[in.a][0] != 0.0f ? reg[in.b] : reg[in.c];
+      if (y == dst && pick != dst) std::memcpy(dst, pick, len * sizeof(float));
+      reg[in.out] = y == dst ? dst : pick;
+      continue;
+    }
     apply(in.op, len, y, reg[in.a], in.b >= 0 ? reg[in.b] : nullptr,
-          in.c >= 0 ? reg[in.c] : nullptr, in.in_dtype, in.out_dtype);
+          in.c >= 0 ? reg[in.c] : nullptr, in.scalars, in.in_dtype, in.out_dtype);
     reg[in.out] = y;
   }
   return reg[root_reg_];
@@ -533,11 +560,9 @@ void FusedTree::run_group(const std::vector<const FusedTree*>& trees,
   std::vector<size_t> base(trees.size() + 1, 0);
   for (size_t k = 0; k < trees.size(); ++k)
     base[k + 1] = base[k] + static_cast<size_t>(trees[k]->num_regs_) * kTile;
-  // A tree written in place over one of its leaves computes each tile aside, then stores it
-  // (the instructions' operands must not alias their result).
-  std::vector<char> in_place(trees.size());
-  for (size_t k = 0; k < trees.size(); ++k)
-    in_place[k] = std::find(leaves[k].begin(), leaves[k].end(), outs[k]) != leaves[k].end();
+  // A tree written in place over one of its leaves (read element for element: plan_donations)
+  // writes each tile straight over it: its root, the last instruction, is the only one that
+  // writes there, and it reads each element before writing it.
   // Tiles t0 .. t1 on this thread, with its own scratch (kept from run to run: a small tree's
   // whole run is a few tiles, and allocating and clearing registers would cost as much).
   auto run_tiles = [&](int64_t t0, int64_t t1) {
@@ -551,8 +576,8 @@ void FusedTree::run_group(const std::vector<const FusedTree*>& trees,
       for (size_t k = 0; k < trees.size(); ++k) {
         const bool f32_out = trees[k]->out_dtype_ == DType::F32;
         float* direct = f32_out ? static_cast<float*>(outs[k]) + i0 : nullptr;
-        const float* r = trees[k]->eval(leaves[k], i0, len, scratch.data() + base[k],
-                                        in_place[k] ? nullptr : direct, t > t0);
+        const float* r =
+            trees[k]->eval(leaves[k], i0, len, scratch.data() + base[k], direct, t > t0);
         if (!f32_out) {
           uint8_t* o = static_cast<uint8_t*>(outs[k]) + i0;
           for (int64_t i = 0; i < len; ++i) o[i] = r[i] != 0.0f;

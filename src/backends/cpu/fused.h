@@ -23,6 +23,9 @@ bool fusible(const ir::Graph& g, int32_t id);
 // order.
 bool blockable(const Shape& s);
 
+// Instr::scalars bits: operand a or b is a scalar register (one value for the whole tree).
+enum : unsigned { kScalarA = 1, kScalarB = 2 };
+
 class FusedTree {
  public:
   // The tree rooted at `root`; operands with absorbed[id] are evaluated inside the tree, the
@@ -64,7 +67,7 @@ class FusedTree {
   // The instructions, as "sub(L0, L1) mul(r2, L2)" (for plan dumps).
   std::string describe() const;
 
-  static constexpr int64_t kTile = 512;
+  static constexpr int64_t kTile = cpu::kTile;
   // Broadcast runs this short or shorter are read from an expanded period (see bind()), of at most
   // kMaxPeriod floats.
   static constexpr int64_t kShortRun = 64;
@@ -89,6 +92,7 @@ class FusedTree {
   struct Instr {
     ir::Op op;
     int out, a = -1, b = -1, c = -1;  // registers
+    unsigned scalars = 0;             // kScalarA/B: that operand is one value (scalar_reg_)
     DType in_dtype;                   // operand 0's dtype
     DType out_dtype;
   };
@@ -108,6 +112,9 @@ class FusedTree {
   std::vector<Leaf> leaves_;
   std::vector<int32_t> leaf_nodes_;
   std::vector<Instr> instrs_;
+  // Per register: it holds one value broadcast over the tree (a single-element leaf of a larger
+  // tree), so instructions read it once instead of tile by tile.
+  std::vector<char> scalar_reg_;
   std::unordered_map<int32_t, int> reg_of_;
 };
 

@@ -21,6 +21,10 @@ constexpr int64_t kParallelMin = 32768;
 // blockable() in fused.h).
 constexpr int64_t kBlock = 16;
 
+// Floats per tile of the fused passes and the sums that read them (FusedTree::eval fills one
+// tile per call, so both must agree).
+constexpr int64_t kTile = 512;
+
 // How a reduction walks its input: output elements over the kept dims (parallel), each a walk
 // over the reduced dims in runs of `inner` contiguous elements.
 struct ReduceLayout {
@@ -144,7 +148,6 @@ void reduce_f32(ir::Op op, const ReduceLayout& l, Read&& read, float* out, size_
 template <typename Read>
 void sum_tiles_f32(const ReduceMap& m, size_t sources, Read&& read, const std::vector<float*>& out,
                    size_t tmp_floats) {
-  constexpr int64_t kTile = 512;
   const int64_t tiles = (m.numel + kTile - 1) / kTile;
   const int threads = m.numel >= kParallelMin ? omp_get_max_threads() : 1;
   const size_t per_thread = sources * static_cast<size_t>(m.out_size);
