@@ -88,6 +88,25 @@ FusedTree::FusedTree(const ir::Graph& g, int32_t root, const std::vector<bool>& 
   out_dtype_ = r.dtype;
   root_reg_ = visit(g, root, absorbed, true);
   blocked_ = nullptr;
+  // A root `where` whose condition is one value: per side, the instructions it needs.
+  const Instr& top = instrs_.back();
+  if (top.out == root_reg_ && top.op == Op::Where && (top.scalars & kScalarA)) {
+    for (const Instr& in : instrs_)
+      if (in.op == Op::Data && in.out == top.a) pick_cond_leaf_ = in.a;
+    for (int side = 0; side < 2; ++side) {
+      std::vector<char> live(num_regs_, 0);
+      live[side == 0 ? top.b : top.c] = 1;
+      pick_needs_[side].assign(instrs_.size(), 0);
+      for (size_t i = instrs_.size() - 1; i-- > 0;) {
+        const Instr& in = instrs_[i];
+        if (!live[in.out]) continue;
+        pick_needs_[side][i] = 1;
+        if (in.op == Op::Data) continue;  // its `a` is a leaf, not a register
+        for (int o : {in.a, in.b, in.c})
+          if (o >= 0) live[o] = 1;
+      }
+    }
+  }
 }
 
 int FusedTree::visit(const ir::Graph& g, int32_t id, const std::vector<bool>& absorbed,
@@ -492,7 +511,21 @@ const float* FusedTree::eval(const std::vector<const void*>& leaf_ptrs, int64_t 
   thread_local std::vector<const float*> regs;
   if (regs.size() < static_cast<size_t>(num_regs_)) regs.resize(num_regs_);
   const float** reg = regs.data();
-  for (const Instr& in : instrs_) {
+  // With a root `where` of one condition, the side it picks is the result: only that side's
+  // instructions run, and the one computing its value writes it to dst.
+  int result = root_reg_;
+  const char* needs = nullptr;
+  if (pick_cond_leaf_ >= 0) {
+    const void* c = leaf_ptrs[pick_cond_leaf_];
+    const bool yes = leaves_[pick_cond_leaf_].dtype == DType::Bool
+                         ? *static_cast<const uint8_t*>(c) != 0
+                         : *static_cast<const float*>(c) != 0.0f;
+    result = yes ? instrs_.back().b : instrs_.back().c;
+    needs = pick_needs_[yes ? 0 : 1].data();
+  }
+  for (size_t i = 0; i < instrs_.size(); ++i) {
+    if (needs && !needs[i]) continue;
+    const Instr& in = instrs_[i];
     float* own = scratch + static_cast<int64_t>(in.out) * kTile;
     if (in.op == Op::Data) {
       const Leaf& leaf = leaves_[in.a];
@@ -514,7 +547,7 @@ const float* FusedTree::eval(const std::vector<const void*>& leaf_ptrs, int64_t 
       }
       continue;
     }
-    float* y = (in.out == root_reg_ && dst) ? dst : own;
+    float* y = (in.out == result && dst) ? dst : own;
     if (in.op == Op::Where && (in.scalars & kScalarA)) {
       // One condition for the whole tree: its result is one of the two operands' tiles.
       const float* pick = reg[in.a][0] != 0.0f ? reg[in.b] : reg[in.c];
@@ -526,7 +559,7 @@ const float* FusedTree::eval(const std::vector<const void*>& leaf_ptrs, int64_t 
           in.c >= 0 ? reg[in.c] : nullptr, in.scalars, in.in_dtype, in.out_dtype);
     reg[in.out] = y;
   }
-  return reg[root_reg_];
+  return reg[result];
 }
 
 void FusedTree::prefetch(const std::vector<const void*>& leaf_ptrs, int64_t i0, int64_t len) const {

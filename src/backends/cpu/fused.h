@@ -53,9 +53,10 @@ class FusedTree {
     return leaves_[k].contiguous && leaves_[k].numel == numel_;
   }
   // Values [i0, i0 + len) (len <= kTile) of the tree's result, as floats (bool as 0/1); scratch
-  // holds scratch_floats(). Writes into dst when given (and returns it), else into scratch.
-  // With scalars_loaded, the scalar leaves' registers already hold their values (scratch kept
-  // from an earlier eval of this tree).
+  // holds scratch_floats(). Computed into dst when given (and returns it), else into scratch; a
+  // result that is a leaf's values as they are (a tree that reads or picks a leaf) is returned
+  // where it lies, for the caller to copy. With scalars_loaded, the scalar leaves' registers
+  // already hold their values (scratch kept from an earlier eval of this tree).
   const float* eval(const std::vector<const void*>& leaves, int64_t i0, int64_t len, float* scratch,
                     float* dst, bool scalars_loaded = false) const;
   size_t scratch_floats() const { return static_cast<size_t>(num_regs_) * kTile; }
@@ -115,6 +116,11 @@ class FusedTree {
   // Per register: it holds one value broadcast over the tree (a single-element leaf of a larger
   // tree), so instructions read it once instead of tile by tile.
   std::vector<char> scalar_reg_;
+  // When the root is a `where` whose condition is one value (an optimizer's "first step" or
+  // "finite" flag): the leaf holding the condition, and per side (true, false) which
+  // instructions that side needs. eval() reads the condition first and runs only those.
+  int pick_cond_leaf_ = -1;
+  std::vector<char> pick_needs_[2];
   std::unordered_map<int32_t, int> reg_of_;
 };
 
