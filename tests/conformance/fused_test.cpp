@@ -115,35 +115,32 @@ LS_COVERS(Fused, ScalarOperands, Op::Add, Op::Sub, Op::Mul, Op::Div, Op::Pow, Op
 TEST_F(Fused, ScalarOperands) {
   // A one-value operand of a larger tree (0-d, or [1, 1, 1] broadcast) is read once instead of
   // from a tile of copies, on either side of each binary op; a one-value condition picks one side
-  // whole. Special values on both sides; the large shape runs on several threads, and the
-  // second output of each where is the tree's root, written to memory from the side it picks.
+  // whole, and a multiply by one value that only an add or subtract reads is folded into it.
+  // Special values on both sides; the large shape runs on several threads, and the where
+  // outputs are trees' roots, written to memory from the side they pick.
   const double inf = std::numeric_limits<double>::infinity();
   for (const ls::Shape& s : {ls::Shape{3, 129, 257}, ls::Shape{5, 7}})
     for (const ls::Shape& one : {ls::Shape{}, ls::Shape{1, 1, 1}})
       for (double v : {2.5, -0.0, std::nan(""), inf, -inf, -3.0})
         for (bool cond : {true, false})
           check("scalar operand " + std::to_string(v) + " " + str(one) + " with " + str(s),
-                {{s, ls::f32, Fill::Special}, {s, ls::boolean}}, [&](const Tensors& in) {
+                {{s, ls::f32, Fill::Special}, {s, ls::boolean}, {s, ls::f32, Fill::Special}},
+                [&](const Tensors& in) {
                   const ls::Tensor& x = in[0];
                   const ls::Tensor c = ls::full(one, v);
                   const ls::Tensor b = ls::full(one, cond ? 1 : 0, ls::boolean);
-                  return Tensors{x + c,
-                                 c - x,
-                                 x - c,
-                                 c / x,
-                                 x / c * x,
-                                 ls::pow(c, x),
-                                 ls::pow(x, c),
-                                 ls::maximum(c, x) + ls::maximum(x, c),
+                  return Tensors{x + c, c - x, x - c, c / x, x / c * x, ls::pow(c, x),
+                                 ls::pow(x, c), ls::maximum(c, x) + ls::maximum(x, c),
                                  ls::minimum(c, x) - ls::minimum(x, c),
-                                 ls::logical_or(c < x, x >= c),
-                                 ls::logical_and(x == c, c != x),
-                                 ls::logical_and(b, in[1]),
-                                 ls::logical_or(in[1], b),
-                                 ls::where(b, x * c, c - x),
-                                 ls::where(b, x, c),
-                                 ls::where(b, c, ls::exp(x)),
-                                 ls::where(in[1], c, x) * c};
+                                 ls::logical_or(c < x, x >= c), ls::logical_and(x == c, c != x),
+                                 ls::logical_and(b, in[1]), ls::logical_or(in[1], b),
+                                 ls::where(b, x * c, c - x), ls::where(b, x, c),
+                                 ls::where(b, c, ls::exp(x)), ls::where(in[1], c, x) * c,
+                                 // Sums of scaled tiles, folded into one pass each.
+                                 x * c + in[2], c * x - in[2] * c, in[2] - x * c,
+                                 (x * c + in[2]) * c - x, ls::where(b, x * c - in[2], in[2]),
+                                 // Products read twice, or summed with one value: not folded.
+                                 x * c + ls::exp(x * c), x * c - c};
                 });
 }
 

@@ -88,6 +88,7 @@ FusedTree::FusedTree(const ir::Graph& g, int32_t root, const std::vector<bool>& 
   out_dtype_ = r.dtype;
   root_reg_ = visit(g, root, absorbed, true);
   blocked_ = nullptr;
+  fold_scaled_sums();
   // A root `where` whose condition is one value: per side, the instructions it needs.
   const Instr& top = instrs_.back();
   if (top.out == root_reg_ && top.op == Op::Where && (top.scalars & kScalarA)) {
@@ -102,11 +103,54 @@ FusedTree::FusedTree(const ir::Graph& g, int32_t root, const std::vector<bool>& 
         if (!live[in.out]) continue;
         pick_needs_[side][i] = 1;
         if (in.op == Op::Data) continue;  // its `a` is a leaf, not a register
-        for (int o : {in.a, in.b, in.c})
+        for (int o : {in.a, in.b, in.c, in.sa, in.sb})
           if (o >= 0) live[o] = 1;
       }
     }
   }
+}
+
+void FusedTree::fold_scaled_sums() {
+  std::vector<int> uses(num_regs_, 0), producer(num_regs_, -1);
+  ++uses[root_reg_];
+  for (size_t i = 0; i < instrs_.size(); ++i) {
+    const Instr& in = instrs_[i];
+    producer[in.out] = static_cast<int>(i);
+    if (in.op != Op::Data)
+      for (int o : {in.a, in.b, in.c})
+        if (o >= 0) ++uses[o];
+  }
+  std::vector<char> folded(instrs_.size(), 0);
+  auto f32 = [](const Instr& in) {
+    return in.in_dtype == DType::F32 && in.out_dtype == DType::F32;
+  };
+  for (Instr& in : instrs_) {
+    if ((in.op != Op::Add && in.op != Op::Sub) || !f32(in) || in.scalars != 0) continue;
+    // Operand r, if a multiply of a tile by one value that nothing else reads: read that tile
+    // instead, scaled by that value.
+    auto fold = [&](int& r, int& scale) {
+      const int p = producer[r];
+      if (p < 0 || uses[r] != 1 || folded[p]) return;
+      const Instr& m = instrs_[p];
+      if (m.op != Op::Mul || !f32(m)) return;
+      if (m.scalars == kScalarA) {
+        r = m.b;
+        scale = m.a;
+      } else if (m.scalars == kScalarB) {
+        r = m.a;
+        scale = m.b;
+      } else {
+        return;
+      }
+      folded[p] = 1;
+    };
+    fold(in.a, in.sa);
+    fold(in.b, in.sb);
+  }
+  std::vector<Instr> kept;
+  for (size_t i = 0; i < instrs_.size(); ++i)
+    if (!folded[i]) kept.push_back(instrs_[i]);
+  instrs_ = std::move(kept);
 }
 
 int FusedTree::visit(const ir::Graph& g, int32_t id, const std::vector<bool>& absorbed,
@@ -373,6 +417,31 @@ inline void binary(int64_t len, float* y, const float* a, const float* b, unsign
   }
 }
 
+// y = a * sa + b * sb (or -), each product rounded before the sum as the unfolded
+// instructions would (fused.cpp is built with -ffp-contract=off: no fused multiply-adds).
+template <bool kScaleA, bool kScaleB, bool kSub>
+inline void scaled_sum(int64_t len, float* y, const float* a, float sa, const float* b, float sb) {
+  for (int64_t i = 0; i < len; ++i) {
+    const float x = kScaleA ? a[i] * sa : a[i];
+    const float z = kScaleB ? b[i] * sb : b[i];
+    y[i] = kSub ? x - z : x + z;
+  }
+}
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void apply_scaled(
+    bool sub, int64_t len, float* y, const float* a, const float* sa, const float* b,
+    const float* sb) {
+  const float va = sa ? *sa : 1.0f, vb = sb ? *sb : 1.0f;
+  if (sub) {
+    if (sa && sb) return scaled_sum<true, true, true>(len, y, a, va, b, vb);
+    if (sa) return scaled_sum<true, false, true>(len, y, a, va, b, vb);
+    return scaled_sum<false, true, true>(len, y, a, va, b, vb);
+  }
+  if (sa && sb) return scaled_sum<true, true, false>(len, y, a, va, b, vb);
+  if (sa) return scaled_sum<true, false, false>(len, y, a, va, b, vb);
+  return scaled_sum<false, true, false>(len, y, a, va, b, vb);
+}
+
 // One instruction over one tile. Separate, with AVX-512 and AVX2 clones picked at load time, so
 // every loop vectorizes. No restrict: y may be an operand's tile itself (a tree's root written
 // in place over a leaf), which each loop reads at an index before it writes that index; GCC's
@@ -555,8 +624,12 @@ const float* FusedTree::eval(const std::vector<const void*>& leaf_ptrs, int64_t 
       reg[in.out] = y == dst ? dst : pick;
       continue;
     }
-    apply(in.op, len, y, reg[in.a], in.b >= 0 ? reg[in.b] : nullptr,
-          in.c >= 0 ? reg[in.c] : nullptr, in.scalars, in.in_dtype, in.out_dtype);
+    if (in.sa >= 0 || in.sb >= 0)
+      apply_scaled(in.op == Op::Sub, len, y, reg[in.a], in.sa >= 0 ? reg[in.sa] : nullptr,
+                   reg[in.b], in.sb >= 0 ? reg[in.sb] : nullptr);
+    else
+      apply(in.op, len, y, reg[in.a], in.b >= 0 ? reg[in.b] : nullptr,
+            in.c >= 0 ? reg[in.c] : nullptr, in.scalars, in.in_dtype, in.out_dtype);
     reg[in.out] = y;
   }
   return reg[result];
@@ -577,8 +650,12 @@ std::string FusedTree::describe() const {
   for (const Instr& in : instrs_) {
     if (in.op == Op::Data) continue;
     s += util::cat(ir::op_info(in.op).name, "(");
-    for (int r : {in.a, in.b, in.c})
-      if (r >= 0) s += util::cat(r == in.a ? "" : ",", "r", r);
+    for (int r : {in.a, in.b, in.c}) {
+      if (r < 0) continue;
+      s += util::cat(r == in.a ? "" : ",", "r", r);
+      const int scale = r == in.a ? in.sa : r == in.b ? in.sb : -1;
+      if (scale >= 0) s += util::cat("*r", scale);
+    }
     s += util::cat(")->r", in.out, " ");
   }
   return s;
