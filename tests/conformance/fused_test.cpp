@@ -115,7 +115,8 @@ LS_COVERS(Fused, ScalarOperands, Op::Add, Op::Sub, Op::Mul, Op::Div, Op::Pow, Op
 TEST_F(Fused, ScalarOperands) {
   // A one-value operand of a larger tree (0-d, or [1, 1, 1] broadcast) is read once instead of
   // from a tile of copies, on either side of each binary op; a one-value condition picks one side
-  // whole, and a multiply by one value that only an add or subtract reads is folded into it.
+  // whole, and a multiply (by one value or element by element) that only an add or subtract
+  // reads is folded into it.
   // Special values on both sides; the large shape runs on several threads, and the where
   // outputs are trees' roots, written to memory from the side they pick.
   const double inf = std::numeric_limits<double>::infinity();
@@ -139,6 +140,7 @@ TEST_F(Fused, ScalarOperands) {
                                  // Sums of scaled tiles, folded into one pass each.
                                  x * c + in[2], c * x - in[2] * c, in[2] - x * c,
                                  (x * c + in[2]) * c - x, ls::where(b, x * c - in[2], in[2]),
+                                 x * in[2] + x, in[2] - x * in[2], x * in[2] - in[2] * c,
                                  // Products read twice, or summed with one value: not folded.
                                  x * c + ls::exp(x * c), x * c - c};
                 });

@@ -133,10 +133,10 @@ void FusedTree::fold_scaled_sums() {
       if (p < 0 || uses[r] != 1 || folded[p]) return;
       const Instr& m = instrs_[p];
       if (m.op != Op::Mul || !f32(m)) return;
-      if (m.scalars == kScalarA) {
+      if (m.scalars == kScalarA) {  // scaled by one value, whichever side it is on
         r = m.b;
         scale = m.a;
-      } else if (m.scalars == kScalarB) {
+      } else if (m.scalars == kScalarB || m.scalars == 0) {  // or element by element
         r = m.a;
         scale = m.b;
       } else {
@@ -417,29 +417,54 @@ inline void binary(int64_t len, float* y, const float* a, const float* b, unsign
   }
 }
 
+// How an operand of a folded sum is scaled: not, by one value, or element by element.
+enum Scale { kUnscaled, kByValue, kByTile };
+
 // y = a * sa + b * sb (or -), each product rounded before the sum as the unfolded
 // instructions would (fused.cpp is built with -ffp-contract=off: no fused multiply-adds).
-template <bool kScaleA, bool kScaleB, bool kSub>
-inline void scaled_sum(int64_t len, float* y, const float* a, float sa, const float* b, float sb) {
+template <int kA, int kB, bool kSub>
+__attribute__((always_inline)) inline void scaled_sum(int64_t len, float* y, const float* a,
+                                                      const float* sa, const float* b,
+                                                      const float* sb) {
+  const float va = kA == kByValue ? sa[0] : 1.0f, vb = kB == kByValue ? sb[0] : 1.0f;
   for (int64_t i = 0; i < len; ++i) {
-    const float x = kScaleA ? a[i] * sa : a[i];
-    const float z = kScaleB ? b[i] * sb : b[i];
+    const float x = kA == kUnscaled ? a[i] : a[i] * (kA == kByValue ? va : sa[i]);
+    const float z = kB == kUnscaled ? b[i] : b[i] * (kB == kByValue ? vb : sb[i]);
     y[i] = kSub ? x - z : x + z;
   }
 }
 
+template <int kA, int kB>
+__attribute__((always_inline)) inline void scaled_sum_op(bool sub, int64_t len, float* y,
+                                                         const float* a, const float* sa,
+                                                         const float* b, const float* sb) {
+  if (sub)
+    scaled_sum<kA, kB, true>(len, y, a, sa, b, sb);
+  else
+    scaled_sum<kA, kB, false>(len, y, a, sa, b, sb);
+}
+
+template <int kA>
+__attribute__((always_inline)) inline void scaled_sum_b(int kb, bool sub, int64_t len, float* y,
+                                                        const float* a, const float* sa,
+                                                        const float* b, const float* sb) {
+  if (kb == kUnscaled)
+    scaled_sum_op<kA, kUnscaled>(sub, len, y, a, sa, b, sb);
+  else if (kb == kByValue)
+    scaled_sum_op<kA, kByValue>(sub, len, y, a, sa, b, sb);
+  else
+    scaled_sum_op<kA, kByTile>(sub, len, y, a, sa, b, sb);
+}
+
 __attribute__((target_clones("avx512f", "avx2", "default"))) void apply_scaled(
-    bool sub, int64_t len, float* y, const float* a, const float* sa, const float* b,
-    const float* sb) {
-  const float va = sa ? *sa : 1.0f, vb = sb ? *sb : 1.0f;
-  if (sub) {
-    if (sa && sb) return scaled_sum<true, true, true>(len, y, a, va, b, vb);
-    if (sa) return scaled_sum<true, false, true>(len, y, a, va, b, vb);
-    return scaled_sum<false, true, true>(len, y, a, va, b, vb);
-  }
-  if (sa && sb) return scaled_sum<true, true, false>(len, y, a, va, b, vb);
-  if (sa) return scaled_sum<true, false, false>(len, y, a, va, b, vb);
-  return scaled_sum<false, true, false>(len, y, a, va, b, vb);
+    bool sub, int ka, int kb, int64_t len, float* y, const float* a, const float* sa,
+    const float* b, const float* sb) {
+  if (ka == kUnscaled)
+    scaled_sum_b<kUnscaled>(kb, sub, len, y, a, sa, b, sb);
+  else if (ka == kByValue)
+    scaled_sum_b<kByValue>(kb, sub, len, y, a, sa, b, sb);
+  else
+    scaled_sum_b<kByTile>(kb, sub, len, y, a, sa, b, sb);
 }
 
 // One instruction over one tile. Separate, with AVX-512 and AVX2 clones picked at load time, so
@@ -624,12 +649,14 @@ const float* FusedTree::eval(const std::vector<const void*>& leaf_ptrs, int64_t 
       reg[in.out] = y == dst ? dst : pick;
       continue;
     }
-    if (in.sa >= 0 || in.sb >= 0)
-      apply_scaled(in.op == Op::Sub, len, y, reg[in.a], in.sa >= 0 ? reg[in.sa] : nullptr,
-                   reg[in.b], in.sb >= 0 ? reg[in.sb] : nullptr);
-    else
+    if (in.sa >= 0 || in.sb >= 0) {
+      auto kind = [&](int r) { return r < 0 ? kUnscaled : scalar_reg_[r] ? kByValue : kByTile; };
+      apply_scaled(in.op == Op::Sub, kind(in.sa), kind(in.sb), len, y, reg[in.a],
+                   in.sa >= 0 ? reg[in.sa] : nullptr, reg[in.b], in.sb >= 0 ? reg[in.sb] : nullptr);
+    } else {
       apply(in.op, len, y, reg[in.a], in.b >= 0 ? reg[in.b] : nullptr,
             in.c >= 0 ? reg[in.c] : nullptr, in.scalars, in.in_dtype, in.out_dtype);
+    }
     reg[in.out] = y;
   }
   return reg[result];

@@ -96,13 +96,13 @@ class FusedTree {
     unsigned scalars = 0;             // kScalarA/B: that operand is one value (scalar_reg_)
     DType in_dtype;                   // operand 0's dtype
     DType out_dtype;
-    // An Add or Sub with the multiplies by one value that fed it folded in: a * sa +- b * sb
-    // (scalar registers; -1: not scaled).
+    // An Add or Sub with the multiplies that fed it folded in: a * sa +- b * sb (registers, one
+    // value when scalar_reg_; -1: not scaled).
     int sa = -1, sb = -1;
   };
   int visit(const ir::Graph& g, int32_t id, const std::vector<bool>& absorbed, bool is_root);
-  // Folds each multiply of a tile by one value that only an Add or Sub reads into that Add or
-  // Sub (Instr::sa, sb): one pass over the tile instead of two or three.
+  // Folds each multiply that only an Add or Sub reads (of a tile by one value or by another
+  // tile) into that Add or Sub (Instr::sa, sb): one pass over the tile instead of two or three.
   void fold_scaled_sums();
   int add_leaf(const ir::Graph& g, int32_t node, const Shape& out_shape);
   // Values [i0, i0 + len) of a leaf as floats: load() reads a periodic leaf from the period
