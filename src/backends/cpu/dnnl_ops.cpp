@@ -4,10 +4,17 @@
 #include <omp.h>
 
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <new>
 #include <string>
 #include <unordered_map>
+#include <vector>
+
+#if defined(__SSE__)
+#include <immintrin.h>
+#endif
 
 #include <dnnl.hpp>
 
@@ -74,20 +81,46 @@ float* scratch(size_t floats) {
 // Blocked OIhw16i16o weights ([O/16][I/16][H][W][16 i][16 o]) to plain OIHW: oneDNN's reorder
 // for this direction ran at ~5 GB/s here (a third of the machine's bandwidth; the opposite
 // direction runs at full speed), and it is what every convolution's weight gradient goes
-// through. Each 16 x 16 x H x W block is read once and written as 16 rows of I * H * W.
+// through. Each 16 x 16 x H x W block is transposed in a small buffer, then written as 16 rows
+// of 16 * H * W values with non-temporal stores: the gradient is read again only by the
+// optimizer, after the rest of the backward pass, and stores that bypass the cache skip reading
+// each destination line first (ResNet-50's 85 MB of weight gradients: ~5 against ~9.4 ms alone).
 void unblock_weights(const float* in, const memory::dims& d, float* out) {
   const int64_t O = d[0], I = d[1], HW = d[2] * d[3];
-  const int64_t ob_n = O / 16, ib_n = I / 16;
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t ob = 0; ob < ob_n; ++ob)
-    for (int64_t ib = 0; ib < ib_n; ++ib) {
-      const float* blk = in + (ob * ib_n + ib) * HW * 256;
-      for (int64_t oo = 0; oo < 16; ++oo) {
-        float* row = out + ((ob * 16 + oo) * I + ib * 16) * HW;
-        for (int64_t ii = 0; ii < 16; ++ii)
-          for (int64_t hw = 0; hw < HW; ++hw) row[ii * HW + hw] = blk[(hw * 16 + ii) * 16 + oo];
+  const int64_t ob_n = O / 16, ib_n = I / 16, run = 16 * HW;
+#if defined(__SSE__)
+  const bool stream = reinterpret_cast<uintptr_t>(out) % 16 == 0;
+#endif
+#pragma omp parallel
+  {
+    thread_local std::vector<float> t;
+    if (t.size() < static_cast<size_t>(16 * run)) t.resize(16 * run);
+#pragma omp for collapse(2) schedule(static) nowait
+    for (int64_t ob = 0; ob < ob_n; ++ob)
+      for (int64_t ib = 0; ib < ib_n; ++ib) {
+        const float* blk = in + (ob * ib_n + ib) * HW * 256;
+        for (int64_t hw = 0; hw < HW; ++hw)
+          for (int64_t ii = 0; ii < 16; ++ii) {
+            const float* src = blk + (hw * 16 + ii) * 16;
+            float* dst = t.data() + ii * HW + hw;
+            for (int64_t oo = 0; oo < 16; ++oo) dst[oo * run] = src[oo];
+          }
+        for (int64_t oo = 0; oo < 16; ++oo) {
+          float* row = out + ((ob * 16 + oo) * I + ib * 16) * HW;
+          const float* r = t.data() + oo * run;
+#if defined(__SSE__)
+          if (stream) {
+            for (int64_t k = 0; k < run; k += 4) _mm_stream_ps(row + k, _mm_loadu_ps(r + k));
+            continue;
+          }
+#endif
+          std::memcpy(row, r, run * sizeof(float));
+        }
       }
-    }
+#if defined(__SSE__)
+    _mm_sfence();  // this thread's streamed rows, before the region's closing barrier
+#endif
+  }
 }
 
 // A user-side (plain) memory and, when oneDNN prefers another layout, the reorders to and from
