@@ -126,8 +126,8 @@ void FusedTree::fold_scaled_sums() {
   };
   for (Instr& in : instrs_) {
     if ((in.op != Op::Add && in.op != Op::Sub) || !f32(in) || in.scalars != 0) continue;
-    // Operand r, if a multiply of a tile by one value that nothing else reads: read that tile
-    // instead, scaled by that value.
+    // Operand r, if a multiply that nothing else reads: read its tile operand instead, scaled
+    // by its other operand (one value, or a tile).
     auto fold = [&](int& r, int& scale) {
       const int p = producer[r];
       if (p < 0 || uses[r] != 1 || folded[p]) return;
@@ -405,7 +405,8 @@ namespace {
 // y = f(a, b) over a tile; an operand flagged in `scalars` is one value (a tile's first float)
 // held in a register instead of read from its tile.
 template <typename F>
-inline void binary(int64_t len, float* y, const float* a, const float* b, unsigned scalars, F f) {
+__attribute__((always_inline)) inline void binary(int64_t len, float* y, const float* a,
+                                                  const float* b, unsigned scalars, F f) {
   if (scalars & kScalarA) {
     const float av = a[0];
     for (int64_t i = 0; i < len; ++i) y[i] = f(av, b[i]);

@@ -65,7 +65,8 @@ class FusedTree {
   // a time, and each stream's misses would otherwise wait for the last one's.
   void prefetch(const std::vector<const void*>& leaves, int64_t i0, int64_t len) const;
   int64_t numel() const { return numel_; }
-  // The instructions, as "sub(L0, L1) mul(r2, L2)" (for plan dumps).
+  // The instructions, as "sub(r0,r1)->r2 add(r2*r3,r4)->r5" (for plan dumps; r2*r3: a
+  // multiply folded into the sum).
   std::string describe() const;
 
   static constexpr int64_t kTile = cpu::kTile;
