@@ -116,7 +116,7 @@ TEST_F(Fused, ScalarOperands) {
   // A one-value operand of a larger tree (0-d, or [1, 1, 1] broadcast) is read once instead of
   // from a tile of copies, on either side of each binary op; a one-value condition picks one side
   // whole, and a multiply (by one value or element by element) that only an add or subtract
-  // reads is folded into it.
+  // reads is folded into it, as is a relu of such a sum.
   // Special values on both sides; the large shape runs on several threads, and the where
   // outputs are trees' roots, written to memory from the side they pick.
   const double inf = std::numeric_limits<double>::infinity();
@@ -141,6 +141,9 @@ TEST_F(Fused, ScalarOperands) {
                                  x * c + in[2], c * x - in[2] * c, in[2] - x * c,
                                  (x * c + in[2]) * c - x, ls::where(b, x * c - in[2], in[2]),
                                  x * in[2] + x, in[2] - x * in[2], x * in[2] - in[2] * c,
+                                 // Relus of sums, applied by the sum; one read twice is not.
+                                 ls::relu(x * in[2] + x), ls::relu(in[2] - x * c),
+                                 ls::relu(x + in[2]) * c, ls::relu(x - in[2]) * (x - in[2]),
                                  // Products read twice, or summed with one value: not folded.
                                  x * c + ls::exp(x * c), x * c - c};
                 });

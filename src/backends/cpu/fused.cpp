@@ -147,6 +147,18 @@ void FusedTree::fold_scaled_sums() {
     fold(in.a, in.sa);
     fold(in.b, in.sb);
   }
+  // A relu whose operand is such a sum (of two tiles, scaled or not) that nothing else reads:
+  // applied by the sum as it stores (the sum takes over the relu's register).
+  for (size_t i = 0; i < instrs_.size(); ++i) {
+    const Instr& r = instrs_[i];
+    if (r.op != Op::Relu || !f32(r) || uses[r.a] != 1 || producer[r.a] < 0) continue;
+    Instr& sum = instrs_[producer[r.a]];
+    if ((sum.op != Op::Add && sum.op != Op::Sub) || !f32(sum) || sum.scalars != 0 || sum.relu)
+      continue;
+    sum.relu = true;
+    sum.out = r.out;
+    folded[i] = 1;
+  }
   std::vector<Instr> kept;
   for (size_t i = 0; i < instrs_.size(); ++i)
     if (!folded[i]) kept.push_back(instrs_[i]);
@@ -422,8 +434,9 @@ __attribute__((always_inline)) inline void binary(int64_t len, float* y, const f
 enum Scale { kUnscaled, kByValue, kByTile };
 
 // y = a * sa + b * sb (or -), each product rounded before the sum as the unfolded
-// instructions would (fused.cpp is built with -ffp-contract=off: no fused multiply-adds).
-template <int kA, int kB, bool kSub>
+// instructions would (fused.cpp is built with -ffp-contract=off: no fused multiply-adds); with
+// kRelu, max(0, y) as Relu computes it (NaN stays NaN, -0 stays -0).
+template <int kA, int kB, bool kSub, bool kRelu>
 __attribute__((always_inline)) inline void scaled_sum(int64_t len, float* y, const float* a,
                                                       const float* sa, const float* b,
                                                       const float* sb) {
@@ -431,41 +444,46 @@ __attribute__((always_inline)) inline void scaled_sum(int64_t len, float* y, con
   for (int64_t i = 0; i < len; ++i) {
     const float x = kA == kUnscaled ? a[i] : a[i] * (kA == kByValue ? va : sa[i]);
     const float z = kB == kUnscaled ? b[i] : b[i] * (kB == kByValue ? vb : sb[i]);
-    y[i] = kSub ? x - z : x + z;
+    const float v = kSub ? x - z : x + z;
+    y[i] = kRelu && v < 0.0f ? 0.0f : v;
   }
 }
 
 template <int kA, int kB>
-__attribute__((always_inline)) inline void scaled_sum_op(bool sub, int64_t len, float* y,
+__attribute__((always_inline)) inline void scaled_sum_op(bool sub, bool relu, int64_t len, float* y,
                                                          const float* a, const float* sa,
                                                          const float* b, const float* sb) {
-  if (sub)
-    scaled_sum<kA, kB, true>(len, y, a, sa, b, sb);
+  if (sub && relu)
+    scaled_sum<kA, kB, true, true>(len, y, a, sa, b, sb);
+  else if (sub)
+    scaled_sum<kA, kB, true, false>(len, y, a, sa, b, sb);
+  else if (relu)
+    scaled_sum<kA, kB, false, true>(len, y, a, sa, b, sb);
   else
-    scaled_sum<kA, kB, false>(len, y, a, sa, b, sb);
+    scaled_sum<kA, kB, false, false>(len, y, a, sa, b, sb);
 }
 
 template <int kA>
-__attribute__((always_inline)) inline void scaled_sum_b(int kb, bool sub, int64_t len, float* y,
-                                                        const float* a, const float* sa,
+__attribute__((always_inline)) inline void scaled_sum_b(int kb, bool sub, bool relu, int64_t len,
+                                                        float* y, const float* a, const float* sa,
                                                         const float* b, const float* sb) {
   if (kb == kUnscaled)
-    scaled_sum_op<kA, kUnscaled>(sub, len, y, a, sa, b, sb);
+    scaled_sum_op<kA, kUnscaled>(sub, relu, len, y, a, sa, b, sb);
   else if (kb == kByValue)
-    scaled_sum_op<kA, kByValue>(sub, len, y, a, sa, b, sb);
+    scaled_sum_op<kA, kByValue>(sub, relu, len, y, a, sa, b, sb);
   else
-    scaled_sum_op<kA, kByTile>(sub, len, y, a, sa, b, sb);
+    scaled_sum_op<kA, kByTile>(sub, relu, len, y, a, sa, b, sb);
 }
 
 __attribute__((target_clones("avx512f", "avx2", "default"))) void apply_scaled(
-    bool sub, int ka, int kb, int64_t len, float* y, const float* a, const float* sa,
+    bool sub, bool relu, int ka, int kb, int64_t len, float* y, const float* a, const float* sa,
     const float* b, const float* sb) {
   if (ka == kUnscaled)
-    scaled_sum_b<kUnscaled>(kb, sub, len, y, a, sa, b, sb);
+    scaled_sum_b<kUnscaled>(kb, sub, relu, len, y, a, sa, b, sb);
   else if (ka == kByValue)
-    scaled_sum_b<kByValue>(kb, sub, len, y, a, sa, b, sb);
+    scaled_sum_b<kByValue>(kb, sub, relu, len, y, a, sa, b, sb);
   else
-    scaled_sum_b<kByTile>(kb, sub, len, y, a, sa, b, sb);
+    scaled_sum_b<kByTile>(kb, sub, relu, len, y, a, sa, b, sb);
 }
 
 // One instruction over one tile. Separate, with AVX-512 and AVX2 clones picked at load time, so
@@ -650,9 +668,9 @@ const float* FusedTree::eval(const std::vector<const void*>& leaf_ptrs, int64_t 
       reg[in.out] = y == dst ? dst : pick;
       continue;
     }
-    if (in.sa >= 0 || in.sb >= 0) {
+    if (in.sa >= 0 || in.sb >= 0 || in.relu) {
       auto kind = [&](int r) { return r < 0 ? kUnscaled : scalar_reg_[r] ? kByValue : kByTile; };
-      apply_scaled(in.op == Op::Sub, kind(in.sa), kind(in.sb), len, y, reg[in.a],
+      apply_scaled(in.op == Op::Sub, in.relu, kind(in.sa), kind(in.sb), len, y, reg[in.a],
                    in.sa >= 0 ? reg[in.sa] : nullptr, reg[in.b], in.sb >= 0 ? reg[in.sb] : nullptr);
     } else {
       apply(in.op, len, y, reg[in.a], in.b >= 0 ? reg[in.b] : nullptr,
@@ -684,7 +702,7 @@ std::string FusedTree::describe() const {
       const int scale = r == in.a ? in.sa : r == in.b ? in.sb : -1;
       if (scale >= 0) s += util::cat("*r", scale);
     }
-    s += util::cat(")->r", in.out, " ");
+    s += util::cat(")", in.relu ? "+relu" : "", "->r", in.out, " ");
   }
   return s;
 }

@@ -65,8 +65,8 @@ class FusedTree {
   // a time, and each stream's misses would otherwise wait for the last one's.
   void prefetch(const std::vector<const void*>& leaves, int64_t i0, int64_t len) const;
   int64_t numel() const { return numel_; }
-  // The instructions, as "sub(r0,r1)->r2 add(r2*r3,r4)->r5" (for plan dumps; r2*r3: a
-  // multiply folded into the sum).
+  // The instructions, as "sub(r0,r1)->r2 add(r2*r3,r4)+relu->r5" (for plan dumps; r2*r3: a
+  // multiply folded into the sum, +relu: a relu applied by it).
   std::string describe() const;
 
   static constexpr int64_t kTile = cpu::kTile;
@@ -100,10 +100,12 @@ class FusedTree {
     // An Add or Sub with the multiplies that fed it folded in: a * sa +- b * sb (registers, one
     // value when scalar_reg_; -1: not scaled).
     int sa = -1, sb = -1;
+    bool relu = false;  // an Add or Sub that also applies the relu that read it
   };
   int visit(const ir::Graph& g, int32_t id, const std::vector<bool>& absorbed, bool is_root);
   // Folds each multiply that only an Add or Sub reads (of a tile by one value or by another
-  // tile) into that Add or Sub (Instr::sa, sb): one pass over the tile instead of two or three.
+  // tile) into that Add or Sub (Instr::sa, sb), and a Relu of such a sum into the sum
+  // (Instr::relu): one pass over the tile instead of two to four.
   void fold_scaled_sums();
   int add_leaf(const ir::Graph& g, int32_t node, const Shape& out_shape);
   // Values [i0, i0 + len) of a leaf as floats: load() reads a periodic leaf from the period
