@@ -130,22 +130,24 @@ TEST_F(Fused, ScalarOperands) {
                   const ls::Tensor& x = in[0];
                   const ls::Tensor c = ls::full(one, v);
                   const ls::Tensor b = ls::full(one, cond ? 1 : 0, ls::boolean);
-                  return Tensors{x + c, c - x, x - c, c / x, x / c * x, ls::pow(c, x),
-                                 ls::pow(x, c), ls::maximum(c, x) + ls::maximum(x, c),
-                                 ls::minimum(c, x) - ls::minimum(x, c),
-                                 ls::logical_or(c < x, x >= c), ls::logical_and(x == c, c != x),
-                                 ls::logical_and(b, in[1]), ls::logical_or(in[1], b),
-                                 ls::where(b, x * c, c - x), ls::where(b, x, c),
-                                 ls::where(b, c, ls::exp(x)), ls::where(in[1], c, x) * c,
-                                 // Sums of scaled tiles, folded into one pass each.
-                                 x * c + in[2], c * x - in[2] * c, in[2] - x * c,
-                                 (x * c + in[2]) * c - x, ls::where(b, x * c - in[2], in[2]),
-                                 x * in[2] + x, in[2] - x * in[2], x * in[2] - in[2] * c,
-                                 // Relus of sums, applied by the sum; one read twice is not.
-                                 ls::relu(x * in[2] + x), ls::relu(in[2] - x * c),
-                                 ls::relu(x + in[2]) * c, ls::relu(x - in[2]) * (x - in[2]),
-                                 // Products read twice, or summed with one value: not folded.
-                                 x * c + ls::exp(x * c), x * c - c};
+                  return Tensors{
+                      x + c, c - x, x - c, c / x, x / c * x, ls::pow(c, x), ls::pow(x, c),
+                      ls::maximum(c, x) + ls::maximum(x, c), ls::minimum(c, x) - ls::minimum(x, c),
+                      ls::logical_or(c < x, x >= c), ls::logical_and(x == c, c != x),
+                      ls::logical_and(b, in[1]), ls::logical_or(in[1], b),
+                      ls::where(b, x * c, c - x), ls::where(b, x, c), ls::where(b, c, ls::exp(x)),
+                      // Inside a tree (not its root), a tile and a leaf picked.
+                      ls::where(b, x * c, c - x) * x, ls::where(b, x, in[2]) - x,
+                      ls::where(in[1], c, x) * c,
+                      // Sums of scaled tiles, folded into one pass each.
+                      x * c + in[2], c * x - in[2] * c, in[2] - x * c, (x * c + in[2]) * c - x,
+                      ls::where(b, x * c - in[2], in[2]), x * in[2] + x, in[2] - x * in[2],
+                      x * in[2] - in[2] * c,
+                      // Relus of sums, applied by the sum; one read twice is not.
+                      ls::relu(x * in[2] + x), ls::relu(in[2] - x * c), ls::relu(x + in[2]) * c,
+                      ls::relu(x - in[2]) * (x - in[2]),
+                      // Products read twice, or summed with one value: not folded.
+                      x * c + ls::exp(x * c), x * c - c};
                 });
 }
 

@@ -729,7 +729,7 @@ void CpuExecutable::merge_fused_steps() {
       Step& g = out.back();
       const FusedTree& next = *s.fused->front().second;
       const int64_t numel = g.fused->front().second->numel();
-      bool ok = next.numel() == numel && numel >= FusedTree::kTile;
+      bool ok = next.numel() == numel && numel >= kTile;
       for (size_t k = 0; ok && k < next.leaf_nodes().size(); ++k)
         for (const auto& [node, tree] : *g.fused)
           if (next.leaf_nodes()[k] == node && !next.leaf_is_elementwise(k)) ok = false;

@@ -660,14 +660,12 @@ const float* FusedTree::eval(const std::vector<const void*>& leaf_ptrs, int64_t 
       }
       continue;
     }
-    float* y = (in.out == result && dst) ? dst : own;
     if (in.op == Op::Where && (in.scalars & kScalarA)) {
       // One condition for the whole tree: its result is one of the two operands' tiles.
-      const float* pick = reg[in.a][0] != 0.0f ? reg[in.b] : reg[in.c];
-      if (y == dst && pick != dst) std::memcpy(dst, pick, len * sizeof(float));
-      reg[in.out] = y == dst ? dst : pick;
+      reg[in.out] = reg[in.a][0] != 0.0f ? reg[in.b] : reg[in.c];
       continue;
     }
+    float* y = (in.out == result && dst) ? dst : own;
     if (in.sa >= 0 || in.sb >= 0 || in.relu) {
       auto kind = [&](int r) { return r < 0 ? kUnscaled : scalar_reg_[r] ? kByValue : kByTile; };
       apply_scaled(in.op == Op::Sub, in.relu, kind(in.sa), kind(in.sb), len, y, reg[in.a],

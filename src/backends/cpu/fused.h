@@ -54,9 +54,10 @@ class FusedTree {
   }
   // Values [i0, i0 + len) (len <= kTile) of the tree's result, as floats (bool as 0/1); scratch
   // holds scratch_floats(). Computed into dst when given (and returns it), else into scratch; a
-  // result that is a leaf's values as they are (a tree that reads or picks a leaf) is returned
-  // where it lies, for the caller to copy. With scalars_loaded, the scalar leaves' registers
-  // already hold their values (scratch kept from an earlier eval of this tree).
+  // result that is an operand's values as they are (a leaf the tree reads whole, or the side a
+  // one-value `where` picks) is returned where it lies, for the caller to copy. With
+  // scalars_loaded, the scalar leaves' registers already hold their values (scratch kept from an
+  // earlier eval of this tree).
   const float* eval(const std::vector<const void*>& leaves, int64_t i0, int64_t len, float* scratch,
                     float* dst, bool scalars_loaded = false) const;
   size_t scratch_floats() const { return static_cast<size_t>(num_regs_) * kTile; }
@@ -69,7 +70,6 @@ class FusedTree {
   // multiply folded into the sum, +relu: a relu applied by it).
   std::string describe() const;
 
-  static constexpr int64_t kTile = cpu::kTile;
   // Broadcast runs this short or shorter are read from an expanded period (see bind()), of at most
   // kMaxPeriod floats.
   static constexpr int64_t kShortRun = 64;
