@@ -68,9 +68,6 @@ Tensor BatchNorm::forward(const Tensor& x) {
   if (x.size(1) != num_features)
     throw Error(cat("BatchNorm: input ", shape_str(x.shape()), " has ", x.size(1),
                     " channels, the layer expects ", num_features));
-  if (is_training() && x.numel() / num_features <= 1)
-    throw Error(cat("BatchNorm: training needs more than one value per channel, got input ",
-                    shape_str(x.shape())));
   Tensor y =
       batch_norm(x, running_mean, running_var, weight, bias, is_training(), momentum, eps, loc);
   if (is_training()) {
