@@ -85,6 +85,10 @@ options:
                      (default: 100, at most a fifth of the run)
   --label-smoothing X  label smoothing of the training loss, in [0, 1) (default: 0)
   --image-size N     side of fake images (default: 224 for resnets, 28 otherwise)
+  --stem S           a resnet's first layers: imagenet (7x7 stride-2 conv, 3x3 stride-2
+                     max-pool: torchvision's), small (3x3 stride-1 conv, no max-pool: for
+                     CIFAR-sized images; 16x the convolution work of imagenet at the same size)
+                     or auto (small for images of 64x64 or less, else imagenet) (default: auto)
   --threads N        compute threads (default: 0, every core)
   --workers N        data loading threads (default: 2)
   --log-steps N      print a line every N steps (default: 20)
@@ -119,6 +123,7 @@ struct Options {
   std::optional<int64_t> warmup_steps;
   double label_smoothing = 0;
   std::optional<int64_t> image_size;
+  std::string stem = "auto";
   int64_t threads = 0;
   int64_t workers = 2;
   int64_t log_steps = 20;
@@ -200,6 +205,7 @@ std::string parse_data(const std::string& text) {
 
 Options parse_args(int argc, char** argv) {
   Options o;
+  bool stem_given = false;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     std::optional<std::string> inline_value;
@@ -248,6 +254,9 @@ Options parse_args(int argc, char** argv) {
       o.label_smoothing = parse_double(arg, value(), 0, 1, false, /*hi_open=*/true);
     } else if (arg == "--image-size") {
       o.image_size = parse_int(arg, value(), 8, 1024);
+    } else if (arg == "--stem") {
+      o.stem = parse_choice(arg, value(), {"auto", "imagenet", "small"});
+      stem_given = true;
     } else if (arg == "--threads") {
       o.threads = parse_int(arg, value(), 0, 1024);
     } else if (arg == "--workers") {
@@ -274,6 +283,8 @@ Options parse_args(int argc, char** argv) {
     }
   }
   if (o.resume && o.checkpoint.empty()) throw UsageError("--resume needs --checkpoint PATH");
+  if (stem_given && !is_resnet(o.model))
+    throw UsageError("--stem applies to the resnets only, not to --model " + o.model);
   const bool fake = o.data == "fake";
   if (o.image_size && !fake)
     throw UsageError("--image-size applies to --data fake only (real images keep their size)");
@@ -434,8 +445,25 @@ class Pacer {
 
 // ---- model, data, optimizer -----------------------------------------------------------------
 
+// --stem auto: the small stem for images of 64x64 or less, as CIFAR-sized inputs need.
+ls::models::ResNetStem resolve_stem(const std::string& stem, const ls::Shape& chw) {
+  if (stem == "imagenet") return ls::models::ResNetStem::ImageNet;
+  if (stem == "small") return ls::models::ResNetStem::Small;
+  return std::max(chw[1], chw[2]) <= 64 ? ls::models::ResNetStem::Small
+                                        : ls::models::ResNetStem::ImageNet;
+}
+
+// What the header line says of a resnet's stem, so that a user sees what will run.
+std::string describe_stem(const Options& o, ls::models::ResNetStem stem) {
+  std::string s = stem == ls::models::ResNetStem::ImageNet
+                      ? "imagenet stem: 7x7/2 conv, 3x3/2 max-pool"
+                      : "small stem: 3x3/1 conv, no max-pool";
+  if (o.stem == "auto") s += ", --stem auto";
+  return s;
+}
+
 std::shared_ptr<ls::nn::Module> make_model(const std::string& name, const ls::Shape& chw,
-                                           int64_t classes) {
+                                           int64_t classes, ls::models::ResNetStem stem) {
   const int64_t c = chw[0], h = chw[1], w = chw[2];
   if (name == "mlp")
     return std::make_shared<ls::models::MLP>(std::vector<int64_t>{c * h * w, 1024, 1024, classes});
@@ -448,7 +476,7 @@ std::shared_ptr<ls::nn::Module> make_model(const std::string& name, const ls::Sh
   ls::models::ResNetOptions ro;
   ro.num_classes = classes;
   ro.in_channels = c;
-  ro.stem = std::max(h, w) <= 64 ? ls::models::ResNetStem::Small : ls::models::ResNetStem::ImageNet;
+  ro.stem = stem;
   if (name == "resnet18") return std::make_shared<ls::models::ResNet>(ls::models::resnet18(ro));
   if (name == "resnet34") return std::make_shared<ls::models::ResNet>(ls::models::resnet34(ro));
   return std::make_shared<ls::models::ResNet>(ls::models::resnet50(ro));
@@ -560,7 +588,8 @@ int run(const Options& o) {
   const int64_t steps_per_epoch = o.num_steps > 0 ? std::min(o.num_steps, batches) : batches;
 
   // Model and optimizer.
-  auto model = make_model(o.model, train_set->example_shape(), train_set->num_classes());
+  const ls::models::ResNetStem stem = resolve_stem(o.stem, train_set->example_shape());
+  auto model = make_model(o.model, train_set->example_shape(), train_set->num_classes(), stem);
   const bool sgd = o.optimizer == "sgd";
   // The defaults (AdamW, peak lr 3e-3, 100 warm-up steps, cosine decay, batch 64) take the cnn
   // past 90% test accuracy on Fashion-MNIST in one epoch (measured: 90.30%, 90.48%, 90.27% with
@@ -602,9 +631,10 @@ int run(const Options& o) {
   }
   if (schedule) schedule->set_count(global_step);
 
+  const std::string model_name = resnet ? o.model + " (" + describe_stem(o, stem) + ")" : o.model;
   std::printf(
       "lockstep-train: %s on %s, batch %lld, %lld steps/epoch, %s lr %g (%s), %s (%d threads)\n",
-      o.model.c_str(), train_set->name().c_str(), static_cast<long long>(o.batch_size),
+      model_name.c_str(), train_set->name().c_str(), static_cast<long long>(o.batch_size),
       static_cast<long long>(steps_per_epoch), o.optimizer.c_str(), lr,
       schedule ? format("cosine, %lld warm-up steps", static_cast<long long>(warmup)).c_str()
                : "constant",

@@ -262,7 +262,7 @@ TEST(LockstepTrain, HelpPrintsUsageAndExitsZero) {
   for (const char* flag :
        {"--model", "--data", "--batch-size", "--num-epochs", "--num-steps", "--lr", "--momentum",
         "--weight-decay", "--optimizer", "--image-size", "--threads", "--log-steps", "--seed",
-        "--checkpoint", "--resume", "--metrics", "--device"})
+        "--checkpoint", "--resume", "--metrics", "--device", "--stem"})
     EXPECT_NE(r.out.find(flag), std::string::npos) << flag;
   EXPECT_EQ(r.err, "");
 }
@@ -288,6 +288,39 @@ TEST(LockstepTrain, FakeDataPrintsStepLinesAndTotal) {
   EXPECT_EQ((*total)[3], "0") << "logging must not force a sync\n" << describe(r);
   EXPECT_NE(r.out.find("compiles"), r.out.rfind("compiles")) << "--metrics prints the report";
   EXPECT_EQ(r.out.find("test_accuracy"), std::string::npos) << "fake data has no test split";
+}
+
+// The header line names a resnet's stem, and --stem chooses it: at 32x32 `auto` takes the small
+// stem, and `imagenet` gives torchvision's (visible in the checkpoint as a 7x7 conv1).
+TEST(LockstepTrain, HeaderNamesTheResNetStem) {
+  TempDir dir;
+  struct Case {
+    std::vector<std::string> stem;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {{}, "resnet18 (small stem: 3x3/1 conv, no max-pool, --stem auto) on fake"},
+      {{"--stem", "imagenet"}, "resnet18 (imagenet stem: 7x7/2 conv, 3x3/2 max-pool) on fake"},
+      {{"--stem", "small"}, "resnet18 (small stem: 3x3/1 conv, no max-pool) on fake"},
+  };
+  int i = 0;
+  for (const Case& c : cases) {
+    std::vector<std::string> args = {"--model",      "resnet18", "--data",       "fake",
+                                     "--image-size", "32",       "--batch-size", "2",
+                                     "--num-steps",  "1"};
+    args.insert(args.end(), c.stem.begin(), c.stem.end());
+    Result r = run(with_common(args), dir, "stem" + std::to_string(i++));
+    ASSERT_EQ(r.exit_code, 0) << describe(r);
+    const auto out = lines(r.out);
+    ASSERT_FALSE(out.empty()) << describe(r);
+    EXPECT_NE(out[0].find(c.expected), std::string::npos) << out[0];
+  }
+  // A non-resnet's header names no stem.
+  Result r = run(with_common({"--model", "mlp", "--data", "fake", "--image-size", "8",
+                              "--batch-size", "2", "--num-steps", "1"}),
+                 dir, "stem-mlp");
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_EQ(r.out.find("stem"), std::string::npos) << r.out;
 }
 
 TEST(LockstepTrain, IdxDatasetTrainsAndReportsTestAccuracy) {
@@ -427,6 +460,9 @@ TEST(LockstepTrain, BadFlagsExitTwoWithTheUsage) {
       {"--checkpoint"},
       {"--help=yes"},
       {"--metrics=1"},
+      {"--stem", "tiny", "--model", "resnet18"},
+      {"--stem", "small"},
+      {"--stem", "imagenet", "--model", "mlp"},
   };
   int i = 0;
   for (const auto& args : cases) {
