@@ -31,15 +31,18 @@ Tensor from_vector(const std::vector<T>& data, const Shape& shape = {},
 Tensor from_blob(const void* data, const Shape& shape, DType dtype, Device device,
                  Loc loc = Loc::current());
 
-// Random numbers from the global counter-based generator, whose state is a tensor: drawing in
-// a step never recompiles it, and a step's rollback restores the state.
+// Random numbers from a counter-based generator, whose state is a tensor: drawing in a step
+// never recompiles it, and a step's rollback restores the state. Each thread has its own
+// generator, so threads training their own models share no tensor: it starts from the seed of
+// the last manual_seed call made before the thread's first draw (0 if none), and manual_seed
+// reseeds the calling thread's generator (give threads different seeds for different streams).
 void manual_seed(uint64_t seed);
 Tensor rand(const Shape& shape, TensorOptions options = {}, Loc loc = Loc::current());
 Tensor randn(const Shape& shape, TensorOptions options = {}, Loc loc = Loc::current());
 // Integers uniform in [low, high).
 Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions options = {DType::I64},
                Loc loc = Loc::current());
-// The generator's state tensor (i64[2]: seed, counter), e.g. to save it in a checkpoint.
+// The calling thread's generator state (i64[2]: seed, counter), e.g. to save it in a checkpoint.
 Tensor& generator_state();
 
 // ---- elementwise ---------------------------------------------------------------------------

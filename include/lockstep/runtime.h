@@ -22,10 +22,18 @@ void wait();
 // happens inside it) and on normal exit. If an exception leaves `fn`, every tensor changed in
 // the step is restored to its value at entry, tensors created in it are poisoned, and the
 // exception propagates unchanged. Steps do not nest.
+//
+// Threads: each thread that records has its own pending work and its own steps, so threads can
+// train independent models at once. A step covers only the thread that entered it. While it
+// runs, a tensor it changed or created may not be used by another thread; and an in-place update
+// (add_, sub_, mul_, div_) computed from a value that another thread replaced meanwhile would be
+// lost: both are an Error naming the threads. A tensor may move between threads between steps
+// (made on one, trained on another).
 void step(const std::function<void()>& fn, Loc loc = Loc::current());
 
 // The same as a scope guard: `{ ls::Step s; ...; }`. Its destructor tells normal exit from
-// unwinding by std::uncaught_exceptions().
+// unwinding by std::uncaught_exceptions(). A step belongs to the thread that entered it: ending
+// it on another thread is an Error (and, while unwinding, leaves the step to its own thread).
 class Step {
  public:
   explicit Step(Loc loc = Loc::current());
@@ -38,6 +46,7 @@ class Step {
  private:
   int uncaught_at_entry_;
   bool done_ = false;
+  const void* context_;  // the entering thread's recording context
 };
 
 // Number of the current (or, outside a step, the last) step; the first step is 1.
@@ -62,8 +71,10 @@ void set_max_queued_programs(size_t n);
 
 namespace metrics {
 // Counters: steps, syncs, implicit_syncs, compiles, cache_hits, executions, executed_nodes,
-// rollbacks, transfers, bytes_to_device, bytes_from_device, execution_errors, queue_waits, and
-// from the cpu backend in_place_outputs, winograd_convolutions. Unknown names read 0.
+// rollbacks, run_time_rollbacks (steps undone because their program failed), transfers,
+// bytes_to_device, bytes_from_device, execution_errors, queue_waits, and from the cpu backend
+// in_place_outputs, in_place_copies (values copied aside because a check that may fail runs after
+// their in-place update), winograd_convolutions. Unknown names read 0.
 int64_t counter(const std::string& name);
 // Timers (trace, graph, compile, execute): total nanoseconds and number of samples.
 int64_t timer_total_ns(const std::string& name);

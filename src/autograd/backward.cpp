@@ -38,12 +38,14 @@ void accumulate(std::unordered_map<const ir::Node*, Tensor>& grads, const ir::No
 }
 
 void deliver(detail::TensorImpl& leaf, const Tensor& g, const Loc& loc) {
-  runtime::journal(leaf);  // the step's rollback restores the previous grad handle too
-  if (!leaf.grad.defined()) {
-    leaf.grad = runtime::new_tensor(runtime::node_of(g, "backward", loc));
-  } else {
-    leaf.grad = add(leaf.grad, g, loc);
-  }
+  // Journaled: the step's rollback restores the previous grad handle too.
+  runtime::update_grad_of(
+      leaf,
+      [&](const Tensor& old) {
+        return old.defined() ? add(old, g, loc)
+                             : runtime::new_tensor(runtime::node_of(g, "backward", loc));
+      },
+      "backward", loc);
 }
 
 }  // namespace
@@ -160,16 +162,13 @@ Tensor& Tensor::set_requires_grad(bool requires_grad, Loc loc) {
   if (requires_grad && n->requires_grad && n->grad_leaf.lock().get() != impl())
     util::fail(loc, "set_requires_grad", "the tensor is the result of ops that require grad",
                "Only leaves can be made to require grad; use detach() first");
-  impl()->requires_grad = requires_grad;
-  if (!requires_grad && n->requires_grad) impl()->node = ir::annotated(n, false, {}, nullptr);
+  runtime::set_requires_grad_of(*impl(), requires_grad);
   return *this;
 }
 
-bool Tensor::requires_grad() const {
-  return defined() && (impl()->requires_grad || impl()->node->requires_grad);
-}
+bool Tensor::requires_grad() const { return defined() && runtime::requires_grad_of(*impl()); }
 
-Tensor Tensor::grad() const { return defined() ? impl()->grad : Tensor(); }
+Tensor Tensor::grad() const { return defined() ? runtime::grad_of(*impl()) : Tensor(); }
 
 void Tensor::set_grad(const Tensor& grad, Loc loc) {
   const ir::NodePtr& n = runtime::node_of(*this, "set_grad", loc);
@@ -181,8 +180,7 @@ void Tensor::set_grad(const Tensor& grad, Loc loc) {
                      " does not match tensor ", dtype_name(n->dtype), shape_str(n->shape)),
                  "Pass a gradient with the tensor's shape, dtype and device");
   }
-  runtime::journal(*impl());
-  impl()->grad = grad;
+  runtime::set_grad_of(*impl(), grad, "set_grad", loc);
 }
 
 void Tensor::backward(Loc loc) const { lockstep::backward(*this, Tensor(), loc); }

@@ -4,13 +4,31 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "ir/ir.h"
+#include "lockstep/error.h"
 
 namespace lockstep::backends {
+
+// A program that failed while it ran: the message names the failing op and its user line; the
+// inputs it had already overwritten in place (see Executable::run) are listed, their values lost.
+class RunError : public BackendError {
+ public:
+  RunError(const std::string& what, std::vector<int32_t> overwritten_inputs)
+      : BackendError(what), overwritten_(std::move(overwritten_inputs)) {}
+  const std::vector<int32_t>& overwritten_inputs() const { return overwritten_; }
+
+ private:
+  std::vector<int32_t> overwritten_;
+};
+
+// "<what> (at <file:line>)" for a failure of graph node `n`, as a RunError.
+[[noreturn]] void fail_at(const ir::GraphNode& n, const std::exception& e,
+                          std::vector<int32_t> overwritten_inputs = {});
 
 // A block of device memory. Host backends (ref, cpu) allocate plain aligned host memory.
 class Storage {
@@ -24,13 +42,20 @@ class Executable {
  public:
   virtual ~Executable() = default;
   // Runs the program. inputs[k] is the storage of Data input #k, scalars[k] the value of Scalar
-  // input #k. Returns one storage per graph output. Throws BackendError on a run-time failure
-  // (e.g. an index out of range); the runtime then poisons the step's outputs.
-  // donatable[k] (when the vector has that entry) says nothing but this run references input k:
-  // the program may overwrite it and return it as an output (a parameter updated in place).
+  // input #k. Returns one storage per graph output. Throws RunError on a run-time failure (e.g.
+  // an index out of range), naming the op's line; the runtime then poisons the step's outputs
+  // and restores what the step changed to its values before the step.
+  // donatable[k] (when the vector has that entry) says nothing but this run (and the step's
+  // record of values to restore) references input k: the program may overwrite it and return it
+  // as an output (a parameter updated in place). When it fails, every such input must be as it
+  // was (run the checks that can fail first, or keep a copy), or be listed in the RunError.
+  // `past_checks` (if set) is called once the program has passed every step that checks its
+  // data: from there on it fails only on a fault (memory, a library), and the runtime stops
+  // keeping the values it would have restored.
   virtual std::vector<std::shared_ptr<Storage>> run(
       const std::vector<std::shared_ptr<Storage>>& inputs,
-      const std::vector<ir::ScalarValue>& scalars, const std::vector<bool>& donatable) = 0;
+      const std::vector<ir::ScalarValue>& scalars, const std::vector<bool>& donatable,
+      const std::function<void()>& past_checks) = 0;
 };
 
 class Backend {

@@ -107,4 +107,10 @@ Backend& backend_for(Device device) {
       " is not available in this build of lockstep; use ls::Device{ls::DeviceKind::Ref}"));
 }
 
+void fail_at(const ir::GraphNode& n, const std::exception& e,
+             std::vector<int32_t> overwritten_inputs) {
+  throw RunError(util::cat(e.what(), " (at ", util::where(n.loc), ")"),
+                 std::move(overwritten_inputs));
+}
+
 }  // namespace lockstep::backends

@@ -96,7 +96,7 @@ void Module::to(Device device) {
     moves.push_back({t, t.to(device), g.defined() && !(g.device() == device) ? g.to(device) : g});
   }
   for (Move& m : moves) {
-    runtime::set_value(*m.t.impl(), m.value.impl()->node);
+    runtime::set_value(*m.t.impl(), runtime::current_node(*m.value.impl()), "Module::to");
     m.t.set_grad(m.grad);  // gradients move along, as PyTorch's Module.to
   }
 }

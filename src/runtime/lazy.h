@@ -37,17 +37,30 @@ std::shared_ptr<Buffer> upload(Device device, const void* data, size_t bytes);
 
 }  // namespace lockstep::runtime
 
+namespace lockstep::runtime {
+struct Context;
+}
+
 namespace lockstep::detail {
 
+// The mutable fields below are read and written under `lock` (runtime::TensorLock), except by
+// a thread that just made the tensor and has not shared it yet.
 struct TensorImpl : std::enable_shared_from_this<TensorImpl> {
+  mutable std::atomic<bool> lock{false};
+  // The context (thread) that last gave the tensor a value; when pending, it is on that
+  // context's list of pending tensors.
+  runtime::Context* owner = nullptr;
   // Current value: a Data node (materialized) or any other node (pending).
   ir::NodePtr node;
+  // The node `node` stands for when a sync (or a read) computed it, or an annotation for autograd
+  // replaced it: the same value, so an update computed from it is not lost (context.h).
+  const ir::Node* same_value_as = nullptr;
   // Set when the value was lost (rolled back, or its program failed): every use rethrows it.
   std::exception_ptr poison;
   // Step transaction bookkeeping (see runtime/step.cpp).
   int64_t touched_in_step = 0;  // step id in which it was journaled or created
   bool pending_registered = false;
-  // Links of the runtime's list of pending tensors (valid while pending_registered).
+  // Links of the owner's list of pending tensors (valid while pending_registered).
   TensorImpl* pending_prev = nullptr;
   TensorImpl* pending_next = nullptr;
   // Order of creation: sorts a sync's outputs the same way every time a loop body runs.
@@ -71,36 +84,71 @@ using detail::TensorImpl;
 // A new tensor holding `node`; registered as pending when node is not Data, and (unless
 // `of_step` is false) as created in the current step, if any.
 Tensor new_tensor(ir::NodePtr node, bool of_step = true);
-// The node to use as an operand for `t`; throws Error if t is empty or poisoned.
-const ir::NodePtr& node_of(const Tensor& t, const char* op, const std::source_location& loc);
-// In-place update of a tensor's value: journaled for rollback when inside a step.
-void set_value(TensorImpl& impl, ir::NodePtr node);
+// The node to use as an operand for `t`; throws Error if t is empty or poisoned, or in use by
+// another thread's step (see context.h).
+ir::NodePtr node_of(const Tensor& t, const char* op, const std::source_location& loc);
+// The node of a defined tensor's current value, for its metadata (no checks).
+ir::NodePtr current_node(const TensorImpl& impl);
+// The same without taking a reference: valid while the tensor keeps that value.
+const ir::Node& current_node_ref(const TensorImpl& impl);
+// In-place update of a tensor's value: journaled for rollback when inside a step. Throws Error
+// when another thread's running step holds the tensor, or when `node` was computed from `base`
+// and another thread has replaced that value meanwhile (see context.h); `op` and `loc` name the
+// update.
+void set_value(TensorImpl& impl, ir::NodePtr node, const char* op = "in-place update",
+               const std::source_location& loc = std::source_location::current(),
+               const ir::Node* base = nullptr);
+// A tensor's gradient handle, and replacing it (journaled, with the same checks as set_value).
+Tensor grad_of(const TensorImpl& impl);
+void set_grad_of(TensorImpl& impl, Tensor grad, const char* op, const std::source_location& loc);
+// The same, but the new gradient is computed from the old one (read and written under one lock,
+// so a concurrent update cannot be lost): `update` gets the old handle (maybe undefined).
+void update_grad_of(TensorImpl& impl, const std::function<Tensor(const Tensor&)>& update,
+                    const char* op, const std::source_location& loc);
+// Whether `impl` requires grad or its value does; setting the leaf flag (dropping the value's
+// own mark when turned off).
+bool requires_grad_of(const TensorImpl& impl);
+void set_requires_grad_of(TensorImpl& impl, bool requires_grad);
 // Blocks until `t` is materialized (an implicit sync if pending) and returns its host bytes.
 std::vector<unsigned char> read_bytes(const Tensor& t, const std::source_location& loc);
 // Materializes `t` (implicit sync if pending) and waits; returns its buffer.
 std::shared_ptr<Buffer> materialize(const Tensor& t, const std::source_location& loc);
 
 // Registry (runtime.cpp).
-void register_pending(TensorImpl& impl);  // after node/poison changed
 void poison(TensorImpl& impl, std::exception_ptr error);
 void restore(TensorImpl& impl, ir::NodePtr node, std::exception_ptr poison_state, Tensor grad);
-bool has_pending();
-// Syncs every pending tensor; `closures` (may be null) run after the program(s). With
-// `keep_history`, a value that requires grad remembers the node it was computed from, so
-// backward can go through it; the step's own entry and exit syncs cut that history.
+bool has_pending();  // on the calling thread's context
+// What a step changed, kept while its programs run: if one fails, every tensor that still holds
+// the value the step gave it (`after`) goes back to its value at step entry (`before`), so a
+// step that fails while it runs leaves the model as one that fails while it is traced.
+struct StepRollback {
+  struct Entry {
+    std::weak_ptr<TensorImpl> tensor;
+    ir::NodePtr before;
+    std::exception_ptr before_poison;
+    Tensor before_grad;
+    ir::NodePtr after;
+  };
+  std::vector<Entry> entries;
+};
+
+// Syncs every pending tensor of the calling thread; `closures` (may be null) run after the
+// program(s). With `keep_history`, a value that requires grad remembers the node it was computed
+// from, so backward can go through it; the step's own entry and exit syncs cut that history.
 // `before_enqueue` (optional) runs once the programs are built, before they are handed to the
 // runtime thread (also when there is nothing to run): where a caller drops references to old
-// values that a program may then update in place.
+// values that a program may then update in place, and may return the step's rollback record.
 void sync_all(const std::string& origin, std::vector<std::function<void()>>* closures,
-              bool keep_history, const std::function<void()>& before_enqueue = {});
+              bool keep_history,
+              const std::function<std::shared_ptr<StepRollback>()>& before_enqueue = {});
 void wait_all();
 void set_cache_capacity(size_t capacity);
 void set_max_queued(size_t n);
 std::string last_graph_text();
 bool on_runtime_thread();
 
-// Step hooks (step.cpp): record a tensor's pre-step value before its first change in a step,
-// and tensors created in a step.
+// Step hooks (step.cpp): record a tensor's pre-step value before its first change in a step
+// (the caller holds the tensor's lock), and tensors created in a step.
 void journal(TensorImpl& impl);
 void note_created(TensorImpl& impl);
 

@@ -30,10 +30,19 @@ Metrics& m() {
   return *p;
 }
 
-const char* const kCounters[] = {
-    "steps",      "syncs",           "implicit_syncs",    "compiles",
-    "cache_hits", "executions",      "executed_nodes",    "rollbacks",
-    "transfers",  "bytes_to_device", "bytes_from_device", "execution_errors"};
+const char* const kCounters[] = {"steps",
+                                 "syncs",
+                                 "implicit_syncs",
+                                 "compiles",
+                                 "cache_hits",
+                                 "executions",
+                                 "executed_nodes",
+                                 "rollbacks",
+                                 "transfers",
+                                 "bytes_to_device",
+                                 "bytes_from_device",
+                                 "execution_errors",
+                                 "run_time_rollbacks"};
 const char* const kTimers[] = {"trace", "graph", "compile", "execute"};
 
 }  // namespace

@@ -1,6 +1,7 @@
-// The runtime core: pending-tensor registry, sync (graph -> cache -> enqueue), the runtime
-// thread that executes programs in order, blocking reads and error reporting.
-// Not here: the step transaction (step.cpp), metrics (metrics.cpp).
+// The runtime core: sync (pending tensors -> graph -> cache -> enqueue), the runtime thread that
+// executes every context's programs in order, blocking reads and error reporting.
+// Not here: the per-thread contexts and their pending lists (context.cpp), the step transaction
+// (step.cpp), metrics (metrics.cpp).
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -15,6 +16,7 @@
 #include <unordered_map>
 
 #include "lockstep/runtime.h"
+#include "runtime/context.h"
 #include "runtime/graph_builder.h"
 #include "util/check.h"
 
@@ -35,36 +37,18 @@ struct Job {
   std::vector<std::shared_ptr<Buffer>> inputs;
   std::vector<ir::ScalarValue> scalars;
   std::vector<std::shared_ptr<Buffer>> outputs;
-  std::string origin;  // "step 3" or "sync at file:line"
+  Context* ctx = nullptr;                  // whose program: its errors are raised on that thread
+  std::shared_ptr<StepRollback> rollback;  // a step's: what to restore if the program fails
+  std::string origin;                      // "step 3" or "sync at file:line"
   int64_t num_nodes = 0;
   std::vector<std::function<void()>> closures;
 };
 
 struct Runtime {
-  // Registry and compile cache. Recursive: a tensor may die (and unregister) while the registry
-  // is being walked on the same thread.
+  // Graph building and the compile cache, shared by every context: one sync builds (and, on a
+  // miss, compiles) at a time. Building numbers nodes in scratch fields, which two threads
+  // sharing a node would otherwise race on. Recursive: a tensor may die while it is held.
   std::recursive_mutex mu;
-  // Tensors whose value is a pending graph, in a list threaded through them (no allocation per
-  // recorded op), oldest first.
-  struct PendingList {
-    TensorImpl* head = nullptr;
-    TensorImpl* tail = nullptr;
-    size_t size = 0;
-    void insert(TensorImpl* t) {
-      t->pending_prev = tail;
-      t->pending_next = nullptr;
-      (tail ? tail->pending_next : head) = t;
-      tail = t;
-      ++size;
-    }
-    void erase(TensorImpl* t) {
-      (t->pending_prev ? t->pending_prev->pending_next : head) = t->pending_next;
-      (t->pending_next ? t->pending_next->pending_prev : tail) = t->pending_prev;
-      t->pending_prev = t->pending_next = nullptr;
-      --size;
-    }
-    bool empty() const { return size == 0; }
-  } pending;
   std::list<CacheEntry> lru;  // front: most recently used
   std::unordered_map<uint64_t, std::list<CacheEntry>::iterator> cache;
   size_t cache_capacity = 64;
@@ -72,7 +56,8 @@ struct Runtime {
   bool debug = std::getenv("LOCKSTEP_DEBUG") && std::string(std::getenv("LOCKSTEP_DEBUG")) != "0";
   const char* dump_dir = std::getenv("LOCKSTEP_DUMP");
 
-  // Runtime thread. `qmu` also guards buffer completion and the unreported error.
+  // Runtime thread. `qmu` also guards buffer completion and each context's outstanding
+  // programs and unreported error.
   std::mutex qmu;
   std::condition_variable work_cv;
   std::condition_variable done_cv;
@@ -82,7 +67,6 @@ struct Runtime {
   bool busy = false;
   std::thread worker;
   std::thread::id worker_id;
-  std::exception_ptr unreported;
 
   void start_worker() {
     worker = std::thread([this] { loop(); });
@@ -101,10 +85,12 @@ struct Runtime {
         busy = true;
       }
       space_cv.notify_all();
+      Context* ctx = job.ctx;
       run_job(job);
       {
         std::lock_guard<std::mutex> lock(qmu);
         busy = false;
+        --ctx->outstanding;
       }
       done_cv.notify_all();
     }
@@ -118,20 +104,48 @@ Runtime& rt() {
   return *r;
 }
 
-std::exception_ptr wrap_error(const std::string& origin, std::exception_ptr e) {
+// `rolled_back`: a step's program, whose changes the runtime undoes (see settle_failures).
+std::exception_ptr wrap_error(const std::string& origin, std::exception_ptr e, bool rolled_back) {
+  const char* after = rolled_back
+                          ? "; the step was rolled back: every tensor it changed is back at its "
+                            "value before the step, and the tensors it made are poisoned"
+                          : "";
   try {
     std::rethrow_exception(e);
   } catch (const BackendError& err) {
-    return std::make_exception_ptr(BackendError(cat(origin, ": execution failed: ", err.what())));
+    return std::make_exception_ptr(
+        BackendError(cat(origin, ": execution failed: ", err.what(), after)));
   } catch (const std::exception& err) {
-    return std::make_exception_ptr(Error(cat(origin, ": execution failed: ", err.what())));
+    return std::make_exception_ptr(Error(cat(origin, ": execution failed: ", err.what(), after)));
   } catch (...) {
-    return std::make_exception_ptr(Error(cat(origin, ": execution failed: unknown exception")));
+    return std::make_exception_ptr(
+        Error(cat(origin, ": execution failed: unknown exception", after)));
   }
+}
+
+// Inputs of `job` that only it and its step's rollback record hold: the record's pre-step values
+// do not stop an in-place update, since a program that fails leaves its donated inputs as they
+// were (or names them lost).
+std::vector<bool> donatable_inputs(const Job& job) {
+  std::vector<const Buffer*> held;  // each buffer once per record entry that alone holds it
+  if (job.rollback)
+    for (const StepRollback::Entry& e : job.rollback->entries)
+      if (e.before && e.before->op == ir::Op::Data && e.before.use_count() == 1 && e.before->buffer)
+        held.push_back(e.before->buffer.get());
+  std::sort(held.begin(), held.end());
+  std::vector<bool> donatable(job.inputs.size());
+  for (size_t k = 0; k < job.inputs.size(); ++k) {
+    const Buffer* b = job.inputs[k].get();
+    const auto [lo, hi] = std::equal_range(held.begin(), held.end(), b);
+    donatable[k] =
+        job.inputs[k].use_count() == 1 + (hi - lo) && job.inputs[k]->storage.use_count() == 1;
+  }
+  return donatable;
 }
 
 void Runtime::run_job(Job& job) {
   std::exception_ptr err;
+  std::vector<const Buffer*> lost;  // inputs a failed program overwrote
   for (const auto& in : job.inputs)
     if (in->error) {
       err = in->error;  // an input lost to an earlier failure poisons this program too
@@ -141,20 +155,24 @@ void Runtime::run_job(Job& job) {
   if (!err && job.exe) {
     std::vector<std::shared_ptr<backends::Storage>> storages;
     storages.reserve(job.inputs.size());
-    // An input only this job still references (no tensor, node or journal holds its buffer:
-    // e.g. a parameter's previous value, after the step rebound the parameter) may be
-    // overwritten by the program. References only ever drop, so the check cannot go stale.
-    std::vector<bool> donatable(job.inputs.size());
-    for (size_t k = 0; k < job.inputs.size(); ++k)
-      donatable[k] = job.inputs[k].use_count() == 1 && job.inputs[k]->storage.use_count() == 1;
+    // An input only this job still references (no tensor or node holds its buffer: e.g. a
+    // parameter's previous value, after the step rebound the parameter) may be overwritten by
+    // the program. References only ever drop, so the check cannot go stale.
+    const std::vector<bool> donatable = donatable_inputs(job);
     for (const auto& in : job.inputs) storages.push_back(in->storage);
     const int64_t t0 = now_ns();
     try {
-      results = job.exe->run(storages, job.scalars, donatable);
+      // Once the program is past its data checks, the step's record of values to restore goes:
+      // a later failure (a fault, not the data) poisons what the step changed instead.
+      results = job.exe->run(storages, job.scalars, donatable, [&job] { job.rollback.reset(); });
       if (results.size() != job.outputs.size())
         util::internal_fail(__FILE__, __LINE__, "executable returned the wrong number of outputs");
+    } catch (const backends::RunError& e) {
+      for (int32_t k : e.overwritten_inputs()) lost.push_back(job.inputs.at(k).get());
+      err = wrap_error(job.origin, std::current_exception(), job.rollback != nullptr);
+      count("execution_errors");
     } catch (...) {
-      err = wrap_error(job.origin, std::current_exception());
+      err = wrap_error(job.origin, std::current_exception(), job.rollback != nullptr);
       count("execution_errors");
     }
     time_ns("execute", now_ns() - t0);
@@ -170,35 +188,55 @@ void Runtime::run_job(Job& job) {
         job.outputs[i]->storage = std::move(results[i]);
       job.outputs[i]->done.store(true);
     }
-    if (err && !unreported) unreported = err;
+    if (err && !job.ctx->unreported) job.ctx->unreported = err;
+    if (err && job.rollback) {  // undone on the step's thread (settle_failures)
+      auto& failed = job.ctx->failed;
+      if (failed.empty() || failed.back().rollback != job.rollback)
+        failed.push_back({job.rollback, {}, err});
+      failed.back().lost.insert(failed.back().lost.end(), lost.begin(), lost.end());
+    }
   }
   done_cv.notify_all();
   if (err) return;  // the step's values are not there: its closures do not run
+  ActingFor acting(job.ctx);
   for (auto& fn : job.closures) {
     try {
       fn();
     } catch (...) {
       std::lock_guard<std::mutex> lock(qmu);
-      if (!unreported) unreported = std::current_exception();
+      if (!job.ctx->unreported) job.ctx->unreported = std::current_exception();
     }
   }
 }
 
-// Hands a program to the runtime thread. Backpressure: with max_queued programs already
-// waiting, the caller waits for room (never the runtime thread itself, and never a caller that
-// holds the registry lock, which the runtime thread may need), so a loop that traces faster
-// than it runs does not pile up programs and the inputs they hold.
-void enqueue(Job job) {
+// Backpressure: with max_queued programs already waiting, a sync waits for room before it
+// builds its programs (never on the runtime thread itself), so a loop that traces faster than it
+// runs does not pile up programs and the inputs they hold. Several threads that all found room
+// may each add theirs: at most one more per thread.
+void wait_for_room() {
+  Runtime& r = rt();
+  std::unique_lock<std::mutex> lock(r.qmu);
+  if (std::this_thread::get_id() != r.worker_id && r.queue.size() >= r.max_queued) {
+    count("queue_waits");
+    r.space_cv.wait(lock, [&] { return r.queue.size() < r.max_queued; });
+  }
+}
+
+// Hands programs to the runtime thread. Called under the graph lock, in the order they were
+// built: a program may read the outputs of one built just before it on another thread, so the
+// queue's order must be the order of building.
+void enqueue(std::vector<Job>& jobs) {
+  if (jobs.empty()) return;
   Runtime& r = rt();
   {
-    std::unique_lock<std::mutex> lock(r.qmu);
+    std::lock_guard<std::mutex> lock(r.qmu);
     if (!r.worker.joinable() && r.worker_id == std::thread::id()) r.start_worker();
-    if (std::this_thread::get_id() != r.worker_id && r.queue.size() >= r.max_queued) {
-      count("queue_waits");
-      r.space_cv.wait(lock, [&] { return r.queue.size() < r.max_queued; });
+    for (Job& job : jobs) {
+      ++job.ctx->outstanding;
+      r.queue.push_back(std::move(job));
     }
-    r.queue.push_back(std::move(job));
   }
+  jobs.clear();
   r.work_cv.notify_one();
 }
 
@@ -246,29 +284,38 @@ const CacheEntry& lookup_or_compile(BuiltGraph& built, const std::string& origin
   return r.lru.front();
 }
 
-// Computes the given pending tensors. Caller holds rt().mu.
+// Computes the given pending tensors for context `me`. Caller holds rt().mu.
 // Builds and compiles the programs that compute `targets` and rebinds the targets to their
 // outputs; the jobs go to `ready`, for the caller to enqueue once it has dropped its own
 // references to the old values (so the programs may update them in place).
 void sync_impls(const std::vector<std::shared_ptr<TensorImpl>>& targets, const std::string& origin,
                 std::vector<std::function<void()>>* closures, bool keep_history,
-                std::vector<Job>* ready) {
+                std::vector<Job>* ready, Context& me) {
   Runtime& r = rt();
+  // Each target's value as of now (a tensor no longer pending is left alone).
+  std::vector<ir::NodePtr> values;
+  values.reserve(targets.size());
+  for (const auto& t : targets) {
+    TensorLock lock(*t);
+    const bool pending = t->node && t->node->op != ir::Op::Data && !t->poison;
+    values.push_back(pending ? t->node : nullptr);
+  }
   // One program per device, in the order devices first appear.
   std::vector<Device> devices;
-  for (const auto& t : targets) {
+  for (const auto& v : values) {
+    if (!v) continue;
     bool seen = false;
-    for (Device d : devices) seen = seen || d == t->node->device;
-    if (!seen) devices.push_back(t->node->device);
+    for (Device d : devices) seen = seen || d == v->device;
+    if (!seen) devices.push_back(v->device);
   }
   for (size_t di = 0; di < devices.size(); ++di) {
     const Device device = devices[di];
     std::vector<std::shared_ptr<TensorImpl>> group;
     std::vector<ir::NodePtr> roots;
-    for (const auto& t : targets)
-      if (t->node->device == device) {
-        group.push_back(t);
-        roots.push_back(t->node);
+    for (size_t k = 0; k < targets.size(); ++k)
+      if (values[k] && values[k]->device == device) {
+        group.push_back(targets[k]);
+        roots.push_back(values[k]);
       }
     const int64_t t0 = now_ns();
     BuiltGraph built = build_graph(roots, device);
@@ -276,6 +323,7 @@ void sync_impls(const std::vector<std::shared_ptr<TensorImpl>>& targets, const s
     const CacheEntry& entry = lookup_or_compile(built, origin);
     r.last_graph = entry.graph;
     Job job;
+    job.ctx = &me;
     job.exe = entry.exe;
     job.inputs = std::move(built.buffers);
     job.scalars = std::move(built.scalars);
@@ -290,33 +338,87 @@ void sync_impls(const std::vector<std::shared_ptr<TensorImpl>>& targets, const s
     }
     for (size_t k = 0; k < group.size(); ++k) {
       TensorImpl& t = *group[k];
+      const ir::NodePtr& value = roots[k];
       ir::NodePtr data =
-          ir::make_data(job.outputs[built.root_output[k]], t.node->shape, t.node->dtype, device);
+          ir::make_data(job.outputs[built.root_output[k]], value->shape, value->dtype, device);
+      TensorLock lock(t);
+      if (t.node != value) continue;  // given another value meanwhile (by a closure's thread)
       if (t.requires_grad)
         data = ir::annotated(data, true, t.weak_from_this(), nullptr);
-      else if (keep_history && t.node->requires_grad)
-        data = ir::annotated(data, true, {}, t.node);
+      else if (keep_history && value->requires_grad)
+        data = ir::annotated(data, true, {}, value);
+      t.same_value_as = t.node.get();
       t.node = std::move(data);
-      if (t.pending_registered) r.pending.erase(&t);
-      t.pending_registered = false;
+      register_pending_locked(t, me);
     }
     if (closures && di + 1 == devices.size()) job.closures = std::move(*closures);
     ready->push_back(std::move(job));
   }
   if (closures && !closures->empty()) {  // nothing to compute: closures still run in order
     Job job;
+    job.ctx = &me;
     job.origin = origin;
     job.closures = std::move(*closures);
     ready->push_back(std::move(job));
   }
 }
 
-void throw_unreported() {
+// On the thread whose steps failed while they ran, once all its programs have run: every tensor
+// a failed step changed that still holds the value the step gave it goes back to its value at
+// step entry, the latest step first (a later step that failed because it read a failed step's
+// output restores to that output, which the earlier step's record then takes back further). A
+// value that a failed program had already overwritten in place is lost: that tensor is poisoned.
+void settle_failures(Context& me) {
+  Runtime& r = rt();
+  if (std::this_thread::get_id() == r.worker_id) return;  // it cannot wait for itself
+  std::vector<Context::FailedStep> failed;
+  {
+    std::unique_lock<std::mutex> lock(r.qmu);
+    if (me.failed.empty()) return;
+    r.done_cv.wait(lock, [&] { return me.outstanding == 0; });
+    failed.swap(me.failed);
+  }
+  for (auto f = failed.rbegin(); f != failed.rend(); ++f) {
+    for (auto e = f->rollback->entries.rbegin(); e != f->rollback->entries.rend(); ++e) {
+      std::shared_ptr<TensorImpl> t = e->tensor.lock();
+      if (!t) continue;
+      Tensor dropped;  // the step's gradient handle, released after the lock
+      TensorLock lock(*t);
+      if (t->node != e->after) continue;  // changed since (by a step that went through)
+      const bool lost =
+          e->before && e->before->buffer &&
+          std::find(f->lost.begin(), f->lost.end(), e->before->buffer.get()) != f->lost.end();
+      if (lost) {
+        std::string why = "a step failed";
+        try {
+          std::rethrow_exception(f->error);
+        } catch (const std::exception& err) {
+          why = err.what();
+        }
+        t->poison = std::make_exception_ptr(
+            Error(cat("this tensor's value was lost: the failed program had already updated it "
+                      "in place (",
+                      why, ")")));
+      } else {
+        t->node = e->before;
+        t->poison = e->before_poison;
+        dropped = std::move(t->grad);
+        t->grad = e->before_grad;
+      }
+      t->same_value_as = nullptr;
+      register_pending_locked(*t, me);
+    }
+    count("run_time_rollbacks");
+  }
+}
+
+void throw_unreported(Context& me) {
+  settle_failures(me);
   Runtime& r = rt();
   std::exception_ptr e;
   {
     std::lock_guard<std::mutex> lock(r.qmu);
-    std::swap(e, r.unreported);
+    std::swap(e, me.unreported);
   }
   if (e) std::rethrow_exception(e);
 }
@@ -335,64 +437,109 @@ lockstep::detail::TensorImpl::TensorImpl(ir::NodePtr n)
     : node(std::move(n)), creation_index(g_creation_counter.fetch_add(1)) {}
 
 lockstep::detail::TensorImpl::~TensorImpl() {
+  // No other thread holds this tensor any more; its owner's list still points at it.
   if (pending_registered) {
-    auto& r = runtime::rt();
-    std::lock_guard<std::recursive_mutex> lock(r.mu);
-    r.pending.erase(this);
+    std::lock_guard<std::recursive_mutex> lock(owner->mu);
+    owner->pending.erase(this);
   }
 }
 
 namespace lockstep::runtime {
 
-void register_pending(TensorImpl& impl) {
-  const bool pending = impl.node && impl.node->op != ir::Op::Data && !impl.poison;
-  if (pending == impl.pending_registered) return;
-  Runtime& r = rt();
-  std::lock_guard<std::recursive_mutex> lock(r.mu);
-  if (pending)
-    r.pending.insert(&impl);
-  else
-    r.pending.erase(&impl);
-  impl.pending_registered = pending;
-}
-
 Tensor new_tensor(ir::NodePtr node, bool of_step) {
   auto impl = std::make_shared<TensorImpl>(std::move(node));
-  register_pending(*impl);
+  register_pending_locked(*impl, current_context());  // not shared yet: no lock needed
   if (of_step) note_created(*impl);
   return Tensor(std::move(impl));
 }
 
-const ir::NodePtr& node_of(const Tensor& t, const char* op, const std::source_location& loc) {
+ir::NodePtr node_of(const Tensor& t, const char* op, const std::source_location& loc) {
   if (!t.defined())
     util::fail(loc, op, "got an empty tensor handle (default-constructed ls::Tensor)",
                "Assign it a value first, e.g. ls::zeros({2, 3})");
   TensorImpl& impl = *t.impl();
+  TensorLock lock(impl);
+  check_use(impl, current_context(), op, loc);
   if (impl.poison) std::rethrow_exception(impl.poison);
   // A leaf that requires grad is seen by ops through a node marked as its own, so backward
   // knows where to deliver the gradient. The value is unchanged: no journal entry.
-  if (impl.requires_grad && ir::grad_enabled() && impl.node->grad_leaf.lock().get() != &impl)
+  if (impl.requires_grad && ir::grad_enabled() && impl.node->grad_leaf.lock().get() != &impl) {
+    impl.same_value_as = impl.node.get();
     impl.node = ir::annotated(impl.node, true, impl.weak_from_this(), nullptr);
+  }
   return impl.node;
 }
 
-void set_value(TensorImpl& impl, ir::NodePtr node) {
+ir::NodePtr current_node(const TensorImpl& impl) {
+  TensorLock lock(impl);
+  return impl.node;
+}
+
+const ir::Node& current_node_ref(const TensorImpl& impl) {
+  TensorLock lock(impl);
+  return *impl.node;
+}
+
+void set_value(TensorImpl& impl, ir::NodePtr node, const char* op, const std::source_location& loc,
+               const ir::Node* base) {
+  Context& me = current_context();
+  TensorLock lock(impl);
+  check_use(impl, me, op, loc);
+  check_base(impl, me, base, op, loc);
   journal(impl);
-  impl.node = std::move(node);
+  std::swap(impl.node, node);  // the old value dies after the lock is released
+  impl.same_value_as = nullptr;
   impl.poison = nullptr;
-  register_pending(impl);
+  register_pending_locked(impl, me);
+}
+
+Tensor grad_of(const TensorImpl& impl) {
+  TensorLock lock(impl);
+  return impl.grad;
+}
+
+void set_grad_of(TensorImpl& impl, Tensor grad, const char* op, const std::source_location& loc) {
+  TensorLock lock(impl);
+  check_use(impl, current_context(), op, loc);
+  journal(impl);  // the step's rollback restores the previous grad handle too
+  std::swap(impl.grad, grad);
+}
+
+void update_grad_of(TensorImpl& impl, const std::function<Tensor(const Tensor&)>& update,
+                    const char* op, const std::source_location& loc) {
+  TensorLock lock(impl);
+  check_use(impl, current_context(), op, loc);
+  journal(impl);
+  impl.grad = update(impl.grad);
+}
+
+bool requires_grad_of(const TensorImpl& impl) {
+  TensorLock lock(impl);
+  return impl.requires_grad || impl.node->requires_grad;
+}
+
+void set_requires_grad_of(TensorImpl& impl, bool requires_grad) {
+  TensorLock lock(impl);
+  impl.requires_grad = requires_grad;
+  if (!requires_grad && impl.node->requires_grad) {
+    impl.same_value_as = impl.node.get();
+    impl.node = ir::annotated(impl.node, false, {}, nullptr);
+  }
 }
 
 void poison(TensorImpl& impl, std::exception_ptr error) {
+  TensorLock lock(impl);
   impl.poison = std::move(error);
-  register_pending(impl);
+  register_pending_locked(impl, current_context());
 }
 
 void restore(TensorImpl& impl, ir::NodePtr node, std::exception_ptr poison_state, Tensor grad) {
-  impl.node = std::move(node);
+  TensorLock lock(impl);
+  std::swap(impl.node, node);
+  impl.same_value_as = nullptr;
   impl.poison = std::move(poison_state);
-  impl.grad = std::move(grad);
-  register_pending(impl);
+  std::swap(impl.grad, grad);
+  register_pending_locked(impl, current_context());
 }
 
 std::shared_ptr<Buffer> upload(Device device, const void* data, size_t bytes) {
@@ -410,66 +557,74 @@ std::shared_ptr<Buffer> upload(Device device, const void* data, size_t bytes) {
 // ---- sync and reads -----------------------------------------------------------------------
 
 bool has_pending() {
-  Runtime& r = rt();
-  std::lock_guard<std::recursive_mutex> lock(r.mu);
-  return !r.pending.empty();
+  Context& me = current_context();
+  std::lock_guard<std::recursive_mutex> lock(me.mu);
+  return !me.pending.empty();
 }
 
 void sync_all(const std::string& origin, std::vector<std::function<void()>>* closures,
-              bool keep_history, const std::function<void()>& before_enqueue) {
+              bool keep_history,
+              const std::function<std::shared_ptr<StepRollback>()>& before_enqueue) {
   Runtime& r = rt();
+  Context& me = current_context();
   std::vector<std::shared_ptr<TensorImpl>> targets;
-  std::vector<Job> jobs;
   {
-    std::lock_guard<std::recursive_mutex> lock(r.mu);
-    if (r.pending.empty() && (!closures || closures->empty())) {  // nothing to do: free
+    std::lock_guard<std::recursive_mutex> lock(me.mu);
+    if (me.pending.empty() && (!closures || closures->empty())) {  // nothing to do: free
       if (before_enqueue) before_enqueue();
       return;
     }
-    count("syncs");
-    targets.reserve(r.pending.size);
-    for (TensorImpl* impl = r.pending.head; impl; impl = impl->pending_next)
+    targets.reserve(me.pending.size);
+    for (TensorImpl* impl = me.pending.head; impl; impl = impl->pending_next)
       if (auto sp = impl->weak_from_this().lock()) targets.push_back(std::move(sp));
-    // The list's order is that of becoming pending; the order tensors were created in is the
-    // same every time a loop body runs, so it makes the program (and its hash) the same.
-    std::sort(targets.begin(), targets.end(),
-              [](const auto& a, const auto& b) { return a->creation_index < b->creation_index; });
-    sync_impls(targets, origin, closures, keep_history, &jobs);
-    targets.clear();  // the pending graphs die here: only the jobs hold the old values now
   }
-  if (before_enqueue) before_enqueue();
-  for (Job& job : jobs) enqueue(std::move(job));
+  count("syncs");
+  // The list's order is that of becoming pending; the order tensors were created in is the
+  // same every time a loop body runs, so it makes the program (and its hash) the same.
+  std::sort(targets.begin(), targets.end(),
+            [](const auto& a, const auto& b) { return a->creation_index < b->creation_index; });
+  wait_for_room();
+  std::vector<Job> jobs;
+  std::lock_guard<std::recursive_mutex> lock(r.mu);
+  sync_impls(targets, origin, closures, keep_history, &jobs, me);
+  targets.clear();  // the pending graphs die here: only the jobs hold the old values now
+  if (before_enqueue) {
+    std::shared_ptr<StepRollback> rollback = before_enqueue();
+    for (Job& job : jobs) job.rollback = rollback;
+  }
+  enqueue(jobs);
 }
 
 std::shared_ptr<Buffer> materialize(const Tensor& t, const std::source_location& loc) {
   node_of(t, "read", loc);
   std::shared_ptr<TensorImpl> impl = t.impl_ptr();
   Runtime& r = rt();
+  Context& me = current_context();
   std::vector<Job> jobs;
-  {
+  if (current_node(*impl)->op != ir::Op::Data) {
+    if (std::this_thread::get_id() == r.worker_id)
+      util::fail(loc, "read",
+                 "a step closure read a value that is not computed yet (closures run on the "
+                 "runtime thread, which cannot run another program)",
+                 "Read only tensors of the finished step in a closure, or read after the step");
+    count("implicit_syncs");
+    count("syncs");
+    wait_for_room();
     std::lock_guard<std::recursive_mutex> lock(r.mu);
-    if (impl->node->op != ir::Op::Data) {
-      if (std::this_thread::get_id() == r.worker_id)
-        util::fail(loc, "read",
-                   "a step closure read a value that is not computed yet (closures run on the "
-                   "runtime thread, which cannot run another program)",
-                   "Read only tensors of the finished step in a closure, or read after the step");
-      count("implicit_syncs");
-      count("syncs");
-      sync_impls({impl}, cat("implicit sync at ", util::where(loc)), nullptr, true, &jobs);
-    }
+    sync_impls({impl}, cat("implicit sync at ", util::where(loc)), nullptr, true, &jobs, me);
+    enqueue(jobs);
   }
-  for (Job& job : jobs) enqueue(std::move(job));  // not under the registry lock: it may wait
-  std::shared_ptr<Buffer> b = impl->node->buffer;
+  std::shared_ptr<Buffer> b = current_node(*impl)->buffer;
   wait_buffer(*b);
   if (b->error) {
+    settle_failures(me);
     {
       std::lock_guard<std::mutex> lock(r.qmu);
-      if (r.unreported == b->error) r.unreported = nullptr;
+      if (me.unreported == b->error) me.unreported = nullptr;
     }
     std::rethrow_exception(b->error);
   }
-  if (std::this_thread::get_id() != r.worker_id) throw_unreported();
+  if (std::this_thread::get_id() != r.worker_id) throw_unreported(me);
   return b;
 }
 
@@ -485,11 +640,12 @@ void wait_all() {
   Runtime& r = rt();
   if (std::this_thread::get_id() == r.worker_id)
     throw Error("ls::wait() called from a step closure: closures run on the runtime thread");
+  Context& me = current_context();
   {
     std::unique_lock<std::mutex> lock(r.qmu);
-    r.done_cv.wait(lock, [&] { return r.queue.empty() && !r.busy; });
+    r.done_cv.wait(lock, [&] { return me.outstanding == 0; });
   }
-  throw_unreported();
+  throw_unreported(me);
 }
 
 void set_max_queued(size_t n) {

@@ -7,6 +7,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "lockstep/runtime.h"
+#include "runtime/context.h"
 #include "runtime/lazy.h"
 #include "util/check.h"
 
@@ -33,7 +34,7 @@ struct StepState {
 };
 
 // A step belongs to the thread that entered it: tensors made meanwhile by data-loading threads
-// are not part of it.
+// are not part of it, and other threads may not use what it changed until it ends (context.h).
 thread_local StepState* t_active = nullptr;
 std::atomic<int64_t> g_step_counter{0};
 
@@ -52,11 +53,22 @@ void begin(StepState& s, const std::source_location& loc) {
   s.loc = loc;
   count("steps");
   s.trace_start_ns = now_ns();
+  Context& me = current_context();
+  {
+    std::lock_guard<std::recursive_mutex> lock(me.mu);
+    me.step_loc = loc;
+  }
+  me.active_step.store(s.id);
   t_active = &s;
 }
 
-void rollback(StepState& s, const std::string& reason) {
+void end(StepState&) {
   t_active = nullptr;
+  current_context().active_step.store(0);
+}
+
+void rollback(StepState& s, const std::string& reason) {
+  t_active = nullptr;  // restoring is not journaled; other threads wait for end() below
   auto lost = std::make_exception_ptr(
       Error(cat("this tensor was created in ", step_origin(s),
                 ", which was rolled back because an exception left it: ", reason)));
@@ -64,6 +76,7 @@ void rollback(StepState& s, const std::string& reason) {
     if (auto t = it->tensor.lock()) restore(*t, it->node, it->poison, it->grad);
   for (auto& w : s.created)
     if (auto t = w.lock()) poison(*t, lost);
+  end(s);
   count("rollbacks");
 }
 
@@ -71,8 +84,11 @@ void rollback(StepState& s, const std::string& reason) {
 // the step's graph (which would keep the graph and its buffers alive).
 void end_history(StepState& s) {
   auto cut = [](TensorImpl& t) {
-    if (t.node && t.node->grad_alias)
+    TensorLock lock(t);
+    if (t.node && t.node->grad_alias) {
+      t.same_value_as = t.node.get();
       t.node = ir::annotated(t.node, t.requires_grad, t.node->grad_leaf, nullptr);
+    }
   };
   for (auto& w : s.created)
     if (auto t = w.lock()) cut(*t);
@@ -80,22 +96,39 @@ void end_history(StepState& s) {
     if (auto t = e.tensor.lock()) cut(*t);
 }
 
+// Once the step's programs are built: its journal becomes their rollback record (the values at
+// step entry, kept until the programs have run, and what the step gave each tensor), and the
+// step's own references go, so the programs may update those values in place.
+std::shared_ptr<StepRollback> hand_over(StepState& s) {
+  end_history(s);
+  std::shared_ptr<StepRollback> rollback;
+  if (!s.journal.empty()) {
+    rollback = std::make_shared<StepRollback>();
+    rollback->entries.reserve(s.journal.size());
+    for (JournalEntry& e : s.journal) {
+      std::shared_ptr<TensorImpl> t = e.tensor.lock();
+      if (!t) continue;
+      ir::NodePtr after = current_node(*t);
+      rollback->entries.push_back({std::move(e.tensor), std::move(e.node), std::move(e.poison),
+                                   std::move(e.grad), std::move(after)});
+    }
+  }
+  s.journal.clear();
+  s.created.clear();
+  return rollback;
+}
+
 void commit(StepState& s) {
   time_ns("trace", now_ns() - s.trace_start_ns);
   try {
-    // Past the build nothing can fail: the journal goes before the program is enqueued, so
-    // the program may overwrite the previous values of what the step changed (nothing else
-    // holds them any more).
-    sync_all(step_origin(s), &s.closures, false, [&] {
-      end_history(s);
-      s.journal.clear();
-      s.created.clear();
-    });
+    // Past the build nothing can fail here; a failure while the programs run is undone by the
+    // runtime from the rollback record (runtime.cpp).
+    sync_all(step_origin(s), &s.closures, false, [&] { return hand_over(s); });
   } catch (const std::exception& e) {
     rollback(s, e.what());
     throw;
   }
-  t_active = nullptr;
+  end(s);
 }
 
 std::string current_reason() {
@@ -147,7 +180,8 @@ namespace {
 thread_local std::vector<std::unique_ptr<runtime::StepState>> t_guard_states;
 }
 
-Step::Step(Loc loc) : uncaught_at_entry_(std::uncaught_exceptions()) {
+Step::Step(Loc loc)
+    : uncaught_at_entry_(std::uncaught_exceptions()), context_(&runtime::current_context()) {
   auto s = std::make_unique<runtime::StepState>();
   runtime::begin(*s, loc);
   t_guard_states.push_back(std::move(s));
@@ -159,10 +193,23 @@ std::unique_ptr<runtime::StepState> pop_guard_state() {
   t_guard_states.pop_back();
   return s;
 }
+
+// The guard's state lives with the thread that entered it.
+bool on_entering_thread(const void* context) {
+  return context == &runtime::current_context() && !t_guard_states.empty();
+}
+
+[[noreturn]] void fail_other_thread(const void* context) {
+  const auto* entered = static_cast<const runtime::Context*>(context);
+  throw Error(util::cat("ls::Step: the step was entered on ", entered->name(), " and ended on ",
+                        runtime::current_context().name(),
+                        "; a step belongs to the thread that entered it. End it there"));
+}
 }  // namespace
 
 void Step::commit() {
   if (done_) return;
+  if (!on_entering_thread(context_)) fail_other_thread(context_);
   done_ = true;
   runtime::commit(*pop_guard_state());
 }
@@ -171,8 +218,9 @@ Step::~Step() noexcept(false) {
   if (done_) return;
   if (std::uncaught_exceptions() > uncaught_at_entry_) {
     done_ = true;
-    runtime::rollback(*pop_guard_state(), "an exception left the ls::Step scope");
-    return;
+    if (on_entering_thread(context_))
+      runtime::rollback(*pop_guard_state(), "an exception left the ls::Step scope");
+    return;  // on another thread nothing can be done while unwinding
   }
   commit();
 }

@@ -1,5 +1,6 @@
 // Creation functions: constants as runtime scalars broadcast to a shape, host data uploads,
 // index ramps, and the counter-based random generator whose state is a tensor.
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <map>
@@ -124,15 +125,20 @@ template Tensor from_vector<bool>(const std::vector<bool>&, const Shape&, Device
 // ---- random --------------------------------------------------------------------------------
 namespace {
 
+// Each thread has its own generator (a state tensor per device), so threads that train their own
+// models draw without sharing a tensor. A thread's generator starts from the seed of the last
+// manual_seed call made anywhere before its first draw (0 if none); manual_seed reseeds the
+// calling thread's generator.
+std::atomic<uint64_t> g_default_seed{0};
+
 struct Generators {
-  std::mutex mu;
-  uint64_t seed = 0;
+  uint64_t seed = g_default_seed.load();
   std::map<std::pair<int, int>, Tensor> state;  // per device
 };
 
 Generators& gens() {
-  static Generators* g = new Generators;
-  return *g;
+  thread_local Generators g;
+  return g;
 }
 
 Tensor make_state(uint64_t seed, Device device) {
@@ -145,7 +151,6 @@ Tensor make_state(uint64_t seed, Device device) {
 
 Tensor& state_for(Device device) {
   Generators& g = gens();
-  std::lock_guard<std::mutex> lock(g.mu);
   auto key = std::make_pair(static_cast<int>(device.kind), device.index);
   auto it = g.state.find(key);
   if (it == g.state.end()) it = g.state.emplace(key, make_state(g.seed, device)).first;
@@ -174,17 +179,15 @@ ir::NodePtr draw_uniform(const Shape& shape, DType dtype, Device device, const c
 }  // namespace
 
 void manual_seed(uint64_t seed) {
+  g_default_seed.store(seed);
   Generators& g = gens();
+  g.seed = seed;
   std::vector<std::pair<Device, Tensor*>> states;
-  {
-    std::lock_guard<std::mutex> lock(g.mu);
-    g.seed = seed;
-    for (auto& [key, t] : g.state)
-      states.push_back({Device{static_cast<DeviceKind>(key.first), key.second}, &t});
-  }
+  for (auto& [key, t] : g.state)
+    states.push_back({Device{static_cast<DeviceKind>(key.first), key.second}, &t});
   for (auto& [device, t] : states) {
     Tensor fresh = make_state(seed, device);
-    runtime::set_value(*t->impl(), fresh.impl()->node);
+    runtime::set_value(*t->impl(), runtime::current_node(*fresh.impl()), "manual_seed");
   }
 }
 

@@ -3,6 +3,7 @@
 #include <iomanip>
 #include <sstream>
 
+#include "runtime/context.h"
 #include "tensor/frontend.h"
 #include "util/check.h"
 
@@ -14,12 +15,15 @@ using util::cat;
 Tensor::Tensor(std::shared_ptr<detail::TensorImpl> impl) : impl_(std::move(impl)) {}
 
 namespace {
+// The node of the tensor's value, for its metadata. The reference stays valid while the value is
+// the tensor's (in-place ops keep shape and dtype: assign() checks); one thread's change of a
+// tensor another thread is reading is refused while the changing thread's step runs.
 const ir::Node& meta(const Tensor& t, const char* what) {
   if (!t.defined())
     throw Error(cat(what,
                     ": empty tensor handle (a default-constructed ls::Tensor); assign it a "
                     "value first"));
-  return *t.impl()->node;
+  return runtime::current_node_ref(*t.impl());
 }
 }  // namespace
 
@@ -34,13 +38,19 @@ DType Tensor::dtype() const { return meta(*this, "dtype").dtype; }
 Device Tensor::device() const { return meta(*this, "device").device; }
 
 bool Tensor::is_pending() const {
-  return defined() && !impl_->poison && impl_->node->op != ir::Op::Data;
+  if (!defined() || is_poisoned()) return false;
+  return runtime::current_node(*impl_)->op != ir::Op::Data;
 }
 
 bool Tensor::is_poisoned() const {
   if (!defined()) return false;
-  if (impl_->poison) return true;
-  const auto& b = impl_->node->buffer;
+  ir::NodePtr n;
+  {
+    runtime::TensorLock lock(*impl_);
+    if (impl_->poison) return true;
+    n = impl_->node;
+  }
+  const auto& b = n->buffer;
   return b && b->done.load() && b->error;
 }
 
@@ -187,15 +197,18 @@ Tensor Tensor::to(DType dtype, Loc loc) const { return cast(*this, dtype, loc); 
 namespace {
 
 // The node of a tensor about to be overwritten: a poisoned tensor may be given a new value.
-const ir::NodePtr& target(const Tensor& self, const char* op, const Loc& loc) {
+ir::NodePtr target(const Tensor& self, const char* op, const Loc& loc) {
   if (!self.defined())
     util::fail(loc, op, "the target is an empty tensor handle",
                "In-place ops need an existing tensor; create one first, e.g. ls::zeros(shape)");
-  return self.impl()->node;
+  return runtime::current_node(*self.impl());
 }
 
-Tensor& assign(Tensor& self, const Tensor& value, const char* op, const Loc& loc) {
-  const ir::NodePtr& cur = target(self, op, loc);
+// `reads_self`: the value is an elementwise op whose first operand is the tensor's value, e.g.
+// add(self, o) for add_; if another thread replaced that value meanwhile, the update is refused.
+Tensor& assign(Tensor& self, const Tensor& value, const char* op, const Loc& loc,
+               bool reads_self = false) {
+  const ir::NodePtr cur = target(self, op, loc);
   if (self.impl()->requires_grad && ir::grad_enabled())
     util::fail(loc, op,
                "in-place update of a tensor that requires grad, with gradient recording on",
@@ -211,28 +224,37 @@ Tensor& assign(Tensor& self, const Tensor& value, const char* op, const Loc& loc
         loc, op,
         cat("the result is ", dtype_name(v->dtype), " but the tensor is ", dtype_name(cur->dtype)),
         "Cast the other operand to the tensor's dtype");
-  runtime::set_value(*self.impl(), v);
+  runtime::set_value(*self.impl(), v, op, loc,
+                     reads_self && !v->operands.empty() ? v->operands[0].get() : nullptr);
   return self;
 }
 
 }  // namespace
 
 Tensor& Tensor::add_(const Tensor& o, Loc loc) {
-  return assign(*this, add(*this, o, loc), "add_", loc);
+  return assign(*this, add(*this, o, loc), "add_", loc, true);
 }
 Tensor& Tensor::sub_(const Tensor& o, Loc loc) {
-  return assign(*this, sub(*this, o, loc), "sub_", loc);
+  return assign(*this, sub(*this, o, loc), "sub_", loc, true);
 }
 Tensor& Tensor::mul_(const Tensor& o, Loc loc) {
-  return assign(*this, mul(*this, o, loc), "mul_", loc);
+  return assign(*this, mul(*this, o, loc), "mul_", loc, true);
 }
 Tensor& Tensor::div_(const Tensor& o, Loc loc) {
-  return assign(*this, div(*this, o, loc), "div_", loc);
+  return assign(*this, div(*this, o, loc), "div_", loc, true);
 }
-Tensor& Tensor::add_(Scalar o, Loc loc) { return assign(*this, add(*this, o, loc), "add_", loc); }
-Tensor& Tensor::sub_(Scalar o, Loc loc) { return assign(*this, sub(*this, o, loc), "sub_", loc); }
-Tensor& Tensor::mul_(Scalar o, Loc loc) { return assign(*this, mul(*this, o, loc), "mul_", loc); }
-Tensor& Tensor::div_(Scalar o, Loc loc) { return assign(*this, div(*this, o, loc), "div_", loc); }
+Tensor& Tensor::add_(Scalar o, Loc loc) {
+  return assign(*this, add(*this, o, loc), "add_", loc, true);
+}
+Tensor& Tensor::sub_(Scalar o, Loc loc) {
+  return assign(*this, sub(*this, o, loc), "sub_", loc, true);
+}
+Tensor& Tensor::mul_(Scalar o, Loc loc) {
+  return assign(*this, mul(*this, o, loc), "mul_", loc, true);
+}
+Tensor& Tensor::div_(Scalar o, Loc loc) {
+  return assign(*this, div(*this, o, loc), "div_", loc, true);
+}
 
 Tensor& Tensor::copy_(const Tensor& src, Loc loc) {
   const ir::NodePtr cur = target(*this, "copy_", loc);

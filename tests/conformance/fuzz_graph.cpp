@@ -64,7 +64,7 @@ FuzzValue FuzzGraph::input(const Shape& shape, double lo, double hi) {
 ls::Tensor FuzzGraph::index_input(const Shape& shape, int64_t n) {
   std::mt19937_64 r(seed_ * 1000003 + static_cast<uint64_t>(inputs_++));
   std::vector<int64_t> v(static_cast<size_t>(ls::shape_numel(shape)));
-  for (int64_t& x : v) x = std::uniform_int_distribution<int64_t>(-n, n - 1)(r);
+  for (int64_t& x : v) x = std::uniform_int_distribution<int64_t>(0, n - 1)(r);
   return ls::from_vector<int64_t>(v, shape, device_);
 }
 

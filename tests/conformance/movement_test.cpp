@@ -154,8 +154,8 @@ TEST_F(Movement, Pad) {
     }
 }
 
-// Index values in [-n, n) (negative ones count from the end).
-In index(const ls::Shape& s, int64_t n) { return {s, ls::i64, Fill::Range, -n, n}; }
+// Index values in [0, n) (a negative one is an error, as in PyTorch).
+In index(const ls::Shape& s, int64_t n) { return {s, ls::i64, Fill::Range, 0, n}; }
 
 LS_COVERS(Indexing, Gather, Op::Gather);
 TEST_F(Indexing, Gather) {

@@ -70,8 +70,17 @@ struct Step {
   std::shared_ptr<FusedMembers> fused;  // set for fused elementwise steps
   std::shared_ptr<SumOf> sum;           // set for a single sum that merge_sums may join
   std::shared_ptr<DnnlConv> conv;       // set for oneDNN convolutions
+  // Whether it checks its data and may throw (indices out of range, integer division by zero):
+  // donated inputs it could leave overwritten are copied aside first (see run).
+  bool can_fail = false;
+  // A check of operand `checked` that add_checks runs as a step of its own, as soon as the
+  // operand is computed: the op itself then cannot fail, wherever the schedule puts it.
+  std::function<void(Ctx&)> check;
+  int32_t checked = -1;
+  bool is_check = false;  // such a step: it writes nothing (`node` names the op it checks)
   // The values it writes: node, then extras.
   std::vector<int32_t> writes() const {
+    if (is_check) return {};
     std::vector<int32_t> w{node};
     w.insert(w.end(), extras.begin(), extras.end());
     return w;
@@ -202,34 +211,23 @@ class CpuExecutable final : public Executable {
 
   std::vector<std::shared_ptr<Storage>> run(const std::vector<std::shared_ptr<Storage>>& inputs,
                                             const std::vector<ir::ScalarValue>& scalars,
-                                            const std::vector<bool>& donatable) override {
+                                            const std::vector<bool>& donatable,
+                                            const std::function<void()>& past_checks) override {
     const int want = g_threads.load();
     if (want > 0 && omp_get_max_threads() != want) omp_set_num_threads(want);
     if (!arena_ && arena_bytes_) arena_ = alloc_host(arena_bytes_);
     if (!copies_ && copies_floats_) copies_ = alloc_host(copies_floats_ * sizeof(float));
-    std::vector<std::shared_ptr<Storage>> outs(g_.outputs.size());
-    std::vector<std::shared_ptr<Storage>> out_of_node(g_.nodes.size());
-    for (size_t k = 0; k < g_.outputs.size(); ++k) {
-      const int32_t id = g_.outputs[k];
-      if (!out_of_node[id]) {
-        // Updated in place when the planned donor input is free to take (see plan_donations).
-        const int32_t j = donor_[k];
-        if (j >= 0 && static_cast<size_t>(j) < donatable.size() && donatable[j] && inputs[j]) {
-          out_of_node[id] = inputs[j];
-          runtime::count("in_place_outputs");
-        } else
-          out_of_node[id] = alloc_host(bytes_of(g_.nodes[id]));
-      }
-      outs[k] = out_of_node[id];
-    }
     Ctx ctx;
     ctx.scalars = &scalars;
     ctx.copies = copies_ ? static_cast<float*>(copies_->data()) : nullptr;
     ctx.ptr.assign(g_.nodes.size(), nullptr);
+    // Everything but the outputs first: the steps before the first output is written (those
+    // that check the labels or token ids among them) run before the outputs take their memory.
     for (size_t i = 0; i < g_.nodes.size(); ++i) {
       const Slot& s = slot_[i];
       switch (s.kind) {
         case Slot::None:
+        case Slot::Output:
           break;
         // Empty values may have no storage (an arena of 0 bytes is never allocated).
         case Slot::Input:
@@ -237,9 +235,6 @@ class CpuExecutable final : public Executable {
           break;
         case Slot::Arena:
           ctx.ptr[i] = arena_ ? static_cast<char*>(arena_->data()) + s.index : nullptr;
-          break;
-        case Slot::Output:
-          ctx.ptr[i] = out_of_node[i]->data();
           break;
         case Slot::Alias:
           ctx.ptr[i] = ctx.ptr[s.index];
@@ -249,19 +244,82 @@ class CpuExecutable final : public Executable {
           break;
       }
     }
-    if (profile_) {
-      for (Step& step : steps_) {
-        const int64_t t0 = runtime::now_ns();
-        step.run(ctx);
-        const int64_t took = runtime::now_ns() - t0;
-        // LOCKSTEP_PROFILE=steps: a timer per step ("mat_mul %93[1024, 784]"), else per kind.
-        std::string name;
-        if (profile_steps_)
-          name = util::cat(step.label, " %", step.node, shape_str(g_.nodes[step.node].shape));
-        runtime::time_ns(profile_steps_ ? name.c_str() : step.label, took);
+    size_t at = 0;  // the step running
+    try {
+      for (; at < prefix_; ++at) steps_[at].run(ctx);
+    } catch (const InternalError&) {
+      throw;
+    } catch (const std::exception& e) {
+      backends::fail_at(g_.nodes[steps_[at].node], e);  // no output or donated input written yet
+    }
+    // Past the last check, a failure is a fault: the runtime drops its record of values to
+    // restore (here, when every check ran in the prefix, before the outputs are allocated).
+    const size_t checked = static_cast<size_t>(last_can_fail_ + 1);
+    if (checked <= prefix_ && past_checks) past_checks();
+    std::vector<std::shared_ptr<Storage>> outs(g_.outputs.size());
+    std::vector<std::shared_ptr<Storage>> out_of_node(g_.nodes.size());
+    // Outputs updated in place, and copies of the inputs they overwrite before a step that may
+    // still fail: a failed run leaves every donated input as it was (Executable::run).
+    std::vector<size_t> donated;
+    std::vector<std::shared_ptr<Storage>> kept(g_.outputs.size());
+    for (size_t k = 0; k < g_.outputs.size(); ++k) {
+      const int32_t id = g_.outputs[k];
+      if (!out_of_node[id]) {
+        // Updated in place when the planned donor input is free to take (see plan_donations).
+        const int32_t j = donor_[k];
+        if (j >= 0 && static_cast<size_t>(j) < donatable.size() && donatable[j] && inputs[j]) {
+          out_of_node[id] = inputs[j];
+          donated.push_back(k);
+          if (donor_step_[k] < last_can_fail_) {
+            kept[k] = alloc_host(inputs[j]->bytes());
+            std::memcpy(kept[k]->data(), inputs[j]->data(), inputs[j]->bytes());
+            runtime::count("in_place_copies");
+          }
+          runtime::count("in_place_outputs");
+        } else
+          out_of_node[id] = alloc_host(bytes_of(g_.nodes[id]));
       }
-    } else {
-      for (Step& step : steps_) step.run(ctx);
+      outs[k] = out_of_node[id];
+    }
+    for (size_t i = 0; i < g_.nodes.size(); ++i) {
+      const Slot& s = slot_[i];
+      if (s.kind == Slot::Output) ctx.ptr[i] = out_of_node[i]->data();
+      if (s.kind == Slot::Alias) ctx.ptr[i] = ctx.ptr[s.index];
+    }
+    try {
+      if (profile_) {
+        for (; at < steps_.size(); ++at) {
+          if (at == checked && checked > prefix_ && past_checks) past_checks();
+          Step& step = steps_[at];
+          const int64_t t0 = runtime::now_ns();
+          step.run(ctx);
+          const int64_t took = runtime::now_ns() - t0;
+          // LOCKSTEP_PROFILE=steps: a timer per step ("mat_mul %93[1024, 784]"), else per kind.
+          std::string name;
+          if (profile_steps_)
+            name = util::cat(step.label, " %", step.node, shape_str(g_.nodes[step.node].shape));
+          runtime::time_ns(profile_steps_ ? name.c_str() : step.label, took);
+        }
+      } else {
+        for (; at < steps_.size(); ++at) {
+          if (at == checked && checked > prefix_ && past_checks) past_checks();
+          steps_[at].run(ctx);
+        }
+      }
+    } catch (const InternalError&) {
+      throw;
+    } catch (const std::exception& e) {
+      // Donated inputs already overwritten get their copy back, or are reported lost.
+      std::vector<int32_t> lost;
+      for (size_t k : donated) {
+        if (donor_step_[k] > static_cast<int>(at)) continue;  // not written yet
+        const std::shared_ptr<Storage>& in = inputs[donor_[k]];
+        if (kept[k])
+          std::memcpy(in->data(), kept[k]->data(), in->bytes());
+        else
+          lost.push_back(donor_[k]);
+      }
+      backends::fail_at(g_.nodes[steps_[at].node], e, std::move(lost));
     }
     return outs;
   }
@@ -360,6 +418,7 @@ class CpuExecutable final : public Executable {
   void schedule();
   void share_conv_copies();
   void merge_fused_steps();
+  void add_checks();
   void merge_sums();
   void plan_memory();
   void plan_donations(const std::vector<int>& last, const std::vector<int32_t>& root);
@@ -378,7 +437,12 @@ class CpuExecutable final : public Executable {
   std::shared_ptr<Storage> constants_;
   std::vector<Step> steps_;
   std::vector<Slot> slot_;
-  std::vector<int32_t> donor_;  // per output: the input it may overwrite, or -1
+  std::vector<int32_t> donor_;   // per output: the input it may overwrite, or -1
+  std::vector<int> donor_step_;  // per output: the step that overwrites it (-1: none)
+  int last_can_fail_ = -1;       // the last step that may throw (-1: none)
+  // Leading steps that write no output (run before the outputs are allocated), up to the last
+  // step that may throw at most.
+  size_t prefix_ = 0;
   size_t arena_bytes_ = 0;
   std::shared_ptr<Storage> arena_;
   size_t copies_floats_ = 0;
@@ -462,8 +526,19 @@ void CpuExecutable::plan() {
   merge_sums();
   merge_fused_steps();
   schedule();
+  add_checks();
   share_conv_copies();
   plan_memory();
+  prefix_ = 0;
+  auto writes_output = [&](const Step& s) {
+    const std::vector<int32_t> w = s.writes();
+    return std::any_of(w.begin(), w.end(), [&](int32_t v) {
+      int32_t r = v;
+      while (slot_[r].kind == Slot::Alias) r = static_cast<int32_t>(slot_[r].index);
+      return slot_[r].kind == Slot::Output || slot_[r].kind == Slot::Input;
+    });
+  };
+  while (static_cast<int>(prefix_) <= last_can_fail_ && !writes_output(steps_[prefix_])) ++prefix_;
   if (const char* dir = std::getenv("LOCKSTEP_DUMP")) dump_plan(dir);
 }
 
@@ -606,7 +681,8 @@ void CpuExecutable::dump_plan(const char* dir) const {
   const std::string path = util::cat(dir, "/cpu-plan-", counter++, ".txt");
   std::FILE* f = std::fopen(path.c_str(), "w");
   if (!f) return;  // a debugging aid: never fails the compile
-  std::fprintf(f, "arena %zu bytes, %zu steps\n", arena_bytes_, steps_.size());
+  std::fprintf(f, "arena %zu bytes, %zu steps, checks done after step %d, first output at %zu\n",
+               arena_bytes_, steps_.size(), last_can_fail_, prefix_);
   for (size_t i = 0; i < g_.nodes.size(); ++i)
     if (constant_at_[i] >= 0)
       std::fprintf(f, "%%%zu constant %s%s (folded)\n", i, dtype_name(g_.nodes[i].dtype),
@@ -953,6 +1029,8 @@ void CpuExecutable::add_step(int32_t id) {
     LS_INTERNAL_CHECK(blocked_[gy] == blocked && blocked_[idx] == blocked,
                       "max pooling's gradient, output gradient and indices in different layouts");
     if (blocked) runtime::count("blocked_max_pooling");
+    // Its indices are checked against the plane, but they come from the forward pooling: a
+    // failure there is a fault, not the data's, and poisons what it had overwritten.
     step.run = [=](Ctx& c) {
       const float* g = static_cast<const float*>(c.ptr[gy]);
       const int64_t* i = static_cast<const int64_t*>(c.ptr[idx]);
@@ -999,6 +1077,20 @@ void CpuExecutable::add_step(int32_t id) {
     std::vector<std::pair<Shape, DType>> args;
     for (int32_t o : n.operands) args.emplace_back(g_.nodes[o].shape, g_.nodes[o].dtype);
     const std::vector<int32_t> ops = n.operands;
+    // The ref kernels that check their data: indices (checked ahead, see add_checks), integer
+    // division and integer powers (checked where they run).
+    const bool integer = !is_floating(n.dtype);
+    step.can_fail = integer && (n.op == Op::Div || n.op == Op::Pow);
+    if (n.op == Op::Gather || n.op == Op::ScatterAdd) {
+      const int32_t index = n.operands[1];
+      const Shape index_shape = g_.nodes[index].shape;
+      const int64_t axis = n.attrs[0], size = g_.nodes[n.operands[0]].shape[axis];
+      const char* name = ir::op_info(n.op).name;
+      step.checked = index;
+      step.check = [=](Ctx& c) {
+        ref::check_indices(name, {c.ptr[index], index_shape, DType::I64}, size, axis);
+      };
+    }
     step.run = [node, args, ops, id](Ctx& c) {
       std::vector<ref::Arr> arr;
       for (size_t k = 0; k < ops.size(); ++k)
@@ -1007,6 +1099,72 @@ void CpuExecutable::add_step(int32_t id) {
     };
   }
   steps_.push_back(std::move(step));
+}
+
+// Each data check (an index range) runs as early as it can: first when the value it checks is an
+// input, or computed from inputs alone by small steps (nll_loss's masked labels), which move to
+// the front with it; else right after the step that computes the value. A failing check then
+// comes before any parameter is updated in place and before the outputs are allocated, so a
+// failed run has nothing to put back and a passing one keeps nothing aside (see run).
+void CpuExecutable::add_checks() {
+  const size_t n = g_.nodes.size();
+  std::vector<int> producer(n, -1);
+  for (size_t k = 0; k < steps_.size(); ++k)
+    for (int32_t w : steps_[k].writes()) producer[w] = static_cast<int>(k);
+  // Values available before any step runs, and the small steps that may move to the front.
+  constexpr size_t kSmallBytes = size_t{1} << 20;
+  std::vector<char> early(n, 0);  // 0 unknown, 1 early, 2 not
+  std::vector<bool> hoisted(steps_.size(), false);
+  std::function<bool(int32_t)> is_early = [&](int32_t v) -> bool {
+    if (early[v]) return early[v] == 1;
+    early[v] = 2;
+    const int p = producer[v];
+    if (p < 0) {
+      early[v] = 1;  // an input or a constant
+      return true;
+    }
+    const Step& s = steps_[p];
+    bool ok = !s.is_check && !s.fused && !s.conv && !s.can_fail;
+    for (int32_t w : s.writes()) ok = ok && bytes_of(g_.nodes[w]) <= kSmallBytes && !is_output_[w];
+    for (int32_t r : s.reads) ok = ok && is_early(r);
+    if (ok) {
+      hoisted[p] = true;
+      for (int32_t w : s.writes()) early[w] = 1;
+    }
+    return ok;
+  };
+  for (const Step& s : steps_)
+    if (s.check) is_early(s.checked);
+  // position[v]: 1 + the index of the step that computes v in the new order; 0 for values
+  // available before the first step that is not hoisted.
+  std::vector<int> position(n, 0);
+  for (size_t k = 0; k < steps_.size(); ++k)
+    if (!hoisted[k])
+      for (int32_t w : steps_[k].writes()) position[w] = static_cast<int>(k) + 1;
+  std::vector<std::vector<Step>> after(steps_.size() + 1);  // the checks after step k - 1
+  for (Step& s : steps_) {
+    if (!s.check) continue;
+    Step check;
+    check.label = "check";
+    check.detail = util::cat("check of ", ir::op_info(g_.nodes[s.node].op).name, " %", s.node);
+    check.node = s.node;
+    check.reads = {s.checked};
+    check.run = std::move(s.check);
+    check.can_fail = true;
+    check.is_check = true;
+    s.check = nullptr;
+    after[position[s.checked]].push_back(std::move(check));
+  }
+  std::vector<Step> out;
+  out.reserve(steps_.size());
+  for (size_t k = 0; k < steps_.size(); ++k)
+    if (hoisted[k]) out.push_back(std::move(steps_[k]));
+  for (Step& c : after[0]) out.push_back(std::move(c));
+  for (size_t k = 0; k < steps_.size(); ++k) {
+    if (!hoisted[k]) out.push_back(std::move(steps_[k]));
+    for (Step& c : after[k + 1]) out.push_back(std::move(c));
+  }
+  steps_ = std::move(out);
 }
 
 void CpuExecutable::plan_memory() {
@@ -1057,6 +1215,10 @@ void CpuExecutable::plan_memory() {
 // may still hold the old value); this plans which input each output would take.
 void CpuExecutable::plan_donations(const std::vector<int>& last, const std::vector<int32_t>& root) {
   donor_.assign(g_.outputs.size(), -1);
+  donor_step_.assign(g_.outputs.size(), -1);
+  last_can_fail_ = -1;
+  for (size_t si = 0; si < steps_.size(); ++si)
+    if (steps_[si].can_fail) last_can_fail_ = static_cast<int>(si);
   std::vector<bool> taken(g_.nodes.size(), false);
   std::vector<int> output_number(g_.nodes.size(), -1);
   for (size_t k = 0; k < g_.outputs.size(); ++k)
@@ -1083,6 +1245,7 @@ void CpuExecutable::plan_donations(const std::vector<int>& last, const std::vect
         if (later_reads) continue;
         taken[in] = true;
         donor_[output_number[id]] = src.input;
+        donor_step_[output_number[id]] = static_cast<int>(si);
         break;
       }
     }

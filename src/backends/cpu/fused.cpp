@@ -20,8 +20,7 @@ using ir::Op;
 bool f32_or_bool(DType d) { return d == DType::F32 || d == DType::Bool; }
 
 // Broadcast loads: n copies of v, with the machine's widest stores.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void fill_run(float* dst, int64_t n,
-                                                                           float v) {
+LOCKSTEP_TARGET_CLONES void fill_run(float* dst, int64_t n, float v) {
   for (int64_t i = 0; i < n; ++i) dst[i] = v;
 }
 
@@ -475,9 +474,9 @@ __attribute__((always_inline)) inline void scaled_sum_b(int kb, bool sub, bool r
     scaled_sum_op<kA, kByTile>(sub, relu, len, y, a, sa, b, sb);
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) void apply_scaled(
-    bool sub, bool relu, int ka, int kb, int64_t len, float* y, const float* a, const float* sa,
-    const float* b, const float* sb) {
+LOCKSTEP_TARGET_CLONES void apply_scaled(bool sub, bool relu, int ka, int kb, int64_t len, float* y,
+                                         const float* a, const float* sa, const float* b,
+                                         const float* sb) {
   if (ka == kUnscaled)
     scaled_sum_b<kUnscaled>(kb, sub, relu, len, y, a, sa, b, sb);
   else if (ka == kByValue)
@@ -490,9 +489,9 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void apply_scaled(
 // every loop vectorizes. No restrict: y may be an operand's tile itself (a tree's root written
 // in place over a leaf), which each loop reads at an index before it writes that index; GCC's
 // runtime overlap check lets such loops run vectorized.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void apply(
-    Op op, int64_t len, float* y, const float* a, const float* b, const float* c, unsigned scalars,
-    DType in_dtype, DType out_dtype) {
+LOCKSTEP_TARGET_CLONES void apply(Op op, int64_t len, float* y, const float* a, const float* b,
+                                  const float* c, unsigned scalars, DType in_dtype,
+                                  DType out_dtype) {
   switch (op) {
     case Op::Neg:
       for (int64_t i = 0; i < len; ++i) y[i] = -a[i];

@@ -143,8 +143,7 @@ namespace {
 constexpr int kLanes = 16;
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) float sum_run_f32(const float* p,
-                                                                               int64_t n) {
+LOCKSTEP_TARGET_CLONES float sum_run_f32(const float* p, int64_t n) {
   float acc[kLanes] = {};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes)
@@ -186,15 +185,11 @@ inline float extreme_run(const float* p, int64_t n, bool* nan) {
   return b;
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) float max_run_f32(const float* p,
-                                                                               int64_t n,
-                                                                               bool* nan) {
+LOCKSTEP_TARGET_CLONES float max_run_f32(const float* p, int64_t n, bool* nan) {
   return extreme_run<true>(p, n, nan);
 }
 
-__attribute__((target_clones("avx512f", "avx2", "default"))) float min_run_f32(const float* p,
-                                                                               int64_t n,
-                                                                               bool* nan) {
+LOCKSTEP_TARGET_CLONES float min_run_f32(const float* p, int64_t n, bool* nan) {
   return extreme_run<false>(p, n, nan);
 }
 
@@ -328,9 +323,10 @@ namespace {
 // channels per pixel), row-major, keeping the first element, then any larger one or the first
 // NaN, as the plain kernel does per channel. The 16 channels are one vector: `omp simd` makes
 // GCC vectorize the 16-lane loops rather than unroll them into scalars.
-__attribute__((target_clones("avx512f", "avx2", "default"))) void pool_window_blocked(
-    const float* __restrict xp, int64_t W, int64_t hs, int64_t he, int64_t ws, int64_t we,
-    float* __restrict value, int64_t* __restrict index) {
+LOCKSTEP_TARGET_CLONES void pool_window_blocked(const float* __restrict xp, int64_t W, int64_t hs,
+                                                int64_t he, int64_t ws, int64_t we,
+                                                float* __restrict value,
+                                                int64_t* __restrict index) {
   alignas(64) float best[kBlock];
   alignas(64) int32_t at[kBlock];
   const int32_t first = static_cast<int32_t>(hs * W + ws);

@@ -4,6 +4,15 @@
 
 #include <omp.h>
 
+// Kernels compiled for AVX-512, AVX2 and baseline x86-64, picked at load time by an ifunc
+// resolver. Under ThreadSanitizer the resolver would run instrumented before the sanitizer's
+// runtime is up (and crash), so that build has the baseline only.
+#if defined(__SANITIZE_THREAD__)
+#define LOCKSTEP_TARGET_CLONES
+#else
+#define LOCKSTEP_TARGET_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+
 #include <algorithm>
 #include <cstdint>
 #include <vector>

@@ -364,7 +364,10 @@ class RefExecutable final : public Executable {
 
   std::vector<std::shared_ptr<Storage>> run(const std::vector<std::shared_ptr<Storage>>& inputs,
                                             const std::vector<ir::ScalarValue>& scalars,
-                                            const std::vector<bool>&) override {
+                                            const std::vector<bool>&,
+                                            const std::function<void()>&) override {
+    // Any node may fail at run time here, and ref never writes an input: the runtime keeps its
+    // record of values to restore until the end.
     std::vector<std::shared_ptr<Storage>> values(g_.nodes.size());
     for (size_t i = 0; i < g_.nodes.size(); ++i) {
       const ir::GraphNode& n = g_.nodes[i];
@@ -374,8 +377,14 @@ class RefExecutable final : public Executable {
         std::vector<Arr> args;
         for (int32_t o : n.operands)
           args.push_back({values[o]->data(), g_.nodes[o].shape, g_.nodes[o].dtype});
-        values[i] = alloc_host(static_cast<size_t>(shape_numel(n.shape)) * dtype_size(n.dtype));
-        eval_node(n, args, scalars, values[i]->data());
+        try {
+          values[i] = alloc_host(static_cast<size_t>(shape_numel(n.shape)) * dtype_size(n.dtype));
+          eval_node(n, args, scalars, values[i]->data());
+        } catch (const InternalError&) {
+          throw;
+        } catch (const std::exception& e) {
+          fail_at(n, e);  // ref never writes an input: nothing was overwritten
+        }
       }
       for (int32_t o : n.operands)  // free what no later node needs
         if (last_use_[o] == static_cast<int32_t>(i)) values[o].reset();

@@ -90,6 +90,9 @@ void max_pool2d_backward(const ir::GraphNode& n, const Arr& gy, const Arr& idx, 
 void avg_pool2d(const ir::GraphNode& n, const Arr& x, void* out);
 void avg_pool2d_backward(const ir::GraphNode& n, const Arr& gy, void* out);
 void gather(const ir::GraphNode& n, const Arr& x, const Arr& idx, void* out);
+// Throws BackendError unless every i64 value of `index` is in [0, size): the check of gather
+// and scatter_add along an axis of `size` (also run ahead of them by the cpu backend).
+void check_indices(const char* op, const Arr& index, int64_t size, int64_t axis);
 void scatter_add(const ir::GraphNode& n, const Arr& x, const Arr& idx, const Arr& src, void* out);
 
 }  // namespace lockstep::backends::ref

@@ -272,26 +272,30 @@ void avg_pool2d_backward(const ir::GraphNode& n, const Arr& gy, void* out) {
 namespace {
 
 // Element offsets of x for each element of `index` along `axis`; throws on an index out of
-// range (known only at run time).
+// range (known only at run time), negative ones included, as PyTorch's gather and scatter do.
 template <typename F>
 void for_each_indexed(const char* op, const Shape& x, const Arr& index, int64_t axis, F&& f) {
+  check_indices(op, index, x[axis], axis);
   const std::vector<int64_t> xs = strides_of(x);
   std::vector<int64_t> walk = xs;
   walk[axis] = 0;
   const int64_t n = shape_numel(index.shape);
   const int64_t* I = index.as<int64_t>();
   IndexWalker w(index.shape, walk, 0);
-  for (int64_t i = 0; i < n; ++i, w.next()) {
-    int64_t k = I[i];
-    if (k < -x[axis] || k >= x[axis])
-      throw BackendError(
-          cat(op, ": index ", k, " is out of range for axis ", axis, " of size ", x[axis]));
-    if (k < 0) k += x[axis];
-    f(i, w.offset + k * xs[axis]);
-  }
+  for (int64_t i = 0; i < n; ++i, w.next()) f(i, w.offset + I[i] * xs[axis]);
 }
 
 }  // namespace
+
+void check_indices(const char* op, const Arr& index, int64_t size, int64_t axis) {
+  const int64_t n = shape_numel(index.shape);
+  const int64_t* I = index.as<int64_t>();
+  for (int64_t i = 0; i < n; ++i)
+    if (I[i] < 0 || I[i] >= size)
+      throw BackendError(cat(op, ": index ", I[i], " is out of range [0, ", size, ") for axis ",
+                             axis,
+                             I[i] < 0 ? " (negative indices are errors, as in PyTorch)" : ""));
+}
 
 void gather(const ir::GraphNode& n, const Arr& x, const Arr& idx, void* out) {
   const size_t elem = dtype_size(n.dtype);
