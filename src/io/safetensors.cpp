@@ -2,7 +2,9 @@
 // header (padded with spaces to a multiple of 8), then the raw data buffer. Saving is atomic
 // (temporary file, fsync, rename, directory fsync); loading checks the whole header against the
 // file before creating any tensor. Not here: JSON itself (json.h), what a checkpoint contains.
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,6 +12,7 @@
 #include <bit>
 #include <cerrno>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <optional>
 #include <set>
@@ -82,8 +85,10 @@ std::string encode_u64(uint64_t v) {
 
 // ---- saving ----------------------------------------------------------------------------------
 
-// A file written under a temporary name and renamed over `path` by commit(); destroyed without
-// commit (an exception), it closes and removes the temporary file.
+// A file written under a temporary name ("<path>.tmp-<pid>") and renamed over `path` by
+// commit(); destroyed without commit (an exception), it closes and removes the temporary file.
+// A process killed while saving leaves its temporary file: the next save removes those of
+// processes that no longer run.
 class AtomicFile {
  public:
   AtomicFile(const std::string& path, const Loc& loc)
@@ -135,9 +140,32 @@ class AtomicFile {
               "The new file may not survive a power loss");
     }
     ::close(dfd);
+    remove_stale_temporaries();
   }
 
  private:
+  // Temporary files of this path left by processes that are gone (killed while saving).
+  void remove_stale_temporaries() const {
+    const std::string dir = directory_of(path_);
+    const size_t slash = path_.find_last_of('/');
+    const std::string prefix =
+        cat(slash == std::string::npos ? path_ : path_.substr(slash + 1), ".tmp-");
+    DIR* d = ::opendir(dir.c_str());
+    if (!d) return;  // the save itself succeeded; the leftovers stay
+    while (const dirent* e = ::readdir(d)) {
+      const std::string name = e->d_name;
+      if (name.compare(0, prefix.size(), prefix) != 0) continue;
+      const char* digits = name.c_str() + prefix.size();
+      char* end = nullptr;
+      const long pid = std::strtol(digits, &end, 10);
+      if (end == digits || *end != '\0' || pid <= 0) continue;
+      if (pid == ::getpid() || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH)
+        continue;  // ours (another save of this process), or a process still running
+      ::unlink(cat(dir, "/", name).c_str());
+    }
+    ::closedir(d);
+  }
+
   static std::string directory_of(const std::string& path) {
     const size_t slash = path.find_last_of('/');
     if (slash == std::string::npos) return ".";
