@@ -10,18 +10,14 @@
 #include <vector>
 
 #include <lockstep/lockstep.h>
+#include "unit/ops_test_util.h"
 
 namespace ls = lockstep;
 using ::testing::HasSubstr;
 
 namespace {
 
-std::vector<uint32_t> bits(const ls::Tensor& t) {
-  const std::vector<float> v = t.to_vector<float>();
-  std::vector<uint32_t> out(v.size());
-  if (!v.empty()) std::memcpy(out.data(), v.data(), v.size() * sizeof(float));
-  return out;
-}
+using ops_test::bits;  // bit patterns: "restored" means bit for bit
 
 struct Delta {
   std::string name;

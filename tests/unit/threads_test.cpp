@@ -17,6 +17,7 @@
 #include <vector>
 
 #include <lockstep/lockstep.h>
+#include "unit/ops_test_util.h"
 
 namespace ls = lockstep;
 using ::testing::AllOf;
@@ -24,25 +25,18 @@ using ::testing::HasSubstr;
 
 namespace {
 
-std::vector<uint32_t> bits(const ls::Tensor& t) {
-  const std::vector<float> v = t.to_vector<float>();
-  std::vector<uint32_t> out(v.size());
-  if (!v.empty()) std::memcpy(out.data(), v.data(), v.size() * sizeof(float));
-  return out;
-}
+using ops_test::bits;
 
 struct Trained {
   std::vector<uint32_t> weight, bias;
   float first_loss = 0, last_loss = 0;
 };
 
-// What a libtorch user writes for one model: a Linear, SGD, `steps` steps on random batches of a
-// fixed linear target; everything from the thread's own generator, seeded with `seed`. `pause`
-// (if set) runs between steps, to shuffle the interleaving with other threads.
-Trained train_linear(uint64_t seed, int steps, const std::function<void()>& pause = {}) {
-  ls::manual_seed(seed);
-  ls::nn::Linear model(16, 1);
-  const ls::Tensor true_w = ls::randn({16, 1});
+// What a libtorch user writes for one model: SGD for `steps` steps on random batches of a fixed
+// linear target, from the calling thread's generator. `pause` (if set) runs between steps, to
+// shuffle the interleaving with other threads.
+Trained train(ls::nn::Linear& model, const ls::Tensor& true_w, int steps,
+              const std::function<void()>& pause = {}) {
   ls::optim::SGD opt(model.parameters(), {.lr = 0.05, .momentum = 0.9});
   ls::Tensor loss;
   Trained out;
@@ -62,6 +56,14 @@ Trained train_linear(uint64_t seed, int steps, const std::function<void()>& paus
   out.weight = bits(model.weight);
   out.bias = bits(model.bias);
   return out;
+}
+
+// A Linear and its target made from the thread's generator seeded with `seed`, then trained.
+Trained train_linear(uint64_t seed, int steps, const std::function<void()>& pause = {}) {
+  ls::manual_seed(seed);
+  ls::nn::Linear model(16, 1);
+  const ls::Tensor true_w = ls::randn({16, 1});
+  return train(model, true_w, steps, pause);
 }
 
 // Runs fn on a new thread and waits for it (a fresh thread: a fresh generator and context).
@@ -240,19 +242,7 @@ TEST(Threads, AModelMadeOnOneThreadTrainsOnAnother) {
   Trained got;
   std::thread worker([&] {
     ls::generator_state().copy_(ls::from_vector<int64_t>(drawn, {2}));  // go on from here
-    ls::optim::SGD opt(model.parameters(), {.lr = 0.05, .momentum = 0.9});
-    ls::Tensor loss;
-    for (int i = 0; i < 20; ++i)
-      ls::step([&] {
-        ls::Tensor x = ls::randn({32, 16});
-        ls::Tensor y = ls::matmul(x, true_w) + 0.25;
-        opt.zero_grad();
-        loss = ls::nn::mse_loss(model(x), y);
-        loss.backward();
-        opt.step();
-      });
-    got.weight = bits(model.weight);
-    got.bias = bits(model.bias);
+    got = train(model, true_w, 20);
   });
   worker.join();
   EXPECT_EQ(got.weight, reference.weight);
