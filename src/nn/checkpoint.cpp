@@ -24,7 +24,12 @@ void save_checkpoint(const std::string& path, const nn::Module& model,
     for (auto& [name, t] : optimizer->state_dict()) tensors.emplace_back(cat(kOptimizer, name), t);
   tensors.emplace_back(kGenerator, generator_state());
   io::Metadata meta{{"format", "lockstep-checkpoint"}, {"version", kVersion}};
-  meta.insert(metadata.begin(), metadata.end());  // the two keys above are reserved
+  for (const auto& [key, value] : metadata)
+    if (meta.count(key))
+      util::fail(loc, "save_checkpoint",
+                 cat("metadata key '", key, "' is the checkpoint's own (its format and version)"),
+                 "Name it otherwise, e.g. 'run_" + key + "'");
+  meta.insert(metadata.begin(), metadata.end());
   sync(loc);  // one program for every pending value, not one read each
   io::save_safetensors(path, tensors, meta, loc);
 }

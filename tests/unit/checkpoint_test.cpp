@@ -127,6 +127,25 @@ TEST(Checkpoint, AdamStateAndModelOnlyCheckpointsRoundTrip) {
   std::remove(path.c_str());
 }
 
+TEST(Checkpoint, ReservedMetadataKeysAreRefused) {
+  // "format" and "version" are the checkpoint's own: a user's value would be replaced silently.
+  const std::string path = temp_path("reserved.safetensors");
+  ls::models::MLP model({4, 8, 3});
+  for (const char* key : {"format", "version"}) {
+    try {
+      ls::save_checkpoint(path, model, nullptr, {{key, "7"}});
+      ADD_FAILURE() << key << " was taken";
+    } catch (const ls::Error& e) {
+      EXPECT_THAT(e.what(), ::testing::HasSubstr(std::string("metadata key '") + key + "'"));
+    }
+  }
+  EXPECT_FALSE(std::filesystem::exists(path));
+  ls::save_checkpoint(path, model, nullptr, {{"run_version", "7"}});
+  ls::models::MLP other({4, 8, 3});
+  EXPECT_EQ(ls::load_checkpoint(path, other).at("run_version"), "7");
+  std::remove(path.c_str());
+}
+
 TEST(Checkpoint, AFailedSaveLeavesTheExistingCheckpoint) {
   const std::string path = temp_path("atomic.safetensors");
   ls::manual_seed(4);
