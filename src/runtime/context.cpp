@@ -30,8 +30,7 @@ Context* acquire_context() {
     Context* c = p.free.back();
     p.free.pop_back();
     std::lock_guard<std::recursive_mutex> cl(c->mu);
-    if (!c->pending.empty()) continue;  // left pending tensors meanwhile taken over: keep aside
-    c->attached.store(true);
+    if (!c->pending.empty()) continue;  // got pending tensors meanwhile (a closure): keep aside
     return c;
   }
   p.all.push_back(std::make_unique<Context>(static_cast<int>(p.all.size()) + 1));
@@ -44,7 +43,6 @@ struct ContextHandle {
   Context* ctx = nullptr;
   ~ContextHandle() {
     if (!ctx) return;
-    ctx->attached.store(false);
     bool empty;
     {
       std::lock_guard<std::recursive_mutex> cl(ctx->mu);
@@ -129,7 +127,7 @@ void check_base(TensorImpl& t, Context& me, const ir::Node* base, const char* op
 }
 
 void register_pending_locked(TensorImpl& t, Context& me) {
-  const bool pending = t.node && t.node->op != ir::Op::Data && !t.poison;
+  const bool pending = holds_pending_value(t);
   Context* const target = pending ? &me : nullptr;
   if (t.pending_registered && t.owner != target) {
     std::lock_guard<std::recursive_mutex> cl(t.owner->mu);
@@ -142,6 +140,15 @@ void register_pending_locked(TensorImpl& t, Context& me) {
     t.pending_registered = true;
   }
   t.owner = &me;
+}
+
+void restore_locked(TensorImpl& t, ir::NodePtr& node, std::exception_ptr poison, Tensor& grad,
+                    Context& me) {
+  std::swap(t.node, node);
+  t.same_value_as = nullptr;
+  t.poison = std::move(poison);
+  std::swap(t.grad, grad);
+  register_pending_locked(t, me);
 }
 
 }  // namespace lockstep::runtime

@@ -39,9 +39,6 @@ struct Context {
   std::source_location step_loc;  // where it was entered (under mu)
   // "thread #2": contexts are numbered in the order threads first record.
   const int ordinal;
-  // Whether a thread holds this context; a context whose thread ended keeps its pending tensors,
-  // which any thread may then take over.
-  std::atomic<bool> attached{true};
   // Runtime thread bookkeeping, under the runtime's queue lock: this context's programs not yet
   // run, the first execution error not yet raised on this context's thread, and the steps whose
   // programs failed, oldest first, with the inputs a failed program overwrote (values lost).
@@ -104,5 +101,15 @@ void check_base(TensorImpl& t, Context& me, const ir::Node* base, const char* op
 // Under the tensor's lock: puts `t` on its owner's pending list or takes it off, as its value is
 // pending or not; a pending tensor of another context moves to `me`.
 void register_pending_locked(TensorImpl& t, Context& me);
+
+// Under the tensor's lock: whether its value is a pending graph (not computed, not poisoned).
+inline bool holds_pending_value(const TensorImpl& t) {
+  return t.node && t.node->op != ir::Op::Data && !t.poison;
+}
+
+// Under the tensor's lock: gives `t` the value `node`, with its poison state and gradient handle
+// (a rollback). `node` and `grad` get the old ones, for the caller to release after the lock.
+void restore_locked(TensorImpl& t, ir::NodePtr& node, std::exception_ptr poison, Tensor& grad,
+                    Context& me);
 
 }  // namespace lockstep::runtime

@@ -64,7 +64,6 @@ struct Runtime {
   std::condition_variable space_cv;  // a program left the queue
   size_t max_queued = 2;             // programs waiting behind the running one (see enqueue)
   std::deque<Job> queue;
-  bool busy = false;
   std::thread worker;
   std::thread::id worker_id;
 
@@ -82,14 +81,12 @@ struct Runtime {
         work_cv.wait(lock, [&] { return !queue.empty(); });
         job = std::move(queue.front());
         queue.pop_front();
-        busy = true;
       }
       space_cv.notify_all();
       Context* ctx = job.ctx;
       run_job(job);
       {
         std::lock_guard<std::mutex> lock(qmu);
-        busy = false;
         --ctx->outstanding;
       }
       done_cv.notify_all();
@@ -297,8 +294,7 @@ void sync_impls(const std::vector<std::shared_ptr<TensorImpl>>& targets, const s
   values.reserve(targets.size());
   for (const auto& t : targets) {
     TensorLock lock(*t);
-    const bool pending = t->node && t->node->op != ir::Op::Data && !t->poison;
-    values.push_back(pending ? t->node : nullptr);
+    values.push_back(holds_pending_value(*t) ? t->node : nullptr);
   }
   // One program per device, in the order devices first appear.
   std::vector<Device> devices;
@@ -382,7 +378,8 @@ void settle_failures(Context& me) {
     for (auto e = f->rollback->entries.rbegin(); e != f->rollback->entries.rend(); ++e) {
       std::shared_ptr<TensorImpl> t = e->tensor.lock();
       if (!t) continue;
-      Tensor dropped;  // the step's gradient handle, released after the lock
+      ir::NodePtr node = e->before;  // then the step's value and gradient handle, released
+      Tensor grad = e->before_grad;  // after the lock
       TensorLock lock(*t);
       if (t->node != e->after) continue;  // changed since (by a step that went through)
       const bool lost =
@@ -399,14 +396,11 @@ void settle_failures(Context& me) {
             Error(cat("this tensor's value was lost: the failed program had already updated it "
                       "in place (",
                       why, ")")));
+        t->same_value_as = nullptr;
+        register_pending_locked(*t, me);
       } else {
-        t->node = e->before;
-        t->poison = e->before_poison;
-        dropped = std::move(t->grad);
-        t->grad = e->before_grad;
+        restore_locked(*t, node, e->before_poison, grad, me);
       }
-      t->same_value_as = nullptr;
-      register_pending_locked(*t, me);
     }
     count("run_time_rollbacks");
   }
@@ -534,12 +528,8 @@ void poison(TensorImpl& impl, std::exception_ptr error) {
 }
 
 void restore(TensorImpl& impl, ir::NodePtr node, std::exception_ptr poison_state, Tensor grad) {
-  TensorLock lock(impl);
-  std::swap(impl.node, node);
-  impl.same_value_as = nullptr;
-  impl.poison = std::move(poison_state);
-  std::swap(impl.grad, grad);
-  register_pending_locked(impl, current_context());
+  TensorLock lock(impl);  // released before the old node and grad (the parameters) die
+  restore_locked(impl, node, std::move(poison_state), grad, current_context());
 }
 
 std::shared_ptr<Buffer> upload(Device device, const void* data, size_t bytes) {

@@ -62,13 +62,13 @@ void begin(StepState& s, const std::source_location& loc) {
   t_active = &s;
 }
 
-void end(StepState&) {
+void end_step() {
   t_active = nullptr;
   current_context().active_step.store(0);
 }
 
 void rollback(StepState& s, const std::string& reason) {
-  t_active = nullptr;  // restoring is not journaled; other threads wait for end() below
+  t_active = nullptr;  // restoring is not journaled; other threads wait for end_step() below
   auto lost = std::make_exception_ptr(
       Error(cat("this tensor was created in ", step_origin(s),
                 ", which was rolled back because an exception left it: ", reason)));
@@ -76,7 +76,7 @@ void rollback(StepState& s, const std::string& reason) {
     if (auto t = it->tensor.lock()) restore(*t, it->node, it->poison, it->grad);
   for (auto& w : s.created)
     if (auto t = w.lock()) poison(*t, lost);
-  end(s);
+  end_step();
   count("rollbacks");
 }
 
@@ -128,7 +128,7 @@ void commit(StepState& s) {
     rollback(s, e.what());
     throw;
   }
-  end(s);
+  end_step();
 }
 
 std::string current_reason() {

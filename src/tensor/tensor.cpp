@@ -38,8 +38,9 @@ DType Tensor::dtype() const { return meta(*this, "dtype").dtype; }
 Device Tensor::device() const { return meta(*this, "device").device; }
 
 bool Tensor::is_pending() const {
-  if (!defined() || is_poisoned()) return false;
-  return runtime::current_node(*impl_)->op != ir::Op::Data;
+  if (!defined()) return false;
+  runtime::TensorLock lock(*impl_);
+  return runtime::holds_pending_value(*impl_);
 }
 
 bool Tensor::is_poisoned() const {

@@ -287,24 +287,21 @@ class CpuExecutable final : public Executable {
       if (s.kind == Slot::Alias) ctx.ptr[i] = ctx.ptr[s.index];
     }
     try {
-      if (profile_) {
-        for (; at < steps_.size(); ++at) {
-          if (at == checked && checked > prefix_ && past_checks) past_checks();
-          Step& step = steps_[at];
-          const int64_t t0 = runtime::now_ns();
+      for (; at < steps_.size(); ++at) {
+        if (at == checked && checked > prefix_ && past_checks) past_checks();
+        Step& step = steps_[at];
+        if (!profile_) {
           step.run(ctx);
-          const int64_t took = runtime::now_ns() - t0;
-          // LOCKSTEP_PROFILE=steps: a timer per step ("mat_mul %93[1024, 784]"), else per kind.
-          std::string name;
-          if (profile_steps_)
-            name = util::cat(step.label, " %", step.node, shape_str(g_.nodes[step.node].shape));
-          runtime::time_ns(profile_steps_ ? name.c_str() : step.label, took);
+          continue;
         }
-      } else {
-        for (; at < steps_.size(); ++at) {
-          if (at == checked && checked > prefix_ && past_checks) past_checks();
-          steps_[at].run(ctx);
-        }
+        const int64_t t0 = runtime::now_ns();
+        step.run(ctx);
+        const int64_t took = runtime::now_ns() - t0;
+        // LOCKSTEP_PROFILE=steps: a timer per step ("mat_mul %93[1024, 784]"), else per kind.
+        std::string name;
+        if (profile_steps_)
+          name = util::cat(step.label, " %", step.node, shape_str(g_.nodes[step.node].shape));
+        runtime::time_ns(profile_steps_ ? name.c_str() : step.label, took);
       }
     } catch (const InternalError&) {
       throw;
@@ -681,7 +678,9 @@ void CpuExecutable::dump_plan(const char* dir) const {
   const std::string path = util::cat(dir, "/cpu-plan-", counter++, ".txt");
   std::FILE* f = std::fopen(path.c_str(), "w");
   if (!f) return;  // a debugging aid: never fails the compile
-  std::fprintf(f, "arena %zu bytes, %zu steps, checks done after step %d, first output at %zu\n",
+  // The data checks end at step `last_can_fail_` (-1: none); the first `prefix_` steps run
+  // before the outputs are allocated.
+  std::fprintf(f, "arena %zu bytes, %zu steps, last check at step %d, %zu steps before outputs\n",
                arena_bytes_, steps_.size(), last_can_fail_, prefix_);
   for (size_t i = 0; i < g_.nodes.size(); ++i)
     if (constant_at_[i] >= 0)
