@@ -61,6 +61,16 @@ void add_step_closure(std::function<void()> fn, Loc loc = Loc::current());
 void set_num_threads(int n);
 int num_threads();
 
+// The most memory one compiled program may plan to take when it runs: on the cpu backend, its
+// intermediate values, outputs, copies in oneDNN's layouts and scratch, and folded constants (not
+// its inputs, which exist already). A program that would need more fails when it is compiled,
+// before anything runs (a step's transaction holds: the model is as before the step), with an
+// Error naming the planned bytes and the largest values live at its peak, with the user lines
+// that made them. Default: the machine's memory (its physical memory, or the limit of the
+// process's cgroup when lower); 0 restores the default.
+void set_memory_limit(size_t bytes);
+size_t memory_limit();
+
 // Most compiled programs kept (least recently used are dropped first). Default 64.
 void set_compile_cache_capacity(size_t capacity);
 
@@ -74,7 +84,9 @@ namespace metrics {
 // rollbacks, run_time_rollbacks (steps undone because their program failed), transfers,
 // bytes_to_device, bytes_from_device, execution_errors, queue_waits, and from the cpu backend
 // in_place_outputs, in_place_copies (values copied aside because a check that may fail runs after
-// their in-place update), winograd_convolutions. Unknown names read 0.
+// their in-place update), winograd_convolutions. Gauges: planned_bytes (the memory the most
+// recently queued program planned to take, see set_memory_limit) and max_planned_bytes (the
+// largest since the last reset). Unknown names read 0.
 int64_t counter(const std::string& name);
 // Timers (trace, graph, compile, execute): total nanoseconds and number of samples.
 int64_t timer_total_ns(const std::string& name);

@@ -56,6 +56,11 @@ class Executable {
       const std::vector<std::shared_ptr<Storage>>& inputs,
       const std::vector<ir::ScalarValue>& scalars, const std::vector<bool>& donatable,
       const std::function<void()>& past_checks) = 0;
+  // Bytes a run takes besides its inputs, as planned at compile time (0: not planned).
+  virtual size_t planned_bytes() const { return 0; }
+  // The memory preflight, before each run is queued: throws Error, naming what the program needs
+  // and why, when its plan needs more than `limit` bytes (ls::set_memory_limit).
+  virtual void check_memory(size_t limit) const { (void)limit; }
 };
 
 class Backend {

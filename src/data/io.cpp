@@ -2,8 +2,10 @@
 // Not for parsing formats (idx.cpp, cifar.cpp).
 #include "data/io.h"
 
+#include <sys/stat.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -76,20 +78,33 @@ FILE* open_or_fail(const std::string& path) {
   return f;
 }
 
-std::vector<uint8_t> read_plain(const std::string& path) {
-  FileCloser file{open_or_fail(path)};
-  std::vector<uint8_t> out;
-  constexpr size_t kChunk = size_t{1} << 20;
+// Reads `f` to its end into `out`, in chunks that start at `first` bytes and double (a small
+// file costs a small buffer, a large one a few reallocations).
+template <typename Read>
+void read_all(std::vector<uint8_t>& out, size_t first, Read read) {
+  size_t chunk = std::max<size_t>(first, 4096);
   for (;;) {
     const size_t at = out.size();
-    out.resize(at + kChunk);
-    const size_t got = std::fread(out.data() + at, 1, kChunk, file.f);
+    out.resize(at + chunk);
+    const size_t got = read(out.data() + at, chunk);
     out.resize(at + got);
-    if (got < kChunk) {
-      if (std::ferror(file.f)) fail(path, cat("read error at byte ", out.size()));
-      return out;
-    }
+    if (got < chunk) return;
+    chunk = std::min<size_t>(chunk * 2, size_t{1} << 26);
   }
+}
+
+std::vector<uint8_t> read_plain(const std::string& path) {
+  FileCloser file{open_or_fail(path)};
+  struct stat st {};
+  // The size is a hint (the file may change while it is read): one byte more, so that reading
+  // the whole file ends in a short read.
+  const size_t hint = ::fstat(::fileno(file.f), &st) == 0 && st.st_size > 0
+                          ? static_cast<size_t>(st.st_size) + 1
+                          : 0;
+  std::vector<uint8_t> out;
+  read_all(out, hint, [&](uint8_t* p, size_t n) { return std::fread(p, 1, n, file.f); });
+  if (std::ferror(file.f)) fail(path, cat("read error at byte ", out.size()));
+  return out;
 }
 
 std::vector<uint8_t> read_gz(const std::string& path) {
@@ -107,14 +122,10 @@ std::vector<uint8_t> read_gz(const std::string& path) {
   GzCloser file{gzopen(path.c_str(), "rb")};
   if (!file.f) fail(path, cat("cannot open: ", errno ? std::strerror(errno) : "out of memory"));
   std::vector<uint8_t> out;
-  constexpr unsigned kChunk = 1u << 20;
-  for (;;) {
-    const size_t at = out.size();
-    out.resize(at + kChunk);
-    const int got = gzread(file.f, out.data() + at, kChunk);
-    out.resize(at + static_cast<size_t>(got < 0 ? 0 : got));
-    if (got <= 0) break;
-  }
+  read_all(out, size_t{1} << 16, [&](uint8_t* p, size_t n) -> size_t {
+    const int got = gzread(file.f, p, static_cast<unsigned>(n));
+    return got < 0 ? 0 : static_cast<size_t>(got);
+  });
   int err = Z_OK;
   const char* msg = gzerror(file.f, &err);
   if (err != Z_OK) {

@@ -178,7 +178,7 @@ class Parser {
       expect(':', "after an object key");
       skip_space();
       Value item = parse_value(depth);
-      v.object.emplace_back(std::move(key), std::move(item));
+      v.object.push_back({std::move(key), std::move(item)});
       skip_space();
       if (peek() == ',') {
         ++pos_;

@@ -22,7 +22,14 @@ struct Value {
   std::string text;
   std::vector<Value> array;
   // Keys in the order written; duplicates are kept so that the caller can name them.
-  std::vector<std::pair<std::string, Value>> object;
+  struct Member;
+  std::vector<Member> object;
+};
+
+// A key and its value (a struct rather than std::pair, which cannot hold the incomplete Value).
+struct Value::Member {
+  std::string key;
+  Value value;
 };
 
 // "an object", "a string", ...: for messages such as "expected an array, found a string".

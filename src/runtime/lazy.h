@@ -154,6 +154,8 @@ void note_created(TensorImpl& impl);
 
 // Metrics (metrics.cpp).
 void count(const char* name, int64_t delta = 1);
+// A gauge: `name` takes the value `v`, and `max_<name>` the largest value since the last reset.
+void gauge(const char* name, int64_t v);
 void time_ns(const char* name, int64_t ns);
 int64_t now_ns();
 

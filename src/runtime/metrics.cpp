@@ -52,6 +52,13 @@ void count(const char* name, int64_t delta) {
   m().counters[name] += delta;
 }
 
+void gauge(const char* name, int64_t v) {
+  std::lock_guard<std::mutex> lock(m().mu);
+  m().counters[name] = v;
+  int64_t& most = m().counters[std::string("max_") + name];
+  most = std::max(most, v);
+}
+
 void time_ns(const char* name, int64_t ns) {
   std::lock_guard<std::mutex> lock(m().mu);
   Timer& t = m().timers[name];

@@ -254,8 +254,14 @@ const CacheEntry& lookup_or_compile(BuiltGraph& built, const std::string& origin
   }
   const int64_t t0 = now_ns();
   materialize_graph(built);
-  std::shared_ptr<backends::Executable> exe =
-      backends::backend_for(built.graph.device).compile(built.graph);
+  std::shared_ptr<backends::Executable> exe;
+  try {
+    exe = backends::backend_for(built.graph.device).compile(built.graph);
+  } catch (const BackendError& e) {
+    throw BackendError(cat(origin, ": compile failed: ", e.what()));
+  } catch (const Error& e) {
+    throw Error(cat(origin, ": compile failed: ", e.what()));
+  }
   time_ns("compile", now_ns() - t0);
   count("compiles");
   if (r.debug)
@@ -318,9 +324,17 @@ void sync_impls(const std::vector<std::shared_ptr<TensorImpl>>& targets, const s
     time_ns("graph", now_ns() - t0);
     const CacheEntry& entry = lookup_or_compile(built, origin);
     r.last_graph = entry.graph;
+    // The memory preflight: before the program is queued (the limit may have changed since it
+    // was compiled), so that nothing runs.
+    try {
+      entry.exe->check_memory(memory_limit());
+    } catch (const Error& e) {
+      throw Error(cat(origin, ": ", e.what()));
+    }
     Job job;
     job.ctx = &me;
     job.exe = entry.exe;
+    gauge("planned_bytes", static_cast<int64_t>(entry.exe->planned_bytes()));
     job.inputs = std::move(built.buffers);
     job.scalars = std::move(built.scalars);
     job.origin = origin;

@@ -29,7 +29,7 @@ TEST(SafetensorsJson, ValuesAndIntegers) {
       json::parse(R"( {"a": [true, false, null, -9223372036854775808, 9223372036854775807,)"
                   R"( 0, -0, 1.5e3, {}]} )");
   ASSERT_EQ(v.object.size(), 1u);
-  const auto& a = v.object[0].second.array;
+  const auto& a = v.object[0].value.array;
   ASSERT_EQ(a.size(), 9u);
   EXPECT_TRUE(a[0].boolean);
   EXPECT_EQ(a[1].kind, json::Value::Kind::Bool);

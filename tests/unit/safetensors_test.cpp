@@ -208,7 +208,7 @@ TEST_F(Safetensors, FileLayoutMatchesTheReferenceWriter) {
   // Header order and data order are the order given.
   const ls::io::json::Value root = ls::io::json::parse(header);
   ASSERT_EQ(root.object.size(), 4u);
-  EXPECT_EQ(root.object[0].first, "__metadata__");
+  EXPECT_EQ(root.object[0].key, "__metadata__");
   const char* names[3] = {"z", "a", "m"};
   const int64_t offsets[3][2] = {{0, 24}, {24, 26}, {26, 34}};
   const char* dtypes[3] = {"I64", "BOOL", "F32"};
@@ -216,9 +216,9 @@ TEST_F(Safetensors, FileLayoutMatchesTheReferenceWriter) {
     const auto& [name, entry] = root.object[i + 1];
     EXPECT_EQ(name, names[i]);
     ASSERT_EQ(entry.object.size(), 3u);
-    EXPECT_EQ(entry.object[0].second.text, dtypes[i]);
-    EXPECT_EQ(entry.object[2].second.array[0].integer, offsets[i][0]);
-    EXPECT_EQ(entry.object[2].second.array[1].integer, offsets[i][1]);
+    EXPECT_EQ(entry.object[0].value.text, dtypes[i]);
+    EXPECT_EQ(entry.object[2].value.array[0].integer, offsets[i][0]);
+    EXPECT_EQ(entry.object[2].value.array[1].integer, offsets[i][1]);
   }
 }
 

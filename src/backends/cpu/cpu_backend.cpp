@@ -7,10 +7,12 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
+#include <sstream>
 #include <string>
 
 #include "backends/cpu/dnnl_ops.h"
@@ -77,7 +79,8 @@ struct Step {
   // operand is computed: the op itself then cannot fail, wherever the schedule puts it.
   std::function<void(Ctx&)> check;
   int32_t checked = -1;
-  bool is_check = false;  // such a step: it writes nothing (`node` names the op it checks)
+  bool is_check = false;     // such a step: it writes nothing (`node` names the op it checks)
+  size_t scratch_bytes = 0;  // of the shared oneDNN scratch it takes while it runs
   // The values it writes: node, then extras.
   std::vector<int32_t> writes() const {
     if (is_check) return {};
@@ -208,6 +211,9 @@ class CpuExecutable final : public Executable {
   explicit CpuExecutable(const ir::Graph& input) : g_(passes::cse(passes::simplify(input))) {
     plan();
   }
+
+  size_t planned_bytes() const override { return planned_.total(); }
+  void check_memory(size_t limit) const override;
 
   std::vector<std::shared_ptr<Storage>> run(const std::vector<std::shared_ptr<Storage>>& inputs,
                                             const std::vector<ir::ScalarValue>& scalars,
@@ -444,6 +450,13 @@ class CpuExecutable final : public Executable {
   std::shared_ptr<Storage> arena_;
   size_t copies_floats_ = 0;
   std::shared_ptr<Storage> copies_;
+  // What a run takes besides its inputs (plan_memory): the memory preflight checks it against
+  // ls::memory_limit() and the runtime reports it (planned_bytes).
+  struct Planned {
+    size_t arena = 0, outputs = 0, copies = 0, scratch = 0, constants = 0;
+    size_t total() const { return arena + outputs + copies + scratch + constants; }
+  } planned_;
+  std::vector<int32_t> live_at_peak_;  // arena values live at the step where most bytes are
 };
 
 void CpuExecutable::plan() {
@@ -912,6 +925,7 @@ void CpuExecutable::add_step(int32_t id) {
       }
     }
     auto mm = std::make_shared<DnnlMatMul>(shape[0], strides[0], shape[1], strides[1], n.shape);
+    step.scratch_bytes = mm->scratch_bytes();
     step.reads = {operand[0], operand[1]};
     step.label = "mat_mul";
     const int32_t a = operand[0], b = operand[1];
@@ -935,6 +949,7 @@ void CpuExecutable::add_step(int32_t id) {
                                         n.attrs, blocked);
     step.reads = n.operands;
     step.conv = conv;
+    step.scratch_bytes = conv->scratch_bytes();
     step.run = run_conv_step(conv, n.operands[0], n.operands[1], id);
   } else if ((n.op == Op::Sum || n.op == Op::Max || n.op == Op::Min) && f32 &&
              absorbed_[n.operands[0]]) {
@@ -1015,6 +1030,7 @@ void CpuExecutable::add_step(int32_t id) {
              DnnlAvgPool::fits(pool_input(n), pool_output(n), n.attrs)) {
     auto pool = std::make_shared<DnnlAvgPool>(n.op == Op::AvgPool2dBackward, pool_input(n),
                                               pool_output(n), n.attrs);
+    step.scratch_bytes = pool->scratch_bytes();
     step.reads = n.operands;
     const int32_t x = n.operands[0];
     step.run = [pool, x, id](Ctx& c) {
@@ -1206,6 +1222,83 @@ void CpuExecutable::plan_memory() {
   }
   arena_bytes_ = fit.peak();
   plan_donations(last, root);
+
+  // What a run takes: the arena, the outputs (all allocated: the most, when none is updated in
+  // place), the shared copies in oneDNN's layouts, the largest scratch one step takes, constants.
+  planned_ = {};
+  planned_.arena = arena_bytes_;
+  for (int32_t o : g_.outputs) planned_.outputs += bytes_of(g_.nodes[o]);
+  planned_.copies = copies_floats_ * sizeof(float);
+  for (const Step& s : steps_) planned_.scratch = std::max(planned_.scratch, s.scratch_bytes);
+  planned_.constants = constants_ ? constants_->bytes() : 0;
+  // The arena values live together at the step where the most bytes are live (the arena is at
+  // least that big; first fit may leave gaps).
+  std::vector<int64_t> delta(steps_.size() + 1, 0);
+  for (size_t i = 0; i < n; ++i)
+    if (slot_[i].kind == Slot::Arena && first[i] >= 0) {
+      delta[first[i]] += static_cast<int64_t>(bytes_of(g_.nodes[i]));
+      delta[last[i] + 1] -= static_cast<int64_t>(bytes_of(g_.nodes[i]));
+    }
+  int64_t live = 0, most = -1;
+  int peak = 0;
+  for (size_t s = 0; s < steps_.size(); ++s) {
+    live += delta[s];
+    if (live > most) most = live, peak = static_cast<int>(s);
+  }
+  live_at_peak_.clear();
+  for (size_t i = 0; i < n; ++i)
+    if (slot_[i].kind == Slot::Arena && first[i] >= 0 && first[i] <= peak && last[i] >= peak)
+      live_at_peak_.push_back(static_cast<int32_t>(i));
+}
+
+// Bytes as "1.50 GiB (1610612736 bytes)".
+std::string format_bytes(size_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024 && u < 4) v /= 1024, ++u;
+  char text[32];
+  std::snprintf(text, sizeof text, u == 0 ? "%.0f %s" : "%.2f %s", v, units[u]);
+  return u == 0 ? std::string(text) : util::cat(text, " (", bytes, " bytes)");
+}
+
+// The memory preflight: a program whose plan needs more than the limit fails before it runs,
+// naming what it needs and the values that need it most.
+void CpuExecutable::check_memory(size_t limit) const {
+  const size_t need = planned_.total();
+  if (need <= limit) return;
+  // The largest values: outputs and the arena values live together at the peak.
+  std::vector<std::pair<int32_t, bool>> values;  // node, is an output
+  for (int32_t o : g_.outputs) values.emplace_back(o, true);
+  for (int32_t v : live_at_peak_) values.emplace_back(v, false);
+  std::sort(values.begin(), values.end(), [&](const auto& a, const auto& b) {
+    const size_t x = bytes_of(g_.nodes[a.first]), y = bytes_of(g_.nodes[b.first]);
+    return x != y ? x > y : a.first < b.first;
+  });
+  values.erase(std::unique(values.begin(), values.end(),
+                           [](const auto& a, const auto& b) { return a.first == b.first; }),
+               values.end());
+  std::string largest;
+  for (size_t k = 0; k < values.size() && k < 5; ++k) {
+    const ir::GraphNode& node = g_.nodes[values[k].first];
+    std::ostringstream shape;
+    shape << node.dtype << "[";
+    for (size_t d = 0; d < node.shape.size(); ++d) shape << (d ? ", " : "") << node.shape[d];
+    shape << "]";
+    largest += util::cat(k ? "; " : "", shape.str(), " ", format_bytes(bytes_of(node)), " from ",
+                         ir::user_name(node.op), values[k].second ? " (an output)" : "", " at ",
+                         util::where(node.loc));
+  }
+  throw Error(util::cat(
+      "cpu: the program needs ", format_bytes(need),
+      " when it runs, more than the memory limit of ", format_bytes(limit),
+      " (ls::set_memory_limit; default: the machine's memory). Planned: ",
+      format_bytes(planned_.arena), " of intermediate values, ", format_bytes(planned_.outputs),
+      " of outputs, ", format_bytes(planned_.copies + planned_.scratch),
+      " of oneDNN copies and scratch, ", format_bytes(planned_.constants),
+      " of constants. Largest values (outputs and those live at the peak): ", largest,
+      ". Nothing ran. Use smaller batches or layers, or raise the limit with "
+      "ls::set_memory_limit if the machine has the memory"));
 }
 
 // An output computed by a fused step may take over the memory of an input (a Data node) that

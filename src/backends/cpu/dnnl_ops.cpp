@@ -223,6 +223,8 @@ DnnlMatMul::DnnlMatMul(const Shape& a, const std::vector<int64_t>& as, const Sha
 
 DnnlMatMul::~DnnlMatMul() = default;
 
+size_t DnnlMatMul::scratch_bytes() const { return floats_for(impl_->pad_md) * sizeof(float); }
+
 void DnnlMatMul::run(const float* a, const float* b, float* out) {
   try {
     memory am(impl_->a_md, engine(), const_cast<float*>(a));
@@ -445,6 +447,8 @@ DnnlAvgPool::DnnlAvgPool(bool backward, const Shape& x, const Shape& y,
 
 DnnlAvgPool::~DnnlAvgPool() = default;
 
+size_t DnnlAvgPool::scratch_bytes() const { return floats_for(impl_->pad_md) * sizeof(float); }
+
 void DnnlAvgPool::run(const float* in, float* out) {
   try {
     memory im(impl_->in_md, engine(), const_cast<float*>(in));
@@ -461,6 +465,8 @@ void DnnlAvgPool::run(const float* in, float* out) {
     rethrow(e, "average pooling");
   }
 }
+
+size_t DnnlConv::scratch_bytes() const { return impl_->scratch_floats * sizeof(float); }
 
 size_t DnnlConv::copy_floats(int k) const {
   const Operand& o = k == 0 ? impl_->in0 : impl_->in1;

@@ -20,6 +20,8 @@ class DnnlMatMul {
              const std::vector<int64_t>& b_strides, const Shape& out);
   ~DnnlMatMul();
   void run(const float* a, const float* b, float* out);
+  // Bytes of the shared scratch a run takes (oneDNN's scratchpad).
+  size_t scratch_bytes() const;
 
  private:
   struct Impl;
@@ -55,6 +57,9 @@ class DnnlConv {
   ~DnnlConv();
   using Copy = ConvCopy;
   void run(const float* in0, const float* in1, float* out, Copy copy0 = {}, Copy copy1 = {});
+  // Bytes of the shared scratch a run takes (copies in oneDNN's layouts not shared with other
+  // convolutions, and the scratchpad).
+  size_t scratch_bytes() const;
   // Floats of operand k's copy in oneDNN's layout; 0 when the operand is used as it is.
   size_t copy_floats(int k) const;
   // Whether operand k of this convolution and operand other_k of `other` are copied to the
@@ -74,6 +79,7 @@ class DnnlAvgPool {
   DnnlAvgPool(bool backward, const Shape& x, const Shape& y, const std::vector<int64_t>& attrs);
   ~DnnlAvgPool();
   void run(const float* in, float* out);
+  size_t scratch_bytes() const;  // as DnnlMatMul's
   // Whether oneDNN computes what PyTorch (and ref) define for these shapes: its right padding
   // (implied by the output size) must not be negative, and when padding counts in the divisor
   // it must not exceed the left one (oneDNN divides by the whole kernel, PyTorch by the part

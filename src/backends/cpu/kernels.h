@@ -6,8 +6,9 @@
 
 // Kernels compiled for AVX-512, AVX2 and baseline x86-64, picked at load time by an ifunc
 // resolver. Under ThreadSanitizer the resolver would run instrumented before the sanitizer's
-// runtime is up (and crash), so that build has the baseline only.
-#if defined(__SANITIZE_THREAD__)
+// runtime is up (and crash), so that build has the baseline only; so has the fuzz build
+// (LOCKSTEP_NO_TARGET_CLONES: clang 16 leaves template instantiations used in clones undefined).
+#if defined(__SANITIZE_THREAD__) || defined(LOCKSTEP_NO_TARGET_CLONES)
 #define LOCKSTEP_TARGET_CLONES
 #else
 #define LOCKSTEP_TARGET_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
