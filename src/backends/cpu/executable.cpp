@@ -1,0 +1,191 @@
+// The cpu executable: runs a compiled plan (plan::Plan with CpuStep kernels) step by step over
+// one arena, allocating the outputs or taking over donated inputs, and keeps every donated input
+// restorable while a data check may still fail. Also the memory preflight (check_memory).
+#include "backends/cpu/executable.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+#include <string>
+
+#include "runtime/lazy.h"
+#include "util/check.h"
+
+namespace lockstep::backends::cpu {
+
+using plan::bytes_of;
+using plan::Slot;
+
+CpuExecutable::CpuExecutable(plan::Plan plan, const std::atomic<int>& threads)
+    : p_(std::move(plan)), threads_(threads) {}
+
+std::vector<std::shared_ptr<Storage>> CpuExecutable::run(
+    const std::vector<std::shared_ptr<Storage>>& inputs,
+    const std::vector<ir::ScalarValue>& scalars, const std::vector<bool>& donatable,
+    const std::function<void()>& past_checks) {
+  const int want = threads_.load();
+  if (want > 0 && omp_get_max_threads() != want) omp_set_num_threads(want);
+  if (!arena_ && p_.arena_bytes) arena_ = alloc_host(p_.arena_bytes);
+  if (!copies_ && p_.copies_bytes) copies_ = alloc_host(p_.copies_bytes);
+  Ctx ctx;
+  ctx.scalars = &scalars;
+  ctx.copies = copies_ ? static_cast<float*>(copies_->data()) : nullptr;
+  ctx.ptr.assign(p_.graph.nodes.size(), nullptr);
+  // Everything but the outputs first: the steps before the first output is written (those
+  // that check the labels or token ids among them) run before the outputs take their memory.
+  for (size_t i = 0; i < p_.graph.nodes.size(); ++i) {
+    const Slot& s = p_.slot[i];
+    switch (s.kind) {
+      case Slot::None:
+      case Slot::Output:
+        break;
+      // Empty values may have no storage (an arena of 0 bytes is never allocated).
+      case Slot::Input:
+        ctx.ptr[i] = inputs.at(s.index) ? inputs[s.index]->data() : nullptr;
+        break;
+      case Slot::Arena:
+        ctx.ptr[i] = arena_ ? static_cast<char*>(arena_->data()) + s.index : nullptr;
+        break;
+      case Slot::Alias:
+        ctx.ptr[i] = ctx.ptr[s.index];
+        break;
+      case Slot::Constant:
+        ctx.ptr[i] = static_cast<char*>(p_.constants->data()) + s.index;
+        break;
+    }
+  }
+  size_t at = 0;  // the step running
+  try {
+    for (; at < p_.prefix; ++at) kernel(p_.steps[at]).run(ctx);
+  } catch (const InternalError&) {
+    throw;
+  } catch (const std::exception& e) {
+    backends::fail_at(p_.graph.nodes[p_.steps[at].node],
+                      e);  // no output or donated input written yet
+  }
+  // Past the last check, a failure is a fault: the runtime drops its record of values to
+  // restore (here, when every check ran in the prefix, before the outputs are allocated).
+  const size_t checked = static_cast<size_t>(p_.last_can_fail + 1);
+  if (checked <= p_.prefix && past_checks) past_checks();
+  std::vector<std::shared_ptr<Storage>> outs(p_.graph.outputs.size());
+  std::vector<std::shared_ptr<Storage>> out_of_node(p_.graph.nodes.size());
+  // Outputs updated in place, and copies of the inputs they overwrite before a step that may
+  // still fail: a failed run leaves every donated input as it was (Executable::run).
+  std::vector<size_t> donated;
+  std::vector<std::shared_ptr<Storage>> kept(p_.graph.outputs.size());
+  for (size_t k = 0; k < p_.graph.outputs.size(); ++k) {
+    const int32_t id = p_.graph.outputs[k];
+    if (!out_of_node[id]) {
+      // Updated in place when the planned donor input is free to take (see plan_donations).
+      const int32_t j = p_.donor[k];
+      if (j >= 0 && static_cast<size_t>(j) < donatable.size() && donatable[j] && inputs[j]) {
+        out_of_node[id] = inputs[j];
+        donated.push_back(k);
+        if (p_.donor_step[k] < p_.last_can_fail) {
+          kept[k] = alloc_host(inputs[j]->bytes());
+          std::memcpy(kept[k]->data(), inputs[j]->data(), inputs[j]->bytes());
+          runtime::count("in_place_copies");
+        }
+        runtime::count("in_place_outputs");
+      } else
+        out_of_node[id] = alloc_host(bytes_of(p_.graph.nodes[id]));
+    }
+    outs[k] = out_of_node[id];
+  }
+  for (size_t i = 0; i < p_.graph.nodes.size(); ++i) {
+    const Slot& s = p_.slot[i];
+    if (s.kind == Slot::Output) ctx.ptr[i] = out_of_node[i]->data();
+    if (s.kind == Slot::Alias) ctx.ptr[i] = ctx.ptr[s.index];
+  }
+  try {
+    for (; at < p_.steps.size(); ++at) {
+      if (at == checked && checked > p_.prefix && past_checks) past_checks();
+      plan::Step& step = p_.steps[at];
+      if (!profile_) {
+        kernel(step).run(ctx);
+        continue;
+      }
+      const int64_t t0 = runtime::now_ns();
+      kernel(step).run(ctx);
+      const int64_t took = runtime::now_ns() - t0;
+      // LOCKSTEP_PROFILE=steps: a timer per step ("mat_mul %93[1024, 784]"), else per kind.
+      std::string name;
+      if (profile_steps_)
+        name = util::cat(step.label, " %", step.node, shape_str(p_.graph.nodes[step.node].shape));
+      runtime::time_ns(profile_steps_ ? name.c_str() : step.label, took);
+    }
+  } catch (const InternalError&) {
+    throw;
+  } catch (const std::exception& e) {
+    // Donated inputs already overwritten get their copy back, or are reported lost.
+    std::vector<int32_t> lost;
+    for (size_t k : donated) {
+      if (p_.donor_step[k] > static_cast<int>(at)) continue;  // not written yet
+      const std::shared_ptr<Storage>& in = inputs[p_.donor[k]];
+      if (kept[k])
+        std::memcpy(in->data(), kept[k]->data(), in->bytes());
+      else
+        lost.push_back(p_.donor[k]);
+    }
+    backends::fail_at(p_.graph.nodes[p_.steps[at].node], e, std::move(lost));
+  }
+  return outs;
+}
+
+namespace {
+
+// Bytes as "1.50 GiB (1610612736 bytes)".
+std::string format_bytes(size_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024 && u < 4) v /= 1024, ++u;
+  char text[32];
+  std::snprintf(text, sizeof text, u == 0 ? "%.0f %s" : "%.2f %s", v, units[u]);
+  return u == 0 ? std::string(text) : util::cat(text, " (", bytes, " bytes)");
+}
+
+}  // namespace
+
+// The memory preflight: a program whose plan needs more than the limit fails before it runs,
+// naming what it needs and the values that need it most.
+void CpuExecutable::check_memory(size_t limit) const {
+  const size_t need = p_.planned.total();
+  if (need <= limit) return;
+  // The largest values: outputs and the arena values live together at the peak.
+  std::vector<std::pair<int32_t, bool>> values;  // node, is an output
+  for (int32_t o : p_.graph.outputs) values.emplace_back(o, true);
+  for (int32_t v : p_.live_at_peak) values.emplace_back(v, false);
+  std::sort(values.begin(), values.end(), [&](const auto& a, const auto& b) {
+    const size_t x = bytes_of(p_.graph.nodes[a.first]), y = bytes_of(p_.graph.nodes[b.first]);
+    return x != y ? x > y : a.first < b.first;
+  });
+  values.erase(std::unique(values.begin(), values.end(),
+                           [](const auto& a, const auto& b) { return a.first == b.first; }),
+               values.end());
+  std::string largest;
+  for (size_t k = 0; k < values.size() && k < 5; ++k) {
+    const ir::GraphNode& node = p_.graph.nodes[values[k].first];
+    std::ostringstream shape;
+    shape << node.dtype << "[";
+    for (size_t d = 0; d < node.shape.size(); ++d) shape << (d ? ", " : "") << node.shape[d];
+    shape << "]";
+    largest += util::cat(k ? "; " : "", shape.str(), " ", format_bytes(bytes_of(node)), " from ",
+                         ir::user_name(node.op), values[k].second ? " (an output)" : "", " at ",
+                         util::where(node.loc));
+  }
+  throw Error(util::cat(
+      "cpu: the program needs ", format_bytes(need),
+      " when it runs, more than the memory limit of ", format_bytes(limit),
+      " (ls::set_memory_limit; default: the machine's memory). Planned: ",
+      format_bytes(p_.planned.arena), " of intermediate values, ", format_bytes(p_.planned.outputs),
+      " of outputs, ", format_bytes(p_.planned.copies + p_.planned.scratch),
+      " of oneDNN copies and scratch, ", format_bytes(p_.planned.constants),
+      " of constants. Largest values (outputs and those live at the peak): ", largest,
+      ". Nothing ran. Use smaller batches or layers, or raise the limit with "
+      "ls::set_memory_limit if the machine has the memory"));
+}
+}  // namespace lockstep::backends::cpu

@@ -1,0 +1,35 @@
+// The cpu backend's executable: a finished plan (passes.h) and what runs it.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "backends/backend.h"
+#include "backends/cpu/passes.h"
+
+namespace lockstep::backends::cpu {
+
+class CpuExecutable final : public Executable {
+ public:
+  // `threads`: the OpenMP threads to run with (0: leave OpenMP's default).
+  CpuExecutable(plan::Plan plan, const std::atomic<int>& threads);
+
+  std::vector<std::shared_ptr<Storage>> run(const std::vector<std::shared_ptr<Storage>>& inputs,
+                                            const std::vector<ir::ScalarValue>& scalars,
+                                            const std::vector<bool>& donatable,
+                                            const std::function<void()>& past_checks) override;
+  size_t planned_bytes() const override { return p_.planned.total(); }
+  void check_memory(size_t limit) const override;
+
+ private:
+  plan::Plan p_;
+  const std::atomic<int>& threads_;
+  const bool profile_ = std::getenv("LOCKSTEP_PROFILE") != nullptr;
+  const bool profile_steps_ = profile_ && std::string(std::getenv("LOCKSTEP_PROFILE")) == "steps";
+  std::shared_ptr<Storage> arena_;   // allocated at the first run, kept for the next
+  std::shared_ptr<Storage> copies_;  // the convolutions' shared operand copies
+};
+
+}  // namespace lockstep::backends::cpu

@@ -1,0 +1,474 @@
+// The lowering pass: the kernel that runs each node the plan computes at run time, a step each:
+// fused elementwise trees and reductions over them, oneDNN matmuls, convolutions and average
+// pooling, our own reductions, max pooling and strided copies, and the ref kernel for the rest
+// (other dtypes, rare ops). Also the kernels other cpu passes rebuild steps with.
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "backends/cpu/kernels.h"
+#include "backends/cpu/passes.h"
+#include "backends/ref/ref_kernels.h"
+#include "runtime/lazy.h"
+#include "util/check.h"
+
+namespace lockstep::backends::cpu {
+
+using ir::Op;
+using plan::bytes_of;
+
+namespace {
+
+// Reductions whose contiguous runs are at least this long walk the runs; shorter ones (sums over
+// small feature maps) go by tiles of the input instead.
+constexpr int64_t kLongRun = 512;
+
+// A Permute that swaps the last two axes and nothing else.
+bool is_last_two_swap(const ir::GraphNode& n) {
+  if (n.op != Op::Permute || n.attrs.size() < 2) return false;
+  const size_t r = n.attrs.size();
+  for (size_t i = 0; i + 2 < r; ++i)
+    if (n.attrs[i] != static_cast<int64_t>(i)) return false;
+  return n.attrs[r - 2] == static_cast<int64_t>(r - 1) &&
+         n.attrs[r - 1] == static_cast<int64_t>(r - 2);
+}
+
+// Whether oneDNN takes this convolution: its right padding (what makes oneDNN's output size
+// PyTorch's floor formula) must not skip more than a stride's worth of input.
+bool dnnl_conv_fits(const ir::Graph& g, int32_t id) {
+  const ir::GraphNode& n = g.nodes[id];
+  const Shape& x = n.op == Op::Conv2dBackwardInput ? n.shape : g.nodes[n.operands[0]].shape;
+  const Shape& w = n.op == Op::Conv2dBackwardWeight ? n.shape : g.nodes[n.operands[1]].shape;
+  const Shape& y = n.op == Op::Conv2d                ? n.shape
+                   : n.op == Op::Conv2dBackwardInput ? g.nodes[n.operands[0]].shape
+                                                     : g.nodes[n.operands[1]].shape;
+  const auto& a = n.attrs;
+  for (int d = 0; d < 2; ++d) {
+    const int64_t extent = (w[2 + d] - 1) * a[4 + d] + 1;
+    const int64_t pad_r = (y[2 + d] - 1) * a[d] + extent - x[2 + d] - a[2 + d];
+    // A negative right padding (input rows a stride skips at the end) is fine: oneDNN just
+    // does not read them. Padding beyond "same" is fine too: the crashes once seen with it
+    // (groups 2, dilation 2, padding 2 on a 2-tap kernel) came from oneDNN's thread-bound
+    // scratchpad (see dnnl_ops.cpp), and the conformance suite covers such shapes.
+    if (pad_r < -(a[d] - 1)) return false;
+  }
+  return true;
+}
+// The forward pooling's input and output shapes, for an average pooling or its backward.
+const Shape& pool_input(const ir::Graph& g, const ir::GraphNode& n) {
+  return n.op == Op::AvgPool2dBackward ? n.shape : g.nodes[n.operands[0]].shape;
+}
+const Shape& pool_output(const ir::Graph& g, const ir::GraphNode& n) {
+  return n.op == Op::AvgPool2dBackward ? g.nodes[n.operands[0]].shape : n.shape;
+}
+// A last-two-axes transpose of an f32 matmul that nothing else reads.
+bool transposed_matmul(const plan::Plan& p, int32_t id) {
+  const ir::GraphNode& n = p.graph.nodes[id];
+  if (!is_last_two_swap(n) || n.dtype != DType::F32 || shape_numel(n.shape) == 0) return false;
+  const int32_t m = n.operands[0];
+  const ir::GraphNode& mm = p.graph.nodes[m];
+  if (mm.op != Op::MatMul || p.is_output[m] || p.consumers[m].size() != 1 || !p.run_time[m])
+    return false;
+  for (int32_t o : mm.operands)
+    if (p.graph.nodes[o].dtype != DType::F32 || shape_numel(p.graph.nodes[o].shape) == 0)
+      return false;
+  return true;
+}
+
+}  // namespace
+
+std::shared_ptr<plan::StepPayload> CpuStep::take_check() {
+  if (!check) return nullptr;
+  auto c = std::make_shared<CpuStep>();
+  c->run = std::move(check);
+  check = nullptr;
+  return c;
+}
+
+bool is_f32(const ir::Graph& g, int32_t id) { return g.nodes[id].dtype == DType::F32; }
+
+bool all_f32(const ir::Graph& g, int32_t id) {
+  const ir::GraphNode& n = g.nodes[id];
+  for (int32_t o : n.operands)
+    if (!is_f32(g, o) || shape_numel(g.nodes[o].shape) == 0) return false;
+  return is_f32(g, id) && shape_numel(n.shape) > 0;
+}
+bool dnnl_conv(const ir::Graph& g, int32_t id) {
+  const Op op = g.nodes[id].op;
+  return (op == Op::Conv2d || op == Op::Conv2dBackwardInput || op == Op::Conv2dBackwardWeight) &&
+         all_f32(g, id) && dnnl_conv_fits(g, id);
+}
+bool blockable_pool(const ir::Graph& g, int32_t id) {
+  const ir::GraphNode& n = g.nodes[id];
+  if (n.op != Op::MaxPool2d && n.op != Op::MaxPool2dIndices && n.op != Op::MaxPool2dBackward)
+    return false;
+  if (n.dtype != (n.op == Op::MaxPool2dIndices ? DType::I64 : DType::F32)) return false;
+  const ir::GraphNode& x = g.nodes[n.operands[0]];  // the input, or the output gradient
+  if (x.dtype != DType::F32 || !blockable(x.shape) || !blockable(n.shape)) return false;
+  return n.op != Op::MaxPool2dBackward || g.nodes[n.operands[1]].dtype == DType::I64;
+}
+bool sum_takes_blocked(const Shape& in, const std::vector<int64_t>& attrs) {
+  if (!blockable(in)) return false;
+  bool reduced[4] = {false, false, false, false};
+  for (size_t i = 1; i < attrs.size(); ++i) reduced[attrs[i]] = true;
+  return reduced[1] || (reduced[2] && reduced[3]);
+}
+std::pair<Shape, std::vector<int64_t>> blocked_sum(const Shape& in,
+                                                   const std::vector<int64_t>& attrs) {
+  const Shape in5{in[0], in[1] / kBlock, in[2], in[3], kBlock};
+  std::vector<int64_t> a5{attrs[0]};
+  for (size_t i = 1; i < attrs.size(); ++i) {
+    a5.push_back(attrs[i]);
+    if (attrs[i] == 1) a5.push_back(4);
+  }
+  std::sort(a5.begin() + 1, a5.end());
+  return {in5, a5};
+}
+
+std::vector<bool> blocked_mask(const plan::Plan& p) {
+  std::vector<bool> blocked(p.layout.size());
+  for (size_t i = 0; i < blocked.size(); ++i) blocked[i] = p.layout[i] == plan::Layout::Blocked16c;
+  return blocked;
+}
+
+std::vector<plan::Member> members_of(const FusedMembers& fused) {
+  std::vector<plan::Member> out;
+  for (const auto& [node, tree] : fused) {
+    plan::Member m;
+    m.node = node;
+    m.reads = tree->leaf_nodes();
+    for (size_t l = 0; l < tree->leaf_nodes().size(); ++l)
+      if (tree->leaf_is_elementwise(l)) m.elementwise_reads.push_back(tree->leaf_nodes()[l]);
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+std::function<void(Ctx&)> run_conv_step(std::shared_ptr<DnnlConv> conv, int32_t x, int32_t y,
+                                        int32_t id, std::pair<int64_t, bool> copy0,
+                                        std::pair<int64_t, bool> copy1) {
+  return [=](Ctx& c) {
+    auto place = [&](std::pair<int64_t, bool> p) {
+      DnnlConv::Copy copy;
+      if (p.first >= 0 && p.second) copy.keep = c.copies + p.first;
+      if (p.first >= 0 && !p.second) copy.ready = c.copies + p.first;
+      return copy;
+    };
+    conv->run(static_cast<const float*>(c.ptr[x]), static_cast<const float*>(c.ptr[y]),
+              static_cast<float*>(c.ptr[id]), place(copy0), place(copy1));
+  };
+}
+// Runs the trees of a fused step, tile by tile.
+std::function<void(Ctx&)> run_fused(std::shared_ptr<const FusedMembers> members) {
+  return [members](Ctx& c) {
+    std::vector<const FusedTree*> trees;
+    std::vector<std::vector<const void*>> leaves;
+    std::vector<std::vector<float>> expanded;
+    std::vector<void*> outs;
+    for (const auto& [node, tree] : *members) {
+      trees.push_back(tree.get());
+      leaves.push_back(tree->bind(c.ptr, expanded));
+      outs.push_back(c.ptr[node]);
+    }
+    FusedTree::run_group(trees, leaves, outs);
+  };
+}
+
+// Computes sums that share one input layout: short runs (sums over small feature maps) by tiles
+// of the input, long ones walked run by run.
+std::function<void(Ctx&)> run_sums(SumParts parts) {
+  const ReduceLayout layout = reduce_layout(parts[0].second->in, parts[0].second->attrs);
+  const ReduceMap map = reduce_map(parts[0].second->in, parts[0].second->attrs);
+  size_t tmp_floats = 0;
+  for (const auto& [node, of] : parts)
+    if (of->tree) tmp_floats = std::max(tmp_floats, of->tree->scratch_floats());
+  return [parts = std::move(parts), layout, map, tmp_floats](Ctx& c) {
+    std::vector<std::vector<const void*>> leaves(parts.size());
+    std::vector<std::vector<float>> expanded;
+    std::vector<float*> outs;
+    for (size_t k = 0; k < parts.size(); ++k) {
+      if (parts[k].second->tree) leaves[k] = parts[k].second->tree->bind(c.ptr, expanded);
+      outs.push_back(static_cast<float*>(c.ptr[parts[k].first]));
+    }
+    auto read = [&](size_t k, int64_t off, int64_t len, float* tmp) -> const float* {
+      const SumOf& of = *parts[k].second;
+      if (!of.tree) return static_cast<const float*>(c.ptr[of.input]) + off;
+      of.tree->prefetch(leaves[k], off, len);
+      return of.tree->eval(leaves[k], off, len, tmp, nullptr);
+    };
+    if (layout.inner < kLongRun)
+      sum_tiles_f32(map, parts.size(), read, outs, tmp_floats);
+    else
+      sum_multi_f32(layout, parts.size(), read, outs, tmp_floats);
+  };
+}
+namespace {
+
+void add_step(plan::Plan& p, const std::vector<bool>& mask, int32_t id) {
+  const ir::GraphNode& n = p.graph.nodes[id];
+  plan::Step step;
+  auto payload = std::make_shared<CpuStep>();
+  CpuStep& cs = *payload;
+  step.node = id;
+  step.label = ir::op_info(n.op).name;
+  const bool f32 = is_f32(p.graph, id);
+  if (fusible(p.graph, id)) {
+    auto tree = std::make_shared<FusedTree>(p.graph, id, p.absorbed, &mask, mask[id]);
+    step.reads = tree->leaf_nodes();
+    step.label = "fused";
+    step.detail = tree->describe();
+    cs.fused = std::make_shared<FusedMembers>(1, std::make_pair(id, tree));
+    step.kind = plan::StepKind::Elementwise;
+    step.members = members_of(*cs.fused);
+    cs.run = run_fused(cs.fused);
+  } else if ((n.op == Op::MatMul && all_f32(p.graph, id)) || transposed_matmul(p, id)) {
+    // A matmul; or the transpose of one, computed directly as B^T A^T. Operands that are
+    // transposes are read through swapped strides instead of being copied.
+    const bool flip = n.op == Op::Permute;
+    const ir::GraphNode& mm_node = flip ? p.graph.nodes[n.operands[0]] : n;
+    int32_t operand[2] = {mm_node.operands[0], mm_node.operands[1]};
+    if (flip) std::swap(operand[0], operand[1]);
+    Shape shape[2];
+    std::vector<int64_t> strides[2];
+    for (int k = 0; k < 2; ++k) {
+      const ir::GraphNode& o = p.graph.nodes[operand[k]];
+      bool transposed = flip;  // (A B)^T = B^T A^T: each operand is read transposed
+      int32_t source = operand[k];
+      // A transpose feeding the matmul: read its input instead.
+      if (is_last_two_swap(o) && p.run_time[operand[k]]) {
+        source = o.operands[0];
+        transposed = !transposed;
+      }
+      operand[k] = source;
+      const Shape& ss = p.graph.nodes[source].shape;
+      strides[k] = ref::strides_of(ss);
+      shape[k] = ss;
+      if (transposed) {
+        const size_t r = ss.size();
+        std::swap(strides[k][r - 1], strides[k][r - 2]);
+        std::swap(shape[k][r - 1], shape[k][r - 2]);
+      }
+    }
+    auto mm = std::make_shared<DnnlMatMul>(shape[0], strides[0], shape[1], strides[1], n.shape);
+    step.scratch_bytes = mm->scratch_bytes();
+    step.reads = {operand[0], operand[1]};
+    step.label = "mat_mul";
+    const int32_t a = operand[0], b = operand[1];
+    cs.run = [mm, a, b, id](Ctx& c) {
+      mm->run(static_cast<const float*>(c.ptr[a]), static_cast<const float*>(c.ptr[b]),
+              static_cast<float*>(c.ptr[id]));
+    };
+  } else if (dnnl_conv(p.graph, id)) {
+    const ir::GraphNode& a = p.graph.nodes[n.operands[0]];
+    const ir::GraphNode& b = p.graph.nodes[n.operands[1]];
+    std::shared_ptr<DnnlConv> conv;
+    const DnnlConv::Blocked blocked{mask[n.operands[0]], mask[n.operands[1]], mask[id]};
+    if (n.op == Op::Conv2d)
+      conv = std::make_shared<DnnlConv>(DnnlConv::Kind::Forward, a.shape, b.shape, n.shape, n.attrs,
+                                        blocked);
+    else if (n.op == Op::Conv2dBackwardInput)
+      conv = std::make_shared<DnnlConv>(DnnlConv::Kind::BackwardData, n.shape, b.shape, a.shape,
+                                        n.attrs, blocked);
+    else
+      conv = std::make_shared<DnnlConv>(DnnlConv::Kind::BackwardWeights, a.shape, n.shape, b.shape,
+                                        n.attrs, blocked);
+    step.reads = n.operands;
+    cs.conv = conv;
+    step.kind = plan::StepKind::Conv;
+    step.scratch_bytes = conv->scratch_bytes();
+    cs.run = run_conv_step(conv, n.operands[0], n.operands[1], id);
+  } else if ((n.op == Op::Sum || n.op == Op::Max || n.op == Op::Min) && f32 &&
+             p.absorbed[n.operands[0]]) {
+    step.kind = plan::StepKind::Reduction;
+    const bool walk_blocked = p.walk_blocked[id];
+    auto tree =
+        std::make_shared<FusedTree>(p.graph, n.operands[0], p.absorbed, &mask, walk_blocked);
+    step.reads = tree->leaf_nodes();
+    step.label = "fused_reduce";
+    step.detail = tree->describe();
+    if (n.op == Op::Sum) {
+      auto [in, attrs] = walk_blocked ? blocked_sum(p.graph.nodes[n.operands[0]].shape, n.attrs)
+                                      : std::make_pair(p.graph.nodes[n.operands[0]].shape, n.attrs);
+      cs.sum = std::make_shared<SumOf>(SumOf{in, attrs, tree, -1});
+      cs.run = run_sums({{id, cs.sum}});
+    } else {
+      const ReduceLayout layout = reduce_layout(p.graph.nodes[n.operands[0]].shape, n.attrs);
+      const Op op = n.op;
+      cs.run = [tree, layout, op, id](Ctx& c) {
+        std::vector<std::vector<float>> expanded;
+        const std::vector<const void*> leaves = tree->bind(c.ptr, expanded);
+        reduce_f32(
+            op, layout,
+            [&](int64_t off, int64_t len, float* tmp) {
+              return tree->eval(leaves, off, len, tmp, nullptr);
+            },
+            static_cast<float*>(c.ptr[id]), tree->scratch_floats());
+      };
+    }
+  } else if ((n.op == Op::Sum || n.op == Op::Max || n.op == Op::Min) && all_f32(p.graph, id)) {
+    step.kind = plan::StepKind::Reduction;
+    step.reads = n.operands;
+    const int32_t x = n.operands[0];
+    const Shape in = p.graph.nodes[x].shape;
+    const std::vector<int64_t> attrs = n.attrs;
+    const Op op = n.op;
+    if (p.walk_blocked[id]) {
+      auto [in5, attrs5] = blocked_sum(in, attrs);
+      cs.sum = std::make_shared<SumOf>(SumOf{in5, attrs5, nullptr, x});
+      cs.run = run_sums({{id, cs.sum}});
+    } else if (n.op == Op::Sum && reduce_layout(in, attrs).inner >= 2) {
+      cs.sum = std::make_shared<SumOf>(SumOf{in, attrs, nullptr, x});
+      cs.run = run_sums({{id, cs.sum}});
+    } else {  // Max, Min, and sums over axes below kept ones (by rows, see reduce_f32)
+      cs.run = [=](Ctx& c) {
+        reduce_f32(op, static_cast<const float*>(c.ptr[x]), in, attrs,
+                   static_cast<float*>(c.ptr[id]));
+      };
+    }
+  } else if ((n.op == Op::MaxPool2d || n.op == Op::MaxPool2dIndices) &&
+             is_f32(p.graph, n.operands[0]) && shape_numel(n.shape) > 0) {
+    // Values and indices of the same pooling come from one pass.
+    const int32_t x = n.operands[0];
+    const Op other = n.op == Op::MaxPool2d ? Op::MaxPool2dIndices : Op::MaxPool2d;
+    for (int32_t k : p.consumers[x])
+      if (k != id && p.graph.nodes[k].op == other && p.graph.nodes[k].attrs == n.attrs &&
+          !p.absorbed[k] && p.run_time[k]) {
+        step.extras = {k};
+        p.merged[k] = true;
+        break;
+      }
+    step.reads = n.operands;
+    const int32_t other_id = step.extras.empty() ? -1 : step.extras[0];
+    const int32_t values = n.op == Op::MaxPool2d ? id : other_id;
+    const int32_t indices = n.op == Op::MaxPool2d ? other_id : id;
+    const Shape in = p.graph.nodes[x].shape, out = n.shape;
+    const std::vector<int64_t> attrs = n.attrs;
+    const bool blocked = mask[x];
+    LS_INTERNAL_CHECK(mask[id] == blocked && (other_id < 0 || mask[other_id] == blocked),
+                      "max pooling's input, values and indices in different layouts");
+    if (blocked) runtime::count("blocked_max_pooling");
+    cs.run = [=](Ctx& c) {
+      float* v = values >= 0 ? static_cast<float*>(c.ptr[values]) : nullptr;
+      int64_t* i = indices >= 0 ? static_cast<int64_t*>(c.ptr[indices]) : nullptr;
+      if (blocked)
+        max_pool2d_blocked_f32(static_cast<const float*>(c.ptr[x]), in, out, attrs, v, i);
+      else
+        max_pool2d_f32(static_cast<const float*>(c.ptr[x]), in, out, attrs, v, i);
+    };
+  } else if ((n.op == Op::AvgPool2d || n.op == Op::AvgPool2dBackward) && all_f32(p.graph, id) &&
+             DnnlAvgPool::fits(pool_input(p.graph, n), pool_output(p.graph, n), n.attrs)) {
+    auto pool = std::make_shared<DnnlAvgPool>(n.op == Op::AvgPool2dBackward, pool_input(p.graph, n),
+                                              pool_output(p.graph, n), n.attrs);
+    step.scratch_bytes = pool->scratch_bytes();
+    step.reads = n.operands;
+    const int32_t x = n.operands[0];
+    cs.run = [pool, x, id](Ctx& c) {
+      pool->run(static_cast<const float*>(c.ptr[x]), static_cast<float*>(c.ptr[id]));
+    };
+  } else if (n.op == Op::MaxPool2dBackward && f32 && shape_numel(n.shape) > 0) {
+    step.reads = n.operands;
+    const int32_t gy = n.operands[0], idx = n.operands[1];
+    const Shape gys = p.graph.nodes[gy].shape, in = n.shape;
+    const bool blocked = mask[id];
+    LS_INTERNAL_CHECK(mask[gy] == blocked && mask[idx] == blocked,
+                      "max pooling's gradient, output gradient and indices in different layouts");
+    if (blocked) runtime::count("blocked_max_pooling");
+    // Its indices are checked against the plane, but they come from the forward pooling: a
+    // failure there is a fault, not the data's, and poisons what it had overwritten.
+    cs.run = [=](Ctx& c) {
+      const float* g = static_cast<const float*>(c.ptr[gy]);
+      const int64_t* i = static_cast<const int64_t*>(c.ptr[idx]);
+      float* dx = static_cast<float*>(c.ptr[id]);
+      if (blocked)
+        max_pool2d_backward_blocked_f32(g, i, gys, in, dx);
+      else
+        max_pool2d_backward_f32(g, i, gys, in, dx);
+    };
+  } else if ((n.op == Op::Permute || n.op == Op::Slice) && dtype_size(n.dtype) == 4) {
+    step.reads = n.operands;
+    const int32_t x = n.operands[0];
+    const std::vector<int64_t> xs = ref::strides_of(p.graph.nodes[x].shape);
+    std::vector<int64_t> st;
+    int64_t offset = 0;
+    if (n.op == Op::Permute) {
+      for (int64_t a : n.attrs) st.push_back(xs[a]);
+    } else {
+      st = xs;
+      st[n.attrs[0]] *= n.attrs[3];
+      offset = n.attrs[1] * xs[n.attrs[0]];
+    }
+    const Shape out = n.shape;
+    cs.run = [=](Ctx& c) { strided_copy_4(c.ptr[x], out, st, offset, c.ptr[id]); };
+  } else if (n.op == Op::Reshape) {
+    step.reads = n.operands;
+    const int32_t x = n.operands[0];
+    const size_t bytes = bytes_of(n);
+    // Usually an alias (no step runs); a copy only when the result must own its memory.
+    cs.run = [=](Ctx& c) {
+      if (c.ptr[id] != c.ptr[x] && bytes) std::memcpy(c.ptr[id], c.ptr[x], bytes);
+    };
+  } else {
+    // Everything else: the ref kernel, single-threaded.
+    step.reads = n.operands;
+    static const std::vector<std::string> ref_labels = [] {
+      std::vector<std::string> v;
+      for (int k = 0; k < ir::kNumOps; ++k)
+        v.push_back(std::string("ref:") + ir::op_info(static_cast<Op>(k)).name);
+      return v;
+    }();
+    step.label = ref_labels[static_cast<int>(n.op)].c_str();
+    const ir::GraphNode node = n;
+    std::vector<std::pair<Shape, DType>> args;
+    for (int32_t o : n.operands) args.emplace_back(p.graph.nodes[o].shape, p.graph.nodes[o].dtype);
+    const std::vector<int32_t> ops = n.operands;
+    // The ref kernels that check their data: indices (checked ahead, see add_checks), integer
+    // division and integer powers (checked where they run).
+    const bool integer = !is_floating(n.dtype);
+    step.can_fail = integer && (n.op == Op::Div || n.op == Op::Pow);
+    if (n.op == Op::Gather || n.op == Op::ScatterAdd) {
+      const int32_t index = n.operands[1];
+      const Shape index_shape = p.graph.nodes[index].shape;
+      const int64_t axis = n.attrs[0], size = p.graph.nodes[n.operands[0]].shape[axis];
+      const char* name = ir::op_info(n.op).name;
+      step.checked = index;
+      cs.check = [=](Ctx& c) {
+        ref::check_indices(name, {c.ptr[index], index_shape, DType::I64}, size, axis);
+      };
+    }
+    cs.run = [node, args, ops, id](Ctx& c) {
+      std::vector<ref::Arr> arr;
+      for (size_t k = 0; k < ops.size(); ++k)
+        arr.push_back({c.ptr[ops[k]], args[k].first, args[k].second});
+      ref::eval_node(node, arr, *c.scalars, c.ptr[id]);
+    };
+  }
+  step.payload = std::move(payload);
+  p.steps.push_back(std::move(step));
+}
+
+}  // namespace
+
+void lower(plan::Plan& p) {
+  const std::vector<bool> blocked = blocked_mask(p);
+  for (size_t i = 0; i < p.graph.nodes.size(); ++i)
+    if (!p.absorbed[i] && !p.merged[i] && p.run_time[i] && p.graph.nodes[i].op != Op::Data)
+      add_step(p, blocked, static_cast<int32_t>(i));
+}
+
+plan::FusionRules fusion_rules() {
+  plan::FusionRules rules;
+  rules.fusible = fusible;
+  // An f32 reduction takes a tree when it walks it in long contiguous runs (sums in shorter ones
+  // too: they go by tiles).
+  rules.reduction_takes = [](const ir::Graph& g, int32_t c, int32_t id) {
+    const ir::GraphNode& cn = g.nodes[c];
+    const ir::GraphNode& node = g.nodes[id];
+    return (cn.op == Op::Sum || cn.op == Op::Max || cn.op == Op::Min) && cn.dtype == DType::F32 &&
+           node.dtype == DType::F32 && shape_numel(cn.shape) > 0 &&
+           (reduce_layout(node.shape, cn.attrs).inner >= 64 ||
+            (cn.op == Op::Sum && reduce_layout(node.shape, cn.attrs).inner >= 4));
+  };
+  return rules;
+}
+
+}  // namespace lockstep::backends::cpu

@@ -1,0 +1,57 @@
+// The fusion pass: which fusible nodes are evaluated inside their consumers' trees, so that their
+// values never go to memory. Backend-neutral: the backend says what may fuse (FusionRules).
+#include <algorithm>
+
+#include "plan/passes.h"
+
+namespace lockstep::plan {
+
+// A fusible node is absorbed when every consumer can take it: a fusible node of its shape, or a
+// reduction that reads it through a tree (FusionRules::reduction_takes). With several consumers
+// the node is recomputed in each, which pays on a memory-bound machine as long as the recomputed
+// tree stays small.
+void choose_fusion(Plan& p, const FusionRules& rules) {
+  const ir::Graph& g = p.graph;
+  const size_t n = g.nodes.size();
+  p.absorbed.assign(n, false);
+  std::vector<int> cost(n, 0);  // instructions of the tree a node brings into its consumers
+  // The distinct full-size values that tree reads from memory.
+  std::vector<std::vector<int32_t>> full_leaves(n);
+  for (size_t i = 0; i < n; ++i) {
+    const int32_t id = static_cast<int32_t>(i);
+    const ir::GraphNode& node = g.nodes[i];
+    if (p.is_output[i] || node.op == ir::Op::Scalar || !rules.fusible(g, id) ||
+        p.consumers[i].empty() || !p.run_time[i])
+      continue;
+    bool all_take = true;
+    std::vector<int32_t> distinct;
+    for (int32_t c : p.consumers[i]) {
+      if (!p.run_time[c]) continue;  // computed at compile time, from its own copy
+      if (std::find(distinct.begin(), distinct.end(), c) == distinct.end()) distinct.push_back(c);
+      const bool tree = rules.fusible(g, c) && g.nodes[c].shape == node.shape;
+      all_take = all_take && (tree || rules.reduction_takes(g, c, id));
+    }
+    cost[i] = node.op == ir::Op::Expand ? 0 : 1;  // a broadcast is a load, not an instruction
+    for (int32_t o : node.operands) {
+      if (p.absorbed[o]) {
+        cost[i] += cost[o];
+        for (int32_t l : full_leaves[o])
+          if (std::find(full_leaves[i].begin(), full_leaves[i].end(), l) == full_leaves[i].end())
+            full_leaves[i].push_back(l);
+      } else if (node.op != ir::Op::Expand && g.nodes[o].shape == node.shape &&
+                 std::find(full_leaves[i].begin(), full_leaves[i].end(), o) ==
+                     full_leaves[i].end()) {
+        full_leaves[i].push_back(o);
+      }
+    }
+    // Recomputing in k consumers reads the tree's L full-size inputs k times; storing it reads
+    // them once, writes the value (about two reads' worth, with the cache line fetched first)
+    // and reads it k times: recompute while (k - 1) L <= k + 2, and the tree stays short.
+    const int64_t k = static_cast<int64_t>(distinct.size());
+    const int64_t l = static_cast<int64_t>(full_leaves[i].size());
+    p.absorbed[i] =
+        all_take && (k == 1 || (cost[i] <= rules.recompute_limit && (k - 1) * l <= k + 2));
+  }
+}
+
+}  // namespace lockstep::plan

@@ -1,0 +1,41 @@
+// The backend-neutral passes over a Plan (plan.h), in the order a compiler runs them; each is a
+// function of its own file. What is a backend's own (which kernels run which nodes, layouts,
+// library copies) is in its passes (backends/cpu/passes.h); these decide the rest.
+#pragma once
+
+#include <functional>
+
+#include "plan/plan.h"
+
+namespace lockstep::plan {
+
+// fusion.cpp: which fusible nodes are computed inside their consumers' trees (Plan::absorbed)
+// instead of being written to memory, by a cost model of memory traffic.
+struct FusionRules {
+  // Whether a node may be part of an elementwise tree.
+  std::function<bool(const ir::Graph&, int32_t)> fusible;
+  // Whether reduction `consumer` can read operand `operand` through a tree (the backend's
+  // reductions walk it in long enough contiguous runs).
+  std::function<bool(const ir::Graph&, int32_t consumer, int32_t operand)> reduction_takes;
+  // Largest tree (in instructions) recomputed in each of several consumers.
+  int recompute_limit = 8;
+};
+void choose_fusion(Plan& plan, const FusionRules& rules);
+
+// steps.cpp: drops the steps whose values no output needs (e.g. a transpose a matmul reads
+// through strides).
+void drop_unread_steps(Plan& plan);
+
+// schedule.cpp: refines the step order (a convolution's weight gradient next to its input
+// gradient, so that their shared operand copy lives one step).
+void schedule(Plan& plan);
+
+// checks.cpp: each data check (an index range) runs as a step of its own, as early as it can.
+void add_checks(Plan& plan);
+
+// memory.cpp: where every value lives (inputs, outputs, aliases, one arena by liveness), which
+// outputs may overwrite an input (donations), the steps that run before the outputs are
+// allocated, and the bytes a run takes (Plan::planned).
+void plan_memory(Plan& plan);
+
+}  // namespace lockstep::plan

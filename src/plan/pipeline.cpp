@@ -1,0 +1,39 @@
+// run_pipeline: the passes in order, and the plan dumps (LOCKSTEP_DUMP, LOCKSTEP_DUMP_PASSES).
+#include "plan/pipeline.h"
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "util/check.h"
+
+namespace lockstep::plan {
+namespace {
+
+// A debugging aid: a file that cannot be written never fails the compile.
+void write(const std::string& path, const std::string& text) {
+  if (std::FILE* f = std::fopen(path.c_str(), "w")) {
+    std::fwrite(text.data(), 1, text.size(), f);
+    std::fclose(f);
+  }
+}
+
+}  // namespace
+
+void run_pipeline(Plan& plan, const std::vector<Pass>& passes, const char* backend) {
+  const char* dir = std::getenv("LOCKSTEP_DUMP");
+  const char* each = std::getenv("LOCKSTEP_DUMP_PASSES");
+  const bool per_pass = dir && each && std::strcmp(each, "0") != 0;
+  static std::atomic<int> counter{0};
+  const int number = dir ? counter++ : 0;
+  for (size_t k = 0; k < passes.size(); ++k) {
+    passes[k].run(plan);
+    if (per_pass)
+      write(util::cat(dir, "/", backend, "-plan-", number, ".", k + 1, "-", passes[k].name, ".txt"),
+            to_text(plan, true));
+  }
+  if (dir) write(util::cat(dir, "/", backend, "-plan-", number, ".txt"), to_text(plan));
+}
+
+}  // namespace lockstep::plan

@@ -1,0 +1,125 @@
+// The plan a backend's compiler builds for one graph, and that its passes read and write: the
+// graph, a decision per node (fused into its consumers, folded to a constant, layout), the steps
+// that compute the rest in order, and where every value lives (the memory plan). Printable as
+// text (to_text), so that every pass can be tested as plan text in, plan text out, and a
+// decision traced to the pass that made it (LOCKSTEP_DUMP_PASSES, see pipeline.h).
+//
+// A step's backend-specific part (the kernel that runs it) is an opaque StepPayload: the
+// backend-neutral passes (passes.h) reorder, merge and place steps without knowing it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backends/backend.h"
+#include "ir/ir.h"
+
+namespace lockstep::plan {
+
+// What a step runs, as far as the backend-neutral passes need to know.
+enum class StepKind : uint8_t {
+  Kernel,       // anything else: one op by a kernel of the backend's own (or ref)
+  Elementwise,  // a fused elementwise tree, or a group of them (see Member)
+  Reduction,    // a reduction, possibly over a fused tree
+  Conv,         // a convolution (or its gradient) by a library that copies its operands
+  Check,        // a data check of another step's operand (add_checks); writes nothing
+};
+
+// The backend's part of a step: what runs it. Opaque to the neutral passes.
+struct StepPayload {
+  virtual ~StepPayload() = default;
+  // Splits off the step's data check, to run as a step of its own (add_checks); null if none.
+  virtual std::shared_ptr<StepPayload> take_check() { return nullptr; }
+};
+
+// One value an elementwise step writes, and the values it reads element for element (which the
+// output may overwrite: see plan_memory's donations).
+struct Member {
+  int32_t node = -1;
+  std::vector<int32_t> reads;              // every value its tree reads
+  std::vector<int32_t> elementwise_reads;  // those read at the same index as it writes
+};
+
+struct Step {
+  const char* label = "";       // the kind of kernel, for dumps and LOCKSTEP_PROFILE
+  std::string detail;           // for dumps
+  int32_t node = -1;            // the value it writes (for a check: the op whose operand it checks)
+  std::vector<int32_t> extras;  // further values it writes
+  std::vector<int32_t> reads;   // values it reads
+  StepKind kind = StepKind::Kernel;
+  std::vector<Member> members;  // Elementwise: the values it writes, in the order it computes them
+  // Whether it checks its data and may throw (indices out of range, integer division by zero).
+  bool can_fail = false;
+  // An operand it checks (an index), whose check add_checks moves into a step of its own so that
+  // it runs as early as it can; -1 if none.
+  int32_t checked = -1;
+  size_t scratch_bytes = 0;  // of scratch memory shared between steps, while it runs
+  std::shared_ptr<StepPayload> payload;
+  // The values it writes: node, then extras (a check writes nothing).
+  std::vector<int32_t> writes() const;
+};
+
+// Where a value lives during a run.
+struct Slot {
+  enum Kind { None, Input, Arena, Output, Alias, Constant } kind = None;
+  // Input number, arena offset, output number, aliased node, or offset among the constants.
+  int64_t index = 0;
+};
+
+// Memory layouts a value may be held in (a backend's choice: see its layout pass).
+enum class Layout : uint8_t {
+  Plain,       // row-major, as the graph's shape says
+  Blocked16c,  // oneDNN's nChw16c: [N][C/16][H][W][16 channels]
+};
+
+// The bytes a run takes besides its inputs (plan_memory): checked against ls::memory_limit().
+struct PlannedBytes {
+  size_t arena = 0, outputs = 0, copies = 0, scratch = 0, constants = 0;
+  size_t total() const { return arena + outputs + copies + scratch + constants; }
+};
+
+struct Plan {
+  explicit Plan(ir::Graph g);
+
+  ir::Graph graph;
+  // Facts about the graph.
+  std::vector<std::vector<int32_t>> consumers;  // per node, the nodes that read it (repeats kept)
+  std::vector<bool> is_output;
+  // Decisions, per node.
+  std::vector<bool> run_time;        // computed by a step (false: folded at compile time)
+  std::vector<int64_t> constant_at;  // offset of a folded constant in `constants`, else -1
+  std::vector<bool> absorbed;        // computed inside its consumers' fused trees
+  std::vector<bool> merged;          // computed by another node's step
+  std::vector<Layout> layout;        // of its value in memory
+  std::vector<bool> walk_blocked;    // a sum that walks its input in the blocked order
+  std::shared_ptr<backends::Storage> constants;  // the folded values
+  // The steps, in the order they run.
+  std::vector<Step> steps;
+  // The memory plan.
+  std::vector<Slot> slot;
+  size_t arena_bytes = 0;
+  size_t copies_bytes = 0;      // a backend's own memory for operand copies (cpu: oneDNN's)
+  std::vector<int32_t> donor;   // per output: the input it may overwrite, or -1
+  std::vector<int> donor_step;  // per output: the step that overwrites it (-1: none)
+  int last_can_fail = -1;       // the last step that may throw (-1: none)
+  size_t prefix = 0;            // leading steps that write no output (up to last_can_fail)
+  PlannedBytes planned;
+  std::vector<int32_t> live_at_peak;  // arena values live at the step where most bytes are
+
+  // The step that writes each value (-1: none), in the current order.
+  std::vector<int> producers() const;
+};
+
+size_t bytes_of(const ir::GraphNode& n);
+
+// The plan as text. The final plan's form (what LOCKSTEP_DUMP writes): a header line (arena,
+// steps, checks), the folded constants, then a line per step:
+//   %12 fused f32[64, 10] <- %3[64, 10] %11[10]  <detail>
+// with "(nChw16c)" after a value held blocked. `decisions` adds a line per node with what the
+// passes decided for it so far (the form of the dumps after each pass).
+std::string to_text(const Plan& plan, bool decisions = false);
+
+}  // namespace lockstep::plan
