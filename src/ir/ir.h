@@ -24,6 +24,7 @@
 #include <memory>
 #include <source_location>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "lockstep/dtype.h"
@@ -157,5 +158,8 @@ struct Graph {
 
 // IR text, one node per line: "%2 = add(%0, %1) f32[2, 3]" (attrs in braces, inputs numbered).
 std::string to_text(const Graph& graph);
+// The graph to_text printed (for tests of passes: graph text in). The header line may be left
+// out (device cpu; the input counts are taken from the nodes). Throws Error naming the line.
+Graph from_text(std::string_view text);
 
 }  // namespace lockstep::ir

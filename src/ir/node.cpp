@@ -1,4 +1,5 @@
 // The op table's metadata, node construction and destruction, and IR text.
+#include <algorithm>
 #include <cctype>
 #include <sstream>
 #include <string>
@@ -179,6 +180,124 @@ std::string to_text(const Graph& graph) {
   for (size_t k = 0; k < graph.outputs.size(); ++k) os << (k ? ", %" : " %") << graph.outputs[k];
   os << "\n";
   return os.str();
+}
+
+namespace {
+
+// A cursor over one line of graph text.
+struct Line {
+  std::string_view text;
+  size_t at = 0;
+  int number;
+  [[noreturn]] void fail(const std::string& what) const {
+    throw Error(util::cat("ir::from_text: line ", number, ": ", what, " in '", text, "'"));
+  }
+  void skip_spaces() {
+    while (at < text.size() && text[at] == ' ') ++at;
+  }
+  bool take(char c) {
+    skip_spaces();
+    if (at < text.size() && text[at] == c) return ++at, true;
+    return false;
+  }
+  void expect(char c) {
+    if (!take(c)) fail(util::cat("expected '", c, "'"));
+  }
+  int64_t integer() {
+    skip_spaces();
+    size_t end = at + (at < text.size() && text[at] == '-');
+    while (end < text.size() && std::isdigit(static_cast<unsigned char>(text[end]))) ++end;
+    if (end == at || (end == at + 1 && text[at] == '-')) fail("expected a number");
+    const int64_t v = std::stoll(std::string(text.substr(at, end - at)));
+    at = end;
+    return v;
+  }
+  std::string_view word() {
+    skip_spaces();
+    const size_t start = at;
+    while (at < text.size() && (std::isalnum(static_cast<unsigned char>(text[at])) ||
+                                text[at] == '_'))
+      ++at;
+    if (at == start) fail("expected a name");
+    return text.substr(start, at - start);
+  }
+};
+
+}  // namespace
+
+Graph from_text(std::string_view text) {
+  Graph g;
+  g.device = Device{};
+  bool header = false;
+  int number = 0;
+  while (!text.empty()) {
+    const size_t eol = text.find('\n');
+    Line line{text.substr(0, eol), 0, ++number};
+    text = eol == std::string_view::npos ? std::string_view() : text.substr(eol + 1);
+    line.skip_spaces();
+    if (line.at == line.text.size()) continue;
+    if (line.text.substr(line.at).rfind("graph(", 0) == 0) {
+      if (header || !g.nodes.empty()) line.fail("a header after the first line");
+      header = true;
+      line.at += 6;
+      g.device = parse_device(std::string(line.word()));
+      continue;  // the counts follow from the nodes
+    }
+    if (line.text.substr(line.at).rfind("return", 0) == 0) {
+      line.at += 6;
+      while (line.take('%')) {
+        const int64_t v = line.integer();
+        if (v < 0 || v >= static_cast<int64_t>(g.nodes.size())) line.fail("no such node");
+        g.outputs.push_back(static_cast<int32_t>(v));
+        line.take(',');
+      }
+      continue;
+    }
+    line.expect('%');
+    if (line.integer() != static_cast<int64_t>(g.nodes.size()))
+      line.fail(util::cat("expected node %", g.nodes.size(), " (nodes are numbered in order)"));
+    line.expect('=');
+    GraphNode n;
+    const std::string name(line.word());
+    if (!op_from_name(name, &n.op)) line.fail("unknown op '" + name + "'");
+    line.expect('(');
+    while (!line.take(')')) {
+      if (line.take('#') || line.take('$')) {
+        n.input = static_cast<int32_t>(line.integer());
+      } else {
+        line.expect('%');
+        const int64_t v = line.integer();
+        if (v < 0 || v >= static_cast<int64_t>(g.nodes.size())) line.fail("no such operand");
+        n.operands.push_back(static_cast<int32_t>(v));
+      }
+      line.take(',');
+    }
+    if (line.take('{')) {
+      while (!line.take('}')) {
+        n.attrs.push_back(line.integer());
+        line.take(',');
+      }
+    }
+    const std::string_view dtype = line.word();
+    bool known = false;
+    for (DType d : {DType::F32, DType::F64, DType::I32, DType::I64, DType::Bool})
+      if (dtype == dtype_name(d)) n.dtype = d, known = true;
+    if (!known) line.fail(util::cat("unknown dtype '", dtype, "'"));
+    line.expect('[');
+    while (!line.take(']')) {
+      n.shape.push_back(line.integer());
+      line.take(',');
+    }
+    if (n.op == Op::Data) {
+      if (n.input < 0) n.input = g.num_buffer_inputs;
+      g.num_buffer_inputs = std::max(g.num_buffer_inputs, n.input + 1);
+    } else if (n.op == Op::Scalar) {
+      if (n.input < 0) n.input = g.num_scalar_inputs;
+      g.num_scalar_inputs = std::max(g.num_scalar_inputs, n.input + 1);
+    }
+    g.nodes.push_back(std::move(n));
+  }
+  return g;
 }
 
 }  // namespace lockstep::ir

@@ -18,7 +18,25 @@ namespace {
 
 std::atomic<int> g_threads{0};
 
-// The passes, in the order they run (what each decides: passes.h).
+class CpuBackend final : public Backend {
+ public:
+  std::string name() const override { return "cpu"; }
+  std::shared_ptr<Storage> alloc(size_t bytes) override { return alloc_host(bytes); }
+  void copy_in(Storage& dst, const void* src, size_t bytes) override {
+    std::memcpy(dst.data(), src, bytes);
+  }
+  void copy_out(Storage& src, void* dst, size_t bytes) override {
+    std::memcpy(dst, src.data(), bytes);
+  }
+  std::unique_ptr<Executable> compile(const ir::Graph& graph) override {
+    plan::Plan p(passes::cse(passes::simplify(graph)));
+    plan::run_pipeline(p, pipeline(), "cpu");
+    return std::make_unique<CpuExecutable>(std::move(p), g_threads);
+  }
+};
+
+}  // namespace
+
 const std::vector<plan::Pass>& pipeline() {
   static const std::vector<plan::Pass> passes = [] {
     const plan::FusionRules rules = fusion_rules();
@@ -38,25 +56,6 @@ const std::vector<plan::Pass>& pipeline() {
   }();
   return passes;
 }
-
-class CpuBackend final : public Backend {
- public:
-  std::string name() const override { return "cpu"; }
-  std::shared_ptr<Storage> alloc(size_t bytes) override { return alloc_host(bytes); }
-  void copy_in(Storage& dst, const void* src, size_t bytes) override {
-    std::memcpy(dst.data(), src, bytes);
-  }
-  void copy_out(Storage& src, void* dst, size_t bytes) override {
-    std::memcpy(dst, src.data(), bytes);
-  }
-  std::unique_ptr<Executable> compile(const ir::Graph& graph) override {
-    plan::Plan p(passes::cse(passes::simplify(graph)));
-    plan::run_pipeline(p, pipeline(), "cpu");
-    return std::make_unique<CpuExecutable>(std::move(p), g_threads);
-  }
-};
-
-}  // namespace
 
 Backend& backend() {
   static CpuBackend* b = new CpuBackend;

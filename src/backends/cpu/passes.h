@@ -24,6 +24,7 @@
 #include "backends/cpu/dnnl_ops.h"
 #include "backends/cpu/fused.h"
 #include "plan/passes.h"
+#include "plan/pipeline.h"
 
 namespace lockstep::backends::cpu {
 
@@ -64,7 +65,8 @@ inline const CpuStep& kernel(const plan::Step& s) {
   return static_cast<const CpuStep&>(*s.payload);
 }
 
-// The passes (see above).
+// The passes (see above), and the list the compiler runs.
+const std::vector<plan::Pass>& pipeline();
 void fold_constants(plan::Plan& p);
 plan::FusionRules fusion_rules();
 void choose_layouts(plan::Plan& p);

@@ -1,0 +1,261 @@
+// The compiler's passes (src/plan/, src/backends/cpu/passes.h), plan text in, plan text out: each
+// test writes a small graph as IR text, runs the cpu pipeline up to one pass and compares the
+// plan's text (every node's decisions and the steps) with what that pass must decide.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "backends/cpu/passes.h"
+#include "ir/ir.h"
+#include "plan/pipeline.h"
+
+namespace ir = lockstep::ir;
+namespace plan = lockstep::plan;
+namespace cpu = lockstep::backends::cpu;
+
+namespace {
+
+// The plan after the cpu pipeline's passes up to and including `last`.
+plan::Plan run_until(const std::string& graph_text, const std::string& last) {
+  plan::Plan p(ir::from_text(graph_text));
+  for (const plan::Pass& pass : cpu::pipeline()) {
+    pass.run(p);
+    if (pass.name == last) return p;
+  }
+  ADD_FAILURE() << "no pass " << last;
+  return p;
+}
+
+// The lines of the plan's text that start with `prefix` ("node", "%", "output", "arena").
+std::string lines(const plan::Plan& p, const std::string& prefix) {
+  const std::string text = plan::to_text(p, true);
+  std::string out;
+  size_t at = 0;
+  while (at < text.size()) {
+    const size_t eol = text.find('\n', at);
+    const std::string line = text.substr(at, eol - at);
+    if (line.rfind(prefix, 0) == 0) out += line + "\n";
+    at = eol + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(PlanText, GraphTextRoundTrips) {
+  const std::string text =
+      "graph(cpu, buffers=2, scalars=1)\n"
+      "%0 = data(#0) f32[4, 8]\n"
+      "%1 = data(#1) i64[4]\n"
+      "%2 = scalar($0) f32[]\n"
+      "%3 = sum(%0) {1} f32[4]\n"
+      "%4 = gather(%3, %1) {0} f32[4]\n"
+      "return %4, %3\n";
+  EXPECT_EQ(ir::to_text(ir::from_text(text)), text);
+}
+
+TEST(PlanText, BadGraphTextNamesTheLine) {
+  try {
+    ir::from_text("%0 = data(#0) f32[4]\n%1 = frobnicate(%0) f32[4]\n");
+    ADD_FAILURE() << "parsed";
+  } catch (const lockstep::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("line 2: unknown op 'frobnicate'"), std::string::npos)
+        << e.what();
+  }
+}
+
+namespace {
+
+const char* const kConv = "{1, 1, 1, 1, 1, 1, 1}";  // stride 1, padding 1, dilation 1, groups 1
+
+std::string conv_graph(const std::string& tail) {
+  return std::string("%0 = data(#0) f32[2, 16, 8, 8]\n") + "%1 = data(#1) f32[16, 16, 3, 3]\n" +
+         "%2 = conv2d(%0, %1) " + kConv + " f32[2, 16, 8, 8]\n" +
+         "%3 = relu(%2) f32[2, 16, 8, 8]\n" + "%4 = conv2d(%3, %1) " + kConv +
+         " f32[2, 16, 8, 8]\n" + "%5 = relu(%4) f32[2, 16, 8, 8]\n" + tail;
+}
+
+// An SGD update w - lr * g (w may be overwritten in place) next to a step that checks its data.
+std::string update_with(const std::string& checked) {
+  return "%0 = data(#0) f32[1024]\n%1 = data(#1) f32[1024]\n%2 = scalar($0) f32[]\n"
+         "%3 = expand(%2) f32[1024]\n%4 = mul(%1, %3) f32[1024]\n%5 = sub(%0, %4) f32[1024]\n" +
+         checked + "return %5, %8\n";
+}
+
+}  // namespace
+
+TEST(FusionPass, ASmallTreeReadTwiceIsRecomputedALargeOneStored) {
+  // exp(x) feeds two outputs: recomputed in each (one leaf read twice costs less than a store
+  // and two loads). The sum of five inputs feeds two: stored once (five leaves read twice would
+  // cost more).
+  const plan::Plan p = run_until(
+      "%0 = data(#0) f32[1024]\n"
+      "%1 = exp(%0) f32[1024]\n"
+      "%2 = add(%1, %0) f32[1024]\n"
+      "%3 = mul(%1, %0) f32[1024]\n"
+      "%4 = data(#1) f32[1024]\n"
+      "%5 = data(#2) f32[1024]\n"
+      "%6 = data(#3) f32[1024]\n"
+      "%7 = data(#4) f32[1024]\n"
+      "%8 = add(%0, %4) f32[1024]\n"
+      "%9 = add(%8, %5) f32[1024]\n"
+      "%10 = add(%9, %6) f32[1024]\n"
+      "%11 = add(%10, %7) f32[1024]\n"
+      "%12 = neg(%11) f32[1024]\n"
+      "%13 = exp(%11) f32[1024]\n"
+      "return %2, %3, %12, %13\n",
+      "choose_fusion");
+  EXPECT_EQ(lines(p, "node"),
+            "node %0 data f32[1024]\n"
+            "node %1 exp f32[1024] absorbed\n"
+            "node %2 add f32[1024] output\n"
+            "node %3 mul f32[1024] output\n"
+            "node %4 data f32[1024]\n"
+            "node %5 data f32[1024]\n"
+            "node %6 data f32[1024]\n"
+            "node %7 data f32[1024]\n"
+            "node %8 add f32[1024] absorbed\n"
+            "node %9 add f32[1024] absorbed\n"
+            "node %10 add f32[1024] absorbed\n"
+            "node %11 add f32[1024]\n"
+            "node %12 neg f32[1024] output\n"
+            "node %13 exp f32[1024] output\n");
+}
+
+TEST(LayoutPass, ValuesBetweenConvolutionsStayBlocked) {
+  // conv -> relu -> conv -> relu: the first convolution's output and the relu the second reads
+  // stay in nChw16c; the second's output is read by the tree that makes the (plain) output.
+  EXPECT_EQ(lines(run_until(conv_graph("return %5\n"), "choose_layouts"), "node"),
+            "node %0 data f32[2, 16, 8, 8]\n"
+            "node %1 data f32[16, 16, 3, 3]\n"
+            "node %2 conv2d f32[2, 16, 8, 8] nChw16c\n"
+            "node %3 relu f32[2, 16, 8, 8] nChw16c\n"
+            "node %4 conv2d f32[2, 16, 8, 8]\n"
+            "node %5 relu f32[2, 16, 8, 8] output\n");
+}
+
+TEST(LayoutPass, AValueWithAPlainReaderStaysPlainAndSoDoesItsClass) {
+  // The relu is also reshaped (a reader that needs the plain layout): it stays plain, and so
+  // does the convolution output its tree walks in the same order.
+  EXPECT_EQ(lines(run_until(conv_graph("%6 = reshape(%3) f32[2, 1024]\nreturn %5, %6\n"),
+                            "choose_layouts"),
+                  "node"),
+            "node %0 data f32[2, 16, 8, 8]\n"
+            "node %1 data f32[16, 16, 3, 3]\n"
+            "node %2 conv2d f32[2, 16, 8, 8]\n"
+            "node %3 relu f32[2, 16, 8, 8]\n"
+            "node %4 conv2d f32[2, 16, 8, 8]\n"
+            "node %5 relu f32[2, 16, 8, 8] output\n"
+            "node %6 reshape f32[2, 1024] output\n");
+}
+
+TEST(ChecksAndDonations, AnIndexCheckRunsBeforeTheInPlaceUpdate) {
+  // The gather's index check moves to the front: when the update overwrites w (step 2), no
+  // check is left to fail, so a failed run never needs w back (nothing is copied aside).
+  const plan::Plan p = run_until(
+      update_with("%6 = data(#2) i64[4]\n%7 = data(#3) f32[8]\n%8 = gather(%7, %6) {0} f32[4]\n"),
+      "plan_memory");
+  EXPECT_EQ(lines(p, "arena"),
+            "arena 64 bytes, 4 steps, last check at step 0, 1 steps before outputs\n");
+  EXPECT_EQ(lines(p, "%"),
+            "%8 check f32[4] <- %6[4]  check of gather %8\n"
+            "%2 ref:scalar f32[] <-  \n"
+            "%5 fused f32[1024] <- %0[1024] %1[1024] %2[]  sub(r0,r1*r2)->r4 \n"
+            "%8 ref:gather f32[4] <- %7[8] %6[4]  \n");
+  EXPECT_EQ(lines(p, "output"), "output 0 may overwrite input 0 at step 2\n");
+  EXPECT_LT(p.last_can_fail, p.donor_step[0]);
+}
+
+TEST(ChecksAndDonations, AnUpdateBeforeAStepThatMayFailIsMarkedForACopy) {
+  // Integer division checks its divisor where it runs, after the update: the update's step (1)
+  // precedes the last step that may fail (2), which tells the executable to keep w's old value
+  // aside while it runs (run-time rollback).
+  const plan::Plan p = run_until(
+      update_with("%6 = data(#2) i64[4]\n%7 = data(#3) i64[4]\n%8 = div(%6, %7) i64[4]\n"),
+      "plan_memory");
+  EXPECT_EQ(lines(p, "arena"),
+            "arena 64 bytes, 3 steps, last check at step 2, 1 steps before outputs\n");
+  EXPECT_EQ(lines(p, "output"), "output 0 may overwrite input 0 at step 1\n");
+  EXPECT_LT(p.donor_step[0], p.last_can_fail);
+}
+
+TEST(SchedulePass, AWeightGradientMovesNextToItsInputGradient) {
+  const std::string conv = kConv;
+  const plan::Plan p = run_until(
+      "%0 = data(#0) f32[2, 16, 8, 8]\n%1 = data(#1) f32[16, 16, 3, 3]\n"
+      "%2 = data(#2) f32[2, 16, 8, 8]\n"
+      "%3 = conv2d_backward_input(%2, %1) " +
+          conv + " f32[2, 16, 8, 8]\n%4 = conv2d(%0, %1) " + conv +
+          " f32[2, 16, 8, 8]\n%5 = conv2d_backward_weight(%0, %2) " + conv +
+          " f32[16, 16, 3, 3]\nreturn %3, %4, %5\n",
+      "schedule");
+  EXPECT_EQ(lines(p, "%"),
+            "%3 conv2d_backward_input f32[2, 16, 8, 8] <- %2[2, 16, 8, 8] %1[16, 16, 3, 3]  \n"
+            "%5 conv2d_backward_weight f32[16, 16, 3, 3] <- %0[2, 16, 8, 8] %2[2, 16, 8, 8]  \n"
+            "%4 conv2d f32[2, 16, 8, 8] <- %0[2, 16, 8, 8] %1[16, 16, 3, 3]  \n");
+}
+
+TEST(MergePass, SumsOverOneLayoutWalkTogether) {
+  // Batch norm's backward: the sum of x and the sum of x * y per channel read x once.
+  const plan::Plan p = run_until(
+      "%0 = data(#0) f32[2, 16, 8, 8]\n%1 = data(#1) f32[2, 16, 8, 8]\n"
+      "%2 = sum(%0) {1, 0, 2, 3} f32[1, 16, 1, 1]\n%3 = mul(%0, %1) f32[2, 16, 8, 8]\n"
+      "%4 = sum(%3) {1, 0, 2, 3} f32[1, 16, 1, 1]\nreturn %2, %4\n",
+      "merge_sums");
+  EXPECT_EQ(lines(p, "%"),
+            "%2 sums f32[1, 16, 1, 1] <- %0[2, 16, 8, 8] %1[2, 16, 8, 8]  ; mul(r0,r1)->r2 \n");
+}
+
+TEST(MemoryPass, TheArenaReusesDeadValues) {
+  // A chain of matmuls: each value dies once the next is computed, so two slots suffice.
+  const plan::Plan p = run_until(
+      "%0 = data(#0) f32[256, 256]\n%1 = mat_mul(%0, %0) f32[256, 256]\n"
+      "%2 = mat_mul(%1, %1) f32[256, 256]\n%3 = mat_mul(%2, %2) f32[256, 256]\n"
+      "%4 = mat_mul(%3, %3) f32[256, 256]\nreturn %4\n",
+      "plan_memory");
+  EXPECT_EQ(lines(p, "node"),
+            "node %0 data f32[256, 256] slot input@0\n"
+            "node %1 mat_mul f32[256, 256] slot arena@0\n"
+            "node %2 mat_mul f32[256, 256] slot arena@262144\n"
+            "node %3 mat_mul f32[256, 256] slot arena@0\n"
+            "node %4 mat_mul f32[256, 256] output slot output@0\n");
+  EXPECT_EQ(p.arena_bytes, 2u * 256 * 256 * 4);
+  EXPECT_EQ(p.planned.total(),
+            p.arena_bytes + 256u * 256 * 4 + p.planned.scratch + p.planned.constants);
+}
+
+TEST(Pipeline, ThePassesInOrder) {
+  std::vector<std::string> names;
+  for (const plan::Pass& pass : cpu::pipeline()) names.push_back(pass.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"fold_constants", "choose_fusion", "choose_layouts",
+                                             "lower", "drop_unread_steps", "merge_sums",
+                                             "merge_fused_steps", "schedule", "add_checks",
+                                             "share_conv_copies", "plan_memory"}));
+}
+
+TEST(LowerPass, AMatmulReadsATransposeThroughStridesAndTheTransposeIsDropped) {
+  const std::string graph =
+      "%0 = data(#0) f32[8, 4]\n%1 = permute(%0) {1, 0} f32[4, 8]\n"
+      "%2 = mat_mul(%1, %0) f32[4, 4]\nreturn %2\n";
+  EXPECT_EQ(lines(run_until(graph, "lower"), "%"),
+            "%1 permute f32[4, 8] <- %0[8, 4]  \n"
+            "%2 mat_mul f32[4, 4] <- %0[8, 4] %0[8, 4]  \n");
+  EXPECT_EQ(lines(run_until(graph, "drop_unread_steps"), "%"),
+            "%2 mat_mul f32[4, 4] <- %0[8, 4] %0[8, 4]  \n");
+}
+
+TEST(ConvCopiesPass, AnInputTwoConvolutionsCopyIsCopiedOnce) {
+  // The forward convolution and the weight gradient both copy x to oneDNN's layout: one copy,
+  // written by the first, read by the second, in memory of its own.
+  const std::string conv = kConv;
+  const std::string graph =
+      "%0 = data(#0) f32[2, 16, 8, 8]\n%1 = data(#1) f32[16, 16, 3, 3]\n"
+      "%2 = data(#2) f32[2, 16, 8, 8]\n%3 = conv2d(%0, %1) " +
+      conv + " f32[2, 16, 8, 8]\n%4 = conv2d_backward_weight(%0, %2) " + conv +
+      " f32[16, 16, 3, 3]\nreturn %3, %4\n";
+  EXPECT_EQ(run_until(graph, "add_checks").copies_bytes, 0u);
+  const plan::Plan p = run_until(graph, "share_conv_copies");
+  EXPECT_GT(p.copies_bytes, 0u);
+  EXPECT_LE(p.copies_bytes, 2u * 16 * 8 * 8 * 4 * 2) << "one copy of x (padded at most twice)";
+}
