@@ -27,6 +27,7 @@ Plan::Plan(ir::Graph g) : graph(std::move(g)) {
   merged.assign(n, false);
   layout.assign(n, Layout::Plain);
   walk_blocked.assign(n, false);
+  algorithm.assign(n, Algorithm::Default);
 }
 
 std::vector<int> Plan::producers() const {
@@ -88,6 +89,7 @@ std::string to_text(const Plan& p, bool decisions) {
       if (p.merged[i]) what += " merged";
       if (p.layout[i] == Layout::Blocked16c) what += " nChw16c";
       if (p.walk_blocked[i]) what += " walks-nChw16c";
+      if (p.algorithm[i] == Algorithm::Winograd) what += " winograd";
       if (i < p.slot.size() && p.slot[i].kind != Slot::None)
         what += util::cat(" slot ", slot_name(p.slot[i].kind), "@", p.slot[i].index);
       appendf(out, "node %%%zu %s %s%s%s\n", i, ir::op_info(n.op).name, dtype_name(n.dtype),

@@ -75,6 +75,9 @@ enum class Layout : uint8_t {
   Blocked16c,  // oneDNN's nChw16c: [N][C/16][H][W][16 channels]
 };
 
+// Which of a backend's algorithms computes a node (a backend's choice: cpu, its convolutions).
+enum class Algorithm : uint8_t { Default, Winograd };
+
 // The bytes a run takes besides its inputs (plan_memory): checked against ls::memory_limit().
 struct PlannedBytes {
   size_t arena = 0, outputs = 0, copies = 0, scratch = 0, constants = 0;
@@ -95,6 +98,7 @@ struct Plan {
   std::vector<bool> merged;          // computed by another node's step
   std::vector<Layout> layout;        // of its value in memory
   std::vector<bool> walk_blocked;    // a sum that walks its input in the blocked order
+  std::vector<Algorithm> algorithm;  // how its kernel computes it
   std::shared_ptr<backends::Storage> constants;  // the folded values
   // The steps, in the order they run.
   std::vector<Step> steps;

@@ -229,9 +229,9 @@ TEST(Pipeline, ThePassesInOrder) {
   std::vector<std::string> names;
   for (const plan::Pass& pass : cpu::pipeline()) names.push_back(pass.name);
   EXPECT_EQ(names, (std::vector<std::string>{"fold_constants", "choose_fusion", "choose_layouts",
-                                             "lower", "drop_unread_steps", "merge_sums",
-                                             "merge_fused_steps", "schedule", "add_checks",
-                                             "share_conv_copies", "plan_memory"}));
+                                             "choose_conv_algorithms", "lower", "drop_unread_steps",
+                                             "merge_sums", "merge_fused_steps", "schedule",
+                                             "add_checks", "share_conv_copies", "plan_memory"}));
 }
 
 TEST(LowerPass, AMatmulReadsATransposeThroughStridesAndTheTransposeIsDropped) {
@@ -258,4 +258,29 @@ TEST(ConvCopiesPass, AnInputTwoConvolutionsCopyIsCopiedOnce) {
   const plan::Plan p = run_until(graph, "share_conv_copies");
   EXPECT_GT(p.copies_bytes, 0u);
   EXPECT_LE(p.copies_bytes, 2u * 16 * 8 * 8 * 4 * 2) << "one copy of x (padded at most twice)";
+}
+
+TEST(ConvAlgorithmPass, Big3x3ConvolutionsRunAsWinogradUnlessDirectIsAsked) {
+  // 16 channels in and out, an 8x8 output: Winograd under the default rule, in all three
+  // directions; a 1x1 kernel never; with set_conv_algo(Direct), none.
+  const std::string conv = kConv;
+  const std::string graph =
+      "%0 = data(#0) f32[2, 16, 8, 8]\n%1 = data(#1) f32[16, 16, 3, 3]\n"
+      "%2 = data(#2) f32[16, 16, 1, 1]\n%3 = conv2d(%0, %1) " +
+      conv + " f32[2, 16, 8, 8]\n%4 = conv2d_backward_input(%3, %1) " + conv +
+      " f32[2, 16, 8, 8]\n%5 = conv2d_backward_weight(%0, %3) " + conv +
+      " f32[16, 16, 3, 3]\n%6 = conv2d(%0, %2) {1, 1, 0, 0, 1, 1, 1} "
+      "f32[2, 16, 8, 8]\nreturn %4, %5, %6\n";
+  EXPECT_EQ(lines(run_until(graph, "choose_conv_algorithms"), "node %"),
+            "node %0 data f32[2, 16, 8, 8]\n"
+            "node %1 data f32[16, 16, 3, 3]\n"
+            "node %2 data f32[16, 16, 1, 1]\n"
+            "node %3 conv2d f32[2, 16, 8, 8] nChw16c winograd\n"
+            "node %4 conv2d_backward_input f32[2, 16, 8, 8] output winograd\n"
+            "node %5 conv2d_backward_weight f32[16, 16, 3, 3] output winograd\n"
+            "node %6 conv2d f32[2, 16, 8, 8] output\n");
+  cpu::set_conv_algo(cpu::ConvAlgo::Direct);
+  const std::string direct = lines(run_until(graph, "choose_conv_algorithms"), "node %");
+  cpu::set_conv_algo(cpu::ConvAlgo::Auto);
+  EXPECT_EQ(direct.find("winograd"), std::string::npos) << direct;
 }

@@ -44,6 +44,7 @@ const std::vector<plan::Pass>& pipeline() {
         {"fold_constants", fold_constants},
         {"choose_fusion", [rules](plan::Plan& p) { plan::choose_fusion(p, rules); }},
         {"choose_layouts", choose_layouts},
+        {"choose_conv_algorithms", choose_conv_algorithms},
         {"lower", lower},
         {"drop_unread_steps", plan::drop_unread_steps},
         {"merge_sums", merge_sums},

@@ -356,21 +356,10 @@ std::atomic<int>& conv_algo_knob() {
 }  // namespace
 
 DnnlConv::DnnlConv(Kind kind, const Shape& x, const Shape& w, const Shape& y,
-                   const std::vector<int64_t>& a, Blocked blocked)
+                   const std::vector<int64_t>& a, Blocked blocked, bool winograd)
     : impl_(std::make_unique<Impl>()) {
   try {
-    const ConvAlgo setting = static_cast<ConvAlgo>(conv_algo_knob().load());
-    // oneDNN's Winograd (F(4x4, 3x3)) takes 3x3 kernels, stride 1, no dilation or groups. Auto
-    // uses it for problems of at least 16 channels in and out and 64 output pixels: timed on
-    // ResNet-18 and -50 (bench/README.md) every such convolution ran 1.5-2.8x faster as Winograd
-    // in all three directions. A rule, not a timing, so a program computes the same bits in
-    // every process (a resumed run continues exactly). Winograd mixes the values of a tile: it
-    // rounds a little differently from direct and spreads a non-finite input (an inf becomes
-    // NaNs in its 4x4 output tile); small problems keep direct's exact summation order.
-    const bool candidate =
-        w[2] == 3 && w[3] == 3 && a[0] == 1 && a[1] == 1 && a[4] == 1 && a[5] == 1 && a[6] == 1;
-    const bool big = w[0] >= 16 && w[1] >= 16 && y[2] * y[3] >= 64;
-    if (setting != ConvAlgo::Direct && candidate && (setting == ConvAlgo::Winograd || big)) {
+    if (winograd) {
       try {
         build_conv(kind, x, w, y, a, blocked, dnnl::algorithm::convolution_winograd, *impl_);
         runtime::count("winograd_convolutions");

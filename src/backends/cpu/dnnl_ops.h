@@ -31,8 +31,9 @@ class DnnlMatMul {
 // Convolution forward (in0 = x, in1 = w -> y), backward data (in0 = dy, in1 = w -> dx) and
 // backward weights (in0 = x, in1 = dy -> dw). attrs as ir::Node's: stride, padding, dilation,
 // groups. Weights are plain OIHW; activations and their gradients plain NCHW or, as `blocked`
-// says, oneDNN's nChw16c; oneDNN's preferred layouts inside, reordered to and from. Big
-// 3x3 stride-1 convolutions run as Winograd where oneDNN has it (see set_conv_algo).
+// says, oneDNN's nChw16c; oneDNN's preferred layouts inside, reordered to and from. With
+// `winograd` (chosen by the choose_conv_algorithms pass) the convolution runs as Winograd where
+// oneDNN has it for the problem, else direct.
 // Where a convolution operand's copy in oneDNN's layout lives (see DnnlConv::run): by default
 // in the shared scratch, written and used by one run. With `keep`, the copy is written there for
 // a later convolution to read; with `ready`, it is already there (written by an earlier
@@ -53,7 +54,7 @@ class DnnlConv {
   enum class Kind { Forward, BackwardData, BackwardWeights };
   using Blocked = ConvBlocked;
   DnnlConv(Kind kind, const Shape& x, const Shape& w, const Shape& y,
-           const std::vector<int64_t>& attrs, Blocked blocked = {});
+           const std::vector<int64_t>& attrs, Blocked blocked = {}, bool winograd = false);
   ~DnnlConv();
   using Copy = ConvCopy;
   void run(const float* in0, const float* in1, float* out, Copy copy0 = {}, Copy copy1 = {});
@@ -91,10 +92,11 @@ class DnnlAvgPool {
   std::unique_ptr<Impl> impl_;
 };
 
-// How convolutions built from now on pick their algorithm: Auto (default) uses Winograd for 3x3
-// stride-1 problems of at least 16 channels in and out and 64 output pixels, direct otherwise;
-// Direct never uses Winograd; Winograd uses it wherever oneDNN has it. The environment's
-// LOCKSTEP_CONV_ALGO=auto|direct| winograd sets the initial value.
+// How programs compiled from now on pick their convolutions' algorithm (the
+// choose_conv_algorithms pass): Auto (default) uses Winograd for 3x3 stride-1 problems of at
+// least 16 channels in and out and 64 output pixels, direct otherwise; Direct never uses
+// Winograd; Winograd uses it wherever oneDNN has it. The environment's
+// LOCKSTEP_CONV_ALGO=auto|direct|winograd sets the initial value.
 enum class ConvAlgo { Auto, Direct, Winograd };
 void set_conv_algo(ConvAlgo algo);
 ConvAlgo conv_algo();

@@ -262,16 +262,17 @@ void add_step(plan::Plan& p, const std::vector<bool>& mask, int32_t id) {
     const ir::GraphNode& a = p.graph.nodes[n.operands[0]];
     const ir::GraphNode& b = p.graph.nodes[n.operands[1]];
     std::shared_ptr<DnnlConv> conv;
+    const bool winograd = p.algorithm[id] == plan::Algorithm::Winograd;
     const DnnlConv::Blocked blocked{mask[n.operands[0]], mask[n.operands[1]], mask[id]};
     if (n.op == Op::Conv2d)
       conv = std::make_shared<DnnlConv>(DnnlConv::Kind::Forward, a.shape, b.shape, n.shape, n.attrs,
-                                        blocked);
+                                        blocked, winograd);
     else if (n.op == Op::Conv2dBackwardInput)
       conv = std::make_shared<DnnlConv>(DnnlConv::Kind::BackwardData, n.shape, b.shape, a.shape,
-                                        n.attrs, blocked);
+                                        n.attrs, blocked, winograd);
     else
       conv = std::make_shared<DnnlConv>(DnnlConv::Kind::BackwardWeights, a.shape, n.shape, b.shape,
-                                        n.attrs, blocked);
+                                        n.attrs, blocked, winograd);
     step.reads = n.operands;
     cs.conv = conv;
     step.kind = plan::StepKind::Conv;

@@ -4,6 +4,7 @@
 //   choose_fusion      plan/fusion.cpp  which elementwise nodes fuse into their consumers
 //                                       (with the cpu's rules: fusion_rules())
 //   choose_layouts     layouts.cpp      which activations stay in oneDNN's nChw16c layout
+//   choose_conv_algorithms  conv_algorithms.cpp  which convolutions run as Winograd
 //   lower              lower.cpp        the kernel that runs each node (oneDNN, fused trees,
 //                                       own kernels, ref), a step each
 //   drop_unread_steps  plan/steps.cpp
@@ -70,6 +71,7 @@ const std::vector<plan::Pass>& pipeline();
 void fold_constants(plan::Plan& p);
 plan::FusionRules fusion_rules();
 void choose_layouts(plan::Plan& p);
+void choose_conv_algorithms(plan::Plan& p);
 void lower(plan::Plan& p);
 void merge_sums(plan::Plan& p);
 void merge_fused_steps(plan::Plan& p);
