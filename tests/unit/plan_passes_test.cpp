@@ -284,3 +284,32 @@ TEST(ConvAlgorithmPass, Big3x3ConvolutionsRunAsWinogradUnlessDirectIsAsked) {
   cpu::set_conv_algo(cpu::ConvAlgo::Auto);
   EXPECT_EQ(direct.find("winograd"), std::string::npos) << direct;
 }
+
+TEST(ConstantsPass, ARampIsFoldedAndWhatReadsItRunsAtRunTime) {
+  // iota (an index ramp) times 2 is known at compile time: both are folded into the program's
+  // constants; the add that reads an input stays a step and reads the kept copy.
+  const plan::Plan p = run_until(
+      "%0 = data(#0) i64[8]\n%1 = iota() {0} i64[8]\n%2 = add(%1, %1) i64[8]\n"
+      "%3 = add(%2, %0) i64[8]\nreturn %3\n",
+      "lower");
+  EXPECT_EQ(lines(p, "node"),
+            "node %0 data i64[8]\n"
+            "node %1 iota i64[8] folded\n"
+            "node %2 add i64[8] folded\n"
+            "node %3 add i64[8] output\n");
+  EXPECT_EQ(lines(p, "%"),
+            "%2 constant i64[8] (folded)\n"
+            "%3 ref:add i64[8] <- %2[8] %0[8]  \n");
+}
+
+TEST(MergePass, ConsecutiveFusedStepsOfOneSizeRunAsAGroup) {
+  // A momentum update then the parameter it moves: two trees, one group, tile by tile; the
+  // second reads the first's output element for element.
+  const plan::Plan p = run_until(
+      "%0 = data(#0) f32[8192]\n%1 = data(#1) f32[8192]\n%2 = data(#2) f32[8192]\n"
+      "%3 = add(%0, %1) f32[8192]\n%4 = sub(%2, %3) f32[8192]\nreturn %3, %4\n",
+      "merge_fused_steps");
+  EXPECT_EQ(lines(p, "%"),
+            "%3 fused_group f32[8192] <- %0[8192] %1[8192] %2[8192] %3[8192]  add(r0,r1)->r2 ; "
+            "sub(r0,r1)->r2 \n");
+}
