@@ -24,20 +24,7 @@ std::vector<std::vector<uint8_t>> snapshot(const ls::fuzz::Trainee& t) {
   for (auto& [name, v] : t.optimizer->state_dict()) tensors.push_back(v);
   tensors.push_back(ls::generator_state());
   std::vector<std::vector<uint8_t>> out;
-  for (const ls::Tensor& v : tensors) {
-    std::vector<uint8_t> bytes;
-    auto append = [&bytes](const auto& values) {
-      const auto* p = reinterpret_cast<const uint8_t*>(values.data());
-      bytes.insert(bytes.end(), p, p + values.size() * sizeof(values[0]));
-    };
-    if (v.dtype() == ls::DType::F32)
-      append(v.to_vector<float>());
-    else if (v.dtype() == ls::DType::I64)
-      append(v.to_vector<int64_t>());
-    else
-      die("unexpected dtype in the trainee's state");
-    out.push_back(std::move(bytes));
-  }
+  for (const ls::Tensor& v : tensors) out.push_back(ls::fuzz::bytes_of(v));
   return out;
 }
 

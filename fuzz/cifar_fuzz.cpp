@@ -38,23 +38,15 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static lockstep::fuzz::InputFile plain("cifar", ".bin");
-  static lockstep::fuzz::InputFile gz("cifar", ".bin.gz");
+  using lockstep::fuzz::Packing;
+  static lockstep::fuzz::DatasetFiles files("cifar", ".bin");
   if (size == 0) return 0;
-  const int mode = data[0] % 3;  // 0 plain, 1 compressed here, 2 raw ".gz" bytes
+  const auto packing = static_cast<Packing>(data[0] % 3);
+  const std::string* path = &files.write(packing, data + 1, size - 1);
   ++data, --size;
-  const std::string* path = nullptr;
-  if (mode == 0) {
-    path = &plain.write(data, size);
-  } else if (mode == 1) {
-    const std::vector<uint8_t> packed = lockstep::fuzz::gzip(data, size);
-    path = &gz.write(packed.data(), packed.size());
-  } else {
-    path = &gz.write(data, size);
-  }
   try {
     const lockstep::data::Cifar10Dataset set(std::vector<std::string>{*path});
-    check(set, data, size, mode != 2);
+    check(set, data, size, packing != Packing::RawGz);
   } catch (const lockstep::Error& e) {
     lockstep::fuzz::expect_names(e, *path);
   }

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "lockstep/error.h"
+#include "lockstep/tensor.h"
 
 namespace lockstep::fuzz {
 
@@ -69,6 +70,52 @@ inline std::vector<uint8_t> gzip(const uint8_t* data, size_t size) {
   if (deflate(&z, Z_FINISH) != Z_STREAM_END) die("deflate");
   out.resize(z.total_out);
   deflateEnd(&z);
+  return out;
+}
+
+// How a dataset harness hands the input to a reader that takes plain or gzip files.
+enum class Packing { Plain, GzipHere, RawGz };
+// A plain file and a ".gz" file of one harness.
+struct DatasetFiles {
+  InputFile plain, gz;
+  DatasetFiles(const std::string& tag, const std::string& suffix)
+      : plain(tag, suffix), gz(tag, suffix + ".gz") {}
+  // Writes the input as `packing` says: as it is to the plain file, gzip-compressed (the parser
+  // behind zlib), or as it is to the ".gz" file (zlib's handling of a corrupt stream).
+  const std::string& write(Packing packing, const uint8_t* data, size_t size) {
+    if (packing == Packing::Plain) return plain.write(data, size);
+    if (packing == Packing::RawGz) return gz.write(data, size);
+    const std::vector<uint8_t> packed = gzip(data, size);
+    return gz.write(packed.data(), packed.size());
+  }
+};
+
+// A tensor's values as bytes (f32, f64, i32, i64, bool as one byte each).
+inline std::vector<uint8_t> bytes_of(const Tensor& t) {
+  std::vector<uint8_t> out;
+  auto append = [&out](const auto& values) {
+    const auto* p = reinterpret_cast<const uint8_t*>(values.data());
+    out.insert(out.end(), p, p + values.size() * sizeof(values[0]));
+  };
+  switch (t.dtype()) {
+    case DType::F32:
+      append(t.to_vector<float>());
+      break;
+    case DType::F64:
+      append(t.to_vector<double>());
+      break;
+    case DType::I32:
+      append(t.to_vector<int32_t>());
+      break;
+    case DType::I64:
+      append(t.to_vector<int64_t>());
+      break;
+    case DType::Bool:
+      for (bool b : t.to_vector<bool>()) out.push_back(b);
+      break;
+    default:
+      die("unexpected dtype");
+  }
   return out;
 }
 

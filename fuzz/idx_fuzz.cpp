@@ -28,27 +28,20 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  static lockstep::fuzz::InputFile plain("idx", "-ubyte");
-  static lockstep::fuzz::InputFile gz("idx", "-ubyte.gz");
+  using lockstep::fuzz::Packing;
+  static lockstep::fuzz::DatasetFiles files("idx", "-ubyte");
   if (size == 0) return 0;
   const bool images = data[0] & 1;
-  const int mode = (data[0] >> 1) % 3;  // 0 plain, 1 compressed here, 2 raw ".gz" bytes
+  const auto packing = static_cast<Packing>((data[0] >> 1) % 3);
+  const std::string* path = &files.write(packing, data + 1, size - 1);
   ++data, --size;
-  const std::string* path = nullptr;
-  if (mode == 0) {
-    path = &plain.write(data, size);
-  } else if (mode == 1) {
-    const std::vector<uint8_t> packed = lockstep::fuzz::gzip(data, size);
-    path = &gz.write(packed.data(), packed.size());
-  } else {
-    path = &gz.write(data, size);
-  }
   try {
     if (images) {
       check_images(lockstep::data::read_idx_images(*path));
     } else {
       const std::vector<uint8_t> labels = lockstep::data::read_idx_labels(*path);
-      if (mode != 2 && labels.size() + 8 != size) die("read_idx_labels kept the wrong bytes");
+      if (packing != Packing::RawGz && labels.size() + 8 != size)
+        die("read_idx_labels kept the wrong bytes");
     }
   } catch (const lockstep::Error& e) {
     lockstep::fuzz::expect_names(e, *path);

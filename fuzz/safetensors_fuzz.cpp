@@ -13,31 +13,9 @@ namespace {
 namespace io = lockstep::io;
 using lockstep::fuzz::die;
 
+// A tensor's bytes, checked against its shape.
 std::vector<uint8_t> bytes_of(const lockstep::Tensor& t) {
-  std::vector<uint8_t> out;
-  auto append = [&out](const auto& values) {
-    const auto* p = reinterpret_cast<const uint8_t*>(values.data());
-    out.insert(out.end(), p, p + values.size() * sizeof(values[0]));
-  };
-  switch (t.dtype()) {
-    case lockstep::DType::F32:
-      append(t.to_vector<float>());
-      break;
-    case lockstep::DType::F64:
-      append(t.to_vector<double>());
-      break;
-    case lockstep::DType::I32:
-      append(t.to_vector<int32_t>());
-      break;
-    case lockstep::DType::I64:
-      append(t.to_vector<int64_t>());
-      break;
-    case lockstep::DType::Bool:
-      for (bool b : t.to_vector<bool>()) out.push_back(b);
-      break;
-    default:
-      die("load_safetensors returned an unexpected dtype");
-  }
+  std::vector<uint8_t> out = lockstep::fuzz::bytes_of(t);
   if (out.size() != static_cast<size_t>(t.numel()) * lockstep::dtype_size(t.dtype()))
     die("a tensor's values do not match its shape");
   return out;
