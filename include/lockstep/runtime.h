@@ -7,6 +7,7 @@
 #include <ostream>
 #include <source_location>
 #include <string>
+#include <vector>
 
 #include "lockstep/tensor.h"
 
@@ -99,6 +100,50 @@ std::string report();
 namespace debug {
 // The IR text of the most recently built graph (for tests and LOCKSTEP_DEBUG output).
 std::string last_graph_text();
+
+// Sites: every program is built at a site, the place that asked for it: "step at file:line" (the
+// line that entered the ls::step or ls::Step), "sync on entry to the step at file:line", "sync at
+// file:line" (ls::sync), "read at file:line" (an implicit sync: item(), to_vector(), printing, a
+// save). Compiles, cache hits and syncs are counted per site.
+struct SiteStats {
+  std::string site;
+  int64_t syncs = 0;  // programs built here (cache hits and compiles)
+  int64_t compiles = 0;
+  int64_t cache_hits = 0;
+  int64_t nodes = 0;   // graph nodes built here, in all
+  int64_t graphs = 0;  // distinct graphs compiled here
+};
+// Every site so far, in the order first seen (reset with metrics::reset()).
+std::vector<SiteStats> sites();
+
+// Why the latest compile happened. Against the nearest graph compiled before at the same site
+// (the longest common prefix of nodes in canonical order, then the fewest differing nodes, then
+// the most recent), the first node that differs: its op, the field (op, dtype, shape,
+// attributes, operands, input, nodes, outputs), the old and new value, the line that recorded
+// it, and how many more nodes differ; field "evicted" when the graph is one compiled here before
+// that the cache dropped since. LOCKSTEP_DEBUG=1 prints `text` at every compile.
+struct CacheMiss {
+  std::string site;
+  bool first = false;            // the site's first compile: nothing to compare with
+  int64_t compiles_at_site = 0;  // this one included
+  int64_t node = -1;             // %N in the new graph (as LOCKSTEP_DUMP's graph text numbers it)
+  std::string op, field, before, after, where;
+  int64_t more = 0;  // further nodes that differ
+  // Set once when the same node's same field has differed on three misses in a row here: a
+  // value baked into the graph that changes every step, and what to do about it.
+  std::string hint;
+  std::string text;  // all of the above, as one message
+};
+// The latest compile's explanation; site empty when nothing was compiled yet.
+CacheMiss last_cache_miss();
+
+// A steady-state contract: once a site has built `after_syncs` more programs (counted from this
+// call, or from its first sync for sites seen later), a compile there breaks it: a warning on
+// stderr (Warn) or an Error thrown before anything is compiled or run (Throw; the step's
+// transaction holds), with the miss's explanation in the message.
+enum class OnRecompile { Warn, Throw };
+void expect_steady(int64_t after_syncs = 0, OnRecompile policy = OnRecompile::Throw);
+void stop_expecting_steady();
 }  // namespace debug
 
 }  // namespace lockstep

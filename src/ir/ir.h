@@ -130,8 +130,9 @@ NodePtr make_node(Op op, std::vector<NodePtr> operands, std::vector<int64_t> att
 // A node without operands (Iota) on `device`.
 NodePtr make_leaf(Op op, std::vector<int64_t> attrs, Shape shape, DType dtype, Device device,
                   const std::source_location& loc);
+// `loc`: the line that made the value (the upload, or the op whose result it holds), for messages.
 NodePtr make_data(std::shared_ptr<runtime::Buffer> buffer, const Shape& shape, DType dtype,
-                  Device device);
+                  Device device, const std::source_location& loc = {});
 NodePtr make_scalar(ScalarValue value, DType dtype, Device device, const std::source_location& loc);
 // A copy of `n` (same op, operands and data) with other autograd annotations.
 NodePtr annotated(const NodePtr& n, bool requires_grad, std::weak_ptr<detail::TensorImpl> leaf,

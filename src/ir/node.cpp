@@ -119,9 +119,10 @@ NodePtr make_leaf(Op op, std::vector<int64_t> attrs, Shape shape, DType dtype, D
 }
 
 NodePtr make_data(std::shared_ptr<runtime::Buffer> buffer, const Shape& shape, DType dtype,
-                  Device device) {
+                  Device device, const std::source_location& loc) {
   auto node = std::make_shared<Node>();
   node->op = Op::Data;
+  node->loc = loc;
   node->shape = shape;
   node->dtype = dtype;
   node->device = device;

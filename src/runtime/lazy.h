@@ -138,8 +138,10 @@ struct StepRollback {
 // `before_enqueue` (optional) runs once the programs are built, before they are handed to the
 // runtime thread (also when there is nothing to run): where a caller drops references to old
 // values that a program may then update in place, and may return the step's rollback record.
-void sync_all(const std::string& origin, std::vector<std::function<void()>>* closures,
-              bool keep_history,
+// `origin` names this sync in messages ("step 3 (entered at f.cpp:12)"), `site` the place it is
+// counted under (debug::sites: "step at f.cpp:12").
+void sync_all(const std::string& origin, const std::string& site,
+              std::vector<std::function<void()>>* closures, bool keep_history,
               const std::function<std::shared_ptr<StepRollback>()>& before_enqueue = {});
 void wait_all();
 void set_cache_capacity(size_t capacity);

@@ -9,6 +9,7 @@
 
 #include "lockstep/runtime.h"
 #include "runtime/lazy.h"
+#include "runtime/sites.h"
 
 namespace lockstep {
 namespace runtime {
@@ -102,6 +103,7 @@ void reset() {
   std::lock_guard<std::mutex> lock(mm.mu);
   mm.counters.clear();
   mm.timers.clear();
+  runtime::reset_sites();
 }
 
 std::string report() {

@@ -18,6 +18,7 @@
 #include "lockstep/runtime.h"
 #include "runtime/context.h"
 #include "runtime/graph_builder.h"
+#include "runtime/sites.h"
 #include "util/check.h"
 
 namespace lockstep::runtime {
@@ -244,16 +245,20 @@ void wait_buffer(Buffer& b) {
   r.done_cv.wait(lock, [&] { return b.done.load(); });
 }
 
-const CacheEntry& lookup_or_compile(BuiltGraph& built, const std::string& origin) {
+const CacheEntry& lookup_or_compile(BuiltGraph& built, const std::string& origin,
+                                    const std::string& site) {
   Runtime& r = rt();
   auto it = r.cache.find(built.hash);
   if (it != r.cache.end() && it->second->key == built.key) {
     r.lru.splice(r.lru.begin(), r.lru, it->second);
     count("cache_hits");
+    site_hit(site);
     return *it->second;
   }
   const int64_t t0 = now_ns();
   materialize_graph(built);
+  // Why: against the site's earlier graphs (and the steady-state contract, which may refuse).
+  site_miss(site, built.graph, r.debug);
   std::shared_ptr<backends::Executable> exe;
   try {
     exe = backends::backend_for(built.graph.device).compile(built.graph);
@@ -277,8 +282,9 @@ const CacheEntry& lookup_or_compile(BuiltGraph& built, const std::string& origin
     r.lru.erase(it->second);
     r.cache.erase(it);
   }
-  r.lru.push_front({built.hash, std::move(built.key),
-                    std::make_shared<const ir::Graph>(built.graph), std::move(exe)});
+  auto graph = std::make_shared<const ir::Graph>(built.graph);
+  site_compiled(site, graph);
+  r.lru.push_front({built.hash, std::move(built.key), std::move(graph), std::move(exe)});
   r.cache[built.hash] = r.lru.begin();
   while (r.lru.size() > r.cache_capacity) {
     r.cache.erase(r.lru.back().hash);
@@ -292,8 +298,8 @@ const CacheEntry& lookup_or_compile(BuiltGraph& built, const std::string& origin
 // outputs; the jobs go to `ready`, for the caller to enqueue once it has dropped its own
 // references to the old values (so the programs may update them in place).
 void sync_impls(const std::vector<std::shared_ptr<TensorImpl>>& targets, const std::string& origin,
-                std::vector<std::function<void()>>* closures, bool keep_history,
-                std::vector<Job>* ready, Context& me) {
+                const std::string& site, std::vector<std::function<void()>>* closures,
+                bool keep_history, std::vector<Job>* ready, Context& me) {
   Runtime& r = rt();
   // Each target's value as of now (a tensor no longer pending is left alone).
   std::vector<ir::NodePtr> values;
@@ -322,7 +328,8 @@ void sync_impls(const std::vector<std::shared_ptr<TensorImpl>>& targets, const s
     const int64_t t0 = now_ns();
     BuiltGraph built = build_graph(roots, device);
     time_ns("graph", now_ns() - t0);
-    const CacheEntry& entry = lookup_or_compile(built, origin);
+    site_sync(site, static_cast<int64_t>(built.order.size()));
+    const CacheEntry& entry = lookup_or_compile(built, origin, site);
     r.last_graph = entry.graph;
     // The memory preflight: before the program is queued (the limit may have changed since it
     // was compiled), so that nothing runs.
@@ -350,7 +357,8 @@ void sync_impls(const std::vector<std::shared_ptr<TensorImpl>>& targets, const s
       TensorImpl& t = *group[k];
       const ir::NodePtr& value = roots[k];
       ir::NodePtr data =
-          ir::make_data(job.outputs[built.root_output[k]], value->shape, value->dtype, device);
+          ir::make_data(job.outputs[built.root_output[k]], value->shape, value->dtype, device,
+                        value->loc);
       TensorLock lock(t);
       if (t.node != value) continue;  // given another value meanwhile (by a closure's thread)
       if (t.requires_grad)
@@ -566,8 +574,8 @@ bool has_pending() {
   return !me.pending.empty();
 }
 
-void sync_all(const std::string& origin, std::vector<std::function<void()>>* closures,
-              bool keep_history,
+void sync_all(const std::string& origin, const std::string& site,
+              std::vector<std::function<void()>>* closures, bool keep_history,
               const std::function<std::shared_ptr<StepRollback>()>& before_enqueue) {
   Runtime& r = rt();
   Context& me = current_context();
@@ -590,7 +598,7 @@ void sync_all(const std::string& origin, std::vector<std::function<void()>>* clo
   wait_for_room();
   std::vector<Job> jobs;
   std::lock_guard<std::recursive_mutex> lock(r.mu);
-  sync_impls(targets, origin, closures, keep_history, &jobs, me);
+  sync_impls(targets, origin, site, closures, keep_history, &jobs, me);
   targets.clear();  // the pending graphs die here: only the jobs hold the old values now
   if (before_enqueue) {
     std::shared_ptr<StepRollback> rollback = before_enqueue();
@@ -615,7 +623,8 @@ std::shared_ptr<Buffer> materialize(const Tensor& t, const std::source_location&
     count("syncs");
     wait_for_room();
     std::lock_guard<std::recursive_mutex> lock(r.mu);
-    sync_impls({impl}, cat("implicit sync at ", util::where(loc)), nullptr, true, &jobs, me);
+    const std::string at = util::where(loc);
+    sync_impls({impl}, cat("implicit sync at ", at), cat("read at ", at), nullptr, true, &jobs, me);
     enqueue(jobs);
   }
   std::shared_ptr<Buffer> b = current_node(*impl)->buffer;

@@ -48,7 +48,8 @@ void begin(StepState& s, const std::source_location& loc) {
                "End the outer step before starting another");
   if (on_runtime_thread())
     util::fail(loc, "step", "a step cannot start inside a step closure", "Start it after the step");
-  sync_all(cat("sync on entry to the step at ", util::where(loc)), nullptr, false);
+  const std::string entry = cat("sync on entry to the step at ", util::where(loc));
+  sync_all(entry, entry, nullptr, false);
   s.id = g_step_counter.fetch_add(1) + 1;
   s.loc = loc;
   count("steps");
@@ -123,7 +124,8 @@ void commit(StepState& s) {
   try {
     // Past the build nothing can fail here; a failure while the programs run is undone by the
     // runtime from the rollback record (runtime.cpp).
-    sync_all(step_origin(s), &s.closures, false, [&] { return hand_over(s); });
+    sync_all(step_origin(s), cat("step at ", util::where(s.loc)), &s.closures, false,
+             [&] { return hand_over(s); });
   } catch (const std::exception& e) {
     rollback(s, e.what());
     throw;
@@ -159,7 +161,10 @@ void note_created(TensorImpl& impl) {
 
 }  // namespace runtime
 
-void sync(Loc loc) { runtime::sync_all(util::cat("sync at ", util::where(loc)), nullptr, true); }
+void sync(Loc loc) {
+  const std::string at = util::cat("sync at ", util::where(loc));
+  runtime::sync_all(at, at, nullptr, true);
+}
 
 void wait() { runtime::wait_all(); }
 

@@ -96,7 +96,7 @@ Tensor from_blob(const void* data, const Shape& shape, DType dtype, Device devic
   if (bytes && !data)
     util::fail(loc, "from_blob", "data is null", "Pass a pointer to the host values");
   return runtime::new_tensor(
-      ir::make_data(runtime::upload(device, data, bytes), shape, dtype, device));
+      ir::make_data(runtime::upload(device, data, bytes), shape, dtype, device, loc));
 }
 
 template <typename T>

@@ -201,6 +201,7 @@ TEST(Sync, CompileCacheIsBoundedLru) {
   EXPECT_EQ(compiles.get(), 1);
   run(102);
   EXPECT_EQ(compiles.get(), 2);
+  EXPECT_EQ(ls::debug::last_cache_miss().field, "evicted") << ls::debug::last_cache_miss().text;
   ls::set_compile_cache_capacity(64);
 }
 

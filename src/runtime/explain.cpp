@@ -1,0 +1,152 @@
+// Cache-miss explanations (explain.h): the nearest earlier graph of the same site and the first
+// node that differs, with the field, the old and new values and the user's line.
+#include "runtime/explain.h"
+
+#include <algorithm>
+
+#include "util/check.h"
+
+namespace lockstep::runtime {
+
+using util::cat;
+
+namespace {
+
+std::string list(const std::vector<int64_t>& v, const char* prefix = "") {
+  std::string out = "{";
+  for (size_t i = 0; i < v.size(); ++i) out += cat(i ? ", " : "", prefix, v[i]);
+  return out + "}";
+}
+
+std::string operands(const ir::GraphNode& n) {
+  std::string out = "(";
+  for (size_t i = 0; i < n.operands.size(); ++i) out += cat(i ? ", %" : "%", n.operands[i]);
+  return out + ")";
+}
+
+std::string input(const ir::GraphNode& n) {
+  if (n.input < 0) return "none";
+  return cat(n.op == ir::Op::Scalar ? "host scalar #" : "input #", n.input);
+}
+
+std::string value(const ir::GraphNode& n) { return cat(dtype_name(n.dtype), shape_str(n.shape)); }
+
+// The first field in which two nodes differ (empty: equal), with both values.
+std::string compare(const ir::GraphNode& a, const ir::GraphNode& b, std::string* before,
+                    std::string* after) {
+  if (a.op != b.op) {
+    *before = ir::user_name(a.op), *after = ir::user_name(b.op);
+    return "op";
+  }
+  if (a.dtype != b.dtype || a.shape != b.shape) {
+    *before = value(a), *after = value(b);
+    return a.dtype != b.dtype ? "dtype" : "shape";
+  }
+  if (a.attrs != b.attrs) {
+    *before = list(a.attrs), *after = list(b.attrs);
+    return "attributes";
+  }
+  if (a.operands != b.operands) {
+    *before = operands(a), *after = operands(b);
+    return "operands";
+  }
+  if (a.input != b.input) {
+    *before = input(a), *after = input(b);
+    return "input";
+  }
+  return "";
+}
+
+}  // namespace
+
+GraphDifference difference(const ir::Graph& before, const ir::Graph& now) {
+  GraphDifference d;
+  const size_t common = std::min(before.nodes.size(), now.nodes.size());
+  for (size_t i = 0; i < common; ++i) {
+    std::string b, a;
+    const std::string field = compare(before.nodes[i], now.nodes[i], &b, &a);
+    if (field.empty()) continue;
+    ++d.differing;
+    if (d.node < 0) {
+      d.node = static_cast<int64_t>(i);
+      d.field = field, d.before = b, d.after = a;
+      d.common_prefix = static_cast<int64_t>(i);
+    }
+  }
+  const int64_t extra =
+      static_cast<int64_t>(std::max(before.nodes.size(), now.nodes.size()) - common);
+  d.differing += extra;
+  if (d.node < 0 && extra > 0) {
+    d.node = static_cast<int64_t>(common);
+    d.field = "nodes";
+    d.before = cat(before.nodes.size(), " nodes"), d.after = cat(now.nodes.size(), " nodes");
+    d.common_prefix = static_cast<int64_t>(common);
+  }
+  if (d.node < 0 && before.outputs != now.outputs) {
+    d.node = static_cast<int64_t>(common);
+    d.field = "outputs";
+    d.before = list(std::vector<int64_t>(before.outputs.begin(), before.outputs.end()), "%");
+    d.after = list(std::vector<int64_t>(now.outputs.begin(), now.outputs.end()), "%");
+    d.common_prefix = static_cast<int64_t>(common);
+    d.differing = 1;
+  }
+  if (d.node < 0) d.common_prefix = static_cast<int64_t>(common);
+  return d;
+}
+
+int nearest(const std::vector<std::shared_ptr<const ir::Graph>>& candidates, const ir::Graph& now,
+            GraphDifference* diff) {
+  int best = -1;
+  for (size_t k = 0; k < candidates.size(); ++k) {
+    const GraphDifference d = difference(*candidates[k], now);
+    if (best < 0 || d.common_prefix > diff->common_prefix ||
+        (d.common_prefix == diff->common_prefix && d.differing <= diff->differing)) {
+      best = static_cast<int>(k);
+      *diff = d;
+    }
+  }
+  return best;
+}
+
+debug::CacheMiss explain_miss(const std::string& site, int64_t compiles_before,
+                              const std::vector<std::shared_ptr<const ir::Graph>>& candidates,
+                              const ir::Graph& now) {
+  debug::CacheMiss m;
+  m.site = site;
+  m.compiles_at_site = compiles_before + 1;
+  GraphDifference d;
+  if (nearest(candidates, now, &d) < 0) {
+    m.first = true;
+    m.text = cat(site, ": first compile at this site (", now.nodes.size(), " nodes)");
+    return m;
+  }
+  if (d.node < 0) {
+    // The same program as one compiled here before: dropped from the cache since.
+    m.field = "evicted";
+    m.text = cat(site, ": compile #", m.compiles_at_site,
+                 " at this site: the same graph as one compiled here before, dropped from the "
+                 "compile cache since (it keeps the most recently used programs: "
+                 "ls::set_compile_cache_capacity)");
+    return m;
+  }
+  m.node = d.node;
+  m.field = d.field;
+  m.before = d.before;
+  m.after = d.after;
+  m.more = std::max<int64_t>(d.differing - 1, 0);
+  const bool in_now = d.node < static_cast<int64_t>(now.nodes.size());
+  if (in_now) {
+    const ir::GraphNode& n = now.nodes[static_cast<size_t>(d.node)];
+    m.op = ir::user_name(n.op);
+    m.where = util::where(n.loc);
+  }
+  m.text = cat(site, ": compile #", m.compiles_at_site, " at this site: the nearest of ",
+               candidates.size(), " earlier graph", candidates.size() == 1 ? "" : "s",
+               " differs first at node %", d.node);
+  if (in_now) m.text += cat(" (", m.op, " at ", m.where, ")");
+  m.text += cat(": ", m.field, " ", m.before, " -> ", m.after);
+  if (m.more > 0) m.text += cat("; ", m.more, " more node", m.more == 1 ? "" : "s", " differ");
+  return m;
+}
+
+}  // namespace lockstep::runtime

@@ -1,0 +1,179 @@
+// Sites (sites.h): what was built where, why it compiled, churn hints, the steady contract.
+#include "runtime/sites.h"
+
+#include <algorithm>
+#include <iostream>
+#include <map>
+#include <mutex>
+
+#include "runtime/explain.h"
+#include "util/check.h"
+
+namespace lockstep {
+namespace runtime {
+namespace {
+
+using util::cat;
+
+// Earlier graphs kept per site for explanations (the most recent ones).
+constexpr size_t kKeptGraphs = 16;
+// Misses in a row that differ in the same node's same field before the churn hint.
+constexpr int kChurnRepeats = 3;
+
+struct Site {
+  debug::SiteStats stats;
+  std::vector<std::shared_ptr<const ir::Graph>> graphs;
+  std::string last_key;  // the last miss's node, field and line
+  int repeats = 0;
+  std::vector<std::string> hinted;  // keys already given a hint
+  int64_t steady_base = 0;          // syncs when expect_steady was called
+};
+
+struct Sites {
+  std::mutex mu;  // for the readers of debug::sites() and last_cache_miss() on other threads
+  std::map<std::string, Site> by_name;
+  std::vector<std::string> order;
+  debug::CacheMiss last;
+  bool steady = false;
+  int64_t steady_after = 0;
+  debug::OnRecompile policy = debug::OnRecompile::Throw;
+};
+
+Sites& sites() {
+  static Sites* s = new Sites;
+  return *s;
+}
+
+Site& site(Sites& s, const std::string& name) {
+  auto [it, fresh] = s.by_name.try_emplace(name);
+  if (fresh) {
+    it->second.stats.site = name;
+    s.order.push_back(name);
+  }
+  return it->second;
+}
+
+std::string hint_for(const debug::CacheMiss& m) {
+  const std::string at = m.where.empty() ? "" : cat(" of the ", m.op, " at ", m.where);
+  if (m.field == "shape")
+    return cat("the shape", at,
+               " changes from step to step: each new shape compiles a new "
+               "program. Keep shapes fixed (pad to one size, drop the last smaller batch)");
+  if (m.field == "attributes")
+    return cat("an attribute", at,
+               " changes from step to step: a value baked into the graph. "
+               "Pass it as a tensor or a host scalar (a runtime input) instead");
+  if (m.field == "dtype") return cat("the dtype", at, " changes from step to step: cast once");
+  return cat("the graph's structure", at, " changes from step to step (", m.field,
+             "): record the same ops every step");
+}
+
+}  // namespace
+
+void site_sync(const std::string& name, int64_t nodes) {
+  Sites& s = sites();
+  std::lock_guard<std::mutex> lock(s.mu);
+  Site& st = site(s, name);
+  ++st.stats.syncs;
+  st.stats.nodes += nodes;
+}
+
+void site_hit(const std::string& name) {
+  Sites& s = sites();
+  std::lock_guard<std::mutex> lock(s.mu);
+  ++site(s, name).stats.cache_hits;
+}
+
+debug::CacheMiss site_miss(const std::string& name, const ir::Graph& now, bool print) {
+  Sites& s = sites();
+  std::unique_lock<std::mutex> lock(s.mu);
+  Site& st = site(s, name);
+  debug::CacheMiss m = explain_miss(name, st.stats.compiles, st.graphs, now);
+  // Churn: the same node's same field, missing again and again.
+  const std::string key = m.first ? "" : cat(m.node, " ", m.field, " ", m.where);
+  st.repeats = !key.empty() && key == st.last_key ? st.repeats + 1 : 1;
+  st.last_key = key;
+  bool quiet = false;
+  if (!key.empty() && st.repeats >= kChurnRepeats) {
+    if (std::find(st.hinted.begin(), st.hinted.end(), key) == st.hinted.end()) {
+      st.hinted.push_back(key);
+      m.hint = hint_for(m);
+      m.text += cat(". Hint: ", m.hint);
+    } else {
+      quiet = true;  // hinted once; the same report again says nothing new
+    }
+  }
+  s.last = m;
+  const bool broken = s.steady && st.stats.syncs - st.steady_base > s.steady_after;
+  const debug::OnRecompile policy = s.policy;
+  lock.unlock();
+  if (print && !quiet) std::cerr << "lockstep: " << m.text << "\n";
+  if (broken) {
+    const std::string what = cat("expect_steady: a compile past the steady state: ", m.text,
+                                 ". Nothing was compiled or run");
+    if (policy == debug::OnRecompile::Throw) throw Error(what);
+    std::cerr << "lockstep: warning: " << what << "\n";
+  }
+  return m;
+}
+
+void site_compiled(const std::string& name, std::shared_ptr<const ir::Graph> graph) {
+  Sites& s = sites();
+  std::lock_guard<std::mutex> lock(s.mu);
+  Site& st = site(s, name);
+  ++st.stats.compiles;
+  ++st.stats.graphs;
+  st.graphs.push_back(std::move(graph));
+  if (st.graphs.size() > kKeptGraphs) st.graphs.erase(st.graphs.begin());
+}
+
+void reset_sites() {
+  Sites& s = sites();
+  std::lock_guard<std::mutex> lock(s.mu);
+  for (auto& [name, st] : s.by_name) {
+    const int64_t graphs = st.stats.graphs;
+    st.stats = {};
+    st.stats.site = name;
+    st.stats.graphs = graphs;
+    st.steady_base = 0;
+  }
+  s.last = {};
+}
+
+}  // namespace runtime
+
+namespace debug {
+
+std::vector<SiteStats> sites() {
+  runtime::Sites& s = runtime::sites();
+  std::lock_guard<std::mutex> lock(s.mu);
+  std::vector<SiteStats> out;
+  for (const std::string& name : s.order) out.push_back(s.by_name.at(name).stats);
+  return out;
+}
+
+CacheMiss last_cache_miss() {
+  runtime::Sites& s = runtime::sites();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return s.last;
+}
+
+void expect_steady(int64_t after_syncs, OnRecompile policy) {
+  if (after_syncs < 0)
+    throw Error(util::cat("expect_steady: after_syncs must be >= 0, got ", after_syncs));
+  runtime::Sites& s = runtime::sites();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.steady = true;
+  s.steady_after = after_syncs;
+  s.policy = policy;
+  for (auto& [name, st] : s.by_name) st.steady_base = st.stats.syncs;
+}
+
+void stop_expecting_steady() {
+  runtime::Sites& s = runtime::sites();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.steady = false;
+}
+
+}  // namespace debug
+}  // namespace lockstep

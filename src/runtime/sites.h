@@ -1,0 +1,25 @@
+// Per-site records of the runtime (lockstep/runtime.h, debug::sites): counts, the graphs
+// compiled at each site (for cache-miss explanations), churn hints and the steady-state
+// contract. Every function is called with the runtime's graph lock held.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "ir/ir.h"
+#include "lockstep/runtime.h"
+
+namespace lockstep::runtime {
+
+// A program of `nodes` nodes is being built at `site`.
+void site_sync(const std::string& site, int64_t nodes);
+void site_hit(const std::string& site);
+// A cache miss at `site` for graph `now`: the explanation (recorded as the last miss, printed
+// with `print`). Throws Error, before anything is compiled, when expect_steady forbids it.
+debug::CacheMiss site_miss(const std::string& site, const ir::Graph& now, bool print);
+// The graph compiled for the miss, kept as a candidate for later explanations at `site`.
+void site_compiled(const std::string& site, std::shared_ptr<const ir::Graph> graph);
+// metrics::reset(): counts restart; compiled graphs are kept (the cache keeps its programs).
+void reset_sites();
+
+}  // namespace lockstep::runtime

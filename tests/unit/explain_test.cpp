@@ -1,0 +1,212 @@
+// Explained recompiles (debug::last_cache_miss, debug::sites, debug::expect_steady): a cache miss
+// names the first node that differs from the nearest graph compiled before at the same site, with
+// the field, the old and new values and the user's line; churn gets one hint; the steady-state
+// contract refuses a compile before anything runs.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include <lockstep/lockstep.h>
+#include "unit/ops_test_util.h"
+
+namespace ls = lockstep;
+using ::testing::HasSubstr;
+
+namespace {
+
+std::string here(int line) { return "explain_test.cpp:" + std::to_string(line); }
+
+struct Delta {
+  std::string name;
+  int64_t start;
+  explicit Delta(const char* n) : name(n), start(ls::metrics::counter(n)) {}
+  int64_t get() const { return ls::metrics::counter(name) - start; }
+};
+
+// One training step of a linear model on a batch of `rows` x 784 host values; `input_line`
+// gets the line that made the batch.
+struct Model {
+  ls::Tensor w = ls::zeros({784, 10}).set_requires_grad();
+  int input_line = 0;
+  int step_line = 0;
+  void step(int64_t rows, ls::DType dtype = ls::f32) {
+    step_line = __LINE__ + 1;
+    ls::step([&] {
+      const std::vector<float> host(static_cast<size_t>(rows) * 784, 0.5f);
+      input_line = __LINE__ + 1;
+      ls::Tensor x = ls::from_vector(host, {rows, 784});
+      if (dtype != ls::f32) x = x.to(dtype).to(ls::f32);
+      ls::Tensor loss = ls::matmul(x, w).sum();
+      loss.backward();
+      ls::NoGrad no_grad;
+      w.sub_(w.grad() * 0.01);
+      w.set_grad(ls::Tensor());
+    });
+  }
+};
+
+}  // namespace
+
+TEST(Explain, TheFirstCompileOfASiteSaysSo) {
+  ls::Tensor w = ls::zeros({4});
+  const int line = __LINE__ + 1;
+  ls::step([&] { w.add_(1.0); });
+  const ls::debug::CacheMiss miss = ls::debug::last_cache_miss();
+  EXPECT_TRUE(miss.first);
+  EXPECT_EQ(miss.site, "step at " + std::string(__FILE__) + ":" + std::to_string(line));
+  EXPECT_THAT(miss.text, HasSubstr("first compile at this site"));
+}
+
+TEST(Explain, ABatchSizeChangeNamesTheInputItsLineAndBothShapes) {
+  Model m;
+  m.step(32);
+  m.step(32);
+  const int64_t before = ls::debug::last_cache_miss().compiles_at_site;
+  Delta compiles("compiles");
+  m.step(48);
+  EXPECT_EQ(compiles.get(), 1);
+  const ls::debug::CacheMiss miss = ls::debug::last_cache_miss();
+  EXPECT_EQ(miss.compiles_at_site, before + 1) << "the site's compiles (other tests share it)";
+  EXPECT_FALSE(miss.first);
+  EXPECT_EQ(miss.field, "shape");
+  EXPECT_EQ(miss.before, "f32[32, 784]");
+  EXPECT_EQ(miss.after, "f32[48, 784]");
+  EXPECT_THAT(miss.where, HasSubstr(here(m.input_line)));
+  EXPECT_GT(miss.more, 0) << "the shapes computed from it differ too";
+  EXPECT_THAT(miss.text, HasSubstr("shape f32[32, 784] -> f32[48, 784]"));
+  EXPECT_THAT(miss.text, HasSubstr(here(m.input_line)));
+}
+
+TEST(Explain, ADtypeChangeIsNamed) {
+  Model m;
+  m.step(8);
+  m.step(8, ls::f64);
+  const ls::debug::CacheMiss miss = ls::debug::last_cache_miss();
+  EXPECT_EQ(miss.field, "op") << miss.text;  // a cast appears where there was none
+  EXPECT_EQ(miss.after, "cast");
+  EXPECT_THAT(miss.where, HasSubstr(here(m.input_line + 1)));
+}
+
+TEST(Explain, AnAttributeChangeNamesTheOpAndItsLine) {
+  const ls::Tensor x = ls::ones({1, 1, 8, 8});
+  int line = 0;
+  auto pooled = [&](int64_t stride) {
+    line = __LINE__ + 1;
+    return ls::max_pool2d(x, {.kernel = {2, 2}, .stride = {stride, stride}}).sum().item<float>();
+  };
+  pooled(2);
+  pooled(1);
+  const ls::debug::CacheMiss miss = ls::debug::last_cache_miss();
+  EXPECT_EQ(miss.site, "read at " + std::string(__FILE__) + ":" + std::to_string(line));
+  EXPECT_EQ(miss.op, "max_pool2d");
+  EXPECT_EQ(miss.field, "shape") << "the output shape is the first thing a stride changes";
+  EXPECT_THAT(miss.where, HasSubstr(here(line)));
+}
+
+TEST(Explain, AStructuralChangeIsNamed) {
+  const ls::Tensor x = ls::ones({16});
+  int line = 0;
+  auto compute = [&](bool extra) {
+    ls::Tensor y = x * 2;
+    line = __LINE__ + 1;
+    if (extra) y = ls::relu(y);
+    return (y + 1).sum().item<float>();
+  };
+  compute(false);
+  compute(true);
+  const ls::debug::CacheMiss miss = ls::debug::last_cache_miss();
+  EXPECT_EQ(miss.field, "op");
+  EXPECT_EQ(miss.after, "relu");
+  EXPECT_THAT(miss.where, HasSubstr(here(line)));
+}
+
+TEST(Explain, TheNearestOfSeveralCachedVariantsIsChosen) {
+  // Variants with 101, 102 and 103 rows; 104 rows is nearest to all alike (the input's shape is
+  // the first difference of each): the most recent is taken.
+  Model m;
+  for (int64_t rows : {101, 102, 103}) m.step(rows);
+  m.step(104);
+  EXPECT_EQ(ls::debug::last_cache_miss().before, "f32[103, 784]");
+  // A variant that shares more with the new graph wins over a more recent one.
+  Model other;
+  other.step(105);
+  other.step(105, ls::f64);
+  other.step(106);
+  EXPECT_EQ(ls::debug::last_cache_miss().before, "f32[105, 784]") << "the f32 variant, not f64";
+  EXPECT_EQ(ls::debug::last_cache_miss().field, "shape");
+}
+
+TEST(Explain, SitesCountCompilesHitsAndReads) {
+  ls::metrics::reset();
+  Model m;
+  for (int i = 0; i < 3; ++i) m.step(4);
+  const int read_line = __LINE__ + 1;
+  (void)m.w.sum().item<float>();
+  const std::string step_site =
+      "step at " + std::string(__FILE__) + ":" + std::to_string(m.step_line);
+  const std::string read_site =
+      "read at " + std::string(__FILE__) + ":" + std::to_string(read_line);
+  bool saw_step = false, saw_read = false;
+  for (const ls::debug::SiteStats& s : ls::debug::sites()) {
+    if (s.site == step_site) {
+      saw_step = true;
+      EXPECT_EQ(s.syncs, 3);
+      EXPECT_EQ(s.cache_hits + s.compiles, 3);
+      EXPECT_GT(s.nodes, 0);
+    }
+    if (s.site == read_site) {
+      saw_read = true;
+      EXPECT_EQ(s.syncs, 1);
+    }
+  }
+  EXPECT_TRUE(saw_step);
+  EXPECT_TRUE(saw_read);
+}
+
+TEST(Explain, AChurningShapeGetsOneHint) {
+  // A site of its own (a step at this test's lines), batches of a new size every step.
+  ls::Tensor w = ls::zeros({3});
+  std::vector<std::string> hints;
+  for (int64_t rows = 10; rows < 16; ++rows) {
+    ls::step([&] {
+      w.add_(ls::from_vector(std::vector<float>(rows * 3, 1.0f), {rows, 3}).sum({0}));
+    });
+    hints.push_back(ls::debug::last_cache_miss().hint);
+  }
+  // Misses 2, 3, 4 differ in the same node's shape: the hint comes with the third in a row.
+  int given = 0;
+  for (const std::string& h : hints) given += !h.empty();
+  EXPECT_EQ(given, 1);
+  EXPECT_THAT(hints[3], HasSubstr("changes from step to step"));
+  EXPECT_THAT(hints[3], HasSubstr("Keep shapes fixed"));
+}
+
+TEST(Explain, TheSteadyContractRefusesACompileBeforeAnythingRuns) {
+  Model m;
+  m.step(6);
+  m.step(6);
+  ls::debug::expect_steady(0);
+  m.step(6);  // a cache hit: allowed
+  const std::vector<uint32_t> before = ops_test::bits(m.w);
+  Delta executions("executions"), rollbacks("rollbacks");
+  std::string message;
+  try {
+    m.step(9);
+  } catch (const ls::Error& e) {
+    message = e.what();
+  }
+  ls::debug::stop_expecting_steady();
+  EXPECT_THAT(message, HasSubstr("expect_steady: a compile past the steady state"));
+  EXPECT_THAT(message, HasSubstr("shape f32[6, 784] -> f32[9, 784]"));
+  EXPECT_THAT(message, HasSubstr(here(m.input_line)));
+  EXPECT_EQ(executions.get(), 0);
+  EXPECT_EQ(rollbacks.get(), 1);
+  EXPECT_EQ(ops_test::bits(m.w), before);
+  // Warn instead: the compile happens, with a warning.
+  ls::debug::expect_steady(0, ls::debug::OnRecompile::Warn);
+  EXPECT_NO_THROW(m.step(9));
+  ls::debug::stop_expecting_steady();
+  EXPECT_THROW(ls::debug::expect_steady(-1), ls::Error);
+}
