@@ -96,6 +96,8 @@ options:
   --checkpoint PATH  save model and optimizer to PATH after every epoch, at the end and on Ctrl-C
   --resume           load --checkpoint PATH first and continue from its epoch and step
   --metrics          print lockstep's metrics report at the end
+  --strict           after the first epoch (the warm-up), a recompile is an error that names
+                     what changed (ls::debug::expect_steady)
   --device D         cpu or ref (default: cpu)
   --help             print this help and exit
 
@@ -131,6 +133,7 @@ struct Options {
   std::string checkpoint;
   bool resume = false;
   bool metrics = false;
+  bool strict = false;
   std::string device = "cpu";
   bool help = false;
 };
@@ -274,6 +277,9 @@ Options parse_args(int argc, char** argv) {
     } else if (arg == "--metrics") {
       flag_only();
       o.metrics = true;
+    } else if (arg == "--strict") {
+      flag_only();
+      o.strict = true;
     } else if (arg == "--device") {
       o.device = parse_choice(arg, value(), {"cpu", "ref"});
     } else if (arg.rfind("-", 0) == 0) {
@@ -674,7 +680,11 @@ int run(const Options& o) {
   double train_seconds = 0;
   bool unsaved = false;  // steps trained since the last checkpoint
 
+  const int64_t first_epoch = epoch;
   for (; epoch <= o.num_epochs && !interrupted(); ++epoch, step = 0) {
+    // Every program the run needs was compiled in its first epoch (training and test steps):
+    // from here on a compile means something changed that should not have.
+    if (o.strict && epoch == first_epoch + 1) ls::debug::expect_steady(0);
     model->train();
     train_loader.set_epoch(epoch - 1);
     // Resuming mid-epoch: the epoch's order is a function of (seed, epoch), so skipping the

@@ -21,7 +21,10 @@ class Module {
   virtual ~Module() = default;
   // The module applied to one input. Modules without a single-input forward throw Error.
   virtual Tensor forward(const Tensor& x);
-  Tensor operator()(const Tensor& x) { return forward(x); }
+  // Calls forward with the call's line and this module's path ("layer3.1.conv2") on record, so
+  // that errors and cache-miss explanations of what it records name the caller's line and the
+  // module rather than a line inside lockstep.
+  Tensor operator()(const Tensor& x, Loc loc = Loc::current());
 
   // Parameters (trainable) and buffers (running statistics) of this module and its children,
   // named as PyTorch names them ("layer1.0.conv1.weight"). A tensor shared by several modules

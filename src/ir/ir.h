@@ -89,7 +89,10 @@ struct Node {
   Shape shape;
   DType dtype;
   Device device;
+  // The user's line that recorded it, and the path of the module it was recorded in (null
+  // outside modules): util/frames.h.
   std::source_location loc;
+  std::shared_ptr<const std::string> module;
   std::shared_ptr<runtime::Buffer> buffer;  // Data only
   ScalarValue scalar;                       // Scalar only: runtime data, never hashed
   // Autograd annotations (never hashed). A node requires grad when recorded in grad mode from
@@ -146,6 +149,7 @@ struct GraphNode {
   DType dtype;
   int32_t input = -1;  // Data: index into the buffer inputs; Scalar: into the scalar inputs
   std::source_location loc;
+  std::shared_ptr<const std::string> module;  // as Node::module
 };
 
 // A data-free program: what a backend compiles. Nodes are in topological order.

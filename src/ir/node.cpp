@@ -6,6 +6,7 @@
 
 #include "ir/ir.h"
 #include "util/check.h"
+#include "util/frames.h"
 
 namespace lockstep::ir {
 namespace {
@@ -90,7 +91,8 @@ NodePtr new_node(Op op, std::vector<NodePtr> operands, std::vector<int64_t> attr
   node->attrs = std::move(attrs);
   node->shape = std::move(shape);
   node->dtype = dtype;
-  node->loc = loc;
+  node->loc = util::user_loc(loc);
+  node->module = util::current_module_path();
   if (t_grad_enabled && op_info(op).differentiable)
     for (const NodePtr& o : node->operands)
       node->requires_grad = node->requires_grad || o->requires_grad;
@@ -216,8 +218,8 @@ struct Line {
   std::string_view word() {
     skip_spaces();
     const size_t start = at;
-    while (at < text.size() && (std::isalnum(static_cast<unsigned char>(text[at])) ||
-                                text[at] == '_'))
+    while (at < text.size() &&
+           (std::isalnum(static_cast<unsigned char>(text[at])) || text[at] == '_'))
       ++at;
     if (at == start) fail("expected a name");
     return text.substr(start, at - start);

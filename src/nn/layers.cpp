@@ -63,11 +63,15 @@ BatchNorm::BatchNorm(int64_t n, double e, double m, bool affine)
 
 Tensor BatchNorm::forward(const Tensor& x) {
   const Loc loc = Loc::current();
+  // The messages name the caller's line and this module (util::fail, util/frames.h).
   if (x.dim() != 2 && x.dim() != 4)
-    throw Error(cat("BatchNorm: input must be [N, C] or [N, C, H, W], got ", shape_str(x.shape())));
+    util::fail(loc, "BatchNorm",
+               cat("input must be [N, C] or [N, C, H, W], got ", shape_str(x.shape())), "");
   if (x.size(1) != num_features)
-    throw Error(cat("BatchNorm: input ", shape_str(x.shape()), " has ", x.size(1),
-                    " channels, the layer expects ", num_features));
+    util::fail(loc, "BatchNorm",
+               cat("input ", shape_str(x.shape()), " has ", x.size(1),
+                   " channels, the layer expects ", num_features),
+               "Give the layer as many features as the input has channels");
   Tensor y =
       batch_norm(x, running_mean, running_var, weight, bias, is_training(), momentum, eps, loc);
   if (is_training()) {
@@ -89,8 +93,10 @@ Tensor LayerNorm::forward(const Tensor& x) {
   const int64_t k = static_cast<int64_t>(normalized_shape.size());
   const Shape& xs = x.shape();
   if (x.dim() < k || !std::equal(normalized_shape.begin(), normalized_shape.end(), xs.end() - k))
-    throw Error(cat("LayerNorm: input ", shape_str(xs), " does not end with the normalized shape ",
-                    shape_str(normalized_shape)));
+    util::fail(Loc::current(), "LayerNorm",
+               cat("input ", shape_str(xs), " does not end with the normalized shape ",
+                   shape_str(normalized_shape)),
+               "");
   std::vector<int64_t> axes;
   for (int64_t d = x.dim() - k; d < x.dim(); ++d) axes.push_back(d);
   Tensor mu = mean(x, axes, true);
@@ -109,7 +115,9 @@ Embedding::Embedding(int64_t num, int64_t dim) {
 
 Tensor Embedding::forward(const Tensor& indices) {
   if (indices.dtype() != DType::I64)
-    throw Error(cat("Embedding: indices must be i64, got ", dtype_name(indices.dtype())));
+    util::fail(Loc::current(), "Embedding",
+               cat("indices must be i64, got ", dtype_name(indices.dtype())),
+               "Convert them with .to(ls::i64)");
   const int64_t dim = weight.size(1);
   Tensor flat = reshape(indices, {-1, 1});
   Tensor rows = gather(weight, 0, expand(flat, {flat.size(0), dim}));
@@ -144,7 +152,8 @@ AdaptiveAvgPool2d::AdaptiveAvgPool2d(std::array<int64_t, 2> size) : output_size(
 
 Tensor AdaptiveAvgPool2d::forward(const Tensor& x) {
   if (x.dim() != 4)
-    throw Error(cat("AdaptiveAvgPool2d: input must be [N, C, H, W], got ", shape_str(x.shape())));
+    util::fail(Loc::current(), "AdaptiveAvgPool2d",
+               cat("input must be [N, C, H, W], got ", shape_str(x.shape())), "");
   const int64_t H = x.size(2), W = x.size(3), oh = output_size[0], ow = output_size[1];
   if (oh == 1 && ow == 1) return mean(x, {2, 3}, true);
   if (H % oh == 0 && W % ow == 0) {

@@ -8,6 +8,7 @@
 #include "nn/state_match.h"
 #include "runtime/lazy.h"
 #include "util/check.h"
+#include "util/frames.h"
 
 namespace lockstep::nn {
 
@@ -26,6 +27,24 @@ Tensor Module::register_parameter(const std::string& name, Tensor t) {
 Tensor Module::register_buffer(const std::string& name, Tensor t) {
   buffers_.emplace_back(name, t);
   return t;
+}
+
+Tensor Module::operator()(const Tensor& x, Loc loc) {
+  // This module's path: its parent's (the module whose call is under way) and its name there.
+  const auto* parent = static_cast<const Module*>(util::current_module());
+  std::shared_ptr<const std::string> path;
+  if (!parent) {
+    static const auto root = std::make_shared<const std::string>();
+    path = root;
+  } else {
+    const std::string& base = *util::current_module_path();
+    std::string name = "?";
+    for (const auto& [n, child] : parent->children_)
+      if (child.get() == this) name = n;
+    path = std::make_shared<const std::string>(base.empty() ? name : base + "." + name);
+  }
+  util::ModuleFrame frame(this, std::move(path), loc);
+  return forward(x);
 }
 
 void Module::add_child(const std::string& name, std::shared_ptr<Module> m) {
@@ -181,7 +200,7 @@ Sequential& Sequential::add(std::shared_ptr<Module> m) {
 
 Tensor Sequential::forward(const Tensor& x) {
   Tensor h = x;
-  for (auto& layer : layers_) h = layer->forward(h);
+  for (auto& layer : layers_) h = (*layer)(h);
   return h;
 }
 

@@ -3,6 +3,8 @@
 
 #include <string>
 
+#include "util/frames.h"
+
 namespace lockstep::util {
 
 std::string where(const std::source_location& loc) {
@@ -13,7 +15,10 @@ std::string where(const std::source_location& loc) {
 
 void fail(const std::source_location& loc, std::string_view op, const std::string& what,
           const std::string& fix) {
-  std::string msg = cat(op, ": ", what, " (at ", where(loc), ")");
+  // Inside a module call, the user's line and the module (util/frames.h).
+  const std::shared_ptr<const std::string>& path = current_module_path();
+  std::string msg = cat(op, ": ", what, " (at ", where(user_loc(loc)),
+                        path && !path->empty() ? " in " + *path : std::string(), ")");
   if (!fix.empty()) msg += ". " + fix;
   throw Error(msg);
 }

@@ -210,3 +210,72 @@ TEST(Explain, TheSteadyContractRefusesACompileBeforeAnythingRuns) {
   ls::debug::stop_expecting_steady();
   EXPECT_THROW(ls::debug::expect_steady(-1), ls::Error);
 }
+
+TEST(Explain, ModuleErrorsNameTheCallersLineAndTheModule) {
+  auto message = [](auto&& f) {
+    try {
+      f();
+    } catch (const ls::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  ls::nn::Sequential linear;
+  linear.emplace<ls::nn::Linear>(32, 64);
+  int line = __LINE__ + 1;
+  std::string m = message([&] { linear(ls::ones({8, 31})); });
+  EXPECT_THAT(m, HasSubstr("[8, 31] x [32, 64] (31 vs 32)"));
+  EXPECT_THAT(m, HasSubstr("(at " + std::string(__FILE__) + ":" + std::to_string(line) + " in 0)"));
+  EXPECT_EQ(m.find("layers.cpp"), std::string::npos) << m;
+
+  ls::nn::Sequential net;
+  net.emplace<ls::nn::Conv2d>(ls::nn::Conv2dSpec{.in_channels = 3, .out_channels = 8});
+  net.emplace<ls::nn::BatchNorm>(16);
+  line = __LINE__ + 1;
+  m = message([&] { net(ls::ones({2, 4, 8, 8})); });
+  EXPECT_THAT(m, HasSubstr("has 4 channels but weight [8, 3, 3, 3] expects 3"));
+  EXPECT_THAT(m, HasSubstr(here(line) + " in 0)"));
+  line = __LINE__ + 1;
+  m = message([&] { net(ls::ones({2, 3, 8, 8})); });
+  EXPECT_THAT(m, HasSubstr("BatchNorm: input [2, 8, 6, 6] has 8 channels, the layer expects 16"));
+  EXPECT_THAT(m, HasSubstr(here(line) + " in 1)"));
+
+  // A module of the user's own: its forward's lines are the user's, and nested paths join.
+  struct Block : ls::nn::Module {
+    std::shared_ptr<ls::nn::Sequential> body;
+    int line = 0;
+    Block() {
+      body = register_module("body", std::make_shared<ls::nn::Sequential>());
+      body->emplace<ls::nn::Linear>(4, 4);
+    }
+    ls::Tensor forward(const ls::Tensor& x) override {
+      line = __LINE__ + 1;
+      return (*body)(x);
+    }
+  };
+  ls::nn::Sequential outer;
+  auto block = std::make_shared<Block>();
+  outer.add(block);
+  m = message([&] { outer(ls::ones({2, 5})); });
+  EXPECT_THAT(m, HasSubstr(here(block->line) + " in 0.body.0)"));
+}
+
+TEST(Explain, AMissInsideAModelNamesTheUsersLineAndTheModule) {
+  ls::nn::Sequential model;
+  model.emplace<ls::nn::Linear>(4, 8);
+  const ls::Tensor x = ls::ones({2, 4});
+  int line = 0;
+  auto run = [&] {
+    line = __LINE__ + 1;
+    return model(x).sum().item<float>();
+  };
+  run();
+  model.emplace<ls::nn::ReLU>();  // a layer added: the graph's structure changes
+  run();
+  const ls::debug::CacheMiss miss = ls::debug::last_cache_miss();
+  EXPECT_EQ(miss.field, "op") << miss.text;
+  EXPECT_EQ(miss.after, "relu");
+  EXPECT_EQ(miss.module, "1");
+  EXPECT_THAT(miss.where, HasSubstr(here(line)));
+  EXPECT_THAT(miss.text, HasSubstr(here(line) + " in 1)"));
+}

@@ -1,0 +1,56 @@
+// The per-thread stack of module calls (frames.h).
+#include "util/frames.h"
+
+#include <cstring>
+#include <vector>
+
+namespace lockstep::util {
+namespace {
+
+struct Frame {
+  const void* owner;
+  std::shared_ptr<const std::string> path;
+  std::source_location loc;
+};
+
+thread_local std::vector<Frame> t_frames;
+
+// lockstep's src/ directory, from this file's own path (src/util/frames.cpp).
+const std::string& library_dir() {
+  static const std::string dir = [] {
+    const std::string self = std::source_location::current().file_name();
+    const size_t at = self.rfind("util/frames.cpp");
+    return at == std::string::npos ? std::string() : self.substr(0, at);
+  }();
+  return dir;
+}
+
+}  // namespace
+
+ModuleFrame::ModuleFrame(const void* owner, std::shared_ptr<const std::string> path,
+                         const std::source_location& loc) {
+  t_frames.push_back({owner, std::move(path), loc});
+}
+
+ModuleFrame::~ModuleFrame() { t_frames.pop_back(); }
+
+const void* current_module() { return t_frames.empty() ? nullptr : t_frames.back().owner; }
+
+const std::shared_ptr<const std::string>& current_module_path() {
+  static const std::shared_ptr<const std::string> none;
+  return t_frames.empty() ? none : t_frames.back().path;
+}
+
+bool in_library(const std::source_location& loc) {
+  const std::string& dir = library_dir();
+  return !dir.empty() && std::strncmp(loc.file_name(), dir.c_str(), dir.size()) == 0;
+}
+
+std::source_location user_loc(const std::source_location& loc) {
+  if (t_frames.empty() || !in_library(loc)) return loc;
+  for (size_t i = t_frames.size(); i-- > 0;)
+    if (!in_library(t_frames[i].loc)) return t_frames[i].loc;
+  return loc;
+}
+
+}  // namespace lockstep::util

@@ -1,0 +1,36 @@
+// The user's place in a program that calls into lockstep's modules: a stack, per thread, of the
+// module calls under way (nn::Module::operator()), each with the line that made it and the
+// module's path ("layer3.1.conv2"). Ops that lockstep's own code records while a module runs are
+// attributed to the innermost call made from the user's code, so errors and explanations name
+// the user's line and the module, not a line inside lockstep.
+#pragma once
+
+#include <memory>
+#include <source_location>
+#include <string>
+
+namespace lockstep::util {
+
+// Pushed for the duration of a module call. `path` is the module's full path (empty for the
+// outermost module); `owner` identifies the module, for its children to find their names.
+class ModuleFrame {
+ public:
+  ModuleFrame(const void* owner, std::shared_ptr<const std::string> path,
+              const std::source_location& loc);
+  ~ModuleFrame();
+  ModuleFrame(const ModuleFrame&) = delete;
+  ModuleFrame& operator=(const ModuleFrame&) = delete;
+};
+
+// The innermost module call under way on this thread: its owner and path (null and empty when
+// there is none).
+const void* current_module();
+const std::shared_ptr<const std::string>& current_module_path();
+
+// Whether `loc` lies in lockstep's own sources (src/).
+bool in_library(const std::source_location& loc);
+// `loc`, or, when it lies in lockstep's sources inside a module call, the line of the innermost
+// module call made from the user's code.
+std::source_location user_loc(const std::source_location& loc);
+
+}  // namespace lockstep::util
