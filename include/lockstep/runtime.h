@@ -103,15 +103,17 @@ std::string last_graph_text();
 
 // Sites: every program is built at a site, the place that asked for it: "step at file:line" (the
 // line that entered the ls::step or ls::Step), "sync on entry to the step at file:line", "sync at
-// file:line" (ls::sync), "read at file:line" (an implicit sync: item(), to_vector(), printing, a
-// save). Compiles, cache hits and syncs are counted per site.
+// file:line" (ls::sync), and "<api> at file:line" for an implicit sync: a blocking read of a
+// pending value ("item", "to_vector", "to_string", "to" a device, "save"). Compiles, cache hits
+// and syncs are counted per site.
 struct SiteStats {
   std::string site;
   int64_t syncs = 0;  // programs built here (cache hits and compiles)
   int64_t compiles = 0;
   int64_t cache_hits = 0;
-  int64_t nodes = 0;   // graph nodes built here, in all
-  int64_t graphs = 0;  // distinct graphs compiled here
+  int64_t nodes = 0;    // graph nodes built here, in all
+  int64_t graphs = 0;   // distinct graphs compiled here
+  int64_t in_step = 0;  // implicit syncs made while the thread's step was being recorded
 };
 // Every site so far, in the order first seen (reset with metrics::reset()).
 std::vector<SiteStats> sites();

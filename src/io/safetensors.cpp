@@ -499,7 +499,7 @@ void save_safetensors(const std::string& path, const TensorMap& tensors, const M
   file.write(encode_u64(header.size()).data(), 8);
   file.write(header.data(), header.size());
   for (const auto& [name, t] : tensors) {
-    std::vector<unsigned char> bytes = runtime::read_bytes(t, loc);
+    std::vector<unsigned char> bytes = runtime::read_bytes(t, loc, "save");
     LS_INTERNAL_CHECK(bytes.size() == static_cast<size_t>(t.numel()) * dtype_size(t.dtype()),
                       "tensor '", name, "' read ", bytes.size(), " bytes");
     if (t.dtype() == DType::Bool)

@@ -110,9 +110,12 @@ void update_grad_of(TensorImpl& impl, const std::function<Tensor(const Tensor&)>
 bool requires_grad_of(const TensorImpl& impl);
 void set_requires_grad_of(TensorImpl& impl, bool requires_grad);
 // Blocks until `t` is materialized (an implicit sync if pending) and returns its host bytes.
-std::vector<unsigned char> read_bytes(const Tensor& t, const std::source_location& loc);
+// `api` names the read at its site (debug::sites: "item at f.cpp:12").
+std::vector<unsigned char> read_bytes(const Tensor& t, const std::source_location& loc,
+                                      const char* api = "read");
 // Materializes `t` (implicit sync if pending) and waits; returns its buffer.
-std::shared_ptr<Buffer> materialize(const Tensor& t, const std::source_location& loc);
+std::shared_ptr<Buffer> materialize(const Tensor& t, const std::source_location& loc,
+                                    const char* api = "read");
 
 // Registry (runtime.cpp).
 void poison(TensorImpl& impl, std::exception_ptr error);

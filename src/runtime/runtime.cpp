@@ -356,9 +356,8 @@ void sync_impls(const std::vector<std::shared_ptr<TensorImpl>>& targets, const s
     for (size_t k = 0; k < group.size(); ++k) {
       TensorImpl& t = *group[k];
       const ir::NodePtr& value = roots[k];
-      ir::NodePtr data =
-          ir::make_data(job.outputs[built.root_output[k]], value->shape, value->dtype, device,
-                        value->loc);
+      ir::NodePtr data = ir::make_data(job.outputs[built.root_output[k]], value->shape,
+                                       value->dtype, device, value->loc);
       TensorLock lock(t);
       if (t.node != value) continue;  // given another value meanwhile (by a closure's thread)
       if (t.requires_grad)
@@ -607,7 +606,8 @@ void sync_all(const std::string& origin, const std::string& site,
   enqueue(jobs);
 }
 
-std::shared_ptr<Buffer> materialize(const Tensor& t, const std::source_location& loc) {
+std::shared_ptr<Buffer> materialize(const Tensor& t, const std::source_location& loc,
+                                    const char* api) {
   node_of(t, "read", loc);
   std::shared_ptr<TensorImpl> impl = t.impl_ptr();
   Runtime& r = rt();
@@ -624,7 +624,9 @@ std::shared_ptr<Buffer> materialize(const Tensor& t, const std::source_location&
     wait_for_room();
     std::lock_guard<std::recursive_mutex> lock(r.mu);
     const std::string at = util::where(loc);
-    sync_impls({impl}, cat("implicit sync at ", at), cat("read at ", at), nullptr, true, &jobs, me);
+    const std::string site = cat(api, " at ", at);
+    sync_impls({impl}, cat("implicit sync at ", at), site, nullptr, true, &jobs, me);
+    if (me.active_step.load() != 0) site_in_step(site);
     enqueue(jobs);
   }
   std::shared_ptr<Buffer> b = current_node(*impl)->buffer;
@@ -641,8 +643,9 @@ std::shared_ptr<Buffer> materialize(const Tensor& t, const std::source_location&
   return b;
 }
 
-std::vector<unsigned char> read_bytes(const Tensor& t, const std::source_location& loc) {
-  std::shared_ptr<Buffer> b = materialize(t, loc);
+std::vector<unsigned char> read_bytes(const Tensor& t, const std::source_location& loc,
+                                      const char* api) {
+  std::shared_ptr<Buffer> b = materialize(t, loc, api);
   std::vector<unsigned char> host(b->bytes);
   if (b->bytes) backends::backend_for(b->device).copy_out(*b->storage, host.data(), b->bytes);
   count("bytes_from_device", static_cast<int64_t>(b->bytes));

@@ -84,6 +84,12 @@ void site_hit(const std::string& name) {
   ++site(s, name).stats.cache_hits;
 }
 
+void site_in_step(const std::string& name) {
+  Sites& s = sites();
+  std::lock_guard<std::mutex> lock(s.mu);
+  ++site(s, name).stats.in_step;
+}
+
 debug::CacheMiss site_miss(const std::string& name, const ir::Graph& now, bool print) {
   Sites& s = sites();
   std::unique_lock<std::mutex> lock(s.mu);

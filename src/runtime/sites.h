@@ -14,6 +14,8 @@ namespace lockstep::runtime {
 // A program of `nodes` nodes is being built at `site`.
 void site_sync(const std::string& site, int64_t nodes);
 void site_hit(const std::string& site);
+// An implicit sync at `site` cut a step's recording short.
+void site_in_step(const std::string& site);
 // A cache miss at `site` for graph `now`: the explanation (recorded as the last miss, printed
 // with `print`). Throws Error, before anything is compiled, when expect_steady forbids it.
 debug::CacheMiss site_miss(const std::string& site, const ir::Graph& now, bool print);

@@ -64,7 +64,7 @@ std::vector<T> Tensor::to_vector(Loc loc) const {
                    " values were asked for"),
                cat("Read it with the matching C++ type, or cast first: x.to(ls::",
                    dtype_name(dtype_of<T>()), ")"));
-  const std::vector<unsigned char> bytes = runtime::read_bytes(*this, loc);
+  const std::vector<unsigned char> bytes = runtime::read_bytes(*this, loc, "to_vector");
   std::vector<T> out(bytes.size() / sizeof(T));
   if (!out.empty()) std::memcpy(static_cast<void*>(out.data()), bytes.data(), bytes.size());
   return out;
@@ -84,7 +84,10 @@ T Tensor::item(Loc loc) const {
                    " was asked for"),
                cat("Read it with the matching C++ type, or cast first: x.to(ls::",
                    dtype_name(dtype_of<T>()), ")"));
-  return to_vector<T>(loc)[0];
+  const std::vector<unsigned char> bytes = runtime::read_bytes(*this, loc, "item");
+  T out;
+  std::memcpy(static_cast<void*>(&out), bytes.data(), sizeof(T));
+  return out;
 }
 
 template <>
@@ -94,7 +97,7 @@ std::vector<bool> Tensor::to_vector<bool>(Loc loc) const {
     util::fail(loc, "to_vector",
                cat("the tensor is ", dtype_name(n->dtype), " but bool values were asked for"),
                "Read it with the matching C++ type, or compare first (x != 0)");
-  const std::vector<unsigned char> bytes = runtime::read_bytes(*this, loc);
+  const std::vector<unsigned char> bytes = runtime::read_bytes(*this, loc, "to_vector");
   return std::vector<bool>(bytes.begin(), bytes.end());
 }
 
@@ -170,7 +173,7 @@ void format(std::ostream& os, const unsigned char* data, const Shape& shape, siz
 
 std::string Tensor::to_string(Loc loc) const {
   const ir::NodePtr n = node(*this, "to_string", loc);
-  const std::vector<unsigned char> bytes = runtime::read_bytes(*this, loc);
+  const std::vector<unsigned char> bytes = runtime::read_bytes(*this, loc, "to_string");
   std::ostringstream os;
   format(os, bytes.data(), n->shape, 0, 0, n->dtype, shape_numel(n->shape) > 1000);
   return os.str();
@@ -187,7 +190,7 @@ Tensor Tensor::to(Device device, Loc loc) const {
   const ir::NodePtr& n = node(*this, "to", loc);
   if (n->device == device) return *this;
   backends::backend_for(device);  // fails early for an unavailable device
-  const std::vector<unsigned char> bytes = runtime::read_bytes(*this, loc);
+  const std::vector<unsigned char> bytes = runtime::read_bytes(*this, loc, "to");
   runtime::count("transfers");
   return runtime::new_tensor(ir::make_data(runtime::upload(device, bytes.data(), bytes.size()),
                                            n->shape, n->dtype, device));

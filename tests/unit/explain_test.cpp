@@ -99,7 +99,7 @@ TEST(Explain, AnAttributeChangeNamesTheOpAndItsLine) {
   pooled(2);
   pooled(1);
   const ls::debug::CacheMiss miss = ls::debug::last_cache_miss();
-  EXPECT_EQ(miss.site, "read at " + std::string(__FILE__) + ":" + std::to_string(line));
+  EXPECT_EQ(miss.site, "item at " + std::string(__FILE__) + ":" + std::to_string(line));
   EXPECT_EQ(miss.op, "max_pool2d");
   EXPECT_EQ(miss.field, "shape") << "the output shape is the first thing a stride changes";
   EXPECT_THAT(miss.where, HasSubstr(here(line)));
@@ -144,11 +144,19 @@ TEST(Explain, SitesCountCompilesHitsAndReads) {
   for (int i = 0; i < 3; ++i) m.step(4);
   const int read_line = __LINE__ + 1;
   (void)m.w.sum().item<float>();
+  // A read inside a step: an implicit sync that cuts the step's graph, counted as such.
+  ls::Tensor t = ls::ones({3});
+  int in_step_line = 0;
+  ls::step([&] {
+    t.add_(1.0);
+    in_step_line = __LINE__ + 1;
+    (void)t.sum().item<float>();
+  });
   const std::string step_site =
       "step at " + std::string(__FILE__) + ":" + std::to_string(m.step_line);
   const std::string read_site =
-      "read at " + std::string(__FILE__) + ":" + std::to_string(read_line);
-  bool saw_step = false, saw_read = false;
+      "item at " + std::string(__FILE__) + ":" + std::to_string(read_line);
+  bool saw_step = false, saw_read = false, saw_in_step = false;
   for (const ls::debug::SiteStats& s : ls::debug::sites()) {
     if (s.site == step_site) {
       saw_step = true;
@@ -159,10 +167,17 @@ TEST(Explain, SitesCountCompilesHitsAndReads) {
     if (s.site == read_site) {
       saw_read = true;
       EXPECT_EQ(s.syncs, 1);
+      EXPECT_EQ(s.in_step, 0);
+    }
+    if (s.site == "item at " + std::string(__FILE__) + ":" + std::to_string(in_step_line)) {
+      saw_in_step = true;
+      EXPECT_EQ(s.syncs, 1);
+      EXPECT_EQ(s.in_step, 1);
     }
   }
   EXPECT_TRUE(saw_step);
   EXPECT_TRUE(saw_read);
+  EXPECT_TRUE(saw_in_step);
 }
 
 TEST(Explain, AChurningShapeGetsOneHint) {
