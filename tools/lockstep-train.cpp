@@ -96,6 +96,7 @@ options:
   --checkpoint PATH  save model and optimizer to PATH after every epoch, at the end and on Ctrl-C
   --resume           load --checkpoint PATH first and continue from its epoch and step
   --metrics          print lockstep's metrics report at the end
+  --metrics-json FILE  write lockstep's metrics as JSON (ls::metrics::report_json) to FILE
   --strict           after the first epoch (the warm-up), a recompile is an error that names
                      what changed (ls::debug::expect_steady)
   --device D         cpu or ref (default: cpu)
@@ -134,6 +135,7 @@ struct Options {
   bool resume = false;
   bool metrics = false;
   bool strict = false;
+  std::string metrics_json;
   std::string device = "cpu";
   bool help = false;
 };
@@ -277,6 +279,9 @@ Options parse_args(int argc, char** argv) {
     } else if (arg == "--metrics") {
       flag_only();
       o.metrics = true;
+    } else if (arg == "--metrics-json") {
+      o.metrics_json = value();
+      if (o.metrics_json.empty()) throw UsageError("--metrics-json needs a non-empty path");
     } else if (arg == "--strict") {
       flag_only();
       o.strict = true;
@@ -757,6 +762,12 @@ int run(const Options& o) {
               static_cast<long long>(ls::metrics::counter("cache_hits")),
               static_cast<long long>(ls::metrics::counter("implicit_syncs")));
   if (o.metrics) std::printf("%s", ls::metrics::report().c_str());
+  if (!o.metrics_json.empty()) {
+    std::FILE* f = std::fopen(o.metrics_json.c_str(), "w");
+    const std::string json = ls::metrics::report_json() + "\n";
+    if (!f || std::fwrite(json.data(), 1, json.size(), f) != json.size() || std::fclose(f) != 0)
+      throw ls::Error("--metrics-json: cannot write '" + o.metrics_json + "'");
+  }
   std::fflush(stdout);
   return interrupted() ? kExitInterrupted : 0;
 }

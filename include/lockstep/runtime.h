@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <ostream>
 #include <source_location>
 #include <string>
@@ -93,8 +94,20 @@ int64_t counter(const std::string& name);
 int64_t timer_total_ns(const std::string& name);
 int64_t timer_count(const std::string& name);
 void reset();
-// A table of every counter and timer.
+// A table of every counter and timer, then a row per site (debug::sites).
 std::string report();
+// The same as JSON, schema "lockstep-metrics/1":
+//   {"schema": "lockstep-metrics/1",
+//    "counters": {"<name>": <int>, ...},
+//    "timers": {"<name>": {"count": <int>, "total_ns": <int>}, ...},
+//    "sites": [{"site": <string>, "syncs": <int>, "compiles": <int>, "cache_hits": <int>,
+//               "nodes": <int>, "graphs": <int>, "in_step": <int>,
+//               "misses": {"<reason>": <int>, ...}}, ...],
+//    "last_cache_miss": null | {"site": <string>, "first": <bool>, "node": <int>,
+//                               "op": <string>, "field": <string>, "before": <string>,
+//                               "after": <string>, "where": <string>, "module": <string>,
+//                               "more": <int>, "hint": <string>, "text": <string>}}
+std::string report_json();
 }  // namespace metrics
 
 namespace debug {
@@ -114,6 +127,8 @@ struct SiteStats {
   int64_t nodes = 0;    // graph nodes built here, in all
   int64_t graphs = 0;   // distinct graphs compiled here
   int64_t in_step = 0;  // implicit syncs made while the thread's step was being recorded
+  // Compiles by their reason (CacheMiss::field, or "first"): {"shape": 3, "first": 1}.
+  std::map<std::string, int64_t> misses;
 };
 // Every site so far, in the order first seen (reset with metrics::reset()).
 std::vector<SiteStats> sites();

@@ -7,6 +7,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "io/json.h"
 #include "lockstep/runtime.h"
 #include "runtime/lazy.h"
 #include "runtime/sites.h"
@@ -138,7 +139,94 @@ std::string report() {
        << std::setw(14) << std::fixed << std::setprecision(3) << t.total_ns / 1e6 << std::setw(14)
        << (t.count ? t.total_ns / 1e6 / static_cast<double>(t.count) : 0.0) << "\n";
   }
+  const std::vector<debug::SiteStats> sites = debug::sites();
+  if (!sites.empty()) {
+    os << "\n"
+       << std::left << std::setw(10) << "syncs" << std::setw(10) << "compiles" << std::setw(10)
+       << "hits" << std::setw(10) << "in step" << std::setw(12) << "nodes"
+       << "site\n";
+    for (const debug::SiteStats& s : sites)
+      os << std::left << std::setw(10) << s.syncs << std::setw(10) << s.compiles << std::setw(10)
+         << s.cache_hits << std::setw(10) << s.in_step << std::setw(12) << s.nodes << s.site
+         << "\n";
+  }
   return os.str();
+}
+
+std::string report_json() {
+  using io::json::append_string;
+  std::string out = "{\"schema\": \"lockstep-metrics/1\", \"counters\": {";
+  {
+    auto& mm = runtime::m();
+    std::lock_guard<std::mutex> lock(mm.mu);
+    std::map<std::string, int64_t, std::less<>> counters(mm.counters.begin(), mm.counters.end());
+    for (const char* name : runtime::kCounters) counters.try_emplace(name, 0);
+    bool first = true;
+    for (const auto& [name, v] : counters) {
+      if (!first) out += ", ";
+      first = false;
+      append_string(out, name);
+      out += ": " + std::to_string(v);
+    }
+    out += "}, \"timers\": {";
+    first = true;
+    for (const auto& [name, t] : mm.timers) {
+      if (!first) out += ", ";
+      first = false;
+      append_string(out, name);
+      out += ": {\"count\": " + std::to_string(t.count) +
+             ", \"total_ns\": " + std::to_string(t.total_ns) + "}";
+    }
+  }
+  out += "}, \"sites\": [";
+  bool first = true;
+  for (const debug::SiteStats& s : debug::sites()) {
+    if (!first) out += ", ";
+    first = false;
+    out += "{\"site\": ";
+    append_string(out, s.site);
+    for (const auto& [key, v] : {std::pair<const char*, int64_t>{"syncs", s.syncs},
+                                 {"compiles", s.compiles},
+                                 {"cache_hits", s.cache_hits},
+                                 {"nodes", s.nodes},
+                                 {"graphs", s.graphs},
+                                 {"in_step", s.in_step}})
+      out += std::string(", \"") + key + "\": " + std::to_string(v);
+    out += ", \"misses\": {";
+    bool first_miss = true;
+    for (const auto& [reason, n] : s.misses) {
+      if (!first_miss) out += ", ";
+      first_miss = false;
+      append_string(out, reason);
+      out += ": " + std::to_string(n);
+    }
+    out += "}}";
+  }
+  out += "], \"last_cache_miss\": ";
+  const debug::CacheMiss m = debug::last_cache_miss();
+  if (m.site.empty()) {
+    out += "null";
+  } else {
+    out += "{\"site\": ";
+    append_string(out, m.site);
+    out += std::string(", \"first\": ") + (m.first ? "true" : "false");
+    out += ", \"node\": " + std::to_string(m.node);
+    for (const auto& [key, v] : {std::pair<const char*, const std::string*>{"op", &m.op},
+                                 {"field", &m.field},
+                                 {"before", &m.before},
+                                 {"after", &m.after},
+                                 {"where", &m.where},
+                                 {"module", &m.module}}) {
+      out += std::string(", \"") + key + "\": ";
+      append_string(out, *v);
+    }
+    out += ", \"more\": " + std::to_string(m.more) + ", \"hint\": ";
+    append_string(out, m.hint);
+    out += ", \"text\": ";
+    append_string(out, m.text);
+    out += "}";
+  }
+  return out + "}";
 }
 
 }  // namespace metrics

@@ -109,6 +109,7 @@ debug::CacheMiss site_miss(const std::string& name, const ir::Graph& now, bool p
       quiet = true;  // hinted once; the same report again says nothing new
     }
   }
+  ++st.stats.misses[m.first ? "first" : m.field];
   s.last = m;
   const bool broken = s.steady && st.stats.syncs - st.steady_base > s.steady_after;
   const debug::OnRecompile policy = s.policy;

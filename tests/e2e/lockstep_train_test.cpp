@@ -271,7 +271,8 @@ TEST(LockstepTrain, FakeDataPrintsStepLinesAndTotal) {
   TempDir dir;
   Result r = run(
       with_common({"--model", "mlp", "--data", "fake", "--image-size", "8", "--batch-size", "16",
-                   "--num-epochs", "2", "--num-steps", "5", "--log-steps", "2", "--metrics"}),
+                   "--num-epochs", "2", "--num-steps", "5", "--log-steps", "2", "--metrics",
+                   "--metrics-json", (dir.path() / "metrics.json").string()}),
       dir, "fake");
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   const auto losses = step_losses(r.out);
@@ -288,6 +289,12 @@ TEST(LockstepTrain, FakeDataPrintsStepLinesAndTotal) {
   EXPECT_EQ((*total)[3], "0") << "logging must not force a sync\n" << describe(r);
   EXPECT_NE(r.out.find("compiles"), r.out.rfind("compiles")) << "--metrics prints the report";
   EXPECT_EQ(r.out.find("test_accuracy"), std::string::npos) << "fake data has no test split";
+  // The JSON report: 10 steps, and the training step's site among the sites.
+  std::ifstream in(dir.path() / "metrics.json");
+  const std::string json((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_NE(json.find("\"schema\": \"lockstep-metrics/1\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"steps\": 10"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"site\": \"step at "), std::string::npos) << json;
 }
 
 // The header line names a resnet's stem, and --stem chooses it: at 32x32 `auto` takes the small

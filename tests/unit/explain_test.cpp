@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <lockstep/lockstep.h>
+#include "io/json.h"
 #include "unit/ops_test_util.h"
 
 namespace ls = lockstep;
@@ -293,4 +294,41 @@ TEST(Explain, AMissInsideAModelNamesTheUsersLineAndTheModule) {
   EXPECT_EQ(miss.module, "1");
   EXPECT_THAT(miss.where, HasSubstr(here(line)));
   EXPECT_THAT(miss.text, HasSubstr(here(line) + " in 1)"));
+}
+
+TEST(Explain, TheJsonReportHasTheSchemaAndTheEventsCounts) {
+  ls::metrics::reset();
+  ls::Tensor w = ls::zeros({5});
+  (void)w.sum().item<float>();
+  const int line = __LINE__ + 1;
+  for (int64_t n : {3, 3, 4}) ls::step([&] { w.add_(ls::ones({n}).sum()); });
+  const ls::io::json::Value root = ls::io::json::parse(ls::metrics::report_json());
+  auto member = [](const ls::io::json::Value& v, const std::string& key) {
+    for (const auto& m : v.object)
+      if (m.key == key) return m.value;
+    ADD_FAILURE() << "no key " << key;
+    return ls::io::json::Value{};
+  };
+  EXPECT_EQ(member(root, "schema").text, "lockstep-metrics/1");
+  EXPECT_EQ(member(member(root, "counters"), "steps").integer, 3);
+  EXPECT_EQ(member(member(root, "counters"), "implicit_syncs").integer, 1);
+  const ls::io::json::Value sites = member(root, "sites");
+  ASSERT_EQ(sites.kind, ls::io::json::Value::Kind::Array);
+  const std::string step_site = "step at " + std::string(__FILE__) + ":" + std::to_string(line);
+  bool found = false;
+  for (const ls::io::json::Value& s : sites.array) {
+    if (member(s, "site").text != step_site) continue;
+    found = true;
+    EXPECT_EQ(member(s, "syncs").integer, 3);
+    EXPECT_EQ(member(s, "compiles").integer, 2);
+    EXPECT_EQ(member(s, "cache_hits").integer, 1);
+    const ls::io::json::Value misses = member(s, "misses");
+    EXPECT_EQ(member(misses, "first").integer, 1);
+    EXPECT_EQ(member(misses, "shape").integer, 1);
+  }
+  EXPECT_TRUE(found) << ls::metrics::report_json();
+  const ls::io::json::Value last = member(root, "last_cache_miss");
+  EXPECT_EQ(member(last, "field").text, "shape");
+  EXPECT_EQ(member(last, "site").text, step_site);
+  EXPECT_THAT(ls::metrics::report(), HasSubstr(step_site));
 }
