@@ -111,8 +111,12 @@ std::string report_json();
 }  // namespace metrics
 
 namespace debug {
-// The IR text of the most recently built graph (for tests and LOCKSTEP_DEBUG output).
+// The IR text of the most recently built graph (for tests and LOCKSTEP_DEBUG output), each node
+// with the user's line that recorded it.
 std::string last_graph_text();
+// A unified diff ("@@ -a,n +b,m @@", "-" and "+" lines, two lines of context) of two texts,
+// e.g. two graphs' last_graph_text() or two LOCKSTEP_DUMP graph files; empty when equal.
+std::string diff(const std::string& a, const std::string& b);
 
 // Sites: every program is built at a site, the place that asked for it: "step at file:line" (the
 // line that entered the ls::step or ls::Step), "sync on entry to the step at file:line", "sync at

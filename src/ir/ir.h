@@ -162,7 +162,9 @@ struct Graph {
 };
 
 // IR text, one node per line: "%2 = add(%0, %1) f32[2, 3]" (attrs in braces, inputs numbered).
-std::string to_text(const Graph& graph);
+// With `annotate`, each node line ends with "  # file:line in module.path", the user's line
+// that recorded it (LOCKSTEP_DUMP's graph files; from_text skips such comments).
+std::string to_text(const Graph& graph, bool annotate = false);
 // The graph to_text printed (for tests of passes: graph text in). The header line may be left
 // out (device cpu; the input counts are taken from the nodes). Throws Error naming the line.
 Graph from_text(std::string_view text);

@@ -162,7 +162,7 @@ NodePtr annotated(const NodePtr& n, bool requires_grad, std::weak_ptr<detail::Te
   return c;
 }
 
-std::string to_text(const Graph& graph) {
+std::string to_text(const Graph& graph, bool annotate) {
   std::ostringstream os;
   os << "graph(" << device_name(graph.device) << ", buffers=" << graph.num_buffer_inputs
      << ", scalars=" << graph.num_scalar_inputs << ")\n";
@@ -177,7 +177,12 @@ std::string to_text(const Graph& graph) {
       for (size_t k = 0; k < n.attrs.size(); ++k) os << (k ? ", " : "") << n.attrs[k];
       os << "}";
     }
-    os << " " << dtype_name(n.dtype) << shape_str(n.shape) << "\n";
+    os << " " << dtype_name(n.dtype) << shape_str(n.shape);
+    if (annotate && n.loc.file_name()[0] != '\0') {
+      os << "  # " << util::where(n.loc);
+      if (n.module && !n.module->empty()) os << " in " << *n.module;
+    }
+    os << "\n";
   }
   os << "return";
   for (size_t k = 0; k < graph.outputs.size(); ++k) os << (k ? ", %" : " %") << graph.outputs[k];
@@ -235,7 +240,10 @@ Graph from_text(std::string_view text) {
   int number = 0;
   while (!text.empty()) {
     const size_t eol = text.find('\n');
-    Line line{text.substr(0, eol), 0, ++number};
+    std::string_view content = text.substr(0, eol);
+    if (const size_t comment = content.find("  # "); comment != std::string_view::npos)
+      content = content.substr(0, comment);
+    Line line{content, 0, ++number};
     text = eol == std::string_view::npos ? std::string_view() : text.substr(eol + 1);
     line.skip_spaces();
     if (line.at == line.text.size()) continue;

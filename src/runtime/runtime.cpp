@@ -276,7 +276,7 @@ const CacheEntry& lookup_or_compile(BuiltGraph& built, const std::string& origin
               << ", not in the cache (" << r.lru.size() << " programs cached)\n";
   if (r.dump_dir) {
     std::ofstream f(cat(r.dump_dir, "/graph-", std::hex, built.hash, ".txt"));
-    f << ir::to_text(built.graph);
+    f << ir::to_text(built.graph, true);
   }
   if (it != r.cache.end()) {  // a hash collision: the new program replaces the old one
     r.lru.erase(it->second);
@@ -686,7 +686,7 @@ void set_cache_capacity(size_t capacity) {
 std::string last_graph_text() {
   Runtime& r = rt();
   std::lock_guard<std::recursive_mutex> lock(r.mu);
-  return r.last_graph ? ir::to_text(*r.last_graph) : std::string();
+  return r.last_graph ? ir::to_text(*r.last_graph, true) : std::string();
 }
 
 bool on_runtime_thread() { return std::this_thread::get_id() == rt().worker_id; }

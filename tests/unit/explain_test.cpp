@@ -10,6 +10,7 @@
 
 #include <lockstep/lockstep.h>
 #include "io/json.h"
+#include "ir/ir.h"
 #include "unit/ops_test_util.h"
 
 namespace ls = lockstep;
@@ -331,4 +332,28 @@ TEST(Explain, TheJsonReportHasTheSchemaAndTheEventsCounts) {
   EXPECT_EQ(member(last, "field").text, "shape");
   EXPECT_EQ(member(last, "site").text, step_site);
   EXPECT_THAT(ls::metrics::report(), HasSubstr(step_site));
+}
+
+TEST(Explain, GraphDumpsNameLinesAndDiffShowsTheChangedRegion) {
+  const ls::Tensor x = ls::ones({4});
+  const int line = __LINE__ + 1;
+  (void)(ls::exp(x) * 2).sum().item<float>();
+  const std::string a = ls::debug::last_graph_text();
+  EXPECT_THAT(a, HasSubstr("  # " + std::string(__FILE__) + ":" + std::to_string(line)));
+  (void)(ls::exp(x) * 3 + 1).sum().item<float>();
+  const std::string b = ls::debug::last_graph_text();
+  EXPECT_EQ(ls::debug::diff(a, a), "");
+  const std::string d = ls::debug::diff(a, b);
+  EXPECT_THAT(d, HasSubstr("@@ -"));
+  EXPECT_THAT(d, HasSubstr("\n+%")) << d;
+  EXPECT_THAT(d, HasSubstr("= add(")) << d;
+  // The text with comments reads back as the same graph.
+  EXPECT_EQ(ls::ir::to_text(ls::ir::from_text(b)),
+            ls::ir::to_text(ls::ir::from_text(ls::ir::to_text(ls::ir::from_text(b)))));
+}
+
+TEST(Explain, DiffOfTextsIsAUnifiedDiff) {
+  EXPECT_EQ(ls::debug::diff("a\nb\nc\nd\ne\nf\n", "a\nb\nc\nX\ne\nf\n"),
+            "@@ -2,5 +2,5 @@\n b\n c\n-d\n+X\n e\n f\n");
+  EXPECT_EQ(ls::debug::diff("a\n", "a\nb\n"), "@@ -1,1 +1,2 @@\n a\n+b\n");
 }
