@@ -166,6 +166,13 @@ CacheMiss last_cache_miss();
 enum class OnRecompile { Warn, Throw };
 void expect_steady(int64_t after_syncs = 0, OnRecompile policy = OnRecompile::Throw);
 void stop_expecting_steady();
+
+// The pending-graph guard: a thread that records more than this many nodes without a sync (a
+// forgotten step boundary, which ends in an out-of-memory or a compile that never finishes)
+// gets one warning on stderr naming the lines that recorded most of them, and the
+// pending_graph_warnings counter counts it. Default (and 0): ten times the largest program
+// compiled so far, at least 100000. Setting it also re-arms the warning.
+void set_pending_graph_limit(int64_t nodes);
 }  // namespace debug
 
 }  // namespace lockstep

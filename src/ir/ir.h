@@ -125,6 +125,8 @@ void infer(Op op, const std::vector<NodePtr>& operands, const std::vector<int64_
 
 // Whether ops record gradient information on this thread (see ls::NoGrad).
 bool grad_enabled();
+// Nodes recorded on this thread since the runtime last reset the count (at each sync).
+int64_t& recorded_nodes();
 void set_grad_enabled(bool enabled);
 
 // Records a node: checks it (infer) and builds it. All operands must be on `device`.

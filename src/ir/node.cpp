@@ -57,6 +57,11 @@ thread_local bool t_grad_enabled = true;
 }
 
 bool grad_enabled() { return t_grad_enabled; }
+
+int64_t& recorded_nodes() {
+  thread_local int64_t count = 0;
+  return count;
+}
 void set_grad_enabled(bool enabled) { t_grad_enabled = enabled; }
 
 Node::~Node() {
@@ -84,6 +89,7 @@ namespace {
 NodePtr new_node(Op op, std::vector<NodePtr> operands, std::vector<int64_t> attrs, Shape shape,
                  DType dtype, Device device, const std::source_location& loc) {
   infer(op, operands, attrs, &shape, &dtype, loc);
+  ++recorded_nodes();
   auto node = std::make_shared<Node>();
   node->op = op;
   node->device = device;

@@ -3,6 +3,7 @@
 // Not here: the per-thread contexts and their pending lists (context.cpp), the step transaction
 // (step.cpp), metrics (metrics.cpp).
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -11,9 +12,11 @@
 #include <fstream>
 #include <iostream>
 #include <list>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "lockstep/runtime.h"
 #include "runtime/context.h"
@@ -23,6 +26,11 @@
 
 namespace lockstep::runtime {
 namespace {
+
+// The pending-graph guard (see check_growth).
+std::atomic<int64_t> g_largest_program{0};  // nodes of the largest graph compiled so far
+std::atomic<int64_t> g_pending_limit{0};    // debug::set_pending_graph_limit (0: the rule)
+std::atomic<bool> g_growth_warned{false};
 
 using util::cat;
 
@@ -269,6 +277,9 @@ const CacheEntry& lookup_or_compile(BuiltGraph& built, const std::string& origin
   }
   time_ns("compile", now_ns() - t0);
   count("compiles");
+  const auto nodes = static_cast<int64_t>(built.graph.nodes.size());
+  for (int64_t seen = g_largest_program.load(); nodes > seen;)
+    if (g_largest_program.compare_exchange_weak(seen, nodes)) break;
   if (r.debug)
     std::cerr << "lockstep: compile #" << metrics::counter("compiles") << " for " << origin
               << ": graph " << std::hex << built.hash << std::dec << " with "
@@ -461,7 +472,58 @@ lockstep::detail::TensorImpl::~TensorImpl() {
 
 namespace lockstep::runtime {
 
+// ---- the pending-graph guard -------------------------------------------------------------------
+
+namespace {
+
+int64_t pending_limit() {
+  const int64_t set = g_pending_limit.load(std::memory_order_relaxed);
+  return set > 0 ? set : std::max<int64_t>(100000, 10 * g_largest_program.load());
+}
+
+// Recording far past any compiled program without a sync: once per process, the warning names
+// the lines that recorded most of the pending nodes (a missing step boundary).
+void warn_growth(Context& me) {
+  if (g_growth_warned.exchange(true)) return;
+  std::map<std::string, int64_t> by_line;
+  {
+    std::lock_guard<std::recursive_mutex> lock(me.mu);
+    std::unordered_set<const ir::Node*> seen;
+    std::vector<const ir::Node*> stack;
+    for (TensorImpl* t = me.pending.head; t; t = t->pending_next)
+      if (t->node) stack.push_back(t->node.get());
+    while (!stack.empty()) {
+      const ir::Node* n = stack.back();
+      stack.pop_back();
+      if (n->op == ir::Op::Data || !seen.insert(n).second) continue;
+      ++by_line[util::where(n->loc)];
+      for (const ir::NodePtr& o : n->operands) stack.push_back(o.get());
+    }
+  }
+  std::vector<std::pair<int64_t, std::string>> top;
+  for (const auto& [line, n] : by_line) top.emplace_back(-n, line);
+  std::sort(top.begin(), top.end());
+  std::string lines;
+  for (size_t k = 0; k < top.size() && k < 3; ++k)
+    lines += cat(k ? ", " : "", top[k].second, " (", -top[k].first, " nodes)");
+  count("pending_graph_warnings");
+  std::cerr << "lockstep: warning: " << ir::recorded_nodes()
+            << " nodes recorded on this thread since its last sync, far past the largest program "
+               "compiled ("
+            << g_largest_program.load()
+            << " nodes): is a step boundary (ls::step, ls::sync) missing? Most pending nodes come "
+               "from "
+            << lines << "\n";
+}
+
+void check_growth(Context& me) {
+  if (ir::recorded_nodes() > pending_limit()) warn_growth(me);
+}
+
+}  // namespace
+
 Tensor new_tensor(ir::NodePtr node, bool of_step) {
+  check_growth(current_context());
   auto impl = std::make_shared<TensorImpl>(std::move(node));
   register_pending_locked(*impl, current_context());  // not shared yet: no lock needed
   if (of_step) note_created(*impl);
@@ -498,6 +560,7 @@ const ir::Node& current_node_ref(const TensorImpl& impl) {
 void set_value(TensorImpl& impl, ir::NodePtr node, const char* op, const std::source_location& loc,
                const ir::Node* base) {
   Context& me = current_context();
+  check_growth(me);
   TensorLock lock(impl);
   check_use(impl, me, op, loc);
   check_base(impl, me, base, op, loc);
@@ -578,6 +641,7 @@ void sync_all(const std::string& origin, const std::string& site,
               const std::function<std::shared_ptr<StepRollback>()>& before_enqueue) {
   Runtime& r = rt();
   Context& me = current_context();
+  ir::recorded_nodes() = 0;
   std::vector<std::shared_ptr<TensorImpl>> targets;
   {
     std::lock_guard<std::recursive_mutex> lock(me.mu);
@@ -694,6 +758,13 @@ bool on_runtime_thread() { return std::this_thread::get_id() == rt().worker_id; 
 }  // namespace lockstep::runtime
 
 namespace lockstep {
+
+namespace debug {
+void set_pending_graph_limit(int64_t nodes) {
+  runtime::g_pending_limit.store(nodes < 0 ? 0 : nodes);
+  runtime::g_growth_warned.store(false);
+}
+}  // namespace debug
 namespace {
 std::atomic<uint16_t> g_default_device{
     static_cast<uint16_t>(static_cast<unsigned>(DeviceKind::Cpu) << 8)};  // kind << 8 | index

@@ -357,3 +357,22 @@ TEST(Explain, DiffOfTextsIsAUnifiedDiff) {
             "@@ -2,5 +2,5 @@\n b\n c\n-d\n+X\n e\n f\n");
   EXPECT_EQ(ls::debug::diff("a\n", "a\nb\n"), "@@ -1,1 +1,2 @@\n a\n+b\n");
 }
+
+TEST(Explain, AGraphGrowingWithoutASyncWarnsOnceNamingTheLine) {
+  ls::debug::set_pending_graph_limit(2000);
+  Delta warnings("pending_graph_warnings");
+  ls::Tensor acc = ls::zeros({4});
+  ::testing::internal::CaptureStderr();
+  int line = 0;
+  for (int i = 0; i < 3000; ++i) {
+    line = __LINE__ + 1;
+    acc = acc + 1;  // no step, no sync: the graph only grows
+  }
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(warnings.get(), 1);
+  EXPECT_THAT(err, HasSubstr("nodes recorded on this thread since its last sync"));
+  EXPECT_THAT(err, HasSubstr("is a step boundary (ls::step, ls::sync) missing?"));
+  EXPECT_THAT(err, HasSubstr(here(line) + " (")) << err;
+  EXPECT_EQ(acc.to_vector<float>()[0], 3000.0f);
+  ls::debug::set_pending_graph_limit(0);
+}
