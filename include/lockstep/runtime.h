@@ -149,8 +149,9 @@ struct CacheMiss {
   int64_t compiles_at_site = 0;  // this one included
   int64_t node = -1;             // %N in the new graph (as LOCKSTEP_DUMP's graph text numbers it)
   std::string op, field, before, after, where;
-  std::string module;  // the path of the module that recorded it ("layer1.0.conv1")
-  int64_t more = 0;    // further nodes that differ
+  std::string module;       // the path of the module that recorded it ("layer1.0.conv1")
+  std::string backward_of;  // a gradient node: the op whose gradient it computes
+  int64_t more = 0;         // further nodes that differ
   // Set once when the same node's same field has differed on three misses in a row here: a
   // value baked into the graph that changes every step, and what to do about it.
   std::string hint;

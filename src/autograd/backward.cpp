@@ -122,8 +122,11 @@ void backward(const Tensor& output, const Tensor& grad_output, Loc loc) {
       continue;
     }
     const std::vector<ir::NodePtr>& ins = n->grad_fn ? n->grad_fn->inputs : n->operands;
-    const std::vector<Tensor> gs =
-        n->grad_fn ? n->grad_fn->fn(g) : autograd::operand_grads(owner.at(n), g);
+    std::vector<Tensor> gs;
+    {
+      const ir::BackwardOf scope(n);  // what is recorded now computes n's gradient
+      gs = n->grad_fn ? n->grad_fn->fn(g) : autograd::operand_grads(owner.at(n), g);
+    }
     for (size_t i = 0; i < gs.size() && i < ins.size(); ++i)
       if (gs[i].defined() && ins[i]->requires_grad) {
         const ir::NodePtr& gn = runtime::node_of(gs[i], "backward", loc);

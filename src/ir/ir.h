@@ -93,6 +93,7 @@ struct Node {
   // outside modules): util/frames.h.
   std::source_location loc;
   std::shared_ptr<const std::string> module;
+  int16_t backward_of = -1;  // a gradient node: the Op of the node whose gradient it computes
   std::shared_ptr<runtime::Buffer> buffer;  // Data only
   ScalarValue scalar;                       // Scalar only: runtime data, never hashed
   // Autograd annotations (never hashed). A node requires grad when recorded in grad mode from
@@ -127,6 +128,19 @@ void infer(Op op, const std::vector<NodePtr>& operands, const std::vector<int64_
 bool grad_enabled();
 // Nodes recorded on this thread since the runtime last reset the count (at each sync).
 int64_t& recorded_nodes();
+
+// While alive, the nodes this thread records compute the gradient of `forward` (autograd): they
+// carry its op (Node::backward_of), its module path, and its line in place of lockstep's own.
+class BackwardOf {
+ public:
+  explicit BackwardOf(const Node* forward);
+  ~BackwardOf();
+  BackwardOf(const BackwardOf&) = delete;
+  BackwardOf& operator=(const BackwardOf&) = delete;
+
+ private:
+  const Node* previous_;
+};
 void set_grad_enabled(bool enabled);
 
 // Records a node: checks it (infer) and builds it. All operands must be on `device`.
@@ -152,6 +166,7 @@ struct GraphNode {
   int32_t input = -1;  // Data: index into the buffer inputs; Scalar: into the scalar inputs
   std::source_location loc;
   std::shared_ptr<const std::string> module;  // as Node::module
+  int16_t backward_of = -1;                   // as Node::backward_of
 };
 
 // A data-free program: what a backend compiles. Nodes are in topological order.

@@ -58,6 +58,13 @@ thread_local bool t_grad_enabled = true;
 
 bool grad_enabled() { return t_grad_enabled; }
 
+namespace {
+thread_local const Node* t_backward_of = nullptr;
+}  // namespace
+
+BackwardOf::BackwardOf(const Node* forward) : previous_(t_backward_of) { t_backward_of = forward; }
+BackwardOf::~BackwardOf() { t_backward_of = previous_; }
+
 int64_t& recorded_nodes() {
   thread_local int64_t count = 0;
   return count;
@@ -99,6 +106,11 @@ NodePtr new_node(Op op, std::vector<NodePtr> operands, std::vector<int64_t> attr
   node->dtype = dtype;
   node->loc = util::user_loc(loc);
   node->module = util::current_module_path();
+  if (const Node* f = t_backward_of) {
+    node->backward_of = static_cast<int16_t>(f->op);
+    node->module = f->module;
+    if (util::in_library(loc)) node->loc = f->loc;
+  }
   if (t_grad_enabled && op_info(op).differentiable)
     for (const NodePtr& o : node->operands)
       node->requires_grad = node->requires_grad || o->requires_grad;
@@ -187,6 +199,8 @@ std::string to_text(const Graph& graph, bool annotate) {
     if (annotate && n.loc.file_name()[0] != '\0') {
       os << "  # " << util::where(n.loc);
       if (n.module && !n.module->empty()) os << " in " << *n.module;
+      if (n.backward_of >= 0)
+        os << " (backward of " << user_name(static_cast<Op>(n.backward_of)) << ")";
     }
     os << "\n";
   }

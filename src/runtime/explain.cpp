@@ -140,12 +140,14 @@ debug::CacheMiss explain_miss(const std::string& site, int64_t compiles_before,
     m.op = ir::user_name(n.op);
     m.where = util::where(n.loc);
     if (n.module && !n.module->empty()) m.module = *n.module;
+    if (n.backward_of >= 0) m.backward_of = ir::user_name(static_cast<ir::Op>(n.backward_of));
   }
   m.text = cat(site, ": compile #", m.compiles_at_site, " at this site: the nearest of ",
                candidates.size(), " earlier graph", candidates.size() == 1 ? "" : "s",
                " differs first at node %", d.node);
   if (in_now)
-    m.text += cat(" (", m.op, " at ", m.where, m.module.empty() ? "" : " in " + m.module, ")");
+    m.text += cat(" (", m.op, " at ", m.where, m.module.empty() ? "" : " in " + m.module,
+                  m.backward_of.empty() ? "" : ", backward of " + m.backward_of, ")");
   m.text += cat(": ", m.field, " ", m.before, " -> ", m.after);
   if (m.more > 0) m.text += cat("; ", m.more, " more node", m.more == 1 ? "" : "s", " differ");
   return m;

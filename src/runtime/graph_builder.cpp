@@ -122,6 +122,7 @@ void materialize_graph(BuiltGraph& built) {
     gn.dtype = n->dtype;
     gn.loc = n->loc;
     gn.module = n->module;
+    gn.backward_of = n->backward_of;
     gn.operands.reserve(n->operands.size());
     for (const ir::NodePtr& o : n->operands) gn.operands.push_back(o->build_id);
     if (n->op == ir::Op::Data) gn.input = buffers++;

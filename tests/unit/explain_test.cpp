@@ -376,3 +376,16 @@ TEST(Explain, AGraphGrowingWithoutASyncWarnsOnceNamingTheLine) {
   EXPECT_EQ(acc.to_vector<float>()[0], 3000.0f);
   ls::debug::set_pending_graph_limit(0);
 }
+
+TEST(Explain, GradientNodesNameTheForwardOpItsLineAndModule) {
+  ls::nn::Sequential model;
+  model.emplace<ls::nn::Linear>(4, 3);
+  int line = 0;
+  ls::step([&] {
+    line = __LINE__ + 1;
+    ls::Tensor loss = model(ls::ones({2, 4})).sum();
+    loss.backward();
+  });
+  const std::string text = ls::debug::last_graph_text();
+  EXPECT_THAT(text, HasSubstr(here(line) + " in 0 (backward of matmul)")) << text;
+}
