@@ -42,8 +42,16 @@ const std::shared_ptr<const std::string>& current_module_path() {
 }
 
 bool in_library(const std::source_location& loc) {
+  // Consecutive ops mostly come from one file, whose name is one string literal: remember the
+  // last answer per pointer.
+  thread_local const char* last_file = nullptr;
+  thread_local bool last_answer = false;
+  const char* file = loc.file_name();
+  if (file == last_file) return last_answer;
   const std::string& dir = library_dir();
-  return !dir.empty() && std::strncmp(loc.file_name(), dir.c_str(), dir.size()) == 0;
+  last_file = file;
+  last_answer = !dir.empty() && std::strncmp(file, dir.c_str(), dir.size()) == 0;
+  return last_answer;
 }
 
 std::source_location user_loc(const std::source_location& loc) {
