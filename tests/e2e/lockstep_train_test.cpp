@@ -269,11 +269,11 @@ TEST(LockstepTrain, HelpPrintsUsageAndExitsZero) {
 
 TEST(LockstepTrain, FakeDataPrintsStepLinesAndTotal) {
   TempDir dir;
-  Result r = run(
-      with_common({"--model", "mlp", "--data", "fake", "--image-size", "8", "--batch-size", "16",
-                   "--num-epochs", "2", "--num-steps", "5", "--log-steps", "2", "--metrics",
-                   "--metrics-json", (dir.path() / "metrics.json").string()}),
-      dir, "fake");
+  Result r =
+      run(with_common({"--model", "mlp", "--data", "fake", "--image-size", "8", "--batch-size",
+                       "16", "--num-epochs", "2", "--num-steps", "5", "--log-steps", "2",
+                       "--metrics", "--metrics-json", (dir.path() / "metrics.json").string()}),
+          dir, "fake");
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   const auto losses = step_losses(r.out);
   std::vector<StepKey> keys;
@@ -334,10 +334,10 @@ TEST(LockstepTrain, IdxDatasetTrainsAndReportsTestAccuracy) {
   TempDir dir;
   write_tiny_mnist(dir);
   // --strict: the second epoch compiles nothing (training and test programs are the first's).
-  Result r = run(with_common({"--model", "cnn", "--data", "mnist:" + dir.path().string(),
-                              "--batch-size", "30", "--num-epochs", "2", "--log-steps", "5",
-                              "--strict"}),
-                 dir, "idx");
+  Result r =
+      run(with_common({"--model", "cnn", "--data", "mnist:" + dir.path().string(), "--batch-size",
+                       "30", "--num-epochs", "2", "--log-steps", "5", "--strict"}),
+          dir, "idx");
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   // 300 examples in batches of 30: steps 0, 5 of each epoch.
   EXPECT_EQ(step_losses(r.out).size(), 4u) << describe(r);
