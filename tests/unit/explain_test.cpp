@@ -20,12 +20,7 @@ namespace {
 
 std::string here(int line) { return "explain_test.cpp:" + std::to_string(line); }
 
-struct Delta {
-  std::string name;
-  int64_t start;
-  explicit Delta(const char* n) : name(n), start(ls::metrics::counter(n)) {}
-  int64_t get() const { return ls::metrics::counter(name) - start; }
-};
+using ops_test::Delta;
 
 // One training step of a linear model on a batch of `rows` x 784 host values; `input_line`
 // gets the line that made the batch.

@@ -23,12 +23,7 @@ struct LimitGuard {
   ~LimitGuard() { ls::set_memory_limit(0); }
 };
 
-struct Delta {
-  std::string name;
-  int64_t start;
-  explicit Delta(const char* n) : name(n), start(ls::metrics::counter(n)) {}
-  int64_t get() const { return ls::metrics::counter(name) - start; }
-};
+using ops_test::Delta;
 
 // Two layers with a wide hidden layer: x [64, 128] -> h [64, 4096] (1 MiB) -> 10 classes.
 struct Wide {

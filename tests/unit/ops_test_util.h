@@ -22,6 +22,15 @@ namespace ls = lockstep;
 
 namespace ops_test {
 
+// How much an ls::metrics counter grew since construction: Delta compiles("compiles"); ...
+// compiles.get().
+struct Delta {
+  std::string name;
+  int64_t start;
+  explicit Delta(const char* n) : name(n), start(ls::metrics::counter(n)) {}
+  int64_t get() const { return ls::metrics::counter(name) - start; }
+};
+
 // The device the op tests run on: LOCKSTEP_TEST_DEVICE ("ref", "cpu", "cuda:0"), else ref, the
 // backend whose kernels define the semantics. E.g. LOCKSTEP_TEST_DEVICE=cpu unit_tests
 // --gtest_filter='Ops*' checks another backend against the same hand-computed values.

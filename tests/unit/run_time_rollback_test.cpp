@@ -19,12 +19,7 @@ namespace {
 
 using ops_test::bits;  // bit patterns: "restored" means bit for bit
 
-struct Delta {
-  std::string name;
-  int64_t start;
-  explicit Delta(const char* n) : name(n), start(ls::metrics::counter(n)) {}
-  int64_t get() const { return ls::metrics::counter(name) - start; }
-};
+using ops_test::Delta;
 
 // Every float value of the model and optimizer, and the generator, as bits.
 std::map<std::string, std::vector<uint32_t>> snapshot(ls::nn::Module& model,

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include <lockstep/lockstep.h>
+#include "unit/ops_test_util.h"
 
 namespace ls = lockstep;
 using ::testing::HasSubstr;
@@ -17,12 +18,7 @@ namespace {
 int64_t counter(const char* name) { return ls::metrics::counter(name); }
 
 // Counters change only by what a block of code does.
-struct Delta {
-  std::string name;
-  int64_t start;
-  explicit Delta(const char* n) : name(n), start(ls::metrics::counter(n)) {}
-  int64_t get() const { return ls::metrics::counter(name) - start; }
-};
+using ops_test::Delta;
 
 }  // namespace
 

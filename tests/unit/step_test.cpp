@@ -14,12 +14,7 @@ using ::testing::HasSubstr;
 
 namespace {
 
-struct Delta {
-  std::string name;
-  int64_t start;
-  explicit Delta(const char* n) : name(n), start(ls::metrics::counter(n)) {}
-  int64_t get() const { return ls::metrics::counter(name) - start; }
-};
+using ops_test::Delta;
 
 struct UserError : std::runtime_error {
   int code;
