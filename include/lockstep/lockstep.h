@@ -4,6 +4,7 @@
 #include "lockstep/autograd.h"
 #include "lockstep/checkpoint.h"
 #include "lockstep/data.h"
+#include "lockstep/dist.h"
 #include "lockstep/dtype.h"
 #include "lockstep/error.h"
 #include "lockstep/io.h"

@@ -4,6 +4,8 @@
 
 #include <numeric>
 
+#include "dist/comm.h"
+#include "lockstep/dist.h"
 #include "lockstep/ops.h"
 #include "runtime/lazy.h"
 #include "util/check.h"
@@ -75,6 +77,7 @@ std::vector<Tensor> operand_grads(const ir::NodePtr& np, const Tensor& g) {
     case Op::Scalar:
     case Op::Iota:
     case Op::RandomUniform:
+    case Op::Broadcast:
     case Op::LogicalNot:
     case Op::IsFinite:
     case Op::Eq:
@@ -271,6 +274,9 @@ std::vector<Tensor> operand_grads(const ir::NodePtr& np, const Tensor& g) {
       return {avg_pool2d_backward(g, n.operands[0]->shape, pool_options(n.attrs), loc)};
     case Op::AvgPool2dBackward:
       return {avg_pool2d(g, pool_options(n.attrs), loc)};
+    case Op::AllReduce:
+      // Each rank's loss reads every rank's x through the sum: the gradient is summed back.
+      return {dist::all_reduce(g, dist::detail::all_reduce_scale(n.attrs), loc)};
   }
   util::internal_fail(__FILE__, __LINE__, "no gradient rule");
 }

@@ -16,6 +16,10 @@
 //                   Conv2d (x, w); BackwardInput (grad_out, w); BackwardWeight (x, grad_out)
 //   *Pool2d*        [kernel h, w, stride h, w, padding h, w, count_include_pad]
 //                   MaxPool2dBackward (grad_out, indices); AvgPool2dBackward (grad_out)
+//   AllReduce       [scale (a double's bits), order, bucket bytes, first bucket bytes]
+//                   sum over the ranks times scale; order >= 0: a gradient DataParallel averages,
+//                   bucketed with the others by the backend (order -1: on its own)
+//   Broadcast       [root]                      the root rank's value on every rank
 // Reshape, Expand, Cast, the conv/pool backward ops take their result shape/dtype from the node.
 #pragma once
 

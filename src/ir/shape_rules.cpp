@@ -404,6 +404,19 @@ void infer(Op op, const std::vector<NodePtr>& in, const std::vector<int64_t>& at
       *dtype = in[0]->dtype;
       return;
     }
+    case Op::AllReduce:
+      c.attrs_size(attrs, 4);
+      if (in[0]->dtype == DType::Bool)
+        c.fail("cannot sum bool values over the ranks", "Cast to ls::i32 first");
+      *shape = in[0]->shape;
+      *dtype = in[0]->dtype;
+      return;
+    case Op::Broadcast:
+      c.attrs_size(attrs, 1);
+      if (attrs[0] < 0) c.fail(cat("root rank ", attrs[0], " is negative"), "Use a rank >= 0");
+      *shape = in[0]->shape;
+      *dtype = in[0]->dtype;
+      return;
     case Op::MatMul: {
       c.same_dtype();
       c.numeric(0);

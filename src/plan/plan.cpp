@@ -8,7 +8,7 @@
 namespace lockstep::plan {
 
 std::vector<int32_t> Step::writes() const {
-  if (kind == StepKind::Check) return {};
+  if (kind == StepKind::Check || kind == StepKind::Start) return {};
   std::vector<int32_t> w{node};
   w.insert(w.end(), extras.begin(), extras.end());
   return w;

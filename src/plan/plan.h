@@ -26,6 +26,7 @@ enum class StepKind : uint8_t {
   Reduction,    // a reduction, possibly over a fused tree
   Conv,         // a convolution (or its gradient) by a library that copies its operands
   Check,        // a data check of another step's operand (add_checks); writes nothing
+  Start,        // starts work (a collective) that a later step finishes and writes; writes nothing
 };
 
 // The backend's part of a step: what runs it. Opaque to the neutral passes.
@@ -44,9 +45,11 @@ struct Member {
 };
 
 struct Step {
-  const char* label = "";       // the kind of kernel, for dumps and LOCKSTEP_PROFILE
-  std::string detail;           // for dumps
-  int32_t node = -1;            // the value it writes (for a check: the op whose operand it checks)
+  const char* label = "";  // the kind of kernel, for dumps and LOCKSTEP_PROFILE
+  std::string detail;      // for dumps
+  // The value it writes (a check: the op whose operand it checks; a start: the first value the
+  // step that finishes its work writes).
+  int32_t node = -1;
   std::vector<int32_t> extras;  // further values it writes
   std::vector<int32_t> reads;   // values it reads
   StepKind kind = StepKind::Kernel;

@@ -18,6 +18,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "dist/comm.h"
 #include "lockstep/runtime.h"
 #include "runtime/context.h"
 #include "runtime/graph_builder.h"
@@ -39,6 +40,7 @@ struct CacheEntry {
   std::vector<uint64_t> key;
   std::shared_ptr<const ir::Graph> graph;
   std::shared_ptr<backends::Executable> exe;
+  bool collectives = false;  // the ranks check they run the same program before it runs
 };
 
 struct Job {
@@ -295,7 +297,9 @@ const CacheEntry& lookup_or_compile(BuiltGraph& built, const std::string& origin
   }
   auto graph = std::make_shared<const ir::Graph>(built.graph);
   site_compiled(site, graph);
-  r.lru.push_front({built.hash, std::move(built.key), std::move(graph), std::move(exe)});
+  const bool collectives = dist::detail::has_collectives(*graph);
+  r.lru.push_front(
+      {built.hash, std::move(built.key), std::move(graph), std::move(exe), collectives});
   r.cache[built.hash] = r.lru.begin();
   while (r.lru.size() > r.cache_capacity) {
     r.cache.erase(r.lru.back().hash);
@@ -349,6 +353,9 @@ void sync_impls(const std::vector<std::shared_ptr<TensorImpl>>& targets, const s
     } catch (const Error& e) {
       throw Error(cat(origin, ": ", e.what()));
     }
+    // Replicas must agree before any of them enters the program's collectives.
+    if (entry.collectives && dist::detail::active())
+      dist::detail::agree(entry.hash, *entry.graph, origin);
     Job job;
     job.ctx = &me;
     job.exe = entry.exe;

@@ -51,6 +51,7 @@ const std::vector<plan::Pass>& pipeline() {
         {"merge_fused_steps", merge_fused_steps},
         {"schedule", plan::schedule},
         {"add_checks", plan::add_checks},
+        {"bucket_all_reduces", bucket_all_reduces},
         {"share_conv_copies", share_conv_copies},
         {"plan_memory", plan::plan_memory},
     };

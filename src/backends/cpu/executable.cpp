@@ -11,6 +11,7 @@
 #include <sstream>
 #include <string>
 
+#include "dist/comm.h"
 #include "runtime/lazy.h"
 #include "util/check.h"
 
@@ -104,6 +105,8 @@ std::vector<std::shared_ptr<Storage>> CpuExecutable::run(
     for (; at < p_.steps.size(); ++at) {
       if (at == checked && checked > p_.prefix && past_checks) past_checks();
       plan::Step& step = p_.steps[at];
+      // OpenMPI moves a non-blocking collective along only inside MPI calls.
+      if (dist::detail::in_flight()) dist::detail::progress();
       if (!profile_) {
         kernel(step).run(ctx);
         continue;

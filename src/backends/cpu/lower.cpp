@@ -9,6 +9,7 @@
 #include "backends/cpu/kernels.h"
 #include "backends/cpu/passes.h"
 #include "backends/ref/ref_kernels.h"
+#include "dist/comm.h"
 #include "runtime/lazy.h"
 #include "util/check.h"
 
@@ -425,7 +426,9 @@ void add_step(plan::Plan& p, const std::vector<bool>& mask, int32_t id) {
     // The ref kernels that check their data: indices (checked ahead, see add_checks), integer
     // division and integer powers (checked where they run).
     const bool integer = !is_floating(n.dtype);
-    step.can_fail = integer && (n.op == Op::Div || n.op == Op::Pow);
+    // Collectives fail when a peer misses the deadline.
+    step.can_fail =
+        (integer && (n.op == Op::Div || n.op == Op::Pow)) || dist::detail::is_collective(n.op);
     if (n.op == Op::Gather || n.op == Op::ScatterAdd) {
       const int32_t index = n.operands[1];
       const Shape index_shape = p.graph.nodes[index].shape;

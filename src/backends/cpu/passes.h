@@ -12,6 +12,9 @@
 //   merge_fused_steps  merge.cpp        fused steps run tile by tile together
 //   schedule           plan/schedule.cpp
 //   add_checks         plan/checks.cpp  index checks first
+//   bucket_all_reduces collectives.cpp  DataParallel's gradient all-reduces in buckets, each
+//                                       started after its last gradient, waited for before its
+//                                       first reader
 //   share_conv_copies  conv_copies.cpp  one copy of a value for the convolutions that read it
 //   plan_memory        plan/memory.cpp  arena, aliases, donations, planned bytes
 // and the executable (executable.cpp) runs the plan.
@@ -76,6 +79,7 @@ void lower(plan::Plan& p);
 void merge_sums(plan::Plan& p);
 void merge_fused_steps(plan::Plan& p);
 void share_conv_copies(plan::Plan& p);
+void bucket_all_reduces(plan::Plan& p);
 
 // Kernels for steps the passes build or rebuild.
 std::function<void(Ctx&)> run_fused(std::shared_ptr<const FusedMembers> members);

@@ -3,10 +3,12 @@
 #include "backends/ref/ref_backend.h"
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 
 #include "backends/ref/ref_kernels.h"
+#include "dist/comm.h"
 #include "ir/random_bits.h"
 #include "util/check.h"
 
@@ -289,6 +291,22 @@ void reduce(const ir::GraphNode& n, const Arr& x, void* out) {
   });
 }
 
+// The sum over the ranks (dist/comm.h), then the scale.
+void all_reduce(const ir::GraphNode& n, const Arr& x, void* out) {
+  const int64_t count = shape_numel(n.shape);
+  if (count) std::memcpy(out, x.data, static_cast<size_t>(count) * dtype_size(n.dtype));
+  dist::detail::all_reduce(out, count, n.dtype,
+                           util::cat("all_reduce recorded at ", util::where(n.loc)));
+  const double scale = dist::detail::all_reduce_scale(n.attrs);
+  if (scale == 1) return;
+  dispatch(n.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (kFloat<T>)
+      for (int64_t i = 0; i < count; ++i)
+        static_cast<T*>(out)[i] = static_cast<T>(static_cast<T*>(out)[i] * scale);
+  });
+}
+
 void movement(const ir::GraphNode& n, const Arr& x, void* out) {
   const size_t elem = dtype_size(n.dtype);
   const std::vector<int64_t> xs = strides_of(x.shape);
@@ -549,6 +567,14 @@ void eval_node(const ir::GraphNode& n, const std::vector<Arr>& a,
       return avg_pool2d(n, a[0], out);
     case Op::AvgPool2dBackward:
       return avg_pool2d_backward(n, a[0], out);
+    case Op::AllReduce:
+      return all_reduce(n, a[0], out);
+    case Op::Broadcast:
+      if (count) std::memcpy(out, a[0].data, static_cast<size_t>(count) * dtype_size(n.dtype));
+      dist::detail::broadcast(out, static_cast<size_t>(count) * dtype_size(n.dtype),
+                              static_cast<int>(n.attrs[0]),
+                              util::cat("broadcast recorded at ", util::where(n.loc)));
+      return;
   }
   util::internal_fail(__FILE__, __LINE__, "ref: unknown op");
 }

@@ -1,0 +1,101 @@
+// Data parallel training over several processes (OpenMPI): one replica per process, each on its
+// own shard of the data, gradients averaged every step. The same program runs with one process
+// (world size 1: collectives are the identity) or under `mpirun -np N`.
+//
+//   ls::dist::init();                       // reads mpirun's environment
+//   ls::dist::DataParallel dp(model);       // rank 0's parameters and buffers on every rank
+//   ls::step([&] {
+//     loss = ...; loss.backward();
+//     dp.average_gradients();               // lazy all-reduces, bucketed and overlapped
+//     opt.step();
+//   });
+//
+// Collectives are lazy ops in the step's program, like any other op: the program's all-reduces
+// start as soon as their gradients are computed and are waited for only where the optimizer
+// first reads them. Replicas must run the same programs: before each program with collectives
+// runs, the ranks compare their graphs' hashes, and a mismatch is an Error on every rank naming
+// the ranks, their hashes and the first node that differs. No collective waits forever: each has
+// a deadline (timeout(), LOCKSTEP_DIST_TIMEOUT in seconds); a rank that misses it makes the
+// others raise Error naming it, and the world is then broken: every later collective raises at
+// once, and the process should exit non-zero (mpirun then ends the job).
+//
+// BatchNorm running statistics stay per replica (as in torch_xla): each rank's are computed on
+// its own shard; DataParallel broadcasts rank 0's only at construction.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "lockstep/tensor.h"
+
+namespace lockstep::nn {
+class Module;
+}
+
+namespace lockstep::dist {
+
+// Joins the job mpirun (or another MPI launcher) started; idempotent. Not under a launcher:
+// world size 1, MPI is not touched. Uses MPI as the program set it up if it already called
+// MPI_Init (then finalize() leaves it to the program). Throws BackendError if MPI fails.
+void init();
+bool initialized();
+int rank();        // 0 before init()
+int world_size();  // 1 before init() and when not under a launcher
+int local_rank();  // among the ranks on this host
+int local_size();
+// Waits until every rank has called it (deadline: timeout()).
+void barrier();
+// Waits for this process's programs, then ends MPI (once; also at exit). Never hangs: when the
+// world is broken or a peer does not arrive within the deadline, MPI is left unfinalized and
+// mpirun ends the job.
+void finalize();
+
+// The deadline of every collective and check (default 30 s; LOCKSTEP_DIST_TIMEOUT, seconds).
+std::chrono::milliseconds timeout();
+void set_timeout(std::chrono::milliseconds t);
+
+// Whether an earlier collective failed (a peer missed a deadline): nothing more can be exchanged.
+bool broken();
+
+// Sum over the ranks, times `scale` (scale 1/world_size(): the mean). Lazy: recorded in the
+// step's program; every rank must record it at the same point of the same program. Its gradient
+// is the all-reduce of the gradient with the same scale.
+Tensor all_reduce(const Tensor& x, double scale = 1.0, Loc loc = Loc::current());
+// Rank `root`'s value on every rank. Lazy, as all_reduce; no gradient.
+Tensor broadcast(const Tensor& x, int root = 0, Loc loc = Loc::current());
+
+// A hash of the values (bytes) of `tensors`, the same on every rank that holds the same values.
+uint64_t hash_values(const std::vector<Tensor>& tensors, Loc loc = Loc::current());
+// Throws Error naming the ranks whose `tensors` differ from rank 0's (e.g. after loading a
+// checkpoint on every rank); `what` names them in the message.
+void check_same_on_all_ranks(const std::vector<Tensor>& tensors, const std::string& what,
+                             Loc loc = Loc::current());
+
+struct DataParallelOptions {
+  // Gradients are all-reduced in buckets of about this many bytes, in the order backward
+  // produces them (the reverse of the parameters'): PyTorch DDP's defaults.
+  int64_t bucket_bytes = int64_t{25} << 20;
+  int64_t first_bucket_bytes = int64_t{1} << 20;
+};
+
+// Data parallel training of `model`: at construction, every rank takes rank 0's parameters and
+// buffers; average_gradients() replaces each parameter's gradient by its mean over the ranks.
+class DataParallel {
+ public:
+  explicit DataParallel(nn::Module& model, DataParallelOptions options = {},
+                        Loc loc = Loc::current());
+  // Call after backward and before the optimizer's step, inside the step.
+  void average_gradients(Loc loc = Loc::current());
+  // hash_values of the parameters and buffers (replicas stay bit-identical: compare these).
+  uint64_t state_hash(Loc loc = Loc::current()) const;
+  // check_same_on_all_ranks over the parameters and buffers.
+  void check_replicas_agree(Loc loc = Loc::current()) const;
+
+ private:
+  nn::Module* model_;
+  DataParallelOptions options_;
+};
+
+}  // namespace lockstep::dist

@@ -1,0 +1,189 @@
+// The bucket pass: the gradients DataParallel averages (AllReduce nodes with an order >= 0) are
+// all-reduced in buckets, as PyTorch DDP does: in the order backward produces them (their
+// order attribute), a bucket closing when the next gradient would take it past its size (the
+// first bucket smaller, so that communication starts early) or has another dtype or scale.
+// Each bucket becomes two steps: a start, right after the last of its gradients is computed,
+// that packs them into one buffer and starts a non-blocking all-reduce; and a wait, which waits
+// for it and unpacks the scaled sums. The steps that read the sums (the optimizer's updates, and
+// what depends on them) move after everything else (the rest of the backward), and the waits
+// go right before the first of them: the communication overlaps the rest of the backward (the
+// executable lets MPI progress between steps, dist::detail::progress), and no parameter is
+// updated in place before the last wait, which may fail (so no copy is kept for a rollback).
+#include <algorithm>
+#include <cstring>
+
+#include "backends/cpu/passes.h"
+#include "dist/comm.h"
+#include "runtime/lazy.h"
+#include "util/check.h"
+
+namespace lockstep::backends::cpu {
+
+using plan::bytes_of;
+
+namespace {
+
+// A bucket's buffer and the collective in flight, shared by its start and wait steps.
+struct Bucket {
+  std::vector<int32_t> members, operands;
+  std::vector<size_t> offset;  // bytes into the buffer
+  std::vector<int64_t> count;  // elements
+  DType dtype = DType::F32;
+  double scale = 1;
+  size_t bytes = 0;
+  std::shared_ptr<Storage> buffer;
+  std::shared_ptr<dist::detail::InFlight> op;
+  std::string what;
+};
+
+bool bucketable(const ir::GraphNode& n) {
+  return n.op == ir::Op::AllReduce && n.attrs.size() == 4 && n.attrs[1] >= 0;
+}
+
+template <typename T>
+void unpack(const void* src, void* dst, int64_t n, double scale) {
+  const T* s = static_cast<const T*>(src);
+  T* d = static_cast<T*>(dst);
+  for (int64_t i = 0; i < n; ++i) d[i] = static_cast<T>(s[i] * scale);  // as ref's all_reduce
+}
+
+std::string describe(const ir::Graph& g, const Bucket& b, int number) {
+  const ir::GraphNode& first = g.nodes[b.members.front()];
+  return util::cat("all_reduce of bucket ", number, " (", b.members.size(), " gradient",
+                   b.members.size() > 1 ? "s" : "", ", ", b.bytes, " bytes) recorded at ",
+                   util::where(first.loc));
+}
+
+}  // namespace
+
+void bucket_all_reduces(plan::Plan& p) {
+  const ir::Graph& g = p.graph;
+  std::vector<int32_t> nodes;
+  for (const plan::Step& s : p.steps)
+    if (s.kind != plan::StepKind::Check && s.node >= 0 && bucketable(g.nodes[s.node]) &&
+        !bucketable(g.nodes[g.nodes[s.node].operands[0]]))
+      nodes.push_back(s.node);
+  if (nodes.empty()) return;
+  std::stable_sort(nodes.begin(), nodes.end(),
+                   [&](int32_t a, int32_t b) { return g.nodes[a].attrs[1] < g.nodes[b].attrs[1]; });
+  const std::vector<int> producer = p.producers();
+
+  std::vector<std::shared_ptr<Bucket>> buckets;
+  for (int32_t id : nodes) {
+    const ir::GraphNode& n = g.nodes[id];
+    const size_t bytes = bytes_of(n);
+    const double scale = dist::detail::all_reduce_scale(n.attrs);
+    Bucket* b = buckets.empty() ? nullptr : buckets.back().get();
+    const size_t cap = static_cast<size_t>(buckets.size() == 1 ? n.attrs[3] : n.attrs[2]);
+    if (!b || b->dtype != n.dtype || b->scale != scale || b->bytes + bytes > cap) {
+      buckets.push_back(std::make_shared<Bucket>());
+      b = buckets.back().get();
+      b->dtype = n.dtype;
+      b->scale = scale;
+    }
+    b->members.push_back(id);
+    b->operands.push_back(n.operands[0]);
+    b->offset.push_back(b->bytes);
+    b->count.push_back(shape_numel(n.shape));
+    b->bytes += (bytes + 63) / 64 * 64;
+  }
+
+  // Per bucket, its start (after the step `start_after`) and its wait.
+  std::vector<plan::Step> starts, waits;
+  std::vector<int> start_after;
+  std::vector<bool> removed(g.nodes.size(), false);
+  for (size_t k = 0; k < buckets.size(); ++k) {
+    const std::shared_ptr<Bucket> b = buckets[k];
+    b->buffer = alloc_host(std::max<size_t>(b->bytes, 64));
+    b->what = describe(g, *b, static_cast<int>(k) + 1);
+    int made = -1;
+    for (size_t m = 0; m < b->members.size(); ++m) {
+      made = std::max(made, producer[b->operands[m]]);
+      removed[b->members[m]] = true;
+    }
+    plan::Step start;
+    start.label = "all_reduce_start";
+    start.detail = b->what;
+    start.kind = plan::StepKind::Start;
+    start.node = b->members.front();
+    start.reads = b->operands;
+    start.can_fail = true;
+    auto sp = std::make_shared<CpuStep>();
+    sp->run = [b](Ctx& c) {
+      for (size_t m = 0; m < b->members.size(); ++m) {
+        const size_t bytes = static_cast<size_t>(b->count[m]) * dtype_size(b->dtype);
+        if (bytes)
+          std::memcpy(static_cast<char*>(b->buffer->data()) + b->offset[m], c.ptr[b->operands[m]],
+                      bytes);
+      }
+      b->op = dist::detail::start_all_reduce(b->buffer->data(),
+                                             static_cast<int64_t>(b->bytes / dtype_size(b->dtype)),
+                                             b->dtype, b->buffer, b->what);
+    };
+    start.payload = sp;
+    plan::Step wait;
+    wait.label = "all_reduce_wait";
+    wait.detail = b->what;
+    wait.node = b->members.front();
+    wait.extras.assign(b->members.begin() + 1, b->members.end());
+    wait.can_fail = true;
+    auto wp = std::make_shared<CpuStep>();
+    wp->run = [b](Ctx& c) {
+      std::shared_ptr<dist::detail::InFlight> op = std::move(b->op);
+      LS_INTERNAL_CHECK(op != nullptr, "an all-reduce wait without its start");
+      dist::detail::wait(*op);
+      for (size_t m = 0; m < b->members.size(); ++m) {
+        const void* src = static_cast<const char*>(b->buffer->data()) + b->offset[m];
+        void* dst = c.ptr[b->members[m]];
+        if (!b->count[m]) continue;
+        switch (b->dtype) {
+          case DType::F32:
+            unpack<float>(src, dst, b->count[m], b->scale);
+            break;
+          case DType::F64:
+            unpack<double>(src, dst, b->count[m], b->scale);
+            break;
+          case DType::I32:
+          case DType::I64:
+          case DType::Bool:
+            std::memcpy(dst, src, static_cast<size_t>(b->count[m]) * dtype_size(b->dtype));
+            break;
+        }
+      }
+    };
+    wait.payload = wp;
+    starts.push_back(std::move(start));
+    start_after.push_back(made);
+    waits.push_back(std::move(wait));
+  }
+  // What reads a sum, directly or not, goes after the rest, behind the waits.
+  std::vector<bool> late_value = removed;
+  std::vector<plan::Step> early, late;
+  auto emit_starts = [&](int after) {
+    for (size_t k = 0; k < starts.size(); ++k)
+      if (start_after[k] == after) early.push_back(std::move(starts[k]));
+  };
+  emit_starts(-1);
+  for (size_t s = 0; s < p.steps.size(); ++s) {
+    plan::Step& step = p.steps[s];
+    const bool member = step.kind != plan::StepKind::Check && step.node >= 0 &&
+                        removed[step.node] && step.extras.empty();
+    if (!member) {
+      bool reads_sum = false;
+      for (int32_t r : step.reads) reads_sum = reads_sum || late_value[r];
+      if (reads_sum) {
+        for (int32_t w : step.writes()) late_value[w] = true;
+        late.push_back(std::move(step));
+      } else {
+        early.push_back(std::move(step));
+      }
+    }
+    emit_starts(static_cast<int>(s));
+  }
+  for (plan::Step& w : waits) early.push_back(std::move(w));
+  for (plan::Step& l : late) early.push_back(std::move(l));
+  p.steps = std::move(early);
+  runtime::count("all_reduce_buckets", static_cast<int64_t>(buckets.size()));
+}
+
+}  // namespace lockstep::backends::cpu

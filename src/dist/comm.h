@@ -1,0 +1,55 @@
+// The MPI world behind ls::dist, for the rest of lockstep (no MPI types here): the collectives
+// the backends' kernels run, and the check that every rank is about to run the same program.
+//
+// Two communicators: the runtime thread's (the collectives inside programs, in program order)
+// and the recording threads' (the checks, barrier, hashes): each is used in one order on every
+// rank. Every wait polls until a deadline (dist::timeout()); a missed deadline breaks the world
+// (requests stay in flight, so their buffers are kept until exit).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "ir/ir.h"
+#include "lockstep/dtype.h"
+
+namespace lockstep::dist::detail {
+
+// World size > 1: collectives exchange data (otherwise they are the identity).
+bool active();
+
+// A non-blocking sum over the ranks, in place, on the runtime thread's communicator.
+struct InFlight;
+// Starts summing `count` elements of `dtype` at `data` (kept alive by `keep` until done).
+// `what` names it in errors ("all_reduce of 3 gradients (1.20 MiB) at train.cpp:40").
+std::shared_ptr<InFlight> start_all_reduce(void* data, int64_t count, DType dtype,
+                                           std::shared_ptr<void> keep, std::string what);
+// Waits for it: Error naming `what` and the program when the deadline passes or MPI fails.
+void wait(InFlight& op);
+// Lets MPI move every collective in flight along (OpenMPI progresses only inside MPI calls).
+void progress();
+// Whether any collective is in flight (the executable then calls progress between its steps).
+bool in_flight();
+
+// Blocking forms (the ref kernels).
+void all_reduce(void* data, int64_t count, DType dtype, const std::string& what);
+void broadcast(void* data, size_t bytes, int root, const std::string& what);
+
+// Before a program with collectives runs (on the recording thread, at its sync): every rank
+// must hold the same graph. Throws Error on a mismatch (naming the ranks, their hashes and the
+// first differing node) or when ranks do not arrive in time (naming them). `origin`: the sync.
+void agree(uint64_t hash, const ir::Graph& graph, const std::string& origin);
+
+// Whether `graph` has collectives (Op::AllReduce, Op::Broadcast).
+bool has_collectives(const ir::Graph& graph);
+bool is_collective(ir::Op op);
+
+// AllReduce attrs: [scale as the bits of a double, order, bucket bytes, first bucket bytes]
+// (order -1: its own bucket; see the cpu backend's bucket pass).
+double all_reduce_scale(const std::vector<int64_t>& attrs);
+std::vector<int64_t> all_reduce_attrs(double scale, int64_t order = -1, int64_t bucket_bytes = 0,
+                                      int64_t first_bucket_bytes = 0);
+
+}  // namespace lockstep::dist::detail

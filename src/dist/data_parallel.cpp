@@ -1,0 +1,106 @@
+// The ops of lockstep/dist.h (all_reduce, broadcast: lazy nodes), value hashes checked across
+// the ranks, and DataParallel.
+#include <cstring>
+
+#include "dist/comm.h"
+#include "lockstep/autograd.h"
+#include "lockstep/dist.h"
+#include "lockstep/nn.h"
+#include "lockstep/runtime.h"
+#include "tensor/frontend.h"
+#include "util/check.h"
+
+namespace lockstep::dist {
+
+using util::cat;
+
+namespace {
+
+Tensor record_all_reduce(const Tensor& x, double scale, int64_t order, int64_t bucket,
+                         int64_t first_bucket, const char* op, const Loc& loc) {
+  if (!is_floating(x.dtype()) && scale != 1)
+    util::fail(loc, op, cat("scale ", scale, " of ", dtype_name(x.dtype()), " values"),
+               "Integer sums take no scale: cast to ls::f32 first, or pass scale 1");
+  return frontend::record(ir::Op::AllReduce, {frontend::node(x, op, loc)},
+                          detail::all_reduce_attrs(scale, order, bucket, first_bucket), loc,
+                          x.shape(), x.dtype());
+}
+
+uint64_t fnv1a(const unsigned char* p, size_t n, uint64_t h) {
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+}  // namespace
+
+Tensor all_reduce(const Tensor& x, double scale, Loc loc) {
+  return record_all_reduce(x, scale, -1, 0, 0, "dist::all_reduce", loc);
+}
+
+Tensor broadcast(const Tensor& x, int root, Loc loc) {
+  if (root < 0 || root >= world_size())
+    util::fail(loc, "dist::broadcast", cat("root rank ", root, " of a world of ", world_size()),
+               cat("Use a rank in [0, ", world_size(), ")"));
+  return frontend::record(ir::Op::Broadcast, {frontend::node(x, "dist::broadcast", loc)}, {root},
+                          loc, x.shape(), x.dtype());
+}
+
+uint64_t hash_values(const std::vector<Tensor>& tensors, Loc loc) {
+  uint64_t h = 1469598103934665603ull;
+  for (const Tensor& t : tensors) {
+    const std::vector<unsigned char> bytes = runtime::read_bytes(t, loc, "dist::hash_values");
+    h = fnv1a(bytes.data(), bytes.size(), h);
+    const uint64_t n = bytes.size();
+    h = fnv1a(reinterpret_cast<const unsigned char*>(&n), sizeof n, h);
+  }
+  return h;
+}
+
+DataParallel::DataParallel(nn::Module& model, DataParallelOptions options, Loc loc)
+    : model_(&model), options_(options) {
+  if (options.bucket_bytes <= 0 || options.first_bucket_bytes <= 0)
+    util::fail(loc, "dist::DataParallel",
+               cat("bucket sizes must be > 0 bytes, got ", options.bucket_bytes, " and ",
+                   options.first_bucket_bytes),
+               "Use the defaults (25 MiB, 1 MiB) or other positive sizes");
+  if (!initialized()) init();
+  if (world_size() == 1) return;
+  // Rank 0's parameters and buffers on every rank: one program of broadcasts.
+  NoGrad no_grad;
+  std::vector<Tensor> state = model.parameters();
+  for (const Tensor& b : model.buffers()) state.push_back(b);
+  for (Tensor& t : state) t.copy_(broadcast(t, 0, loc), loc);
+  sync(loc);
+  wait();
+}
+
+void DataParallel::average_gradients(Loc loc) {
+  const std::vector<Tensor> params = model_->parameters();
+  if (world_size() == 1) return;
+  const double scale = 1.0 / world_size();
+  // Order: the reverse of the parameters' (the order backward computes their gradients), which
+  // the backend's bucket pass groups by (see lockstep/dist.h).
+  const auto n = static_cast<int64_t>(params.size());
+  for (int64_t k = 0; k < n; ++k) {
+    Tensor p = params[static_cast<size_t>(k)];
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    p.set_grad(record_all_reduce(g, scale, n - 1 - k, options_.bucket_bytes,
+                                 options_.first_bucket_bytes, "dist::DataParallel", loc),
+               loc);
+  }
+}
+
+uint64_t DataParallel::state_hash(Loc loc) const {
+  std::vector<Tensor> state = model_->parameters();
+  for (const Tensor& b : model_->buffers()) state.push_back(b);
+  return hash_values(state, loc);
+}
+
+void DataParallel::check_replicas_agree(Loc loc) const {
+  std::vector<Tensor> state = model_->parameters();
+  for (const Tensor& b : model_->buffers()) state.push_back(b);
+  check_same_on_all_ranks(state, "the model's parameters and buffers", loc);
+}
+
+}  // namespace lockstep::dist

@@ -1,0 +1,173 @@
+// Data parallel training over MPI, end to end: dist_worker under `mpirun --oversubscribe` with 1,
+// 2 and 4 ranks. N ranks with batch B train as one process with batch N*B (same losses and
+// weights within f32 reduction-order tolerance: see expect_same_training), the replicas stay
+// bit-identical, over shared memory and over TCP; a rank that records another graph makes every
+// rank fail with the ranks' hashes and the first differing node, well before the deadline; a rank
+// that sleeps past the deadline or is killed ends the job with an error naming it.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <lockstep/io.h>
+#include <lockstep/lockstep.h>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace ls = lockstep;
+
+namespace {
+
+struct Job {
+  int exit_code = -1;
+  std::string out;  // stdout and stderr
+  double seconds = 0;
+};
+
+// Runs the worker under mpirun (killed after 120 s: a hang fails the test, never the suite).
+Job mpirun(int np, const std::string& args, const std::string& env = "",
+           const std::string& mca = "") {
+  const std::string cmd = std::string("timeout -k 5 120 env OMPI_ALLOW_RUN_AS_ROOT=1 ") +
+                          "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 " + env + " " +
+                          LOCKSTEP_MPIRUN + " --oversubscribe --bind-to none " + mca + " -np " +
+                          std::to_string(np) + " " + LOCKSTEP_DIST_WORKER + " " + args + " 2>&1";
+  Job r;
+  const auto t0 = std::chrono::steady_clock::now();
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int status = pclose(p);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+// "rank R step S loss L" lines: loss per (rank, step).
+std::map<std::pair<int, int>, double> losses(const std::string& out) {
+  std::map<std::pair<int, int>, double> m;
+  std::regex line(R"(rank (\d+) step (\d+) loss (\S+))");
+  for (std::sregex_iterator it(out.begin(), out.end(), line), end; it != end; ++it)
+    m[{std::stoi((*it)[1]), std::stoi((*it)[2])}] = std::stod((*it)[3]);
+  return m;
+}
+
+std::vector<std::string> hashes(const std::string& out) {
+  std::vector<std::string> h;
+  std::regex line(R"(rank \d+ final hash (\w+))");
+  for (std::sregex_iterator it(out.begin(), out.end(), line), end; it != end; ++it)
+    h.push_back((*it)[1]);
+  return h;
+}
+
+std::string tmp(const std::string& name) {
+  return testing::TempDir() + "/dist_" + std::to_string(getpid()) + "_" + name;
+}
+
+// The largest relative difference between two parameter files.
+double max_rel_diff(const std::string& a, const std::string& b) {
+  const ls::io::Loaded x = ls::io::load_safetensors(a), y = ls::io::load_safetensors(b);
+  EXPECT_EQ(x.tensors.size(), y.tensors.size());
+  double worst = 0;
+  for (size_t k = 0; k < x.tensors.size() && k < y.tensors.size(); ++k) {
+    const std::vector<float> u = x.tensors[k].second.to_vector<float>();
+    const std::vector<float> v = y.tensors[k].second.to_vector<float>();
+    EXPECT_EQ(u.size(), v.size());
+    for (size_t i = 0; i < u.size() && i < v.size(); ++i)
+      worst = std::max(worst, std::fabs(u[i] - v[i]) / std::max(1e-3, std::fabs(1.0 * u[i])));
+  }
+  return worst;
+}
+
+// N ranks with batch 16/N against one process with batch 16. The weights agree within 1e-5
+// relative after SGD; AdamW divides by the root of the squared gradients' average, which
+// magnifies the reduction-order differences of small gradients: 1e-4.
+void expect_same_training(const std::string& model, const std::string& optim, int np,
+                          const std::string& mca = "") {
+  const double weight_tolerance = optim == "adamw" ? 1e-4 : 1e-5;
+  const int steps = 6, global = 16;
+  const std::string one = tmp(model + optim + "1.safetensors");
+  const std::string many = tmp(model + optim + std::to_string(np) + ".safetensors");
+  const Job ref = mpirun(1, "train " + model + " " + optim + " " + std::to_string(steps) + " " +
+                                std::to_string(global) + " " + one);
+  ASSERT_EQ(ref.exit_code, 0) << ref.out;
+  const Job dp = mpirun(np,
+                        "train " + model + " " + optim + " " + std::to_string(steps) + " " +
+                            std::to_string(global / np) + " " + many,
+                        "", mca);
+  ASSERT_EQ(dp.exit_code, 0) << dp.out;
+  const auto a = losses(ref.out), b = losses(dp.out);
+  ASSERT_EQ(a.size(), static_cast<size_t>(steps)) << ref.out;
+  ASSERT_EQ(b.size(), static_cast<size_t>(steps * np)) << dp.out;
+  for (int s = 1; s <= steps; ++s)
+    for (int r = 0; r < np; ++r) {
+      const double want = a.at({0, s}), got = b.at({r, s});
+      EXPECT_NEAR(got, want, 1e-5 * std::max(1.0, std::fabs(want)))
+          << "rank " << r << " step " << s;
+    }
+  const std::vector<std::string> h = hashes(dp.out);
+  ASSERT_EQ(h.size(), static_cast<size_t>(np)) << dp.out;
+  for (const std::string& x : h) EXPECT_EQ(x, h[0]) << "replicas differ:\n" << dp.out;
+  EXPECT_LT(max_rel_diff(one, many), weight_tolerance);
+  std::remove(one.c_str());
+  std::remove(many.c_str());
+}
+
+}  // namespace
+
+TEST(DataParallel, MlpSgdTwoRanksTrainAsOneProcessWithTheGlobalBatch) {
+  expect_same_training("mlp", "sgd", 2);
+}
+TEST(DataParallel, MlpAdamWFourRanks) { expect_same_training("mlp", "adamw", 4); }
+TEST(DataParallel, CnnSgdTwoRanks) { expect_same_training("cnn", "sgd", 2); }
+TEST(DataParallel, OverTcp) { expect_same_training("mlp", "sgd", 2, "--mca btl tcp,self"); }
+
+TEST(DataParallel, ARankWithAnotherOpMakesEveryRankFailNamingTheNode) {
+  const Job r = mpirun(2, "diverge-op 5", "LOCKSTEP_DIST_TIMEOUT=20");
+  EXPECT_NE(r.exit_code, 0) << r.out;
+  EXPECT_LT(r.seconds, 15) << "must fail well before the 20 s deadline:\n" << r.out;
+  for (int rank : {0, 1}) {
+    const std::string prefix = "rank " + std::to_string(rank) +
+                               " error: dist: the ranks are about "
+                               "to run different programs";
+    EXPECT_NE(r.out.find(prefix), std::string::npos) << r.out;
+  }
+  EXPECT_NE(r.out.find("First difference"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("dist_worker.cpp:"), std::string::npos) << "names the user's line:\n"
+                                                               << r.out;
+  EXPECT_EQ(r.out.find("rank 0 step 3"), std::string::npos) << "step 3 must not complete:\n"
+                                                            << r.out;
+}
+
+TEST(DataParallel, ARankWithAnotherBatchShapeMakesEveryRankFail) {
+  const Job r = mpirun(2, "diverge-batch 5", "LOCKSTEP_DIST_TIMEOUT=20");
+  EXPECT_NE(r.exit_code, 0) << r.out;
+  EXPECT_LT(r.seconds, 15) << r.out;
+  EXPECT_NE(r.out.find("rank 0 error: dist: the ranks are about to run different programs"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("rank 1 error: dist: the ranks are about to run different programs"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("[4, "), std::string::npos) << "names rank 1's shape:\n" << r.out;
+}
+
+TEST(DataParallel, ARankPastTheDeadlineIsNamedAndTheJobEnds) {
+  const Job r = mpirun(2, "sleep 5 60", "LOCKSTEP_DIST_TIMEOUT=2");
+  EXPECT_NE(r.exit_code, 0) << r.out;
+  EXPECT_LT(r.seconds, 30) << r.out;
+  EXPECT_NE(r.out.find("rank 0 error: dist: rank 1 did not reach"), std::string::npos) << r.out;
+}
+
+TEST(DataParallel, AKilledRankEndsTheJob) {
+  const Job r = mpirun(2, "kill 5", "LOCKSTEP_DIST_TIMEOUT=20");
+  EXPECT_NE(r.exit_code, 0) << r.out;
+  EXPECT_LT(r.seconds, 15) << r.out;
+  EXPECT_NE(r.out.find("rank 1"), std::string::npos) << r.out;
+}

@@ -1,0 +1,131 @@
+// One rank of the data parallel tests (dist_test.cpp starts it under mpirun). Trains a small
+// model on deterministic synthetic data, rank r taking samples [r*B, (r+1)*B) of each global
+// batch of N*B, so that N ranks with batch B see what one process with batch N*B sees:
+//   dist_worker train MODEL OPTIM STEPS BATCH OUT   MODEL mlp|cnn, OPTIM sgd|adamw; rank 0
+//                                                   writes the final parameters to OUT
+//   dist_worker diverge-op|diverge-batch STEPS      rank 1 records another graph at step 3
+//   dist_worker sleep STEPS SECONDS                 rank 1 sleeps before step 3
+//   dist_worker kill STEPS                          rank 1 kills itself (SIGKILL) in step 3
+// Prints "rank R step S loss L" per step (the loss averaged over the ranks) and
+// "rank R final hash H" at the end; an Error is printed as "rank R error: ..." and exits 1.
+#include <lockstep/dist.h>
+#include <lockstep/io.h>
+#include <lockstep/lockstep.h>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace ls = lockstep;
+
+namespace {
+
+// Sample i: 16 features (or a 1x8x8 image) from a generator seeded by i; its class is the
+// argmax of a fixed linear map of the features, so the task is learnable.
+void sample(int64_t i, float* x, int64_t* y) {
+  std::mt19937 rng(static_cast<uint32_t>(1000 + i));
+  float best = -1e30f;
+  int64_t label = 0;
+  for (int k = 0; k < 64; ++k) x[k] = static_cast<float>(rng() % 2001) / 1000.0f - 1.0f;
+  for (int c = 0; c < 4; ++c) {
+    float s = 0;
+    for (int k = 0; k < 64; ++k) s += x[k] * static_cast<float>(((k * 7 + c * 13) % 5) - 2);
+    if (s > best) best = s, label = c;
+  }
+  *y = label;
+}
+
+struct Batch {
+  ls::Tensor x, y;
+};
+
+Batch batch_at(int64_t first, int64_t n, bool image) {
+  std::vector<float> xs(static_cast<size_t>(n) * 64);
+  std::vector<int64_t> ys(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) sample(first + i, &xs[static_cast<size_t>(i) * 64], &ys[i]);
+  ls::Shape shape = image ? ls::Shape{n, 1, 8, 8} : ls::Shape{n, 64};
+  return {ls::from_vector<float>(xs, shape), ls::from_vector<int64_t>(ys, {n})};
+}
+
+std::shared_ptr<ls::nn::Module> make_model(const std::string& name) {
+  auto m = std::make_shared<ls::nn::Sequential>();
+  if (name == "mlp") {
+    m->emplace<ls::nn::Linear>(64, 32);
+    m->emplace<ls::nn::ReLU>();
+    m->emplace<ls::nn::Linear>(32, 4);
+  } else {
+    m->emplace<ls::nn::Conv2d>(ls::nn::Conv2dSpec{
+        .in_channels = 1, .out_channels = 8, .kernel = {3, 3}, .padding = {1, 1}});
+    m->emplace<ls::nn::ReLU>();
+    m->emplace<ls::nn::MaxPool2d>(ls::Pool2dOptions{});
+    m->emplace<ls::nn::Flatten>();
+    m->emplace<ls::nn::Linear>(8 * 4 * 4, 4);
+  }
+  return m;
+}
+
+int run(int argc, char** argv) {
+  ls::dist::init();
+  const int rank = ls::dist::rank(), world = ls::dist::world_size();
+  const std::string mode = argc > 1 ? argv[1] : "";
+  const bool train = mode == "train";
+  const std::string model_name = train ? argv[2] : "mlp";
+  const std::string optim_name = train ? argv[3] : "sgd";
+  const int steps = std::atoi(argv[train ? 4 : 2]);
+  const int64_t per_rank = train ? std::atoll(argv[5]) : 8;
+  const std::string out = train ? argv[6] : "";
+  // Every rank starts from other weights: DataParallel must give them rank 0's.
+  ls::manual_seed(7 + static_cast<uint64_t>(rank));
+  std::shared_ptr<ls::nn::Module> model = make_model(model_name);
+  ls::dist::DataParallel dp(*model);
+  std::unique_ptr<ls::optim::Optimizer> opt;
+  if (optim_name == "sgd")
+    opt = std::make_unique<ls::optim::SGD>(model->parameters(),
+                                           ls::optim::SGDOptions{.lr = 0.1, .momentum = 0.9});
+  else
+    opt =
+        std::make_unique<ls::optim::AdamW>(model->parameters(), ls::optim::AdamOptions{.lr = 0.01});
+  const bool image = model_name == "cnn";
+  for (int s = 1; s <= steps; ++s) {
+    int64_t n = per_rank;
+    if (mode == "diverge-batch" && rank == 1 && s == 3) n = per_rank / 2;
+    if (mode == "sleep" && rank == 1 && s == 3)
+      std::this_thread::sleep_for(std::chrono::duration<double>(std::atof(argv[3])));
+    const Batch b = batch_at((s - 1) * per_rank * world + rank * per_rank, n, image);
+    ls::Tensor loss;
+    ls::step([&] {
+      opt->zero_grad();
+      ls::Tensor logits = (*model)(b.x);
+      if (mode == "diverge-op" && rank == 1 && s == 3) logits = ls::mul(logits, 2.0);
+      loss = ls::nn::cross_entropy(logits, b.y);
+      loss.backward();
+      if (mode == "kill" && rank == 1 && s == 3) std::raise(SIGKILL);
+      dp.average_gradients();
+      opt->step();
+      loss = ls::dist::all_reduce(loss, 1.0 / world);
+    });
+    std::printf("rank %d step %d loss %.9g\n", rank, s, loss.item<float>());
+    std::fflush(stdout);
+  }
+  std::printf("rank %d final hash %016llx\n", rank,
+              static_cast<unsigned long long>(dp.state_hash()));
+  dp.check_replicas_agree();
+  if (rank == 0 && !out.empty()) ls::io::save_safetensors(out, model->named_parameters());
+  ls::dist::finalize();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const ls::Error& e) {
+    std::fprintf(stderr, "rank %d error: %s\n", ls::dist::rank(), e.what());
+    return 1;
+  }
+}
