@@ -11,6 +11,7 @@
 //
 // Exit codes: 0 done, 1 an error (a missing or corrupt data file, a bad checkpoint, ...), 2 a bad
 // command line, 130 interrupted (SIGINT).
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -24,6 +25,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -89,7 +91,10 @@ options:
                      max-pool: torchvision's), small (3x3 stride-1 conv, no max-pool: for
                      CIFAR-sized images; 16x the convolution work of imagenet at the same size)
                      or auto (small for images of 64x64 or less, else imagenet) (default: auto)
-  --threads N        compute threads (default: 0, every core)
+  --nprocs N         train N replicas in data parallel, one process each (started through
+                     mpirun; `mpirun -np N lockstep-train ...` works too). --batch-size is per
+                     replica; each replica trains on its shard of every epoch (default: 1)
+  --threads N        compute threads (default: 0, every core; per replica)
   --workers N        data loading threads (default: 2)
   --log-steps N      print a line every N steps (default: 20)
   --seed N           seed for initialisation, shuffling and augmentation (default: 0)
@@ -128,6 +133,7 @@ struct Options {
   std::optional<int64_t> image_size;
   std::string stem = "auto";
   int64_t threads = 0;
+  int64_t nprocs = 1;
   int64_t workers = 2;
   int64_t log_steps = 20;
   uint64_t seed = 0;
@@ -262,6 +268,8 @@ Options parse_args(int argc, char** argv) {
     } else if (arg == "--stem") {
       o.stem = parse_choice(arg, value(), {"auto", "imagenet", "small"});
       stem_given = true;
+    } else if (arg == "--nprocs") {
+      o.nprocs = parse_int(arg, value(), 1, 1024);
     } else if (arg == "--threads") {
       o.threads = parse_int(arg, value(), 0, 1024);
     } else if (arg == "--workers") {
@@ -538,6 +546,12 @@ std::optional<EvalResult> evaluate(ls::nn::Module& model, ls::data::DeviceLoader
   }
   model.train();
   if (interrupted() || count == 0) return std::nullopt;
+  // Data parallel: every rank evaluated its shard (all of the same size): the sums over ranks.
+  if (ls::dist::world_size() > 1) {
+    loss_sum = ls::dist::all_reduce(loss_sum);
+    correct = ls::dist::all_reduce(correct);
+    count *= ls::dist::world_size();
+  }
   ls::wait();
   return EvalResult{loss_sum.item<float>() / static_cast<double>(count),
                     correct.item<float>() / static_cast<double>(count)};
@@ -558,11 +572,56 @@ int64_t metadata_int(const ls::io::Metadata& meta, const std::string& key,
   return v;
 }
 
+// ---- data parallel --------------------------------------------------------------------------
+
+// Cores this process may run on (mpirun may bind it to fewer than the machine has).
+long allowed_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return sysconf(_SC_NPROCESSORS_ONLN);
+  return CPU_COUNT(&set);
+}
+
+bool under_mpirun() { return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMIX_RANK"); }
+
+// --nprocs N outside mpirun: this process becomes `mpirun -np N lockstep-train <the same
+// arguments>`, as xmp.spawn starts its processes. Unbound (--bind-to none: with 2 ranks or fewer
+// mpirun would bind each to one core, and --threads would silently mean 1), oversubscribing when
+// there are more ranks than cores, and as root when run as root (a container's default).
+[[noreturn]] void launch_replicas(int argc, char** argv, int64_t n) {
+  std::vector<std::string> args = {"mpirun",          "-np",       std::to_string(n),
+                                   "--oversubscribe", "--bind-to", "none"};
+  if (geteuid() == 0) args.push_back("--allow-run-as-root");
+  char exe[4096];
+  const ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  args.push_back(len > 0 ? std::string(exe, static_cast<size_t>(len)) : std::string(argv[0]));
+  for (int i = 1; i < argc; ++i) args.emplace_back(argv[i]);
+  std::vector<char*> cargs;
+  for (std::string& a : args) cargs.push_back(a.data());
+  cargs.push_back(nullptr);
+  std::fflush(stdout);
+  execvp("mpirun", cargs.data());
+  throw ls::Error(std::string("--nprocs: cannot start mpirun (") + std::strerror(errno) +
+                  "): install openmpi-bin (scripts/install-deps), or start the replicas with "
+                  "mpirun -np N yourself");
+}
+
 // ---- the run --------------------------------------------------------------------------------
 
 int run(const Options& o) {
+  ls::dist::init();
+  const int rank = ls::dist::rank(), world = ls::dist::world_size();
+  if (o.nprocs > 1 && world != o.nprocs)
+    throw ls::Error(
+        format("--nprocs %lld, but mpirun started %d processes: pass the same number "
+               "to both, or only one of them",
+               static_cast<long long>(o.nprocs), world));
   ls::set_default_device(ls::parse_device(o.device));
-  if (o.threads > 0) ls::set_num_threads(static_cast<int>(o.threads));
+  if (o.threads > 0)
+    ls::set_num_threads(static_cast<int>(o.threads));
+  else if (world > 1)  // the cores shared among the replicas on this host
+    ls::set_num_threads(
+        static_cast<int>(std::max<long>(1, allowed_cores() / ls::dist::local_size())));
   ls::manual_seed(o.seed);
 
   // Data. Fake data mirrors the seed's ResNet example: 60000 images an epoch.
@@ -584,13 +643,18 @@ int run(const Options& o) {
                                        .seed = o.seed,
                                        .drop_last = true,  // one batch shape: one compiled program
                                        .num_workers = static_cast<int>(o.workers),
-                                       .transforms = transforms_for(o.data, true)}));
+                                       .transforms = transforms_for(o.data, true),
+                                       .num_replicas = world,
+                                       .rank = rank,
+                                       .shard_drop_last = true}));
   std::unique_ptr<ls::data::DeviceLoader> test_loader;
   if (test_set)
     test_loader = std::make_unique<ls::data::DeviceLoader>(
         ls::data::DataLoader(test_set, {.batch_size = std::max<int64_t>(o.batch_size, 256),
                                         .num_workers = static_cast<int>(o.workers),
-                                        .transforms = transforms_for(o.data, false)}));
+                                        .transforms = transforms_for(o.data, false),
+                                        .num_replicas = world,
+                                        .rank = rank}));
   const int64_t batches = train_loader.batches_per_epoch();
   if (batches == 0)
     throw ls::Error(format("%s has %lld examples, fewer than one batch of %lld",
@@ -601,6 +665,8 @@ int run(const Options& o) {
   // Model and optimizer.
   const ls::models::ResNetStem stem = resolve_stem(o.stem, train_set->example_shape());
   auto model = make_model(o.model, train_set->example_shape(), train_set->num_classes(), stem);
+  // Data parallel: rank 0's initial weights on every rank; gradients averaged every step.
+  ls::dist::DataParallel dp(*model);
   const bool sgd = o.optimizer == "sgd";
   // The defaults (AdamW, peak lr 3e-3, 100 warm-up steps, cosine decay, batch 64) take the cnn
   // past 90% test accuracy on Fashion-MNIST in one epoch (measured: 90.30%, 90.48%, 90.27% with
@@ -632,6 +698,12 @@ int run(const Options& o) {
     if (it != meta.end() && it->second != o.model)
       throw ls::Error("checkpoint '" + o.checkpoint + "' holds a " + it->second + ", not a " +
                       o.model);
+    if (world > 1) {  // every rank loaded the file: they must hold the same state
+      dp.check_replicas_agree();
+      std::vector<ls::Tensor> opt_state;
+      for (const auto& kv : opt->state_dict()) opt_state.push_back(kv.second);
+      ls::dist::check_same_on_all_ranks(opt_state, "the optimizer's state from " + o.checkpoint);
+    }
     epoch = metadata_int(meta, "epoch", o.checkpoint);
     step = metadata_int(meta, "step", o.checkpoint);
     global_step = metadata_int(meta, "global_step", o.checkpoint);
@@ -643,20 +715,31 @@ int run(const Options& o) {
   if (schedule) schedule->set_count(global_step);
 
   const std::string model_name = resnet ? o.model + " (" + describe_stem(o, stem) + ")" : o.model;
-  std::printf(
-      "lockstep-train: %s on %s, batch %lld, %lld steps/epoch, %s lr %g (%s), %s (%d threads)\n",
-      model_name.c_str(), train_set->name().c_str(), static_cast<long long>(o.batch_size),
-      static_cast<long long>(steps_per_epoch), o.optimizer.c_str(), lr,
-      schedule ? format("cosine, %lld warm-up steps", static_cast<long long>(warmup)).c_str()
-               : "constant",
-      o.device.c_str(), ls::num_threads());
-  if (o.resume)
+  const std::string batch_text =
+      world == 1
+          ? format("batch %lld", static_cast<long long>(o.batch_size))
+          : format("batch %lld (%d replicas x %lld)", static_cast<long long>(o.batch_size * world),
+                   world, static_cast<long long>(o.batch_size));
+  if (rank == 0)
+    std::printf(
+        "lockstep-train: %s on %s, %s, %lld steps/epoch, %s lr %g (%s), %s (%d threads%s)\n",
+        model_name.c_str(), train_set->name().c_str(), batch_text.c_str(),
+        static_cast<long long>(steps_per_epoch), o.optimizer.c_str(), lr,
+        schedule ? format("cosine, %lld warm-up steps", static_cast<long long>(warmup)).c_str()
+                 : "constant",
+        o.device.c_str(), ls::num_threads(), world > 1 ? " per replica" : "");
+  if (world > 1) {
+    // What each rank really has: mpirun may bind a rank to one core (see --nprocs).
+    std::printf("replica %d of %d: %d threads on %ld cores it may run on\n", rank, world,
+                ls::num_threads(), static_cast<long>(allowed_cores()));
+  }
+  if (o.resume && rank == 0)
     std::printf("resuming from %s at epoch %lld, step %lld\n", o.checkpoint.c_str(),
                 static_cast<long long>(epoch), static_cast<long long>(step));
   std::fflush(stdout);
 
   auto save = [&](int64_t at_epoch, int64_t at_step, bool epoch_done) {
-    if (o.checkpoint.empty()) return;
+    if (o.checkpoint.empty() || rank != 0) return;  // replicas are identical: rank 0 writes
     ls::save_checkpoint(o.checkpoint, *model, opt.get(),
                         {{"epoch", std::to_string(at_epoch)},
                          {"step", std::to_string(at_step)},
@@ -710,6 +793,7 @@ int run(const Options& o) {
         loss = ls::nn::cross_entropy((*model)(batch->images), batch->labels,
                                      {.label_smoothing = o.label_smoothing});
         loss.backward();
+        dp.average_gradients();
         opt->step();
         // Runs on the runtime thread once this step's program has run: the loss is computed,
         // so reading it waits for nothing and is no implicit sync.
@@ -788,6 +872,7 @@ int main(int argc, char** argv) {
   }
   install_sigint_handler();
   try {
+    if (options.nprocs > 1 && !under_mpirun()) launch_replicas(argc, argv, options.nprocs);
     return run(options);
   } catch (const std::exception& e) {
     std::fflush(stdout);

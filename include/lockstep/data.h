@@ -184,6 +184,13 @@ struct LoaderOptions {
   // Most batches made ahead of the consumer (in the queue or being made); at least 1.
   int queue_capacity = 4;
   TransformList transforms = {};
+  // Data parallel (PyTorch's DistributedSampler): this rank's shard of every epoch's order. The
+  // order (the same on every rank: use the same seed) is padded by repeating its start to a
+  // multiple of num_replicas, or cut to one with shard_drop_last; rank r takes every
+  // num_replicas-th example from position r. Batches are then made from the shard.
+  int64_t num_replicas = 1;  // ls::dist::world_size()
+  int64_t rank = 0;          // ls::dist::rank()
+  bool shard_drop_last = false;
 };
 
 // A batch as host data: images [B, C, H, W] contiguous, labels [B].

@@ -37,7 +37,8 @@ struct Slot {
 struct DataLoader::Impl {
   std::shared_ptr<const Dataset> dataset;
   LoaderOptions options;
-  int64_t size = 0;
+  int64_t size = 0;          // examples an epoch reads (this rank's shard)
+  int64_t dataset_size = 0;  // examples the epoch's order is a permutation of
   int64_t num_classes = 0;
   int64_t num_batches = 0;
 
@@ -61,12 +62,20 @@ struct DataLoader::Impl {
   ~Impl() { stop_epoch(); }
 
   void start_epoch() {
-    order.resize(static_cast<size_t>(size));
+    order.resize(static_cast<size_t>(dataset_size));
     std::iota(order.begin(), order.end(), int64_t{0});
     if (options.shuffle) {
       Rng rng(Rng::mix({options.seed, kShuffleTag, static_cast<uint64_t>(epoch)}));
       for (size_t i = order.size(); i > 1; --i)
         std::swap(order[i - 1], order[static_cast<size_t>(rng.below(i))]);
+    }
+    if (options.num_replicas > 1 && dataset_size > 0) {
+      const int64_t r = options.num_replicas;
+      std::vector<int64_t> shard;
+      shard.reserve(static_cast<size_t>(size));
+      for (int64_t i = options.rank; static_cast<int64_t>(shard.size()) < size; i += r)
+        shard.push_back(order[static_cast<size_t>(i % dataset_size)]);  // padded from the start
+      order = std::move(shard);
     }
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -248,9 +257,17 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, LoaderOptions opt
   for (const auto& t : options.transforms)
     if (!t) throw Error("DataLoader: a transform is null");
   Impl& s = *impl_;
-  s.size = dataset->size();
+  if (options.num_replicas < 1 || options.rank < 0 || options.rank >= options.num_replicas)
+    throw Error(cat("DataLoader: rank ", options.rank, " of ", options.num_replicas,
+                    " replicas; num_replicas must be at least 1 and rank in [0, num_replicas) "
+                    "(ls::dist::world_size() and ls::dist::rank())"));
+  s.dataset_size = dataset->size();
   s.num_classes = dataset->num_classes();
-  if (s.size < 0) throw Error(cat("DataLoader: ", dataset->name(), " has negative size"));
+  if (s.dataset_size < 0) throw Error(cat("DataLoader: ", dataset->name(), " has negative size"));
+  {
+    const int64_t n = s.dataset_size, r = options.num_replicas;
+    s.size = r == 1 ? n : (options.shard_drop_last ? n / r : (n + r - 1) / r);
+  }
   s.num_batches = options.drop_last ? s.size / options.batch_size
                                     : (s.size + options.batch_size - 1) / options.batch_size;
   s.dataset = std::move(dataset);

@@ -171,3 +171,31 @@ TEST(DataParallel, AKilledRankEndsTheJob) {
   EXPECT_LT(r.seconds, 15) << r.out;
   EXPECT_NE(r.out.find("rank 1"), std::string::npos) << r.out;
 }
+
+// lockstep-train --nprocs 2 starts two replicas through mpirun: the header names the global
+// batch, and each replica prints the seed's lines (the loss of its own shard) and its total.
+TEST(DataParallel, LockstepTrainNprocs) {
+  const std::string cmd = std::string("timeout -k 5 120 env OMP_NUM_THREADS=1 ") +
+                          LOCKSTEP_TRAIN_EXE +
+                          " --nprocs 2 --model mlp --data fake --num-steps 12 --log-steps 4 "
+                          "--batch-size 16 --workers 0 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  ASSERT_EQ(pclose(p), 0) << out;
+  EXPECT_NE(out.find("batch 32 (2 replicas x 16)"), std::string::npos) << out;
+  EXPECT_NE(out.find("replica 0 of 2"), std::string::npos) << out;
+  EXPECT_NE(out.find("replica 1 of 2"), std::string::npos) << out;
+  std::regex line(R"(epoch: 1, step: (\d+), loss: \S+, rate: \S+)");
+  int lines = 0;
+  for (std::sregex_iterator it(out.begin(), out.end(), line), end; it != end; ++it) ++lines;
+  EXPECT_EQ(lines, 6) << "3 logged steps x 2 replicas:\n" << out;
+  size_t totals = 0;
+  for (size_t at = out.find("total: images/s"); at != std::string::npos;
+       at = out.find("total: images/s", at + 1))
+    ++totals;
+  EXPECT_EQ(totals, 2u) << out;
+}

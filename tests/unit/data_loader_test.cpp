@@ -249,6 +249,49 @@ TEST(DataLoader, ShuffleIsDeterministicAndCoversEveryExampleOnce) {
   EXPECT_EQ(flat(epoch_of(d)), prev);
 }
 
+// DistributedSampler's semantics: the epoch's order (one permutation for every rank) padded by
+// repeating its start to a multiple of the replicas (10 examples, 4 replicas: 12 positions),
+// or cut to one (8), rank r taking positions r, r + 4, ...
+TEST(DataLoader, ShardsOfEveryEpochForDataParallelRanks) {
+  const lsd::LoaderOptions whole{.batch_size = 2, .shuffle = true, .seed = 5};
+  for (bool drop : {false, true}) {
+    lsd::DataLoader one(range(10), whole);
+    std::vector<lsd::DataLoader> ranks;
+    for (int64_t r = 0; r < 4; ++r) {
+      lsd::LoaderOptions o = whole;
+      o.num_replicas = 4;
+      o.rank = r;
+      o.shard_drop_last = drop;
+      ranks.emplace_back(range(10), o);
+    }
+    for (int epoch = 0; epoch < 2; ++epoch) {
+      std::vector<int64_t> order = flat(epoch_of(one));
+      std::vector<int64_t> padded = order;
+      if (drop)
+        padded.resize(8);
+      else
+        padded.insert(padded.end(), order.begin(), order.begin() + 2);
+      std::vector<int64_t> seen;
+      for (int64_t r = 0; r < 4; ++r) {
+        std::vector<int64_t> want;
+        for (size_t i = static_cast<size_t>(r); i < padded.size(); i += 4)
+          want.push_back(padded[i]);
+        const std::vector<int64_t> got = flat(epoch_of(ranks[static_cast<size_t>(r)]));
+        EXPECT_EQ(got, want) << "rank " << r << " epoch " << epoch << " drop " << drop;
+        EXPECT_EQ(ranks[static_cast<size_t>(r)].batches_per_epoch(), drop ? 1 : 2);
+        seen.insert(seen.end(), got.begin(), got.end());
+      }
+      std::sort(seen.begin(), seen.end());
+      EXPECT_EQ(std::unique(seen.begin(), seen.end()) - seen.begin(), drop ? 8 : 10)
+          << "disjoint shards covering the epoch (padding repeats only the start)";
+    }
+  }
+  lsd::LoaderOptions bad = whole;
+  bad.num_replicas = 2;
+  bad.rank = 2;
+  EXPECT_THROW(lsd::DataLoader(range(10), bad), ls::Error);
+}
+
 TEST(DataLoader, WorkersDeliverInOrder) {
   const lsd::LoaderOptions base{.batch_size = 3, .shuffle = true, .seed = 9};
   lsd::DataLoader serial(range(61), base);

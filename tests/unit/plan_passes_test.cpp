@@ -228,10 +228,11 @@ TEST(MemoryPass, TheArenaReusesDeadValues) {
 TEST(Pipeline, ThePassesInOrder) {
   std::vector<std::string> names;
   for (const plan::Pass& pass : cpu::pipeline()) names.push_back(pass.name);
-  EXPECT_EQ(names, (std::vector<std::string>{"fold_constants", "choose_fusion", "choose_layouts",
-                                             "choose_conv_algorithms", "lower", "drop_unread_steps",
-                                             "merge_sums", "merge_fused_steps", "schedule",
-                                             "add_checks", "share_conv_copies", "plan_memory"}));
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"fold_constants", "choose_fusion", "choose_layouts",
+                                      "choose_conv_algorithms", "lower", "drop_unread_steps",
+                                      "merge_sums", "merge_fused_steps", "schedule", "add_checks",
+                                      "bucket_all_reduces", "share_conv_copies", "plan_memory"}));
 }
 
 TEST(LowerPass, AMatmulReadsATransposeThroughStridesAndTheTransposeIsDropped) {
@@ -312,4 +313,29 @@ TEST(MergePass, ConsecutiveFusedStepsOfOneSizeRunAsAGroup) {
   EXPECT_EQ(lines(p, "%"),
             "%3 fused_group f32[8192] <- %0[8192] %1[8192] %2[8192] %3[8192]  add(r0,r1)->r2 ; "
             "sub(r0,r1)->r2 \n");
+}
+
+TEST(BucketPass, GradientsShareABucketStartedAfterTheLastAndWaitedForBeforeTheUpdates) {
+  // Two gradients (%3, then %5) that DataParallel averages (scale 0.5: the bits
+  // 4602678819172646912; orders 0 and 1; buckets of 1 KiB) and the updates that read them,
+  // recorded interleaved as the graph builder orders them (update of p1 before %5 is computed).
+  const std::string graph =
+      "%0 = data(#0) f32[8]\n%1 = data(#1) f32[8]\n%2 = data(#2) f32[8]\n"
+      "%3 = mul(%2, %2) f32[8]\n"
+      "%4 = all_reduce(%3) {4602678819172646912, 0, 1024, 1024} f32[8]\n"
+      "%5 = sub(%1, %4) f32[8]\n"
+      "%6 = exp(%2) f32[8]\n"
+      "%7 = all_reduce(%6) {4602678819172646912, 1, 1024, 1024} f32[8]\n"
+      "%8 = sub(%0, %7) f32[8]\nreturn %5, %8\n";
+  // One bucket (64 bytes each, padded): started once %6 is computed; the update of p1 moves
+  // behind the wait with the other.
+  EXPECT_EQ(lines(run_until(graph, "bucket_all_reduces"), "%"),
+            "%3 fused f32[8] <- %2[8]  mul(r0r0)->r1 \n"
+            "%6 fused f32[8] <- %2[8]  exp(r0)->r1 \n"
+            "%4 all_reduce_start f32[8] <- %3[8] %6[8]  all_reduce of bucket 1 (2 gradients, 128 "
+            "bytes) recorded at unknown location\n"
+            "%4 all_reduce_wait f32[8] <-  all_reduce of bucket 1 (2 gradients, 128 bytes) "
+            "recorded at unknown location\n"
+            "%5 fused f32[8] <- %1[8] %4[8]  sub(r0,r1)->r2 \n"
+            "%8 fused f32[8] <- %0[8] %7[8]  sub(r0,r1)->r2 \n");
 }
