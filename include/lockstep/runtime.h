@@ -90,7 +90,9 @@ namespace metrics {
 // recently queued program planned to take, see set_memory_limit) and max_planned_bytes (the
 // largest since the last reset). Unknown names read 0.
 int64_t counter(const std::string& name);
-// Timers (trace, graph, compile, execute): total nanoseconds and number of samples.
+// Timers (trace, graph, compile, execute; all_reduce_wait: time a data parallel step waited for
+// its gradients' all-reduces, the communication not hidden behind the backward): total
+// nanoseconds and number of samples.
 int64_t timer_total_ns(const std::string& name);
 int64_t timer_count(const std::string& name);
 void reset();

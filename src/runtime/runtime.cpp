@@ -262,10 +262,11 @@ const CacheEntry& lookup_or_compile(BuiltGraph& built, const std::string& origin
   if (it != r.cache.end() && it->second->key == built.key) {
     r.lru.splice(r.lru.begin(), r.lru, it->second);
     count("cache_hits");
-    site_hit(site);
+    site_sync(site, static_cast<int64_t>(built.order.size()), true);
     return *it->second;
   }
   const int64_t t0 = now_ns();
+  site_sync(site, static_cast<int64_t>(built.order.size()), false);
   materialize_graph(built);
   // Why: against the site's earlier graphs (and the steady-state contract, which may refuse).
   site_miss(site, built.graph, r.debug);
@@ -343,7 +344,6 @@ void sync_impls(const std::vector<std::shared_ptr<TensorImpl>>& targets, const s
     const int64_t t0 = now_ns();
     BuiltGraph built = build_graph(roots, device);
     time_ns("graph", now_ns() - t0);
-    site_sync(site, static_cast<int64_t>(built.order.size()));
     const CacheEntry& entry = lookup_or_compile(built, origin, site);
     r.last_graph = entry.graph;
     // The memory preflight: before the program is queued (the limit may have changed since it

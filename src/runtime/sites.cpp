@@ -70,18 +70,13 @@ std::string hint_for(const debug::CacheMiss& m) {
 
 }  // namespace
 
-void site_sync(const std::string& name, int64_t nodes) {
+void site_sync(const std::string& name, int64_t nodes, bool hit) {
   Sites& s = sites();
   std::lock_guard<std::mutex> lock(s.mu);
   Site& st = site(s, name);
   ++st.stats.syncs;
   st.stats.nodes += nodes;
-}
-
-void site_hit(const std::string& name) {
-  Sites& s = sites();
-  std::lock_guard<std::mutex> lock(s.mu);
-  ++site(s, name).stats.cache_hits;
+  if (hit) ++st.stats.cache_hits;
 }
 
 void site_in_step(const std::string& name) {

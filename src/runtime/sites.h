@@ -11,9 +11,9 @@
 
 namespace lockstep::runtime {
 
-// A program of `nodes` nodes is being built at `site`.
-void site_sync(const std::string& site, int64_t nodes);
-void site_hit(const std::string& site);
+// A program of `nodes` nodes was built at `site`; `hit`: found in the compile cache (one lock and
+// lookup per program on the hot path).
+void site_sync(const std::string& site, int64_t nodes, bool hit);
 // An implicit sync at `site` cut a step's recording short.
 void site_in_step(const std::string& site);
 // A cache miss at `site` for graph `now`: the explanation (recorded as the last miss, printed

@@ -1,0 +1,111 @@
+// Data parallel training speed (lockstep's side of bench/dist_scaling.sh): the MLP or ResNet-18
+// workload (bench/workloads.h) with ls::dist::DataParallel, one fixed batch per rank (weak
+// scaling: the batch is per rank), SGD. Run alone (one process) or under mpirun. Rank 0 prints:
+//   result <workload> lockstep ranks R threads T img_per_s X step_ms S comm_ms C exposed_ms E
+//          hidden H
+// img_per_s: over all ranks. comm_ms: the step's gradient all-reduces alone (the same buckets,
+// run back to back with nothing else: median of 5); exposed_ms: how long the training steps
+// waited for them (metrics timer all_reduce_wait, per step); hidden = 1 - exposed / comm.
+//   dist_bench <mlp|resnet18> [timed_steps=20] [threads=1]
+#include <lockstep/lockstep.h>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "workloads.h"
+
+namespace ls = lockstep;
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: dist_bench <mlp|resnet18> [timed_steps] [threads]\n");
+    return 2;
+  }
+  try {
+    ls::dist::init();
+    const Workload w = workload_by_name(argv[1]);
+    const int steps = argc > 2 ? std::atoi(argv[2]) : 20;
+    const int threads = argc > 3 ? std::atoi(argv[3]) : 1;
+    ls::set_num_threads(threads);
+    const int rank = ls::dist::rank(), world = ls::dist::world_size();
+    ls::manual_seed(static_cast<uint64_t>(rank));
+    std::shared_ptr<ls::nn::Module> model;
+    if (w.name == "mlp")
+      model = std::make_shared<ls::models::MLP>(std::vector<int64_t>{784, 1024, 1024, 10});
+    else
+      model = std::make_shared<ls::models::ResNet>(
+          ls::models::resnet18({.num_classes = 10, .stem = ls::models::ResNetStem::Small}));
+    ls::dist::DataParallel dp(*model);
+    ls::optim::SGD opt(model->parameters(), {.lr = 0.01, .momentum = 0.9});
+    const ls::Tensor images =
+        w.image ? ls::randn({w.batch, w.channels, w.image, w.image}) : ls::randn({w.batch, 784});
+    const ls::Tensor labels = ls::randint(0, 10, {w.batch});
+    ls::sync();
+    ls::wait();
+    auto train = [&](int n) {
+      for (int s = 0; s < n; ++s)
+        ls::step([&] {
+          opt.zero_grad();
+          ls::Tensor loss = ls::nn::cross_entropy((*model)(images), labels);
+          loss.backward();
+          dp.average_gradients();
+          opt.step();
+        });
+      ls::wait();
+    };
+    train(3);
+    ls::dist::barrier();
+    const int64_t waited0 = ls::metrics::timer_total_ns("all_reduce_wait");
+    const auto t0 = std::chrono::steady_clock::now();
+    train(steps);
+    const double took = seconds_since(t0);
+    const double exposed_ms =
+        static_cast<double>(ls::metrics::timer_total_ns("all_reduce_wait") - waited0) / 1e6 / steps;
+    // The same all-reduces alone: the gradients as DataParallel buckets them, back to back.
+    double comm_ms = 0;
+    if (world > 1) {
+      std::vector<ls::Tensor> grads;
+      for (const ls::Tensor& p : model->parameters()) grads.push_back(ls::zeros(p.shape()));
+      ls::sync();
+      ls::wait();
+      std::vector<double> runs;
+      for (int r = 0; r < 6; ++r) {
+        const auto c0 = std::chrono::steady_clock::now();
+        // The gradients' all-reduces as average_gradients records them, with no backward.
+        ls::step([&] {
+          std::vector<ls::Tensor> ps = model->parameters();
+          for (size_t k = 0; k < ps.size(); ++k) ps[k].set_grad(grads[k]);
+          dp.average_gradients();
+        });
+        ls::wait();
+        if (r > 0) runs.push_back(seconds_since(c0) * 1e3);
+      }
+      std::sort(runs.begin(), runs.end());
+      comm_ms = runs[runs.size() / 2];
+    }
+    if (rank == 0) {
+      std::printf(
+          "result %s lockstep ranks %d threads %d img_per_s %.2f step_ms %.2f comm_ms %.2f "
+          "exposed_ms %.2f hidden %.3f\n",
+          w.name.c_str(), world, threads, static_cast<double>(w.batch) * world * steps / took,
+          took * 1e3 / steps, comm_ms, exposed_ms, comm_ms > 0 ? 1 - exposed_ms / comm_ms : 0.0);
+      std::fflush(stdout);
+    }
+    ls::dist::finalize();
+    return 0;
+  } catch (const ls::Error& e) {
+    std::fprintf(stderr, "dist_bench: rank %d: %s\n", ls::dist::rank(), e.what());
+    return 1;
+  }
+}
