@@ -5,8 +5,9 @@
 //          hidden H
 // img_per_s: over all ranks. comm_ms: the step's gradient all-reduces alone (the same buckets,
 // run back to back with nothing else: median of 5); exposed_ms: how long the training steps
-// waited for them (metrics timer all_reduce_wait, per step); hidden = 1 - exposed / comm.
-//   dist_bench <mlp|resnet18> [timed_steps=20] [threads=1]
+// waited for them (metrics timer all_reduce_wait, per step, on the rank that waited least: the
+// others also wait for it to finish its backward); hidden = 1 - exposed / comm.
+//   dist_bench <mlp|resnet18> [timed_steps=20] [threads=1] [bucket_mib=25]
 #include <lockstep/lockstep.h>
 #include <algorithm>
 #include <chrono>
@@ -46,7 +47,9 @@ int main(int argc, char** argv) {
     else
       model = std::make_shared<ls::models::ResNet>(
           ls::models::resnet18({.num_classes = 10, .stem = ls::models::ResNetStem::Small}));
-    ls::dist::DataParallel dp(*model);
+    ls::dist::DataParallelOptions dp_options;
+    if (argc > 4) dp_options.bucket_bytes = static_cast<int64_t>(std::atof(argv[4]) * (1 << 20));
+    ls::dist::DataParallel dp(*model, dp_options);
     ls::optim::SGD opt(model->parameters(), {.lr = 0.01, .momentum = 0.9});
     const ls::Tensor images =
         w.image ? ls::randn({w.batch, w.channels, w.image, w.image}) : ls::randn({w.batch, 784});

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -301,9 +302,72 @@ struct InFlight {
 };
 
 namespace {
-std::mutex g_flight_mu;  // the runtime thread's collectives in flight
+// The runtime thread's collectives in flight. Every MPI_Test of one of their requests is made
+// under g_flight_mu (MPI forbids testing one request from two threads at once): by the progress
+// thread, by progress() between a program's steps, and by wait().
+std::mutex g_flight_mu;
+std::condition_variable g_flight_cv;  // a collective started, or the progress thread must stop
 std::vector<std::shared_ptr<InFlight>> g_flight;
 std::atomic<int> g_flight_count{0};
+bool g_progress_stop = false;
+std::thread* g_progress = nullptr;  // started with the first collective; never destroyed
+
+#if LOCKSTEP_WITH_MPI
+// Whether `op` is done (or failed: rc). Under g_flight_mu.
+bool test_locked(InFlight& op, int* rc) {
+  if (op.done) return true;
+  int flag = 0;
+  *rc = MPI_Test(&op.request, &flag, MPI_STATUS_IGNORE);
+  if (*rc != MPI_SUCCESS) return true;
+  if (flag) op.done = true;
+  return op.done;
+}
+
+// How often the progress thread calls into MPI while a collective is in flight
+// (LOCKSTEP_DIST_PROGRESS_US, microseconds; 0: no thread, only the calls between steps).
+int64_t progress_interval_us() {
+  const char* v = std::getenv("LOCKSTEP_DIST_PROGRESS_US");
+  return v && *v ? std::max<int64_t>(0, std::atoll(v)) : 200;
+}
+
+// OpenMPI moves a non-blocking collective along only inside MPI calls: a thread that tests the
+// collectives in flight every ~0.2 ms makes them progress while the steps compute (it sleeps in
+// between, and waits on a condition while nothing is in flight).
+void progress_loop(int64_t interval_us) {
+  std::unique_lock<std::mutex> lock(g_flight_mu);
+  while (!g_progress_stop) {
+    if (g_flight_count.load() == 0) {
+      g_flight_cv.wait(lock);
+      continue;
+    }
+    int rc = MPI_SUCCESS;
+    for (auto& op : g_flight) test_locked(*op, &rc);
+    lock.unlock();
+    std::this_thread::sleep_for(std::chrono::microseconds(interval_us));
+    lock.lock();
+  }
+}
+
+void add_in_flight(std::shared_ptr<InFlight> op) {
+  std::lock_guard<std::mutex> lock(g_flight_mu);
+  g_flight.push_back(std::move(op));
+  ++g_flight_count;
+  if (!g_progress && !g_progress_stop) {
+    const int64_t us = progress_interval_us();
+    if (us > 0) g_progress = new std::thread(progress_loop, us);
+  }
+  g_flight_cv.notify_all();
+}
+
+void stop_progress() {
+  {
+    std::lock_guard<std::mutex> lock(g_flight_mu);
+    g_progress_stop = true;
+  }
+  g_flight_cv.notify_all();
+  if (g_progress && g_progress->joinable()) g_progress->join();
+}
+#endif
 }  // namespace
 
 std::shared_ptr<InFlight> start_all_reduce(void* data, int64_t count, DType dtype,
@@ -325,9 +389,7 @@ std::shared_ptr<InFlight> start_all_reduce(void* data, int64_t count, DType dtyp
   check(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), mpi_type(dtype, op->what),
                        MPI_SUM, w.data, &op->request),
         "MPI_Iallreduce", op->what);
-  std::lock_guard<std::mutex> lock(g_flight_mu);
-  g_flight.push_back(op);
-  ++g_flight_count;
+  add_in_flight(op);
 #else
   (void)data, (void)count, (void)dtype;
   op->done = true;
@@ -337,12 +399,10 @@ std::shared_ptr<InFlight> start_all_reduce(void* data, int64_t count, DType dtyp
 
 void progress() {
 #if LOCKSTEP_WITH_MPI
-  std::lock_guard<std::mutex> lock(g_flight_mu);
-  for (auto& op : g_flight) {
-    if (op->done) continue;
-    int flag = 0;
-    if (MPI_Test(&op->request, &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && flag) op->done = true;
-  }
+  std::unique_lock<std::mutex> lock(g_flight_mu, std::try_to_lock);
+  if (!lock.owns_lock()) return;  // the progress thread is at it
+  int rc = MPI_SUCCESS;
+  for (auto& op : g_flight) test_locked(*op, &rc);
 #endif
 }
 
@@ -352,13 +412,12 @@ void wait(InFlight& op) {
 #if LOCKSTEP_WITH_MPI
   World& w = world();
   int rc = MPI_SUCCESS;
-  const bool ok = op.done || poll_until(
-                                 [&] {
-                                   int flag = 0;
-                                   rc = MPI_Test(&op.request, &flag, MPI_STATUS_IGNORE);
-                                   return rc != MPI_SUCCESS || flag;
-                                 },
-                                 Clock::now() + timeout());
+  const bool ok = poll_until(
+      [&] {
+        std::lock_guard<std::mutex> lock(g_flight_mu);
+        return test_locked(op, &rc);
+      },
+      Clock::now() + timeout());
   {
     std::lock_guard<std::mutex> lock(g_flight_mu);
     auto it = std::find_if(g_flight.begin(), g_flight.end(),
@@ -408,11 +467,7 @@ void broadcast(void* data, size_t bytes, int root, const std::string& what) {
   op->what = what;
   check(MPI_Ibcast(data, static_cast<int>(bytes), MPI_BYTE, root, w.data, &op->request),
         "MPI_Ibcast", what);
-  {
-    std::lock_guard<std::mutex> lock(g_flight_mu);
-    g_flight.push_back(op);
-    ++g_flight_count;
-  }
+  add_in_flight(op);
   wait(*op);
 #else
   (void)data, (void)bytes, (void)root, (void)what;
@@ -688,6 +743,7 @@ void finalize() {
       std::fprintf(stderr, "lockstep: dist: rank %d: %s\n", w.rank, e.what());
     }
   }
+  detail::stop_progress();
   if (w.broken.load()) {
     std::fprintf(stderr,
                  "lockstep: dist: rank %d leaves MPI unfinalized (%s); mpirun ends the job\n",

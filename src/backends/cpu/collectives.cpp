@@ -5,10 +5,12 @@
 // Each bucket becomes two steps: a start, right after the last of its gradients is computed,
 // that packs them into one buffer and starts a non-blocking all-reduce; and a wait, which waits
 // for it and unpacks the scaled sums. The steps that read the sums (the optimizer's updates, and
-// what depends on them) move after everything else (the rest of the backward), and the waits
-// go right before the first of them: the communication overlaps the rest of the backward (the
-// executable lets MPI progress between steps, dist::detail::progress), and no parameter is
-// updated in place before the last wait, which may fail (so no copy is kept for a rollback).
+// what depends on them) move after everything else (the rest of the backward), grouped by the
+// last bucket they read, each group behind its bucket's wait, in the order the buckets started:
+// the communication overlaps the rest of the backward and the first buckets' updates (a progress
+// thread and the executable, between steps, call into MPI: dist::detail::progress). Updates
+// made in place before the last wait, which may fail, keep a copy of what they overwrite until
+// it passes (the executable's rollback).
 #include <algorithm>
 #include <cstring>
 
@@ -54,6 +56,48 @@ std::string describe(const ir::Graph& g, const Bucket& b, int number) {
                    util::where(first.loc));
 }
 
+// The graph's canonical order puts the small steps that finish a gradient (a reshape of a sum, a
+// cast) next to their reader, the update, long after the backward computed what they read: the
+// steps up to kFinishDepth links up each bucketed gradient's chain move to right after the steps
+// they read, so that its bucket can start as soon as the backward has computed it.
+constexpr int kFinishDepth = 3;
+
+void hoist_gradient_finish(plan::Plan& p, const std::vector<int32_t>& nodes) {
+  const std::vector<int> producer = p.producers();
+  std::vector<bool> hoist(p.steps.size(), false);
+  std::vector<std::pair<int32_t, int>> todo;  // value, depth
+  for (int32_t id : nodes) todo.emplace_back(p.graph.nodes[id].operands[0], 0);
+  while (!todo.empty()) {
+    const auto [v, depth] = todo.back();
+    todo.pop_back();
+    const int s = producer[v];
+    if (s < 0 || hoist[s]) continue;
+    hoist[s] = true;
+    if (depth + 1 < kFinishDepth)
+      for (int32_t r : p.steps[s].reads) todo.emplace_back(r, depth + 1);
+  }
+  // In order, each hoisted step goes right after the last step (in the new order) it reads from.
+  std::vector<plan::Step> order;
+  std::vector<bool> moved;                        // per step of `order`: hoisted
+  std::vector<int> at(p.graph.nodes.size(), -1);  // position in `order` of each value's writer
+  for (size_t s = 0; s < p.steps.size(); ++s) {
+    plan::Step& step = p.steps[s];
+    size_t pos = order.size();
+    if (hoist[s] && step.kind != plan::StepKind::Check) {
+      int after = -1;
+      for (int32_t r : step.reads) after = std::max(after, at[r]);
+      pos = static_cast<size_t>(after + 1);
+      while (pos < order.size() && moved[pos]) ++pos;  // after those hoisted there before it
+    }
+    for (int32_t w : step.writes()) at[w] = static_cast<int>(pos);
+    order.insert(order.begin() + static_cast<std::ptrdiff_t>(pos), std::move(step));
+    moved.insert(moved.begin() + static_cast<std::ptrdiff_t>(pos), hoist[s]);
+    for (size_t k = pos + 1; k < order.size(); ++k)
+      for (int32_t w : order[k].writes()) at[w] = static_cast<int>(k);
+  }
+  p.steps = std::move(order);
+}
+
 }  // namespace
 
 void bucket_all_reduces(plan::Plan& p) {
@@ -66,6 +110,7 @@ void bucket_all_reduces(plan::Plan& p) {
   if (nodes.empty()) return;
   std::stable_sort(nodes.begin(), nodes.end(),
                    [&](int32_t a, int32_t b) { return g.nodes[a].attrs[1] < g.nodes[b].attrs[1]; });
+  hoist_gradient_finish(p, nodes);
   const std::vector<int> producer = p.producers();
 
   std::vector<std::shared_ptr<Bucket>> buckets;
@@ -159,9 +204,19 @@ void bucket_all_reduces(plan::Plan& p) {
     start_after.push_back(made);
     waits.push_back(std::move(wait));
   }
-  // What reads a sum, directly or not, goes after the rest, behind the waits.
-  std::vector<bool> late_value = removed;
-  std::vector<plan::Step> early, late;
+  // Buckets in the order they start; each member value's bucket, in that order.
+  std::vector<size_t> by_start(buckets.size());
+  for (size_t k = 0; k < by_start.size(); ++k) by_start[k] = k;
+  std::stable_sort(by_start.begin(), by_start.end(),
+                   [&](size_t a, size_t b) { return start_after[a] < start_after[b]; });
+  std::vector<int> need(g.nodes.size(), -1);  // per value: the last bucket (rank) it waits for
+  for (size_t r = 0; r < by_start.size(); ++r)
+    for (int32_t m : buckets[by_start[r]]->members) need[m] = static_cast<int>(r);
+  // What reads a sum, directly or not, goes after the rest: behind the wait of the last bucket it
+  // reads, in the order the buckets started (the first updates run while later buckets are still
+  // in flight).
+  std::vector<plan::Step> early;
+  std::vector<std::vector<plan::Step>> late(buckets.size());
   auto emit_starts = [&](int after) {
     for (size_t k = 0; k < starts.size(); ++k)
       if (start_after[k] == after) early.push_back(std::move(starts[k]));
@@ -172,19 +227,21 @@ void bucket_all_reduces(plan::Plan& p) {
     const bool member = step.kind != plan::StepKind::Check && step.node >= 0 &&
                         removed[step.node] && step.extras.empty();
     if (!member) {
-      bool reads_sum = false;
-      for (int32_t r : step.reads) reads_sum = reads_sum || late_value[r];
-      if (reads_sum) {
-        for (int32_t w : step.writes()) late_value[w] = true;
-        late.push_back(std::move(step));
+      int waits_for = -1;
+      for (int32_t r : step.reads) waits_for = std::max(waits_for, need[r]);
+      if (waits_for >= 0) {
+        for (int32_t w : step.writes()) need[w] = waits_for;
+        late[static_cast<size_t>(waits_for)].push_back(std::move(step));
       } else {
         early.push_back(std::move(step));
       }
     }
     emit_starts(static_cast<int>(s));
   }
-  for (plan::Step& w : waits) early.push_back(std::move(w));
-  for (plan::Step& l : late) early.push_back(std::move(l));
+  for (size_t r = 0; r < by_start.size(); ++r) {
+    early.push_back(std::move(waits[by_start[r]]));
+    for (plan::Step& l : late[r]) early.push_back(std::move(l));
+  }
   p.steps = std::move(early);
   runtime::count("all_reduce_buckets", static_cast<int64_t>(buckets.size()));
 }
