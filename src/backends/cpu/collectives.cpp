@@ -7,8 +7,9 @@
 // for it and unpacks the scaled sums. The steps that read the sums (the optimizer's updates, and
 // what depends on them) move after everything else (the rest of the backward), grouped by the
 // last bucket they read, each group behind its bucket's wait, in the order the buckets started:
-// the communication overlaps the rest of the backward and the first buckets' updates (a progress
-// thread and the executable, between steps, call into MPI: dist::detail::progress). Updates
+// the communication overlaps the rest of the backward and the first buckets' updates (the
+// executable calls into MPI between its steps, dist::detail::progress, and so may a progress
+// thread: LOCKSTEP_DIST_PROGRESS_US). Updates
 // made in place before the last wait, which may fail, keep a copy of what they overwrite until
 // it passes (the executable's rollback).
 #include <algorithm>
