@@ -730,8 +730,15 @@ int run(const Options& o) {
         o.device.c_str(), ls::num_threads(), world > 1 ? " per replica" : "");
   if (world > 1) {
     // What each rank really has: mpirun may bind a rank to one core (see --nprocs).
+    const long cores = allowed_cores();
     std::printf("replica %d of %d: %d threads on %ld cores it may run on\n", rank, world,
-                ls::num_threads(), static_cast<long>(allowed_cores()));
+                ls::num_threads(), cores);
+    if (ls::num_threads() > cores)
+      std::fprintf(stderr,
+                   "lockstep-train: warning: replica %d runs %d threads on %ld cores: mpirun "
+                   "bound it (its default with 2 ranks or fewer binds each to one core); start it "
+                   "with --bind-to none, or use --nprocs, which does\n",
+                   rank, ls::num_threads(), cores);
   }
   if (o.resume && rank == 0)
     std::printf("resuming from %s at epoch %lld, step %lld\n", o.checkpoint.c_str(),

@@ -169,7 +169,7 @@ std::vector<int> probe_missing(const std::string& what) {
   std::vector<bool> got(from.size(), false);
   const auto deadline =
       Clock::now() + std::min<std::chrono::milliseconds>(timeout(), std::chrono::seconds(2));
-  for (int polls = 0; Clock::now() < deadline; ++polls) {
+  while (Clock::now() < deadline) {
     bool all = true;
     for (size_t k = 0; k < from.size(); ++k) {
       int flag = 0;
