@@ -173,7 +173,7 @@ std::vector<int> probe_missing(const std::string& what) {
     bool all = true;
     for (size_t k = 0; k < from.size(); ++k) {
       int flag = 0;
-      if (!got[k]) MPI_Test(&req[2 * k], &flag, MPI_STATUS_IGNORE);
+      if (!got[k]) MPI_Test(&req[k], &flag, MPI_STATUS_IGNORE);
       got[k] = got[k] || flag;
       all = all && got[k];
     }
