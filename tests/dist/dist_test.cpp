@@ -165,6 +165,18 @@ TEST(DataParallel, ARankPastTheDeadlineIsNamedAndTheJobEnds) {
   EXPECT_NE(r.out.find("rank 0 error: dist: rank 1 did not reach"), std::string::npos) << r.out;
 }
 
+// Rank 1 is stuck while its programs run (its runtime thread sleeps in a step closure): rank 0's
+// all-reduce passes its deadline, and the probe that follows names rank 1 as not answering.
+TEST(DataParallel, ARankStuckMidProgramIsNamedAndTheJobEnds) {
+  const Job r = mpirun(2, "stall 6 60", "LOCKSTEP_DIST_TIMEOUT=2");
+  EXPECT_NE(r.exit_code, 0) << r.out;
+  EXPECT_LT(r.seconds, 30) << r.out;
+  EXPECT_NE(r.out.find("did not complete within 2 s on rank 0 of 2: rank 1 does not answer"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("the step was rolled back"), std::string::npos) << r.out;
+}
+
 TEST(DataParallel, AKilledRankEndsTheJob) {
   const Job r = mpirun(2, "kill 5", "LOCKSTEP_DIST_TIMEOUT=20");
   EXPECT_NE(r.exit_code, 0) << r.out;

@@ -6,6 +6,8 @@
 //   dist_worker diverge-op|diverge-batch STEPS      rank 1 records another graph at step 3
 //   dist_worker sleep STEPS SECONDS                 rank 1 sleeps before step 3
 //   dist_worker kill STEPS                          rank 1 kills itself (SIGKILL) in step 3
+//   dist_worker stall STEPS SECONDS                 rank 1's runtime thread sleeps after step 3
+//                                                   (a step closure): stuck mid-program
 // Prints "rank R step S loss L" per step (the loss averaged over the ranks) and
 // "rank R final hash H" at the end; an Error is printed as "rank R error: ..." and exits 1.
 #include <lockstep/dist.h>
@@ -104,6 +106,11 @@ int run(int argc, char** argv) {
       loss = ls::nn::cross_entropy(logits, b.y);
       loss.backward();
       if (mode == "kill" && rank == 1 && s == 3) std::raise(SIGKILL);
+      if (mode == "stall" && rank == 1 && s == 3) {
+        const double seconds = std::atof(argv[3]);
+        ls::add_step_closure(
+            [seconds] { std::this_thread::sleep_for(std::chrono::duration<double>(seconds)); });
+      }
       dp.average_gradients();
       opt->step();
       loss = ls::dist::all_reduce(loss, 1.0 / world);
