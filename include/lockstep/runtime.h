@@ -104,7 +104,11 @@ std::string report();
 //    "timers": {"<name>": {"count": <int>, "total_ns": <int>}, ...},
 //    "sites": [{"site": <string>, "syncs": <int>, "compiles": <int>, "cache_hits": <int>,
 //               "nodes": <int>, "graphs": <int>, "in_step": <int>,
-//               "misses": {"<reason>": <int>, ...}}, ...],
+//               "misses": {"<reason>": <int>, ...},
+//               "timers": {"trace"|"graph"|"compile"|"execute":
+//                          {"count": <int>, "median_ms": <number>, "p90_ms": <number>}}}, ...],
+//    (a site's timers: a step's tracing, building and hashing the graph, compiling, running on
+//    the runtime thread; median and 90th percentile of the last 1024 samples)
 //    "last_cache_miss": null | {"site": <string>, "first": <bool>, "node": <int>,
 //                               "op": <string>, "field": <string>, "before": <string>,
 //                               "after": <string>, "where": <string>, "module": <string>,

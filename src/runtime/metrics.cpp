@@ -149,6 +149,21 @@ std::string report() {
       os << std::left << std::setw(10) << s.syncs << std::setw(10) << s.compiles << std::setw(10)
          << s.cache_hits << std::setw(10) << s.in_step << std::setw(12) << s.nodes << s.site
          << "\n";
+    // Per site and phase: median and 90th percentile of the last samples, in ms.
+    os << "\n"
+       << std::left << std::setw(10) << "phase" << std::setw(10) << "count" << std::right
+       << std::setw(12) << "median ms" << std::setw(12) << "p90 ms"
+       << "  site\n";
+    for (const debug::SiteStats& s : sites) {
+      const auto timings = runtime::site_timings(s.site);
+      for (int k = 0; k < runtime::kSitePhases; ++k) {
+        if (!timings[k].count) continue;
+        os << std::left << std::setw(10) << runtime::phase_name(static_cast<runtime::SitePhase>(k))
+           << std::setw(10) << timings[k].count << std::right << std::setw(12) << std::fixed
+           << std::setprecision(3) << timings[k].median_ms << std::setw(12) << timings[k].p90_ms
+           << "  " << s.site << "\n";
+      }
+    }
   }
   return os.str();
 }
@@ -199,6 +214,16 @@ std::string report_json() {
       first_miss = false;
       append_string(out, reason);
       out += ": " + std::to_string(n);
+    }
+    out += "}, \"timers\": {";
+    const auto timings = runtime::site_timings(s.site);
+    for (int k = 0; k < runtime::kSitePhases; ++k) {
+      char text[128];
+      std::snprintf(
+          text, sizeof text, "%s\"%s\": {\"count\": %lld, \"median_ms\": %.6f, \"p90_ms\": %.6f}",
+          k ? ", " : "", runtime::phase_name(static_cast<runtime::SitePhase>(k)),
+          static_cast<long long>(timings[k].count), timings[k].median_ms, timings[k].p90_ms);
+      out += text;
     }
     out += "}}";
   }

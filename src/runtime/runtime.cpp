@@ -51,6 +51,7 @@ struct Job {
   Context* ctx = nullptr;                  // whose program: its errors are raised on that thread
   std::shared_ptr<StepRollback> rollback;  // a step's: what to restore if the program fails
   std::string origin;                      // "step 3" or "sync at file:line"
+  std::string site;                        // where it was built (sites.h)
   int64_t num_nodes = 0;
   std::vector<std::function<void()>> closures;
 };
@@ -184,6 +185,7 @@ void Runtime::run_job(Job& job) {
       count("execution_errors");
     }
     time_ns("execute", now_ns() - t0);
+    site_time(job.site, SitePhase::Execute, now_ns() - t0);
     count("executions");
     count("executed_nodes", job.num_nodes);
   }
@@ -279,6 +281,7 @@ const CacheEntry& lookup_or_compile(BuiltGraph& built, const std::string& origin
     throw Error(cat(origin, ": compile failed: ", e.what()));
   }
   time_ns("compile", now_ns() - t0);
+  site_time(site, SitePhase::Compile, now_ns() - t0);
   count("compiles");
   const auto nodes = static_cast<int64_t>(built.graph.nodes.size());
   for (int64_t seen = g_largest_program.load(); nodes > seen;)
@@ -344,6 +347,7 @@ void sync_impls(const std::vector<std::shared_ptr<TensorImpl>>& targets, const s
     const int64_t t0 = now_ns();
     BuiltGraph built = build_graph(roots, device);
     time_ns("graph", now_ns() - t0);
+    site_time(site, SitePhase::Graph, now_ns() - t0);
     const CacheEntry& entry = lookup_or_compile(built, origin, site);
     r.last_graph = entry.graph;
     // The memory preflight: before the program is queued (the limit may have changed since it
@@ -363,6 +367,7 @@ void sync_impls(const std::vector<std::shared_ptr<TensorImpl>>& targets, const s
     job.inputs = std::move(built.buffers);
     job.scalars = std::move(built.scalars);
     job.origin = origin;
+    job.site = site;
     job.num_nodes = static_cast<int64_t>(built.order.size());
     for (int32_t id : built.outputs) {
       const ir::Node& gn = *built.order[id];

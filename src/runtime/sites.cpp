@@ -27,6 +27,9 @@ struct Site {
   int repeats = 0;
   std::vector<std::string> hinted;  // keys already given a hint
   int64_t steady_base = 0;          // syncs when expect_steady was called
+  // Per phase: the last kTimingSamples durations (a ring), and how many were taken.
+  std::array<std::vector<int64_t>, kSitePhases> samples;
+  std::array<int64_t, kSitePhases> taken{};
 };
 
 struct Sites {
@@ -129,6 +132,58 @@ void site_compiled(const std::string& name, std::shared_ptr<const ir::Graph> gra
   if (st.graphs.size() > kKeptGraphs) st.graphs.erase(st.graphs.begin());
 }
 
+const char* phase_name(SitePhase phase) {
+  switch (phase) {
+    case SitePhase::Trace:
+      return "trace";
+    case SitePhase::Graph:
+      return "graph";
+    case SitePhase::Compile:
+      return "compile";
+    case SitePhase::Execute:
+      return "execute";
+  }
+  return "?";
+}
+
+void site_time(const std::string& name, SitePhase phase, int64_t ns) {
+  Sites& s = sites();
+  std::lock_guard<std::mutex> lock(s.mu);
+  Site& st = site(s, name);
+  const auto k = static_cast<size_t>(phase);
+  std::vector<int64_t>& ring = st.samples[k];
+  if (ring.size() < kTimingSamples)
+    ring.push_back(ns);
+  else
+    ring[static_cast<size_t>(st.taken[k]) % kTimingSamples] = ns;
+  ++st.taken[k];
+}
+
+std::array<PhaseTiming, kSitePhases> site_timings(const std::string& name) {
+  std::array<PhaseTiming, kSitePhases> out{};
+  std::array<std::vector<int64_t>, kSitePhases> samples;
+  {
+    Sites& s = sites();
+    std::lock_guard<std::mutex> lock(s.mu);
+    auto it = s.by_name.find(name);
+    if (it == s.by_name.end()) return out;
+    samples = it->second.samples;
+    for (int k = 0; k < kSitePhases; ++k) out[k].count = it->second.taken[k];
+  }
+  // Nearest-rank percentiles of the kept samples.
+  auto at = [](std::vector<int64_t>& v, double q) {
+    const size_t i = static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5);
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(i), v.end());
+    return static_cast<double>(v[i]) / 1e6;
+  };
+  for (int k = 0; k < kSitePhases; ++k) {
+    if (samples[k].empty()) continue;
+    out[k].median_ms = at(samples[k], 0.5);
+    out[k].p90_ms = at(samples[k], 0.9);
+  }
+  return out;
+}
+
 void reset_sites() {
   Sites& s = sites();
   std::lock_guard<std::mutex> lock(s.mu);
@@ -138,6 +193,8 @@ void reset_sites() {
     st.stats.site = name;
     st.stats.graphs = graphs;
     st.steady_base = 0;
+    for (auto& v : st.samples) v.clear();
+    st.taken = {};
   }
   s.last = {};
 }

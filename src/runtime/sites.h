@@ -3,6 +3,7 @@
 // contract. Every function is called with the runtime's graph lock held.
 #pragma once
 
+#include <array>
 #include <memory>
 #include <string>
 
@@ -21,6 +22,19 @@ void site_in_step(const std::string& site);
 debug::CacheMiss site_miss(const std::string& site, const ir::Graph& now, bool print);
 // The graph compiled for the miss, kept as a candidate for later explanations at `site`.
 void site_compiled(const std::string& site, std::shared_ptr<const ir::Graph> graph);
+// Per-site timers: a step's tracing, building and hashing a program's graph, compiling it,
+// running it (on the runtime thread). The last kTimingSamples samples of each are kept.
+enum class SitePhase { Trace, Graph, Compile, Execute };
+inline constexpr int kSitePhases = 4;
+inline constexpr size_t kTimingSamples = 1024;
+const char* phase_name(SitePhase phase);
+void site_time(const std::string& site, SitePhase phase, int64_t ns);
+struct PhaseTiming {
+  int64_t count = 0;                 // samples since metrics::reset()
+  double median_ms = 0, p90_ms = 0;  // over the last kTimingSamples
+};
+std::array<PhaseTiming, kSitePhases> site_timings(const std::string& site);
+
 // metrics::reset(): counts restart; compiled graphs are kept (the cache keeps its programs).
 void reset_sites();
 

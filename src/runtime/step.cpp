@@ -9,6 +9,7 @@
 #include "lockstep/runtime.h"
 #include "runtime/context.h"
 #include "runtime/lazy.h"
+#include "runtime/sites.h"
 #include "util/check.h"
 
 namespace lockstep {
@@ -120,12 +121,13 @@ std::shared_ptr<StepRollback> hand_over(StepState& s) {
 }
 
 void commit(StepState& s) {
+  const std::string site = cat("step at ", util::where(s.loc));
   time_ns("trace", now_ns() - s.trace_start_ns);
+  site_time(site, SitePhase::Trace, now_ns() - s.trace_start_ns);
   try {
     // Past the build nothing can fail here; a failure while the programs run is undone by the
     // runtime from the rollback record (runtime.cpp).
-    sync_all(step_origin(s), cat("step at ", util::where(s.loc)), &s.closures, false,
-             [&] { return hand_over(s); });
+    sync_all(step_origin(s), site, &s.closures, false, [&] { return hand_over(s); });
   } catch (const std::exception& e) {
     rollback(s, e.what());
     throw;

@@ -321,7 +321,25 @@ TEST(Explain, TheJsonReportHasTheSchemaAndTheEventsCounts) {
     const ls::io::json::Value misses = member(s, "misses");
     EXPECT_EQ(member(misses, "first").integer, 1);
     EXPECT_EQ(member(misses, "shape").integer, 1);
+    // Per-site timers: three steps traced, built and run, two compiled.
+    const ls::io::json::Value timers = member(s, "timers");
+    ls::wait();
+    for (const auto& [phase, n] :
+         std::vector<std::pair<std::string, int64_t>>{{"trace", 3}, {"graph", 3}, {"compile", 2}}) {
+      const ls::io::json::Value t = member(timers, phase);
+      EXPECT_EQ(member(t, "count").integer, n) << phase;
+      // Fractions are kept as their text by lockstep's JSON reader.
+      const double median = std::stod(member(t, "median_ms").text);
+      EXPECT_GT(median, 0) << phase;
+      EXPECT_GE(std::stod(member(t, "p90_ms").text), median) << phase;
+    }
   }
+  ls::wait();  // every program ran: three executions at the step's site
+  const ls::io::json::Value again = ls::io::json::parse(ls::metrics::report_json());
+  for (const ls::io::json::Value& s : member(again, "sites").array)
+    if (member(s, "site").text == step_site) {
+      EXPECT_EQ(member(member(member(s, "timers"), "execute"), "count").integer, 3);
+    }
   EXPECT_TRUE(found) << ls::metrics::report_json();
   const ls::io::json::Value last = member(root, "last_cache_miss");
   EXPECT_EQ(member(last, "field").text, "shape");
