@@ -779,7 +779,8 @@ int run(const Options& o) {
   for (; epoch <= o.num_epochs && !interrupted(); ++epoch, step = 0) {
     // Every program the run needs was compiled in its first epoch (training and test steps):
     // from here on a compile means something changed that should not have.
-    if (o.strict && epoch == first_epoch + 1) ls::debug::expect_steady(0);
+    if (o.strict && epoch == first_epoch + 1)
+      ls::debug::expect_steady(0, ls::debug::OnRecompile::Throw, /*implicit_syncs_per_step=*/0);
     model->train();
     train_loader.set_epoch(epoch - 1);
     // Resuming mid-epoch: the epoch's order is a function of (seed, epoch), so skipping the

@@ -169,9 +169,12 @@ CacheMiss last_cache_miss();
 // A steady-state contract: once a site has built `after_syncs` more programs (counted from this
 // call, or from its first sync for sites seen later), a compile there breaks it: a warning on
 // stderr (Warn) or an Error thrown before anything is compiled or run (Throw; the step's
-// transaction holds), with the miss's explanation in the message.
+// transaction holds), with the miss's explanation in the message. `implicit_syncs_per_step` >= 0
+// also bounds the implicit syncs (blocking reads of pending values) inside one step: the one past
+// it warns or throws the same way, before it syncs anything (-1: no bound).
 enum class OnRecompile { Warn, Throw };
-void expect_steady(int64_t after_syncs = 0, OnRecompile policy = OnRecompile::Throw);
+void expect_steady(int64_t after_syncs = 0, OnRecompile policy = OnRecompile::Throw,
+                   int64_t implicit_syncs_per_step = -1);
 void stop_expecting_steady();
 
 // The pending-graph guard: a thread that records more than this many nodes without a sync (a

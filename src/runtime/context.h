@@ -37,6 +37,8 @@ struct Context {
   // The step running on this context (0: none), readable by other threads without the lock.
   std::atomic<int64_t> active_step{0};
   std::source_location step_loc;  // where it was entered (under mu)
+  // Implicit syncs made inside step `implicit_step` so far (this context's thread only).
+  int64_t implicit_step = 0, implicit_in_step = 0;
   // "thread #2": contexts are numbered in the order threads first record.
   const int ordinal;
   // Runtime thread bookkeeping, under the runtime's queue lock: this context's programs not yet

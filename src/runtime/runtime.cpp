@@ -701,8 +701,11 @@ std::shared_ptr<Buffer> materialize(const Tensor& t, const std::source_location&
     std::lock_guard<std::recursive_mutex> lock(r.mu);
     const std::string at = util::where(loc);
     const std::string site = cat(api, " at ", at);
+    if (const int64_t step = me.active_step.load(); step != 0) {
+      if (me.implicit_step != step) me.implicit_step = step, me.implicit_in_step = 0;
+      site_in_step(site, ++me.implicit_in_step, cat("step ", step));
+    }
     sync_impls({impl}, cat("implicit sync at ", at), site, nullptr, true, &jobs, me);
-    if (me.active_step.load() != 0) site_in_step(site);
     enqueue(jobs);
   }
   std::shared_ptr<Buffer> b = current_node(*impl)->buffer;

@@ -40,6 +40,7 @@ struct Sites {
   bool steady = false;
   int64_t steady_after = 0;
   debug::OnRecompile policy = debug::OnRecompile::Throw;
+  int64_t implicit_per_step = -1;  // the contract's bound on implicit syncs per step (-1: none)
 };
 
 Sites& sites() {
@@ -82,10 +83,19 @@ void site_sync(const std::string& name, int64_t nodes, bool hit) {
   if (hit) ++st.stats.cache_hits;
 }
 
-void site_in_step(const std::string& name) {
+void site_in_step(const std::string& name, int64_t nth, const std::string& step_origin) {
   Sites& s = sites();
   std::lock_guard<std::mutex> lock(s.mu);
   ++site(s, name).stats.in_step;
+  if (!s.steady || s.implicit_per_step < 0 || nth <= s.implicit_per_step) return;
+  const std::string text =
+      cat("steady state broken: ", name, " is implicit sync number ", nth, " inside ", step_origin,
+          ", more than the ", s.implicit_per_step,
+          " per step ls::debug::expect_steady allows: each one cuts the step's program in two "
+          "and waits for the first part. Read the value after the step, or in a step closure "
+          "(ls::add_step_closure)");
+  if (s.policy == debug::OnRecompile::Throw) throw Error(text);
+  std::cerr << "lockstep: warning: " << text << "\n";
 }
 
 debug::CacheMiss site_miss(const std::string& name, const ir::Graph& now, bool print) {
@@ -217,14 +227,20 @@ CacheMiss last_cache_miss() {
   return s.last;
 }
 
-void expect_steady(int64_t after_syncs, OnRecompile policy) {
+void expect_steady(int64_t after_syncs, OnRecompile policy, int64_t implicit_syncs_per_step) {
   if (after_syncs < 0)
     throw Error(util::cat("expect_steady: after_syncs must be >= 0, got ", after_syncs));
+  if (implicit_syncs_per_step < -1)
+    throw Error(
+        util::cat("expect_steady: implicit_syncs_per_step must be >= 0 (or -1: no bound), "
+                  "got ",
+                  implicit_syncs_per_step));
   runtime::Sites& s = runtime::sites();
   std::lock_guard<std::mutex> lock(s.mu);
   s.steady = true;
   s.steady_after = after_syncs;
   s.policy = policy;
+  s.implicit_per_step = implicit_syncs_per_step;
   for (auto& [name, st] : s.by_name) st.steady_base = st.stats.syncs;
 }
 

@@ -15,8 +15,10 @@ namespace lockstep::runtime {
 // A program of `nodes` nodes was built at `site`; `hit`: found in the compile cache (one lock and
 // lookup per program on the hot path).
 void site_sync(const std::string& site, int64_t nodes, bool hit);
-// An implicit sync at `site` cut a step's recording short.
-void site_in_step(const std::string& site);
+// An implicit sync at `site` is about to cut the recording of step `step_origin` short, its
+// `nth` in that step: counted, and checked against the steady contract's bound on implicit syncs
+// per step (throws Error, before anything is synced, under the Throw policy).
+void site_in_step(const std::string& site, int64_t nth, const std::string& step_origin);
 // A cache miss at `site` for graph `now`: the explanation (recorded as the last miss, printed
 // with `print`). Throws Error, before anything is compiled, when expect_steady forbids it.
 debug::CacheMiss site_miss(const std::string& site, const ir::Graph& now, bool print);

@@ -402,3 +402,37 @@ TEST(Explain, GradientNodesNameTheForwardOpItsLineAndModule) {
   const std::string text = ls::debug::last_graph_text();
   EXPECT_THAT(text, HasSubstr(here(line) + " in 0 (backward of matmul)")) << text;
 }
+
+// The contract's bound on implicit syncs per step: the second read inside a step, with a bound of
+// one, throws before it syncs anything, and the step rolls back.
+TEST(Explain, TheContractBoundsImplicitSyncsPerStep) {
+  ls::Tensor w = ls::zeros({3});
+  ls::sync();
+  ls::wait();
+  // Compiles stay allowed (a warm-up of 100 syncs); implicit syncs are bounded from now on.
+  ls::debug::expect_steady(100, ls::debug::OnRecompile::Throw, 1);
+  float first = -1;
+  try {
+    ls::step([&] {
+      w.add_(1.0);
+      first = w.sum().item<float>();  // the first: allowed
+      w.add_(1.0);
+      const int line = __LINE__ + 1;
+      (void)w.sum().item<float>();
+      ADD_FAILURE() << "the second read at line " << line << " should have thrown";
+    });
+    ADD_FAILURE() << "the step should have failed";
+  } catch (const ls::Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("implicit sync number 2"));
+    EXPECT_THAT(e.what(), HasSubstr("item at " + std::string(__FILE__)));
+  }
+  ls::debug::stop_expecting_steady();
+  EXPECT_EQ(first, 3.0f);
+  EXPECT_EQ(w.to_vector<float>(), (std::vector<float>{0, 0, 0})) << "the step rolled back";
+  // Without a bound, any number of reads.
+  ls::debug::expect_steady(100, ls::debug::OnRecompile::Throw);
+  ls::step([&] {
+    for (int k = 0; k < 3; ++k) (void)w.sum().item<float>();
+  });
+  ls::debug::stop_expecting_steady();
+}
