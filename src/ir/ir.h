@@ -171,6 +171,7 @@ struct GraphNode {
   std::source_location loc;
   std::shared_ptr<const std::string> module;  // as Node::module
   int16_t backward_of = -1;                   // as Node::backward_of
+  std::shared_ptr<const std::string> name;    // Data: the module parameter or buffer it holds
 };
 
 // A data-free program: what a backend compiles. Nodes are in topological order.

@@ -202,6 +202,8 @@ std::string to_text(const Graph& graph, bool annotate) {
       if (n.backward_of >= 0)
         os << " (backward of " << user_name(static_cast<Op>(n.backward_of)) << ")";
     }
+    if (annotate && n.name)
+      os << (n.loc.file_name()[0] != '\0' ? ", " : "  # ") << "holds " << *n.name;
     os << "\n";
   }
   os << "return";

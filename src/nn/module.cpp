@@ -18,13 +18,23 @@ Tensor Module::forward(const Tensor&) {
   throw Error("this module has no single-input forward(); call its own methods instead");
 }
 
+namespace {
+// A parameter's or buffer's path, for graph dumps (runtime/lazy.h): set here, and prefixed with
+// each module's name as the module is registered in its parent.
+void name_tensor(const Tensor& t, const std::string& name) {
+  if (t.defined()) t.impl()->name = std::make_shared<const std::string>(name);
+}
+}  // namespace
+
 Tensor Module::register_parameter(const std::string& name, Tensor t) {
   if (t.defined()) t.set_requires_grad(true);
+  name_tensor(t, name);
   params_.emplace_back(name, t);
   return t;
 }
 
 Tensor Module::register_buffer(const std::string& name, Tensor t) {
+  name_tensor(t, name);
   buffers_.emplace_back(name, t);
   return t;
 }
@@ -49,6 +59,8 @@ Tensor Module::operator()(const Tensor& x, Loc loc) {
 
 void Module::add_child(const std::string& name, std::shared_ptr<Module> m) {
   if (!m) throw Error(cat("register_module: module '", name, "' is null"));
+  for (const auto& [path, t] : m->named_parameters()) name_tensor(t, name + "." + path);
+  for (const auto& [path, t] : m->named_buffers()) name_tensor(t, name + "." + path);
   children_.emplace_back(name, std::move(m));
 }
 

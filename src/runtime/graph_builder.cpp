@@ -125,7 +125,10 @@ void materialize_graph(BuiltGraph& built) {
     gn.backward_of = n->backward_of;
     gn.operands.reserve(n->operands.size());
     for (const ir::NodePtr& o : n->operands) gn.operands.push_back(o->build_id);
-    if (n->op == ir::Op::Data) gn.input = buffers++;
+    if (n->op == ir::Op::Data) {
+      gn.input = buffers++;
+      if (n->buffer) gn.name = n->buffer->name;
+    }
     if (n->op == ir::Op::Scalar) gn.input = scalars++;
     g.nodes.push_back(std::move(gn));
   }

@@ -26,6 +26,8 @@ struct Buffer {
   std::shared_ptr<backends::Storage> storage;  // valid once ready without error
   std::exception_ptr error;                    // set when its program failed
   std::atomic<bool> done{false};               // storage or error is set
+  // The module parameter or buffer it holds a value of ("layer1.0.conv1.weight"), for dumps.
+  std::shared_ptr<const std::string> name;
   // Graph builder scratch (under the runtime's lock): the Data node that stands for this
   // buffer in the graph being built, valid while build_epoch is current.
   uint64_t build_epoch = 0;
@@ -68,6 +70,9 @@ struct TensorImpl : std::enable_shared_from_this<TensorImpl> {
   // Autograd: a leaf that collects gradients in `grad` (see autograd/backward.cpp).
   bool requires_grad = false;
   Tensor grad;
+  // A module's parameter or buffer: its path from the outermost module that holds it (set by
+  // nn::Module's registration); the buffers of its values carry it into graph dumps.
+  std::shared_ptr<const std::string> name;
 
   explicit TensorImpl(ir::NodePtr n);
   ~TensorImpl();

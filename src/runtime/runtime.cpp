@@ -383,6 +383,8 @@ void sync_impls(const std::vector<std::shared_ptr<TensorImpl>>& targets, const s
                                        value->dtype, device, value->loc);
       TensorLock lock(t);
       if (t.node != value) continue;  // given another value meanwhile (by a closure's thread)
+      if (t.name && !job.outputs[built.root_output[k]]->name)
+        job.outputs[built.root_output[k]]->name = t.name;
       if (t.requires_grad)
         data = ir::annotated(data, true, t.weak_from_this(), nullptr);
       else if (keep_history && value->requires_grad)

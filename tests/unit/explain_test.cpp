@@ -436,3 +436,26 @@ TEST(Explain, TheContractBoundsImplicitSyncsPerStep) {
   });
   ls::debug::stop_expecting_steady();
 }
+
+// Graph dumps name the parameters and buffers a program reads by their module path.
+TEST(Explain, DumpsNameParametersByModulePath) {
+  ls::nn::Sequential model;
+  model.emplace<ls::nn::Linear>(4, 3);
+  model.emplace<ls::nn::ReLU>();
+  auto block = std::make_shared<ls::nn::Sequential>();
+  block->emplace<ls::nn::Linear>(3, 2);
+  block->emplace<ls::nn::BatchNorm1d>(2);
+  model.add(block);
+  ls::optim::SGD opt(model.parameters(), {.lr = 0.1});
+  const ls::Tensor x = ls::ones({5, 4});
+  for (int s = 0; s < 2; ++s)
+    ls::step([&] {
+      opt.zero_grad();
+      model(x).sum().backward();
+      opt.step();
+    });
+  const std::string text = ls::debug::last_graph_text();
+  for (const char* name :
+       {"holds 0.weight", "holds 0.bias", "holds 2.0.weight", "holds 2.1.running_mean"})
+    EXPECT_THAT(text, HasSubstr(name)) << text;
+}
