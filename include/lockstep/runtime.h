@@ -103,7 +103,7 @@ std::string report();
 //    "counters": {"<name>": <int>, ...},
 //    "timers": {"<name>": {"count": <int>, "total_ns": <int>}, ...},
 //    "sites": [{"site": <string>, "syncs": <int>, "compiles": <int>, "cache_hits": <int>,
-//               "nodes": <int>, "graphs": <int>, "in_step": <int>,
+//               "nodes": <int>, "graphs": <int>, "in_step": <int>, "planned_bytes": <int>,
 //               "misses": {"<reason>": <int>, ...},
 //               "timers": {"trace"|"graph"|"compile"|"execute":
 //                          {"count": <int>, "median_ms": <number>, "p90_ms": <number>}}}, ...],
@@ -137,6 +137,9 @@ struct SiteStats {
   int64_t nodes = 0;    // graph nodes built here, in all
   int64_t graphs = 0;   // distinct graphs compiled here
   int64_t in_step = 0;  // implicit syncs made while the thread's step was being recorded
+  // The most memory a program compiled here plans to take when it runs (the cpu backend's
+  // arena, outputs, copies, scratch and constants; 0 for backends that do not plan).
+  int64_t planned_bytes = 0;
   // Compiles by their reason (CacheMiss::field, or "first"): {"shape": 3, "first": 1}.
   std::map<std::string, int64_t> misses;
 };

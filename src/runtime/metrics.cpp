@@ -143,12 +143,14 @@ std::string report() {
   if (!sites.empty()) {
     os << "\n"
        << std::left << std::setw(10) << "syncs" << std::setw(10) << "compiles" << std::setw(10)
-       << "hits" << std::setw(10) << "in step" << std::setw(12) << "nodes"
+       << "hits" << std::setw(10) << "in step" << std::setw(12) << "nodes" << std::setw(14)
+       << "planned MiB"
        << "site\n";
     for (const debug::SiteStats& s : sites)
       os << std::left << std::setw(10) << s.syncs << std::setw(10) << s.compiles << std::setw(10)
-         << s.cache_hits << std::setw(10) << s.in_step << std::setw(12) << s.nodes << s.site
-         << "\n";
+         << s.cache_hits << std::setw(10) << s.in_step << std::setw(12) << s.nodes << std::setw(14)
+         << std::fixed << std::setprecision(2) << static_cast<double>(s.planned_bytes) / (1 << 20)
+         << s.site << "\n";
     // Per site and phase: median and 90th percentile of the last samples, in ms.
     os << "\n"
        << std::left << std::setw(10) << "phase" << std::setw(10) << "count" << std::right
@@ -205,7 +207,8 @@ std::string report_json() {
                                  {"cache_hits", s.cache_hits},
                                  {"nodes", s.nodes},
                                  {"graphs", s.graphs},
-                                 {"in_step", s.in_step}})
+                                 {"in_step", s.in_step},
+                                 {"planned_bytes", s.planned_bytes}})
       out += std::string(", \"") + key + "\": " + std::to_string(v);
     out += ", \"misses\": {";
     bool first_miss = true;

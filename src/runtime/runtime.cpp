@@ -300,7 +300,7 @@ const CacheEntry& lookup_or_compile(BuiltGraph& built, const std::string& origin
     r.cache.erase(it);
   }
   auto graph = std::make_shared<const ir::Graph>(built.graph);
-  site_compiled(site, graph);
+  site_compiled(site, graph, static_cast<int64_t>(exe->planned_bytes()));
   const bool collectives = dist::detail::has_collectives(*graph);
   r.lru.push_front(
       {built.hash, std::move(built.key), std::move(graph), std::move(exe), collectives});

@@ -132,10 +132,12 @@ debug::CacheMiss site_miss(const std::string& name, const ir::Graph& now, bool p
   return m;
 }
 
-void site_compiled(const std::string& name, std::shared_ptr<const ir::Graph> graph) {
+void site_compiled(const std::string& name, std::shared_ptr<const ir::Graph> graph,
+                   int64_t planned_bytes) {
   Sites& s = sites();
   std::lock_guard<std::mutex> lock(s.mu);
   Site& st = site(s, name);
+  st.stats.planned_bytes = std::max(st.stats.planned_bytes, planned_bytes);
   ++st.stats.compiles;
   ++st.stats.graphs;
   st.graphs.push_back(std::move(graph));

@@ -23,7 +23,9 @@ void site_in_step(const std::string& site, int64_t nth, const std::string& step_
 // with `print`). Throws Error, before anything is compiled, when expect_steady forbids it.
 debug::CacheMiss site_miss(const std::string& site, const ir::Graph& now, bool print);
 // The graph compiled for the miss, kept as a candidate for later explanations at `site`.
-void site_compiled(const std::string& site, std::shared_ptr<const ir::Graph> graph);
+// `planned_bytes`: what its program plans to take when it runs (Executable::planned_bytes).
+void site_compiled(const std::string& site, std::shared_ptr<const ir::Graph> graph,
+                   int64_t planned_bytes);
 // Per-site timers: a step's tracing, building and hashing a program's graph, compiling it,
 // running it (on the runtime thread). The last kTimingSamples samples of each are kept.
 enum class SitePhase { Trace, Graph, Compile, Execute };

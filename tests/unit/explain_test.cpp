@@ -318,6 +318,8 @@ TEST(Explain, TheJsonReportHasTheSchemaAndTheEventsCounts) {
     EXPECT_EQ(member(s, "syncs").integer, 3);
     EXPECT_EQ(member(s, "compiles").integer, 2);
     EXPECT_EQ(member(s, "cache_hits").integer, 1);
+    // The cpu backend plans the step's memory: at least its output (w, 5 floats).
+    EXPECT_GE(member(s, "planned_bytes").integer, 20);
     const ls::io::json::Value misses = member(s, "misses");
     EXPECT_EQ(member(misses, "first").integer, 1);
     EXPECT_EQ(member(misses, "shape").integer, 1);
