@@ -29,13 +29,9 @@ struct Job {
   double seconds = 0;
 };
 
-// Runs the worker under mpirun (killed after 120 s: a hang fails the test, never the suite).
-Job mpirun(int np, const std::string& args, const std::string& env = "",
-           const std::string& mca = "") {
-  const std::string cmd = std::string("timeout -k 5 120 env OMPI_ALLOW_RUN_AS_ROOT=1 ") +
-                          "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 " + env + " " +
-                          LOCKSTEP_MPIRUN + " --oversubscribe --bind-to none " + mca + " -np " +
-                          std::to_string(np) + " " + LOCKSTEP_DIST_WORKER + " " + args + " 2>&1";
+// Runs a shell command (killed after 120 s: a hang fails the test, never the suite).
+Job run(const std::string& command) {
+  const std::string cmd = "timeout -k 5 120 " + command + " 2>&1";
   Job r;
   const auto t0 = std::chrono::steady_clock::now();
   FILE* p = popen(cmd.c_str(), "r");
@@ -47,6 +43,15 @@ Job mpirun(int np, const std::string& args, const std::string& env = "",
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return r;
+}
+
+// Runs the worker under mpirun.
+Job mpirun(int np, const std::string& args, const std::string& env = "",
+           const std::string& mca = "") {
+  return run(std::string("env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 ") +
+             "OMP_NUM_THREADS=1 " + env + " " + LOCKSTEP_MPIRUN +
+             " --oversubscribe --bind-to none " + mca + " -np " + std::to_string(np) + " " +
+             LOCKSTEP_DIST_WORKER + " " + args);
 }
 
 // "rank R step S loss L" lines: loss per (rank, step).
@@ -187,17 +192,11 @@ TEST(DataParallel, AKilledRankEndsTheJob) {
 // lockstep-train --nprocs 2 starts two replicas through mpirun: the header names the global
 // batch, and each replica prints the seed's lines (the loss of its own shard) and its total.
 TEST(DataParallel, LockstepTrainNprocs) {
-  const std::string cmd = std::string("timeout -k 5 120 env OMP_NUM_THREADS=1 ") +
-                          LOCKSTEP_TRAIN_EXE +
-                          " --nprocs 2 --model mlp --data fake --num-steps 12 --log-steps 4 "
-                          "--batch-size 16 --workers 0 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  ASSERT_EQ(pclose(p), 0) << out;
+  const Job r = run(std::string("env OMP_NUM_THREADS=1 ") + LOCKSTEP_TRAIN_EXE +
+                    " --nprocs 2 --model mlp --data fake --num-steps 12 --log-steps 4 "
+                    "--batch-size 16 --workers 0");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const std::string& out = r.out;
   EXPECT_NE(out.find("batch 32 (2 replicas x 16)"), std::string::npos) << out;
   EXPECT_NE(out.find("replica 0 of 2"), std::string::npos) << out;
   EXPECT_NE(out.find("replica 1 of 2"), std::string::npos) << out;
