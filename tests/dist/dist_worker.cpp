@@ -6,6 +6,8 @@
 //   dist_worker diverge-op|diverge-batch STEPS      rank 1 records another graph at step 3
 //   dist_worker sleep STEPS SECONDS                 rank 1 sleeps before step 3
 //   dist_worker kill STEPS                          rank 1 kills itself (SIGKILL) in step 3
+//   dist_worker exchange-cost N                     N barriers (the exchange the graph check makes
+//                                                   before each program): microseconds per call
 //   dist_worker stall STEPS SECONDS                 rank 1's runtime thread sleeps after step 3
 //                                                   (a step closure): stuck mid-program
 // Prints "rank R step S loss L" per step (the loss averaged over the ranks) and
@@ -13,6 +15,7 @@
 #include <lockstep/dist.h>
 #include <lockstep/io.h>
 #include <lockstep/lockstep.h>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -74,6 +77,17 @@ int run(int argc, char** argv) {
   ls::dist::init();
   const int rank = ls::dist::rank(), world = ls::dist::world_size();
   const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "exchange-cost") {
+    const int n = std::atoi(argv[2]);
+    ls::dist::barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int k = 0; k < n; ++k) ls::dist::barrier();
+    const double us =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("rank %d exchange %.2f us\n", rank, us / n);
+    ls::dist::finalize();
+    return 0;
+  }
   const bool train = mode == "train";
   const std::string model_name = train ? argv[2] : "mlp";
   const std::string optim_name = train ? argv[3] : "sgd";
