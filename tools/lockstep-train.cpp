@@ -582,8 +582,6 @@ long allowed_cores() {
   return CPU_COUNT(&set);
 }
 
-bool under_mpirun() { return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMIX_RANK"); }
-
 // --nprocs N outside mpirun: this process becomes `mpirun -np N lockstep-train <the same
 // arguments>`, as xmp.spawn starts its processes. Unbound (--bind-to none: with 2 ranks or fewer
 // mpirun would bind each to one core, and --threads would silently mean 1), oversubscribing when
@@ -617,11 +615,11 @@ int run(const Options& o) {
                "to both, or only one of them",
                static_cast<long long>(o.nprocs), world));
   ls::set_default_device(ls::parse_device(o.device));
+  const long cores = allowed_cores();
   if (o.threads > 0)
     ls::set_num_threads(static_cast<int>(o.threads));
   else if (world > 1)  // the cores shared among the replicas on this host
-    ls::set_num_threads(
-        static_cast<int>(std::max<long>(1, allowed_cores() / ls::dist::local_size())));
+    ls::set_num_threads(static_cast<int>(std::max<long>(1, cores / ls::dist::local_size())));
   ls::manual_seed(o.seed);
 
   // Data. Fake data mirrors the seed's ResNet example: 60000 images an epoch.
@@ -730,7 +728,6 @@ int run(const Options& o) {
         o.device.c_str(), ls::num_threads(), world > 1 ? " per replica" : "");
   if (world > 1) {
     // What each rank really has: mpirun may bind a rank to one core (see --nprocs).
-    const long cores = allowed_cores();
     std::printf("replica %d of %d: %d threads on %ld cores it may run on\n", rank, world,
                 ls::num_threads(), cores);
     if (ls::num_threads() > cores)
@@ -880,7 +877,8 @@ int main(int argc, char** argv) {
   }
   install_sigint_handler();
   try {
-    if (options.nprocs > 1 && !under_mpirun()) launch_replicas(argc, argv, options.nprocs);
+    if (options.nprocs > 1 && !ls::dist::under_launcher())
+      launch_replicas(argc, argv, options.nprocs);
     return run(options);
   } catch (const std::exception& e) {
     std::fflush(stdout);

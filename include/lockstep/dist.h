@@ -41,6 +41,8 @@ namespace lockstep::dist {
 // MPI_Init (then finalize() leaves it to the program). Throws BackendError if MPI fails.
 void init();
 bool initialized();
+// Whether this process was started by mpirun or another MPI launcher (its environment says so).
+bool under_launcher();
 int rank();        // 0 before init()
 int world_size();  // 1 before init() and when not under a launcher
 int local_rank();  // among the ranks on this host

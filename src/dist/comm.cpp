@@ -105,11 +105,17 @@ bool poll_until(F&& done, Clock::time_point deadline) {
   }
 }
 
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string s;
+// "rank 1", "ranks 1, 3".
+std::string ranks_text(const std::vector<int>& ranks) {
+  std::string s = ranks.size() > 1 ? "ranks " : "rank ";
   for (size_t k = 0; k < ranks.size(); ++k) s += cat(k ? ", " : "", ranks[k]);
   return s;
 }
+
+// What every error after a missed deadline tells the user to do.
+constexpr const char* kAfterDeadline =
+    "The step's changes are undone; exit the process (non-zero) and restart the job from its "
+    "last checkpoint (deadline: ls::dist::set_timeout, LOCKSTEP_DIST_TIMEOUT)";
 
 #if LOCKSTEP_WITH_MPI
 void check(int rc, const char* call, const std::string& what) {
@@ -138,57 +144,83 @@ MPI_Datatype mpi_type(DType d, const std::string& what) {
                   " values over the ranks: cast to ls::i32 or ls::f32 first"));
 }
 
-bool under_launcher() {
-  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"})
-    if (std::getenv(v)) return true;
-  return false;
-}
-
 int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
   return v && *v ? std::atoi(v) : fallback;
 }
 
+// A message of `bytes` to and from every other rank, point to point on `comm` with `tag`:
+// out + r * bytes goes to rank r, rank r's lands at in + r * bytes (the caller keeps both alive,
+// also past a missed deadline). Knows which ranks' messages came: those that never send are
+// named.
+struct Swap {
+  std::vector<MPI_Request> recv, send;
+  std::vector<int> from;  // the rank of each receive
+  std::vector<bool> got;
+
+  Swap(char* in, const char* out, size_t bytes, int tag, MPI_Comm comm, const std::string& what) {
+    World& w = world();
+    for (int r = 0; r < w.size; ++r) {
+      if (r == w.rank) continue;
+      const size_t at = static_cast<size_t>(r) * bytes;
+      MPI_Request q;
+      check(MPI_Irecv(in + at, static_cast<int>(bytes), MPI_BYTE, r, tag, comm, &q), "MPI_Irecv",
+            what);
+      recv.push_back(q);
+      from.push_back(r);
+      check(MPI_Isend(out + at, static_cast<int>(bytes), MPI_BYTE, r, tag, comm, &q), "MPI_Isend",
+            what);
+      send.push_back(q);
+    }
+    got.assign(recv.size(), false);
+  }
+  // Tests the receives still open; whether all came. `raise`: an MPI error is a BackendError
+  // (else the message counts as not come).
+  bool test(bool raise, const std::string& what) {
+    bool all = true;
+    for (size_t k = 0; k < recv.size(); ++k) {
+      int flag = 0;
+      if (!got[k]) {
+        const int rc = MPI_Test(&recv[k], &flag, MPI_STATUS_IGNORE);
+        if (raise) check(rc, "MPI_Test", what);
+      }
+      got[k] = got[k] || flag;
+      all = all && got[k];
+    }
+    return all;
+  }
+  std::vector<int> missing() const {
+    std::vector<int> m;
+    for (size_t k = 0; k < from.size(); ++k)
+      if (!got[k]) m.push_back(from[k]);
+    return m;
+  }
+};
+
 // Ranks (other than this one) whose message never came before the deadline of a probe on the
 // runtime thread's own communicator: those not in MPI (stuck or dead).
 std::vector<int> probe_missing(const std::string& what) {
   World& w = world();
-  auto state = std::make_shared<std::vector<int>>(2 * static_cast<size_t>(w.size), 0);
-  std::vector<MPI_Request> req;
-  std::vector<int> from;
-  int* buf = state->data();
-  for (int r = 0; r < w.size; ++r) {
-    if (r == w.rank) continue;
-    MPI_Request q;
-    check(MPI_Irecv(buf + r, 1, MPI_INT, r, 21, w.probe, &q), "MPI_Irecv", what);
-    req.push_back(q);
-    from.push_back(r);
-    buf[w.size + r] = w.rank;
-    check(MPI_Isend(buf + w.size + r, 1, MPI_INT, r, 21, w.probe, &q), "MPI_Isend", what);
-  }
-  std::vector<bool> got(from.size(), false);
+  const auto n = static_cast<size_t>(w.size);
+  auto state = std::make_shared<std::vector<int>>(2 * n, w.rank);
+  char* buf = reinterpret_cast<char*>(state->data());
+  Swap swap(buf, buf + n * sizeof(int), sizeof(int), 21, w.probe, what);
   const auto deadline =
       Clock::now() + std::min<std::chrono::milliseconds>(timeout(), std::chrono::seconds(2));
-  while (Clock::now() < deadline) {
-    bool all = true;
-    for (size_t k = 0; k < from.size(); ++k) {
-      int flag = 0;
-      if (!got[k]) MPI_Test(&req[k], &flag, MPI_STATUS_IGNORE);
-      got[k] = got[k] || flag;
-      all = all && got[k];
-    }
-    if (all) break;
+  while (Clock::now() < deadline && !swap.test(false, what))
     std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
   keep_until_exit(state);
-  std::vector<int> missing;
-  for (size_t k = 0; k < from.size(); ++k)
-    if (!got[k]) missing.push_back(from[k]);
-  return missing;
+  return swap.missing();
 }
 #endif
 
 }  // namespace
+
+bool under_launcher() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"})
+    if (std::getenv(v)) return true;
+  return false;
+}
 
 void init() {
   World& w = world();
@@ -235,8 +267,7 @@ void init() {
       }
     });
 #else
-  const bool launched = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMIX_RANK");
-  if (launched)
+  if (under_launcher())
     throw Error(
         "dist: this lockstep was built without MPI, so it cannot join mpirun's job: "
         "install libopenmpi-dev and rebuild");
@@ -441,13 +472,10 @@ void wait(InFlight& op) {
   const std::string why = cat(
       op.what, " did not complete within ", seconds(timeout()), " on rank ", w.rank, " of ", w.size,
       missing.empty() ? std::string(": every rank answered, so they run different programs")
-                      : cat(": rank", missing.size() > 1 ? "s " : " ", rank_list(missing),
-                            missing.size() > 1 ? " do" : " does", " not answer (stuck or dead)"));
+                      : cat(": ", ranks_text(missing), missing.size() > 1 ? " do" : " does",
+                            " not answer (stuck or dead)"));
   break_world(why);
-  throw Error(cat("dist: ", why,
-                  ". The step's changes are undone; exit the process (non-zero) and restart the "
-                  "job from its last checkpoint (deadline: ls::dist::set_timeout, "
-                  "LOCKSTEP_DIST_TIMEOUT)"));
+  throw Error(cat("dist: ", why, ". ", kAfterDeadline));
 #else
   (void)op;
 #endif
@@ -500,52 +528,20 @@ std::vector<Record> exchange(const Record& mine, const std::string& what) {
   buf->in.assign(static_cast<size_t>(w.size), Record{});
   buf->out.assign(static_cast<size_t>(w.size), mine);
   buf->in[static_cast<size_t>(w.rank)] = mine;
-  std::vector<MPI_Request> recv, send;
-  std::vector<int> from;
-  for (int r = 0; r < w.size; ++r) {
-    if (r == w.rank) continue;
-    MPI_Request q;
-    check(
-        MPI_Irecv(&buf->in[static_cast<size_t>(r)], sizeof(Record), MPI_BYTE, r, 11, w.control, &q),
-        "MPI_Irecv", what);
-    recv.push_back(q);
-    from.push_back(r);
-    check(MPI_Isend(&buf->out[static_cast<size_t>(r)], sizeof(Record), MPI_BYTE, r, 11, w.control,
-                    &q),
-          "MPI_Isend", what);
-    send.push_back(q);
-  }
-  std::vector<bool> got(recv.size(), false);
-  const bool ok = poll_until(
-      [&] {
-        bool all = true;
-        for (size_t k = 0; k < recv.size(); ++k) {
-          int flag = 0;
-          if (!got[k]) check(MPI_Test(&recv[k], &flag, MPI_STATUS_IGNORE), "MPI_Test", what);
-          got[k] = got[k] || flag;
-          all = all && got[k];
-        }
-        return all;
-      },
-      Clock::now() + timeout());
-  if (!ok) {
+  Swap swap(reinterpret_cast<char*>(buf->in.data()), reinterpret_cast<const char*>(buf->out.data()),
+            sizeof(Record), 11, w.control, what);
+  if (!poll_until([&] { return swap.test(true, what); }, Clock::now() + timeout())) {
     keep_until_exit(buf);
     if (w.broken.load()) throw_broken();
-    std::vector<int> missing;
-    for (size_t k = 0; k < from.size(); ++k)
-      if (!got[k]) missing.push_back(from[k]);
-    const std::string why =
-        cat("rank", missing.size() > 1 ? "s " : " ", rank_list(missing), " did not reach ", what,
-            " within ", seconds(timeout()), " (rank ", w.rank, " of ", w.size, " waited)");
+    const std::string why = cat(ranks_text(swap.missing()), " did not reach ", what, " within ",
+                                seconds(timeout()), " (rank ", w.rank, " of ", w.size, " waited)");
     break_world(why);
-    throw Error(cat("dist: ", why,
-                    ": they are stuck, dead, or running a different program. The step's changes "
-                    "are undone; exit the process (non-zero) and restart the job from its last "
-                    "checkpoint (deadline: ls::dist::set_timeout, LOCKSTEP_DIST_TIMEOUT)"));
+    throw Error(cat("dist: ", why, ": they are stuck, dead, or running a different program. ",
+                    kAfterDeadline));
   }
   // The sends were received, so they complete.
-  check(MPI_Waitall(static_cast<int>(send.size()), send.data(), MPI_STATUSES_IGNORE), "MPI_Waitall",
-        what);
+  check(MPI_Waitall(static_cast<int>(swap.send.size()), swap.send.data(), MPI_STATUSES_IGNORE),
+        "MPI_Waitall", what);
   return buf->in;
 }
 
@@ -689,8 +685,7 @@ void barrier() {
   for (int r = 0; r < w.size; ++r)
     if (all[static_cast<size_t>(r)].kind != 2) elsewhere.push_back(r);
   if (!elsewhere.empty())
-    throw Error(cat("dist: rank ", w.rank, " is at a barrier while rank",
-                    elsewhere.size() > 1 ? "s " : " ", rank_list(elsewhere),
+    throw Error(cat("dist: rank ", w.rank, " is at a barrier while ", ranks_text(elsewhere),
                     " run a program with collectives or check values: every rank must call "
                     "barrier() at the same point"));
 #endif
@@ -717,9 +712,8 @@ void check_same_on_all_ranks(const std::vector<Tensor>& tensors, const std::stri
                   rec.kind == 3 ? detail::hex(rec.hash) : std::string("(elsewhere)"));
   }
   if (!differ.empty())
-    throw Error(cat("dist: ", what, " differ between the ranks at ", util::where(loc), ": rank",
-                    differ.size() > 1 ? "s " : " ", rank_list(differ),
-                    " hold other values than rank 0 (hashes: ", hashes,
+    throw Error(cat("dist: ", what, " differ between the ranks at ", util::where(loc), ": ",
+                    ranks_text(differ), " hold other values than rank 0 (hashes: ", hashes,
                     "). Load the same checkpoint on every rank, or build the model through "
                     "dist::DataParallel, which takes rank 0's values"));
 #endif

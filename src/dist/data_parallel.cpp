@@ -26,6 +26,13 @@ Tensor record_all_reduce(const Tensor& x, double scale, int64_t order, int64_t b
                           x.shape(), x.dtype());
 }
 
+// What a replica holds: the parameters, then the buffers.
+std::vector<Tensor> state_of(const nn::Module& model) {
+  std::vector<Tensor> state = model.parameters();
+  for (const Tensor& b : model.buffers()) state.push_back(b);
+  return state;
+}
+
 uint64_t fnv1a(const unsigned char* p, size_t n, uint64_t h) {
   for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
   return h;
@@ -67,9 +74,7 @@ DataParallel::DataParallel(nn::Module& model, DataParallelOptions options, Loc l
   if (world_size() == 1) return;
   // Rank 0's parameters and buffers on every rank: one program of broadcasts.
   NoGrad no_grad;
-  std::vector<Tensor> state = model.parameters();
-  for (const Tensor& b : model.buffers()) state.push_back(b);
-  for (Tensor& t : state) t.copy_(broadcast(t, 0, loc), loc);
+  for (Tensor& t : state_of(model)) t.copy_(broadcast(t, 0, loc), loc);
   sync(loc);
   wait();
 }
@@ -91,16 +96,10 @@ void DataParallel::average_gradients(Loc loc) {
   }
 }
 
-uint64_t DataParallel::state_hash(Loc loc) const {
-  std::vector<Tensor> state = model_->parameters();
-  for (const Tensor& b : model_->buffers()) state.push_back(b);
-  return hash_values(state, loc);
-}
+uint64_t DataParallel::state_hash(Loc loc) const { return hash_values(state_of(*model_), loc); }
 
 void DataParallel::check_replicas_agree(Loc loc) const {
-  std::vector<Tensor> state = model_->parameters();
-  for (const Tensor& b : model_->buffers()) state.push_back(b);
-  check_same_on_all_ranks(state, "the model's parameters and buffers", loc);
+  check_same_on_all_ranks(state_of(*model_), "the model's parameters and buffers", loc);
 }
 
 }  // namespace lockstep::dist
