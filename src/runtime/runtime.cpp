@@ -184,8 +184,9 @@ void Runtime::run_job(Job& job) {
       err = wrap_error(job.origin, std::current_exception(), job.rollback != nullptr);
       count("execution_errors");
     }
-    time_ns("execute", now_ns() - t0);
-    site_time(job.site, SitePhase::Execute, now_ns() - t0);
+    const int64_t took = now_ns() - t0;
+    time_ns("execute", took);
+    site_time(job.site, SitePhase::Execute, took);
     count("executions");
     count("executed_nodes", job.num_nodes);
   }
@@ -257,18 +258,19 @@ void wait_buffer(Buffer& b) {
   r.done_cv.wait(lock, [&] { return b.done.load(); });
 }
 
+// `graph_ns`: how long building and hashing the graph took (a sample of the site's timer).
 const CacheEntry& lookup_or_compile(BuiltGraph& built, const std::string& origin,
-                                    const std::string& site) {
+                                    const std::string& site, int64_t graph_ns) {
   Runtime& r = rt();
   auto it = r.cache.find(built.hash);
   if (it != r.cache.end() && it->second->key == built.key) {
     r.lru.splice(r.lru.begin(), r.lru, it->second);
     count("cache_hits");
-    site_sync(site, static_cast<int64_t>(built.order.size()), true);
+    site_sync(site, static_cast<int64_t>(built.order.size()), true, graph_ns);
     return *it->second;
   }
   const int64_t t0 = now_ns();
-  site_sync(site, static_cast<int64_t>(built.order.size()), false);
+  site_sync(site, static_cast<int64_t>(built.order.size()), false, graph_ns);
   materialize_graph(built);
   // Why: against the site's earlier graphs (and the steady-state contract, which may refuse).
   site_miss(site, built.graph, r.debug);
@@ -280,8 +282,9 @@ const CacheEntry& lookup_or_compile(BuiltGraph& built, const std::string& origin
   } catch (const Error& e) {
     throw Error(cat(origin, ": compile failed: ", e.what()));
   }
-  time_ns("compile", now_ns() - t0);
-  site_time(site, SitePhase::Compile, now_ns() - t0);
+  const int64_t took = now_ns() - t0;
+  time_ns("compile", took);
+  site_time(site, SitePhase::Compile, took);
   count("compiles");
   const auto nodes = static_cast<int64_t>(built.graph.nodes.size());
   for (int64_t seen = g_largest_program.load(); nodes > seen;)
@@ -346,9 +349,9 @@ void sync_impls(const std::vector<std::shared_ptr<TensorImpl>>& targets, const s
       }
     const int64_t t0 = now_ns();
     BuiltGraph built = build_graph(roots, device);
-    time_ns("graph", now_ns() - t0);
-    site_time(site, SitePhase::Graph, now_ns() - t0);
-    const CacheEntry& entry = lookup_or_compile(built, origin, site);
+    const int64_t graph_ns = now_ns() - t0;
+    time_ns("graph", graph_ns);
+    const CacheEntry& entry = lookup_or_compile(built, origin, site, graph_ns);
     r.last_graph = entry.graph;
     // The memory preflight: before the program is queued (the limit may have changed since it
     // was compiled), so that nothing runs.

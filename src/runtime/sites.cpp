@@ -57,6 +57,17 @@ Site& site(Sites& s, const std::string& name) {
   return it->second;
 }
 
+// A sample of the site's timer for `phase`, into its ring of the last kTimingSamples.
+void record_time(Site& st, SitePhase phase, int64_t ns) {
+  const auto k = static_cast<size_t>(phase);
+  std::vector<int64_t>& ring = st.samples[k];
+  if (ring.size() < kTimingSamples)
+    ring.push_back(ns);
+  else
+    ring[static_cast<size_t>(st.taken[k]) % kTimingSamples] = ns;
+  ++st.taken[k];
+}
+
 std::string hint_for(const debug::CacheMiss& m) {
   const std::string at = m.where.empty() ? "" : cat(" of the ", m.op, " at ", m.where);
   if (m.field == "shape")
@@ -74,13 +85,14 @@ std::string hint_for(const debug::CacheMiss& m) {
 
 }  // namespace
 
-void site_sync(const std::string& name, int64_t nodes, bool hit) {
+void site_sync(const std::string& name, int64_t nodes, bool hit, int64_t graph_ns) {
   Sites& s = sites();
   std::lock_guard<std::mutex> lock(s.mu);
   Site& st = site(s, name);
   ++st.stats.syncs;
   st.stats.nodes += nodes;
   if (hit) ++st.stats.cache_hits;
+  record_time(st, SitePhase::Graph, graph_ns);
 }
 
 void site_in_step(const std::string& name, int64_t nth, const std::string& step_origin) {
@@ -161,14 +173,7 @@ const char* phase_name(SitePhase phase) {
 void site_time(const std::string& name, SitePhase phase, int64_t ns) {
   Sites& s = sites();
   std::lock_guard<std::mutex> lock(s.mu);
-  Site& st = site(s, name);
-  const auto k = static_cast<size_t>(phase);
-  std::vector<int64_t>& ring = st.samples[k];
-  if (ring.size() < kTimingSamples)
-    ring.push_back(ns);
-  else
-    ring[static_cast<size_t>(st.taken[k]) % kTimingSamples] = ns;
-  ++st.taken[k];
+  record_time(site(s, name), phase, ns);
 }
 
 std::array<PhaseTiming, kSitePhases> site_timings(const std::string& name) {

@@ -12,9 +12,9 @@
 
 namespace lockstep::runtime {
 
-// A program of `nodes` nodes was built at `site`; `hit`: found in the compile cache (one lock and
-// lookup per program on the hot path).
-void site_sync(const std::string& site, int64_t nodes, bool hit);
+// A program of `nodes` nodes was built at `site` in `graph_ns` (a sample of its graph timer);
+// `hit`: found in the compile cache (one lock and lookup per program on the hot path).
+void site_sync(const std::string& site, int64_t nodes, bool hit, int64_t graph_ns);
 // An implicit sync at `site` is about to cut the recording of step `step_origin` short, its
 // `nth` in that step: counted, and checked against the steady contract's bound on implicit syncs
 // per step (throws Error, before anything is synced, under the Throw policy).
