@@ -1,5 +1,5 @@
-// Data parallel training speed (lockstep's side of bench/dist_scaling.sh): the MLP or ResNet-18
-// workload (bench/workloads.h) with ls::dist::DataParallel, one fixed batch per rank (weak
+// Data parallel training speed (lockstep's side of scripts/bench-dist): a workload of
+// bench/workloads.h with ls::dist::DataParallel, one fixed batch per rank (weak
 // scaling: the batch is per rank), SGD. Run alone (one process) or under mpirun. Rank 0 prints:
 //   result <workload> lockstep ranks R threads T img_per_s X step_ms S comm_ms C exposed_ms E
 //          hidden H
@@ -7,7 +7,7 @@
 // run back to back with nothing else: median of 5); exposed_ms: how long the training steps
 // waited for them (metrics timer all_reduce_wait, per step, on the rank that waited least: the
 // others also wait for it to finish its backward); hidden = 1 - exposed / comm.
-//   dist_bench <mlp|resnet18> [timed_steps=20] [threads=1] [bucket_mib=25]
+//   dist_bench <mlp|resnet18|resnet50> [timed_steps=20] [threads=1] [bucket_mib=25]
 #include <lockstep/lockstep.h>
 #include <algorithm>
 #include <chrono>
@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "workloads.h"
+#include "workload_models.h"
 
 namespace ls = lockstep;
 
@@ -30,7 +30,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: dist_bench <mlp|resnet18> [timed_steps] [threads]\n");
+    std::fprintf(
+        stderr, "usage: dist_bench <mlp|resnet18|resnet50> [timed_steps] [threads] [bucket_mib]\n");
     return 2;
   }
   try {
@@ -41,19 +42,13 @@ int main(int argc, char** argv) {
     ls::set_num_threads(threads);
     const int rank = ls::dist::rank(), world = ls::dist::world_size();
     ls::manual_seed(static_cast<uint64_t>(rank));
-    std::shared_ptr<ls::nn::Module> model;
-    if (w.name == "mlp")
-      model = std::make_shared<ls::models::MLP>(std::vector<int64_t>{784, 1024, 1024, 10});
-    else
-      model = std::make_shared<ls::models::ResNet>(
-          ls::models::resnet18({.num_classes = 10, .stem = ls::models::ResNetStem::Small}));
+    const std::shared_ptr<ls::nn::Module> model = make_model(w);
     ls::dist::DataParallelOptions dp_options;
     if (argc > 4) dp_options.bucket_bytes = static_cast<int64_t>(std::atof(argv[4]) * (1 << 20));
     ls::dist::DataParallel dp(*model, dp_options);
     ls::optim::SGD opt(model->parameters(), {.lr = 0.01, .momentum = 0.9});
-    const ls::Tensor images =
-        w.image ? ls::randn({w.batch, w.channels, w.image, w.image}) : ls::randn({w.batch, 784});
-    const ls::Tensor labels = ls::randint(0, 10, {w.batch});
+    const FixedBatch batch = fixed_batch(w);
+    const ls::Tensor &images = batch.images, &labels = batch.labels;
     ls::sync();
     ls::wait();
     auto train = [&](int n) {

@@ -12,7 +12,7 @@
 #include <lockstep/lockstep.h>
 #include "ir/ir.h"
 #include "runtime/lazy.h"
-#include "workloads.h"
+#include "workload_models.h"
 
 namespace ls = lockstep;
 
@@ -73,18 +73,10 @@ int main(int argc, char** argv) {
   const int steps = argc > 2 ? std::atoi(argv[2]) : 20;
   if (argc > 3) ls::set_num_threads(std::atoi(argv[3]));
   ls::manual_seed(0);
-  std::shared_ptr<ls::nn::Module> model;
-  if (w.name == "mlp")
-    model = std::make_shared<ls::models::MLP>(std::vector<int64_t>{784, 1024, 1024, 10});
-  else if (w.name == "resnet18")
-    model = std::make_shared<ls::models::ResNet>(
-        ls::models::resnet18({.num_classes = 10, .stem = ls::models::ResNetStem::Small}));
-  else
-    model = std::make_shared<ls::models::ResNet>(ls::models::resnet50({.num_classes = 10}));
+  const std::shared_ptr<ls::nn::Module> model = make_model(w);
   ls::optim::SGD opt(model->parameters(), {.lr = 0.01, .momentum = 0.9});
-  const ls::Tensor images =
-      w.image ? ls::randn({w.batch, w.channels, w.image, w.image}) : ls::randn({w.batch, 784});
-  const ls::Tensor labels = ls::randint(0, 10, {w.batch});
+  const FixedBatch batch = fixed_batch(w);
+  const ls::Tensor &images = batch.images, &labels = batch.labels;
   ls::sync();
   ls::wait();
 
