@@ -138,7 +138,52 @@ class ReLU : public Module {
  public:
   Tensor forward(const Tensor& x) override;
 };
+enum class GeluApproximation { None, Tanh };
 class GELU : public Module {
+ public:
+  explicit GELU(GeluApproximation approximate = GeluApproximation::None)
+      : approximate(approximate) {}
+  Tensor forward(const Tensor& x) override;
+  GeluApproximation approximate;
+};
+// The activations below as modules, with PyTorch's defaults.
+class LeakyReLU : public Module {
+ public:
+  explicit LeakyReLU(double negative_slope = 0.01) : negative_slope(negative_slope) {}
+  Tensor forward(const Tensor& x) override;
+  double negative_slope;
+};
+class ELU : public Module {
+ public:
+  explicit ELU(double alpha = 1.0) : alpha(alpha) {}
+  Tensor forward(const Tensor& x) override;
+  double alpha;
+};
+class Softplus : public Module {
+ public:
+  explicit Softplus(double beta = 1.0, double threshold = 20.0)
+      : beta(beta), threshold(threshold) {}
+  Tensor forward(const Tensor& x) override;
+  double beta, threshold;
+};
+class SiLU : public Module {
+ public:
+  Tensor forward(const Tensor& x) override;
+};
+class Hardswish : public Module {
+ public:
+  Tensor forward(const Tensor& x) override;
+};
+class Mish : public Module {
+ public:
+  Tensor forward(const Tensor& x) override;
+};
+class LogSigmoid : public Module {
+ public:
+  Tensor forward(const Tensor& x) override;
+};
+// Returns its input (a placeholder where a layer is optional).
+class Identity : public Module {
  public:
   Tensor forward(const Tensor& x) override;
 };
@@ -197,7 +242,19 @@ enum class Reduction { Mean, Sum, None };
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
               Loc loc = Loc::current());
-Tensor gelu(const Tensor& x, Loc loc = Loc::current());  // exact (erf) form, as PyTorch's default
+// The exact (erf) form, PyTorch's default, or its tanh approximation (approximate='tanh').
+Tensor gelu(const Tensor& x, GeluApproximation approximate = GeluApproximation::None,
+            Loc loc = Loc::current());
+// Activations with PyTorch's formulas and defaults (F.leaky_relu, F.elu, F.silu, F.softplus,
+// F.hardswish, F.mish, F.logsigmoid). softplus is x where beta * x > threshold.
+Tensor leaky_relu(const Tensor& x, double negative_slope = 0.01, Loc loc = Loc::current());
+Tensor elu(const Tensor& x, double alpha = 1.0, Loc loc = Loc::current());
+Tensor silu(const Tensor& x, Loc loc = Loc::current());
+Tensor softplus(const Tensor& x, double beta = 1.0, double threshold = 20.0,
+                Loc loc = Loc::current());
+Tensor hardswish(const Tensor& x, Loc loc = Loc::current());
+Tensor mish(const Tensor& x, Loc loc = Loc::current());
+Tensor log_sigmoid(const Tensor& x, Loc loc = Loc::current());
 Tensor erf(const Tensor& x, Loc loc = Loc::current());
 Tensor dropout(const Tensor& x, double p, bool training, Loc loc = Loc::current());
 // Batch normalization of x [N, C, ...] per channel (axis 1), as PyTorch's F.batch_norm. In

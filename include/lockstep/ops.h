@@ -4,6 +4,7 @@
 #pragma once
 
 #include <array>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -24,6 +25,9 @@ Tensor scalar_tensor(Scalar value, TensorOptions options = {}, Loc loc = Loc::cu
 Tensor arange(Scalar end, TensorOptions options = {DType::I64}, Loc loc = Loc::current());
 Tensor arange(Scalar start, Scalar end, Scalar step, TensorOptions options = {DType::I64},
               Loc loc = Loc::current());
+// `steps` values from start to end inclusive, evenly spaced (torch.linspace).
+Tensor linspace(double start, double end, int64_t steps, TensorOptions options = {},
+                Loc loc = Loc::current());
 // Copies host data. `shape` may be empty for a 1-d tensor of data.size() elements.
 template <typename T>
 Tensor from_vector(const std::vector<T>& data, const Shape& shape = {},
@@ -50,6 +54,8 @@ Tensor neg(const Tensor& x, Loc loc = Loc::current());
 Tensor abs(const Tensor& x, Loc loc = Loc::current());
 Tensor exp(const Tensor& x, Loc loc = Loc::current());
 Tensor log(const Tensor& x, Loc loc = Loc::current());
+// log(1 + x), accurate for small x.
+Tensor log1p(const Tensor& x, Loc loc = Loc::current());
 Tensor sqrt(const Tensor& x, Loc loc = Loc::current());
 Tensor rsqrt(const Tensor& x, Loc loc = Loc::current());
 Tensor tanh(const Tensor& x, Loc loc = Loc::current());
@@ -64,8 +70,11 @@ Tensor logical_not(const Tensor& x, Loc loc = Loc::current());
 Tensor isfinite(const Tensor& x, Loc loc = Loc::current());
 Tensor square(const Tensor& x, Loc loc = Loc::current());
 
-// Binary ops broadcast like NumPy. Both tensors must have the same dtype; a Scalar takes the
-// tensor's dtype (an integer tensor refuses a non-integral scalar).
+// Binary ops broadcast like NumPy and promote dtypes as PyTorch does (torch.result_type): the
+// higher category of bool < integer < floating wins, then the larger size (i32 + i64 is i64,
+// f32 + f64 is f64); a 0-d tensor or a scalar counts only when its category is above the other
+// operand's (f32[3] + f64 0-d is f32, i64[3] * 2.5 is f32, bool + 1 is i64). `div` is true
+// division: integers divide as f32 (floor_divide keeps integers).
 #define LOCKSTEP_BINARY_DECL(name)                                         \
   Tensor name(const Tensor& a, const Tensor& b, Loc loc = Loc::current()); \
   Tensor name(const Tensor& a, Scalar b, Loc loc = Loc::current());        \
@@ -85,15 +94,30 @@ LOCKSTEP_BINARY_DECL(gt)
 LOCKSTEP_BINARY_DECL(ge)
 LOCKSTEP_BINARY_DECL(logical_and)
 LOCKSTEP_BINARY_DECL(logical_or)
+// C's fmod (the remainder has the sign of a) and Python's % (the sign of b), as torch.fmod and
+// torch.remainder; integer division by zero fails when the step runs.
+LOCKSTEP_BINARY_DECL(fmod)
+LOCKSTEP_BINARY_DECL(remainder)
+// floor(a / b), in the operands' dtype (integers stay integers), as torch.floor_divide.
+LOCKSTEP_BINARY_DECL(floor_divide)
 #undef LOCKSTEP_BINARY_DECL
 
 // cond ? a : b, broadcasting all three; cond is bool.
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b, Loc loc = Loc::current());
 Tensor where(const Tensor& cond, const Tensor& a, Scalar b, Loc loc = Loc::current());
 Tensor where(const Tensor& cond, Scalar a, const Tensor& b, Loc loc = Loc::current());
+Tensor where(const Tensor& cond, Scalar a, Scalar b, Loc loc = Loc::current());
+// x where mask is false, `value` where it is true (mask broadcasts to x; bool).
+Tensor masked_fill(const Tensor& x, const Tensor& mask, Scalar value, Loc loc = Loc::current());
+Tensor masked_fill(const Tensor& x, const Tensor& mask, const Tensor& value,
+                   Loc loc = Loc::current());
 Tensor cast(const Tensor& x, DType dtype, Loc loc = Loc::current());
 // min(max(x, lo), hi).
 Tensor clamp(const Tensor& x, Scalar lo, Scalar hi, Loc loc = Loc::current());
+// With tensor bounds (broadcast; an empty handle is no bound on that side), as torch.clamp.
+Tensor clamp(const Tensor& x, const Tensor& lo, const Tensor& hi, Loc loc = Loc::current());
+Tensor clamp_min(const Tensor& x, Scalar lo, Loc loc = Loc::current());
+Tensor clamp_max(const Tensor& x, Scalar hi, Loc loc = Loc::current());
 
 // ---- reductions: over `axes` (empty = all; negative counts from the end) -------------------
 // sum of bool/i32 gives i64, as PyTorch does.
@@ -115,6 +139,39 @@ Tensor softmax(const Tensor& x, int64_t axis, Loc loc = Loc::current());
 Tensor log_softmax(const Tensor& x, int64_t axis, Loc loc = Loc::current());
 Tensor logsumexp(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim = false,
                  Loc loc = Loc::current());
+// Variance and standard deviation with Bessel's `correction` (1: unbiased, PyTorch's default).
+Tensor var(const Tensor& x, const std::vector<int64_t>& axes = {}, int64_t correction = 1,
+           bool keepdim = false, Loc loc = Loc::current());
+Tensor std(const Tensor& x, const std::vector<int64_t>& axes = {}, int64_t correction = 1,
+           bool keepdim = false, Loc loc = Loc::current());
+// Product of the elements (bool and i32 give i64, as sum does).
+Tensor prod(const Tensor& x, const std::vector<int64_t>& axes = {}, bool keepdim = false,
+            Loc loc = Loc::current());
+// Vector p-norm over `axes` (all when empty): p = 2 (default), 1, any p > 0, inf (max |x|),
+// -inf (min |x|), 0 (count of non-zeros), as torch.linalg.vector_norm.
+Tensor norm(const Tensor& x, double p = 2, const std::vector<int64_t>& axes = {},
+            bool keepdim = false, Loc loc = Loc::current());
+// Whether any / all elements are non-zero (bool).
+Tensor any(const Tensor& x, const std::vector<int64_t>& axes = {}, bool keepdim = false,
+           Loc loc = Loc::current());
+Tensor all(const Tensor& x, const std::vector<int64_t>& axes = {}, bool keepdim = false,
+           Loc loc = Loc::current());
+// Running sum / product along `axis` (bool and i32 give i64).
+Tensor cumsum(const Tensor& x, int64_t axis, Loc loc = Loc::current());
+Tensor cumprod(const Tensor& x, int64_t axis, Loc loc = Loc::current());
+
+// ---- sorting -------------------------------------------------------------------------------
+// Stable: equal values keep their order (PyTorch's stable=True); NaN sorts above every number.
+struct ValuesIndices {
+  Tensor values, indices;  // indices: i64 positions along the axis
+};
+ValuesIndices sort(const Tensor& x, int64_t axis = -1, bool descending = false,
+                   Loc loc = Loc::current());
+Tensor argsort(const Tensor& x, int64_t axis = -1, bool descending = false,
+               Loc loc = Loc::current());
+// The k largest (or smallest) along `axis`, in sorted order.
+ValuesIndices topk(const Tensor& x, int64_t k, int64_t axis = -1, bool largest = true,
+                   Loc loc = Loc::current());
 
 // ---- movement ------------------------------------------------------------------------------
 // One dimension of `shape` may be -1 (inferred).
@@ -131,6 +188,35 @@ Tensor flatten(const Tensor& x, int64_t start_axis = 0, int64_t end_axis = -1,
 Tensor slice(const Tensor& x, int64_t axis, int64_t start, int64_t end, int64_t step = 1,
              Loc loc = Loc::current());
 Tensor concat(const std::vector<Tensor>& xs, int64_t axis, Loc loc = Loc::current());
+// Pieces along `axis`: `chunks` of ceil(size / chunks) (the last smaller, maybe fewer pieces),
+// as torch.chunk; pieces of `size` (the last smaller) or of the given sizes, as torch.split.
+std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t axis = 0,
+                          Loc loc = Loc::current());
+std::vector<Tensor> split(const Tensor& x, int64_t size, int64_t axis = 0,
+                          Loc loc = Loc::current());
+std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t axis = 0,
+                          Loc loc = Loc::current());
+// Tensors of one shape joined along a new axis; the slices of x along an axis, that axis removed.
+Tensor stack(const std::vector<Tensor>& xs, int64_t axis = 0, Loc loc = Loc::current());
+std::vector<Tensor> unbind(const Tensor& x, int64_t axis = 0, Loc loc = Loc::current());
+// x[start : start + length] along axis (start may be negative), as torch.narrow.
+Tensor narrow(const Tensor& x, int64_t axis, int64_t start, int64_t length,
+              Loc loc = Loc::current());
+Tensor movedim(const Tensor& x, int64_t source, int64_t destination, Loc loc = Loc::current());
+Tensor movedim(const Tensor& x, const std::vector<int64_t>& source,
+               const std::vector<int64_t>& destination, Loc loc = Loc::current());
+// Tiles x repeats[i] times along axis i (leading axes added when repeats is longer).
+Tensor repeat(const Tensor& x, const std::vector<int64_t>& repeats, Loc loc = Loc::current());
+// Reverses the order along each of `axes`.
+Tensor flip(const Tensor& x, const std::vector<int64_t>& axes, Loc loc = Loc::current());
+// Shifts elements by shifts[i] along axes[i], wrapping around; with no axes, over the flattened
+// tensor (shape kept), as torch.roll.
+Tensor roll(const Tensor& x, const std::vector<int64_t>& shifts,
+            const std::vector<int64_t>& axes = {}, Loc loc = Loc::current());
+// Lower / upper triangle of the last two axes (diagonal 0 is the main one, > 0 above it);
+// the rest zeroed.
+Tensor tril(const Tensor& x, int64_t diagonal = 0, Loc loc = Loc::current());
+Tensor triu(const Tensor& x, int64_t diagonal = 0, Loc loc = Loc::current());
 // pads[i] = {before, after} for axis i (one pair per axis), filled with `value`.
 Tensor pad(const Tensor& x, const std::vector<std::pair<int64_t, int64_t>>& pads, Scalar value = 0,
            Loc loc = Loc::current());
@@ -142,7 +228,19 @@ Tensor gather(const Tensor& x, int64_t axis, const Tensor& index, Loc loc = Loc:
 Tensor scatter_add(const Tensor& x, int64_t axis, const Tensor& index, const Tensor& src,
                    Loc loc = Loc::current());
 
+// The entries of x at the i64 1-d `index` along axis (torch.index_select).
+Tensor index_select(const Tensor& x, int64_t axis, const Tensor& index, Loc loc = Loc::current());
+// gather with x and index broadcast against each other outside `axis` (torch.take_along_dim).
+Tensor take_along_dim(const Tensor& x, const Tensor& index, int64_t axis, Loc loc = Loc::current());
+// i64 [..., num_classes]: 1 at each index (which must be in [0, num_classes)), as F.one_hot.
+Tensor one_hot(const Tensor& index, int64_t num_classes, Loc loc = Loc::current());
+
 // ---- linear algebra and convolution ---------------------------------------------------------
+// Einstein summation over one or more operands ("bij,bjk->bik", "ij->ji", "...ij,...jk"),
+// written as permutes, reshapes, sums and batched matmuls. An index repeated within one operand
+// (a diagonal) is not supported.
+Tensor einsum(const std::string& equation, const std::vector<Tensor>& operands,
+              Loc loc = Loc::current());
 // [..., m, k] x [..., k, n] with broadcast batch dims; 1-d operands as numpy.matmul.
 Tensor matmul(const Tensor& a, const Tensor& b, Loc loc = Loc::current());
 
@@ -188,6 +286,7 @@ LOCKSTEP_OPERATOR(+, add)
 LOCKSTEP_OPERATOR(-, sub)
 LOCKSTEP_OPERATOR(*, mul)
 LOCKSTEP_OPERATOR(/, div)
+LOCKSTEP_OPERATOR(%, remainder)
 LOCKSTEP_OPERATOR(==, eq)
 LOCKSTEP_OPERATOR(!=, ne)
 LOCKSTEP_OPERATOR(<, lt)

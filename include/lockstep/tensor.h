@@ -29,14 +29,17 @@ class Scalar {
   template <typename T, typename = std::enable_if_t<std::is_arithmetic_v<T>>>
   Scalar(T value)  // NOLINT(google-explicit-constructor): numbers convert implicitly.
       : is_integer_(std::is_integral_v<T>),
+        is_bool_(std::is_same_v<T, bool>),
         f_(static_cast<double>(value)),
         i_(std::is_integral_v<T> ? static_cast<int64_t>(value) : 0) {}
-  bool is_integer() const { return is_integer_; }
+  bool is_integer() const { return is_integer_; }  // true for bool too
+  bool is_bool() const { return is_bool_; }
   double to_double() const { return f_; }
   int64_t to_int() const { return is_integer_ ? i_ : static_cast<int64_t>(f_); }
 
  private:
   bool is_integer_;
+  bool is_bool_;
   double f_;
   int64_t i_;
 };
@@ -83,7 +86,8 @@ class Tensor {
   bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
 
   // Reads. Each runs only the sub-graph the value needs, blocks, and counts as an implicit sync.
-  // T must be the tensor's element type (float for f32, int64_t for i64, ...).
+  // item converts the one element to T (item<double>() of an f32 reads it, as PyTorch's);
+  // to_vector needs T to be the tensor's element type (float for f32, int64_t for i64, ...).
   template <typename T>
   T item(Loc loc = Loc::current()) const;
   template <typename T>

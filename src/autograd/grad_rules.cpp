@@ -91,6 +91,7 @@ std::vector<Tensor> operand_grads(const ir::NodePtr& np, const Tensor& g) {
     case Op::ArgMax:
     case Op::ArgMin:
     case Op::MaxPool2dIndices:
+    case Op::Argsort:
       return {};
     case Op::Neg:
       return {neg(g, loc)};
@@ -136,6 +137,12 @@ std::vector<Tensor> operand_grads(const ir::NodePtr& np, const Tensor& g) {
     case Op::Div: {
       Tensor b = in(1);
       return {div(g, b, loc), neg(div(mul(g, y(), loc), b, loc), loc)};
+    }
+    case Op::Fmod: {
+      // fmod(a, b) = a - trunc(a / b) * b: d/da = 1, d/db = -trunc(a / b) (PyTorch's).
+      const Tensor q = div(in(0), in(1), loc);
+      const Tensor trunc = where(lt(q, 0.0, loc), ceil(q, loc), floor(q, loc), loc);
+      return {g, neg(mul(g, trunc, loc), loc)};
     }
     case Op::Pow: {
       Tensor a = in(0), b = in(1);

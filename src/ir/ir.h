@@ -12,6 +12,8 @@
 //   Pad             [before0, after0, before1, after1, ...]   operand 1: the 0-d fill value
 //   Gather          [axis]                      operands: x, index
 //   ScatterAdd      [axis]                      operands: x, index, src
+//   Argsort         [axis, descending]          i64 positions that sort x along axis, stable;
+//                                               NaN sorts above every number
 //   Conv2d*         [stride h, w, padding h, w, dilation h, w, groups]
 //                   Conv2d (x, w); BackwardInput (grad_out, w); BackwardWeight (x, grad_out)
 //   *Pool2d*        [kernel h, w, stride h, w, padding h, w, count_include_pad]

@@ -231,6 +231,7 @@ void infer(Op op, const std::vector<NodePtr>& in, const std::vector<int64_t>& at
     case Op::Sub:
     case Op::Mul:
     case Op::Div:
+    case Op::Fmod:
     case Op::Pow:
     case Op::Maximum:
     case Op::Minimum:
@@ -369,6 +370,15 @@ void infer(Op op, const std::vector<NodePtr>& in, const std::vector<int64_t>& at
       *dtype = in[0]->dtype;
       return;
     }
+    case Op::Argsort:
+      c.attrs_size(attrs, 2);
+      if (in[0]->shape.empty()
+              ? attrs[0] != 0
+              : attrs[0] < 0 || attrs[0] >= static_cast<int64_t>(in[0]->shape.size()))
+        util::internal_fail(__FILE__, __LINE__, "argsort axis not normalized");
+      *shape = in[0]->shape;
+      *dtype = DType::I64;
+      return;
     case Op::Gather:
     case Op::ScatterAdd: {
       c.attrs_size(attrs, 1);

@@ -198,9 +198,65 @@ Tensor erf(const Tensor& x, Loc loc) {
   return where(ne(x, x, loc), x, r, loc);  // NaN stays NaN
 }
 
-Tensor gelu(const Tensor& x, Loc loc) {
+Tensor gelu(const Tensor& x, GeluApproximation approximate, Loc loc) {
+  if (approximate == GeluApproximation::Tanh) {
+    // 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))).
+    const double k = std::numbers::sqrt2 / std::sqrt(std::numbers::pi);
+    const Tensor inner = mul(add(x, mul(mul(mul(x, x, loc), x, loc), 0.044715, loc), loc), k, loc);
+    return mul(mul(x, 0.5, loc), add(tanh(inner, loc), 1.0, loc), loc);
+  }
   return mul(mul(x, 0.5, loc), add(erf(mul(x, 1.0 / std::numbers::sqrt2, loc), loc), 1.0, loc),
              loc);
+}
+
+namespace {
+void check_activation(const Tensor& x, const char* op, const Loc& loc) {
+  if (!x.defined())
+    util::fail(loc, op, "the input is an empty tensor handle", "Pass a defined tensor");
+  if (!is_floating(x.dtype()))
+    util::fail(loc, op, cat("needs a floating-point tensor, got ", dtype_name(x.dtype())),
+               "Cast it first, e.g. ls::cast(x, ls::f32)");
+}
+}  // namespace
+
+Tensor leaky_relu(const Tensor& x, double negative_slope, Loc loc) {
+  check_activation(x, "leaky_relu", loc);
+  return where(gt(x, 0, loc), x, mul(x, negative_slope, loc), loc);
+}
+
+Tensor elu(const Tensor& x, double alpha, Loc loc) {
+  check_activation(x, "elu", loc);
+  // exp of min(x, 0) so the branch not taken stays finite.
+  const Tensor neg_part = mul(sub(exp(minimum(x, 0, loc), loc), 1, loc), alpha, loc);
+  return where(gt(x, 0, loc), x, neg_part, loc);
+}
+
+Tensor silu(const Tensor& x, Loc loc) {
+  check_activation(x, "silu", loc);
+  return mul(x, sigmoid(x, loc), loc);
+}
+
+Tensor softplus(const Tensor& x, double beta, double threshold, Loc loc) {
+  check_activation(x, "softplus", loc);
+  const Tensor z = mul(x, beta, loc);
+  const Tensor soft = div(log1p(exp(minimum(z, threshold, loc), loc), loc), beta, loc);
+  return where(gt(z, threshold, loc), x, soft, loc);
+}
+
+Tensor hardswish(const Tensor& x, Loc loc) {
+  check_activation(x, "hardswish", loc);
+  return div(mul(x, clamp(add(x, 3, loc), 0, 6, loc), loc), 6, loc);
+}
+
+Tensor mish(const Tensor& x, Loc loc) {
+  check_activation(x, "mish", loc);
+  return mul(x, tanh(softplus(x, 1.0, 20.0, loc), loc), loc);
+}
+
+Tensor log_sigmoid(const Tensor& x, Loc loc) {
+  check_activation(x, "log_sigmoid", loc);
+  // min(x, 0) - log1p(exp(-|x|)): no overflow either way (PyTorch's formula).
+  return sub(minimum(x, 0, loc), log1p(exp(neg(abs(x, loc), loc), loc), loc), loc);
 }
 
 Tensor dropout(const Tensor& x, double p, bool training, Loc loc) {

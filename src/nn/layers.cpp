@@ -132,7 +132,15 @@ Dropout::Dropout(double prob) : p(prob) {
 Tensor Dropout::forward(const Tensor& x) { return dropout(x, p, is_training()); }
 
 Tensor ReLU::forward(const Tensor& x) { return relu(x); }
-Tensor GELU::forward(const Tensor& x) { return gelu(x); }
+Tensor GELU::forward(const Tensor& x) { return gelu(x, approximate); }
+Tensor LeakyReLU::forward(const Tensor& x) { return leaky_relu(x, negative_slope); }
+Tensor ELU::forward(const Tensor& x) { return elu(x, alpha); }
+Tensor Softplus::forward(const Tensor& x) { return softplus(x, beta, threshold); }
+Tensor SiLU::forward(const Tensor& x) { return silu(x); }
+Tensor Hardswish::forward(const Tensor& x) { return hardswish(x); }
+Tensor Mish::forward(const Tensor& x) { return mish(x); }
+Tensor LogSigmoid::forward(const Tensor& x) { return log_sigmoid(x); }
+Tensor Identity::forward(const Tensor& x) { return x; }
 Tensor Sigmoid::forward(const Tensor& x) { return sigmoid(x); }
 Tensor Tanh::forward(const Tensor& x) { return tanh(x); }
 

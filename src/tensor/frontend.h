@@ -39,5 +39,11 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op, const Loc
 // Axis in [-rank, rank) to [0, rank).
 int64_t norm_axis(int64_t axis, int64_t rank, const char* op, const Loc& loc);
 Device device_of(const TensorOptions& options);
+// PyTorch's promotion of two operands (`*_0d`: a 0-d tensor, which counts only when of a higher
+// category), and the dtype a scalar takes next to a tensor of dtype `t`.
+DType result_type(DType a, bool a_0d, DType b, bool b_0d);
+DType scalar_type(DType t, const Scalar& s);
+// `n` as `dtype` (no node when it already is).
+NodePtr cast_node(const NodePtr& n, DType dtype, const Loc& loc);
 
 }  // namespace lockstep::frontend

@@ -74,15 +74,51 @@ Tensor unary(Op op, const Tensor& x, const Loc& loc) {
   return record(op, {node(x, ir::user_name(op), loc)}, {}, loc);
 }
 
+}  // namespace
+
+// PyTorch's type promotion (torch.result_type): categories bool < integer < floating; a 0-d
+// tensor or a scalar counts only when its category is above the other operand's; otherwise the
+// larger dtype of the same category wins.
+namespace {
+int category(DType d) { return d == DType::Bool ? 0 : is_integral(d) ? 1 : 2; }
+
+}  // namespace
+
+DType result_type(DType a, bool a_0d, DType b, bool b_0d) {
+  if (a == b) return a;
+  const int ca = category(a), cb = category(b);
+  if (a_0d != b_0d) {
+    const DType dim = a_0d ? b : a, zero = a_0d ? a : b;
+    return category(zero) > category(dim) ? zero : dim;
+  }
+  if (ca != cb) return ca > cb ? a : b;
+  return dtype_size(a) >= dtype_size(b) ? a : b;
+}
+
+// The dtype a scalar takes next to a tensor of dtype `t`: the tensor's, unless the scalar's
+// kind is above it (a float scalar makes an integer tensor f32; an integer one makes bool i64).
+DType scalar_type(DType t, const Scalar& s) {
+  const int cs = s.is_bool() ? 0 : s.is_integer() ? 1 : 2;
+  if (cs <= category(t)) return t;
+  return cs == 2 ? DType::F32 : DType::I64;
+}
+
+NodePtr cast_node(const NodePtr& n, DType dtype, const Loc& loc) {
+  return n->dtype == dtype ? n : make(Op::Cast, {n}, {}, loc, {}, dtype);
+}
+
+namespace {
+
+// True division of integers gives floats, as PyTorch's `/`.
+DType op_type(Op op, DType t) { return op == Op::Div && !is_floating(t) ? DType::F32 : t; }
+
 Tensor binary(Op op, const NodePtr& a, const NodePtr& b, const Loc& loc) {
   const char* name = ir::op_info(op).name;
-  if (a->dtype != b->dtype)
-    util::fail(loc, name,
-               cat("dtype mismatch: ", dtype_name(a->dtype), shape_str(a->shape), " and ",
-                   dtype_name(b->dtype), shape_str(b->shape)),
-               "Cast one operand, e.g. ls::cast(b, a.dtype())");
+  const DType t = op_type(op, result_type(a->dtype, a->shape.empty(), b->dtype, b->shape.empty()));
   const Shape s = broadcast_shapes(a->shape, b->shape, name, loc);
-  return record(op, {expand_to(a, s, loc), expand_to(b, s, loc)}, {}, loc);
+  return record(op,
+                {expand_to(cast_node(a, t, loc), s, loc), expand_to(cast_node(b, t, loc), s, loc)},
+                {}, loc);
 }
 
 Tensor binary(Op op, const Tensor& a, const Tensor& b, const Loc& loc) {
@@ -93,13 +129,15 @@ Tensor binary(Op op, const Tensor& a, const Tensor& b, const Loc& loc) {
 Tensor binary(Op op, const Tensor& a, Scalar b, const Loc& loc) {
   const char* name = ir::op_info(op).name;
   const NodePtr& an = node(a, name, loc);
-  return binary(op, an, scalar_node(b, an->dtype, an->device, name, loc), loc);
+  const DType t = op_type(op, scalar_type(an->dtype, b));
+  return binary(op, cast_node(an, t, loc), scalar_node(b, t, an->device, name, loc), loc);
 }
 
 Tensor binary(Op op, Scalar a, const Tensor& b, const Loc& loc) {
   const char* name = ir::op_info(op).name;
   const NodePtr& bn = node(b, name, loc);
-  return binary(op, scalar_node(a, bn->dtype, bn->device, name, loc), bn, loc);
+  const DType t = op_type(op, scalar_type(bn->dtype, a));
+  return binary(op, scalar_node(a, t, bn->device, name, loc), cast_node(bn, t, loc), loc);
 }
 
 // [keepdim, sorted unique axes...]; empty `axes` means all.
@@ -192,15 +230,13 @@ LOCKSTEP_BINARY_DEF(logical_or, Op::LogicalOr)
 #undef LOCKSTEP_BINARY_DEF
 
 namespace {
-Tensor where_nodes(const NodePtr& c, const NodePtr& a, const NodePtr& b, const Loc& loc) {
+Tensor where_nodes(const NodePtr& c, NodePtr a, NodePtr b, const Loc& loc) {
   if (c->dtype != DType::Bool)
     util::fail(loc, "where", cat("condition must be bool, got ", dtype_name(c->dtype)),
                "Compare to get a bool tensor, e.g. x > 0");
-  if (a->dtype != b->dtype)
-    util::fail(
-        loc, "where",
-        cat("branches have different dtypes ", dtype_name(a->dtype), " and ", dtype_name(b->dtype)),
-        "Cast one branch");
+  const DType t = frontend::result_type(a->dtype, a->shape.empty(), b->dtype, b->shape.empty());
+  a = frontend::cast_node(a, t, loc);
+  b = frontend::cast_node(b, t, loc);
   const Shape s = frontend::broadcast_shapes(
       frontend::broadcast_shapes(c->shape, a->shape, "where", loc), b->shape, "where", loc);
   using frontend::expand_to;
@@ -214,13 +250,22 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b, Loc loc) {
 }
 Tensor where(const Tensor& cond, const Tensor& a, Scalar b, Loc loc) {
   const NodePtr& an = node(a, "where", loc);
+  const DType t = frontend::scalar_type(an->dtype, b);
   return where_nodes(node(cond, "where", loc), an,
-                     frontend::scalar_node(b, an->dtype, an->device, "where", loc), loc);
+                     frontend::scalar_node(b, t, an->device, "where", loc), loc);
 }
 Tensor where(const Tensor& cond, Scalar a, const Tensor& b, Loc loc) {
   const NodePtr& bn = node(b, "where", loc);
+  const DType t = frontend::scalar_type(bn->dtype, a);
   return where_nodes(node(cond, "where", loc),
-                     frontend::scalar_node(a, bn->dtype, bn->device, "where", loc), bn, loc);
+                     frontend::scalar_node(a, t, bn->device, "where", loc), bn, loc);
+}
+Tensor where(const Tensor& cond, Scalar a, Scalar b, Loc loc) {
+  const NodePtr& cn = node(cond, "where", loc);
+  // Two scalars: f32 if either is a float, else i64, else bool (PyTorch's defaults).
+  const DType t = frontend::scalar_type(frontend::scalar_type(DType::Bool, a), b);
+  return where_nodes(cn, frontend::scalar_node(a, t, cn->device, "where", loc),
+                     frontend::scalar_node(b, t, cn->device, "where", loc), loc);
 }
 
 Tensor cast(const Tensor& x, DType dtype, Loc loc) {

@@ -78,16 +78,25 @@ T Tensor::item(Loc loc) const {
                cat("the tensor has ", shape_numel(n->shape), " elements (shape ",
                    shape_str(n->shape), "), not 1"),
                "Reduce it first (e.g. .sum()) or use to_vector()");
-  if (n->dtype != dtype_of<T>())
-    util::fail(loc, "item",
-               cat("the tensor is ", dtype_name(n->dtype), " but ", dtype_name(dtype_of<T>()),
-                   " was asked for"),
-               cat("Read it with the matching C++ type, or cast first: x.to(ls::",
-                   dtype_name(dtype_of<T>()), ")"));
   const std::vector<unsigned char> bytes = runtime::read_bytes(*this, loc, "item");
-  T out;
-  std::memcpy(static_cast<void*>(&out), bytes.data(), sizeof(T));
-  return out;
+  // Converts from the tensor's dtype, as PyTorch's item() then a C++ cast.
+  auto as = [&](auto v) {
+    std::memcpy(static_cast<void*>(&v), bytes.data(), sizeof v);
+    return static_cast<T>(v);
+  };
+  switch (n->dtype) {
+    case DType::F32:
+      return as(float{});
+    case DType::F64:
+      return as(double{});
+    case DType::I32:
+      return as(int32_t{});
+    case DType::I64:
+      return as(int64_t{});
+    case DType::Bool:
+      return static_cast<T>(bytes[0] != 0);
+  }
+  util::internal_fail(__FILE__, __LINE__, "item: unknown dtype");
 }
 
 template <>

@@ -136,10 +136,18 @@ TEST_F(Elementwise, Arithmetic) {
                Fill::Special);  // wrapping
 }
 
-LS_COVERS(Elementwise, DivAndPow, Op::Div, Op::Pow);
+LS_COVERS(Elementwise, DivAndPow, Op::Div, Op::Fmod, Op::Pow);
 TEST_F(Elementwise, DivAndPow) {
   binary_cases({{"div", ls::div}}, kFloats, Fill::Normal, Fill::Normal);
-  binary_cases({{"div", ls::div}}, {ls::i32, ls::i64}, Fill::Normal, Fill::Positive);
+  // Integers: `/` is true division (f32); floor_divide is the integer Div (and an Fmod).
+  binary_cases({{"div", ls::div}, {"floor_divide", ls::floor_divide}}, {ls::i32, ls::i64},
+               Fill::Normal, Fill::Positive);
+  binary_cases({{"fmod", ls::fmod}, {"remainder", ls::remainder}}, kFloats, Fill::Normal,
+               Fill::Normal);
+  binary_cases({{"fmod", ls::fmod}, {"remainder", ls::remainder}}, kFloats, Fill::Special,
+               Fill::Special);
+  binary_cases({{"fmod", ls::fmod}, {"remainder", ls::remainder}}, {ls::i32, ls::i64}, Fill::Normal,
+               Fill::Positive);
   binary_cases({{"pow", ls::pow}}, kFloats, Fill::Positive, Fill::Normal);
   binary_cases({{"pow", ls::pow}}, kFloats, Fill::Normal, Fill::Normal);  // NaN for x<0
   binary_cases({{"pow", ls::pow}}, {ls::i32, ls::i64}, Fill::Normal, Fill::Positive);

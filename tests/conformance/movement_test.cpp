@@ -175,6 +175,33 @@ TEST_F(Indexing, Gather) {
          [](const Tensors& x) { return ls::gather(ls::exp(x[0]) * 2.0f, 1, x[1]) + 1.0f; });
 }
 
+LS_COVERS(Indexing, Argsort, Op::Argsort, Op::Gather);
+TEST_F(Indexing, Argsort) {
+  const std::vector<ls::Shape> shapes = {{},     {1},       {7},         {0, 3},
+                                         {3, 5}, {4, 1, 6}, {2, 3, 129}, {1031, 17}};
+  for (ls::DType dt : kAll)
+    for (const ls::Shape& s : shapes)
+      for (Fill f : {Fill::Range, Fill::Special}) {
+        // Ties (Range) test stability; Special puts NaN, infinities and signed zeros in.
+        In in{s, dt, f, -3, 4};
+        if (dt == ls::boolean) in.fill = Fill::Normal;
+        for (int64_t axis = -1; axis < static_cast<int64_t>(s.size()); ++axis) {
+          if (s.empty() && axis >= 0) break;
+          check(
+              "argsort " + str(dt) + " " + str(s) + " axis " + std::to_string(axis), {in},
+              [&](const Tensors& x) {
+                const ls::ValuesIndices down = ls::sort(x[0], axis, true);
+                return Tensors{
+                    ls::argsort(x[0], axis), down.values, down.indices,
+                    ls::topk(x[0],
+                             s.empty() ? 1 : std::min<int64_t>(2, s[(axis + s.size()) % s.size()]),
+                             axis)
+                        .indices};
+              });
+        }
+      }
+}
+
 LS_COVERS(Indexing, ScatterAdd, Op::ScatterAdd);
 TEST_F(Indexing, ScatterAdd) {
   for (ls::DType dt : {ls::f32, ls::f64, ls::i32, ls::i64, ls::boolean}) {

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <map>
 #include <random>
 
@@ -67,6 +68,9 @@ std::map<Op, Case> cases() {
   c[Op::Mul] = {{{2, 3, 4}, {3, 1}}, -1, 1, [](V x) { return ls::mul(x[0], x[1]); }};
   c[Op::Div] = {{{3, 4}, {3, 4}}, 0.5, 2, [](V x) { return ls::div(x[0], x[1]); }};
   c[Op::Pow] = {{{3, 4}, {3, 4}}, 0.5, 2, [](V x) { return ls::pow(x[0], x[1]); }};
+  // a / b in (2.29, 2.54): away from fmod's jumps, with a quotient (2) to differentiate by b.
+  c[Op::Fmod] = {
+      {{3, 4}, {3, 4}}, 0.5, 2, [](V x) { return ls::fmod(x[0] * 0.1 + 5.0, x[1] * 0.1 + 2.0); }};
   c[Op::Maximum] = {{{3, 4}, {3, 4}}, -1, 1, [](V x) { return ls::maximum(x[0], x[1] + 0.013); }};
   c[Op::Minimum] = {{{3, 4}, {3, 4}}, -1, 1, [](V x) { return ls::minimum(x[0], x[1] + 0.013); }};
   c[Op::Where] = {
@@ -227,6 +231,74 @@ TEST(GradCheck, BatchNormsOwnGradientMatchesFiniteDifferences) {
     std::vector<double> weights;
     std::uniform_real_distribution<double> u(0.5, 1.5);
     for (int64_t i = 0; i < ls::shape_numel(c.shapes[0]); ++i) weights.push_back(u(rng));
+    expect_matches_finite_differences(c, values, weights);
+  }
+}
+
+// The composite ops of the libtorch-style surface (composites.cpp, nn activations): their
+// gradients come from the primitives' rules, and must still match finite differences.
+TEST(GradCheck, CompositeOpsMatchFiniteDifferences) {
+  using V = const std::vector<ls::Tensor>&;
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<std::pair<std::string, Case>> composite = {
+      {"cumsum", {{{3, 5}}, -1, 1, [](V x) { return ls::cumsum(x[0], 1); }}},
+      {"cumprod", {{{3, 5}}, -1, 1, [](V x) { return ls::cumprod(x[0], 1); }}},
+      {"prod", {{{3, 5}}, -1, 1, [](V x) { return ls::prod(x[0], {1}); }}},
+      {"var", {{{3, 5}}, -1, 1, [](V x) { return ls::var(x[0], {1}); }}},
+      {"std", {{{3, 5}}, -1, 1, [](V x) { return ls::std(x[0], {0}, 0); }}},
+      {"norm2", {{{3, 5}}, -1, 1, [](V x) { return ls::norm(x[0], 2, {1}); }}},
+      {"norm3", {{{3, 5}}, -1, 1, [](V x) { return ls::norm(x[0], 3, {1}); }}},
+      {"norm_inf", {{{3, 5}}, -1, 1, [inf](V x) { return ls::norm(x[0], inf, {1}); }}},
+      {"remainder",
+       {{{3, 4}, {3, 4}},
+        0.5,
+        2,
+        [](V x) { return ls::remainder(x[0] * 0.1 - 5.0, x[1] * 0.1 + 2.0); }}},
+      {"einsum", {{{2, 3}, {3, 4}, {4}}, -1, 1, [](V x) { return ls::einsum("ij,jk,k->i", x); }}},
+      {"sort_values", {{{3, 5}}, -1, 1, [](V x) { return ls::sort(x[0], 1).values; }}},
+      {"topk_values", {{{3, 5}}, -1, 1, [](V x) { return ls::topk(x[0], 2, 1).values; }}},
+      {"flip_roll", {{{3, 4}}, -1, 1, [](V x) { return ls::roll(ls::flip(x[0], {1}), {1}, {0}); }}},
+      {"index_select",
+       {{{4, 3}},
+        -1,
+        1,
+        [](V x) {
+          return ls::index_select(x[0], 0, ls::from_vector<int64_t>({2, 0, 2}));
+        }}},
+      {"tril_repeat",
+       {{{3, 4}},
+        -1,
+        1,
+        [](V x) {
+          return ls::repeat(ls::tril(x[0]), {2, 1});
+        }}},
+      {"log1p", {{{3, 4}}, -0.5, 2, [](V x) { return ls::log1p(x[0]); }}},
+      {"softplus", {{{3, 4}}, -3, 3, [](V x) { return ls::nn::softplus(x[0] * 8.0); }}},
+      {"log_sigmoid", {{{3, 4}}, -3, 3, [](V x) { return ls::nn::log_sigmoid(x[0]); }}},
+      {"elu_silu_mish",
+       {{{3, 4}},
+        -3,
+        3,
+        [](V x) { return ls::nn::elu(x[0]) + ls::nn::silu(x[0]) + ls::nn::mish(x[0]); }}},
+      {"gelu_tanh",
+       {{{3, 4}}, -3, 3, [](V x) { return ls::nn::gelu(x[0], ls::nn::GeluApproximation::Tanh); }}},
+      {"hardswish_leaky",
+       {{{3, 4}},
+        -4,
+        4,
+        [](V x) { return ls::nn::hardswish(x[0]) + ls::nn::leaky_relu(x[0], 0.2); }}},
+  };
+  std::mt19937 rng(2026);
+  for (const auto& [name, c] : composite) {
+    SCOPED_TRACE(name);
+    std::vector<std::vector<double>> values;
+    for (const ls::Shape& s : c.shapes) values.push_back(sample(s, c.lo, c.hi, rng));
+    std::vector<ls::Tensor> probe;
+    for (size_t i = 0; i < values.size(); ++i) probe.push_back(f64(values[i], c.shapes[i]));
+    const ls::Shape ys = c.fn(probe).shape();
+    std::vector<double> weights;
+    std::uniform_real_distribution<double> u(0.5, 1.5);
+    for (int64_t i = 0; i < ls::shape_numel(ys); ++i) weights.push_back(u(rng));
     expect_matches_finite_differences(c, values, weights);
   }
 }

@@ -217,32 +217,44 @@ TYPED_TEST(OpsIntBinary, Arithmetic) {
   expect_tensor<T>(ls::add(a, 1), {4}, {7, -6, 3, 1});
   expect_tensor<T>(ls::sub(10, a), {4}, {4, 17, 8, 10});
   expect_tensor<T>(3 * a, {4}, {18, -21, 6, 0});
-  expect_tensor<T>(a * 2.0, {4}, {12, -14, 4, 0});  // a whole float is accepted
+  // A float scalar promotes the integer tensor to f32, as in PyTorch.
+  expect_tensor<float>(a * 2.0, {4}, {12, -14, 4, 0});
+  expect_tensor<float>(a * 0.5, {4}, {3, -3.5, 1, 0});
   expect_tensor<T>(ls::maximum(a, 0), {4}, {6, 0, 2, 0});
   expect_tensor<T>(ls::minimum(1, a), {4}, {1, -7, 1, 0});
 }
 
-TYPED_TEST(OpsIntBinary, DivisionTruncatesTowardZero) {
+TYPED_TEST(OpsIntBinary, DivisionIsTrueDivisionAndFloorDivideRoundsDown) {
   using T = TypeParam;
   constexpr T lo = std::numeric_limits<T>::min();
-  expect_tensor<T>(t1<T>({7, -7, 7, -7, 6, 0}) / t1<T>({2, 2, -2, -2, 3, 5}), {6},
-                   {3, -3, -3, 3, 2, 0});
-  expect_tensor<T>(ls::div(t1<T>({9, -9}), 4), {2}, {2, -2});
-  expect_tensor<T>(ls::div(-9, t1<T>({4, -4})), {2}, {-2, 2});
-  expect_tensor<T>(t1<T>({lo}) / -1, {1}, {lo});  // wraps instead of trapping
+  // `/` of integers is true division in f32 (PyTorch's), dividing by zero included.
+  expect_tensor<float>(t1<T>({7, -7, 6, 0}) / t1<T>({2, 2, 3, 5}), {4}, {3.5f, -3.5f, 2, 0});
+  const std::vector<float> inf = (t1<T>({1}) / 0).template to_vector<float>();
+  EXPECT_TRUE(std::isinf(inf[0]));
+  // floor_divide keeps integers and rounds toward -inf (Python's //).
+  expect_tensor<T>(ls::floor_divide(t1<T>({7, -7, 7, -7, 6, 0}), t1<T>({2, 2, -2, -2, 3, 5})), {6},
+                   {3, -4, -4, 3, 2, 0});
+  expect_tensor<T>(ls::floor_divide(t1<T>({9, -9}), 4), {2}, {2, -3});
+  expect_tensor<T>(ls::floor_divide(-9, t1<T>({4, -4})), {2}, {-3, 2});
+  expect_tensor<T>(ls::floor_divide(t1<T>({lo}), -1), {1}, {lo});  // wraps instead of trapping
+  expect_tensor<T>(ls::fmod(t1<T>({7, -7, 7, -7}), t1<T>({3, 3, -3, -3})), {4}, {1, -1, 1, -1});
+  expect_tensor<T>(t1<T>({7, -7, 7, -7}) % t1<T>({3, 3, -3, -3}), {4}, {1, 2, -2, -1});
+  expect_tensor<T>(ls::fmod(t1<T>({lo}), -1), {1}, {0});
 }
 
 TYPED_TEST(OpsIntBinary, DivisionByZeroFailsAtRunTime) {
   using T = TypeParam;
   const ls::Tensor a = t1<T>({1, 2});
-  ls::Tensor y = a / t1<T>({1, 0});
-  EXPECT_BACKEND_ERROR(y.template to_vector<T>(), "div", "division by zero");
+  ls::Tensor y = ls::floor_divide(a, t1<T>({1, 0}));
+  EXPECT_BACKEND_ERROR(y.template to_vector<T>(), "division by zero");
   EXPECT_TRUE(y.is_poisoned());
   EXPECT_BACKEND_ERROR(y.template to_vector<T>(), "division by zero");  // stays poisoned
-  ls::Tensor z = a / 0;
+  ls::Tensor z = ls::floor_divide(a, 0);
   EXPECT_BACKEND_ERROR(z.template to_vector<T>(), "division by zero");
-  ls::Tensor w = ls::div(0, a - 1);
-  EXPECT_BACKEND_ERROR(w.template to_vector<T>(), "division by zero");
+  ls::Tensor w = ls::fmod(0, a - 1);
+  EXPECT_BACKEND_ERROR(w.template to_vector<T>(), "fmod", "division by zero");
+  ls::Tensor v = a % 0;
+  EXPECT_BACKEND_ERROR(v.template to_vector<T>(), "division by zero");
   // The runtime is still usable afterwards.
   expect_tensor<T>(a + 1, {2}, {2, 3});
 }
@@ -316,7 +328,7 @@ TEST_F(OpsBroadcast, EmptyAndZeroDim) {
   expect_tensor<float>(ls::ones({2, 1, 3}) + ls::zeros({0, 1}), {2, 0, 3}, {});
   expect_tensor<bool>(ls::eq(ls::zeros({0}, ls::i64), 1), {0}, {});
   expect_tensor<float>(ls::scalar_tensor(2.0f) * ls::scalar_tensor(3.0f), {}, {6});
-  expect_tensor<int64_t>(ls::scalar_tensor(7, ls::i64) / 2, {}, {3});
+  expect_tensor<float>(ls::scalar_tensor(7, ls::i64) / 2, {}, {3.5f});
 }
 
 // ---- where, cast, clamp -------------------------------------------------------------------
@@ -394,3 +406,53 @@ TEST_F(OpsClamp, Values) {
 }
 
 }  // namespace
+
+// PyTorch's type promotion (torch.result_type), one rule per line.
+TEST(OpsPromotion, FollowsPyTorch) {
+  const ls::Tensor f = ls::zeros({2}), d = ls::zeros({2}, ls::f64);
+  const ls::Tensor i = ls::zeros({2}, ls::i64), i32 = ls::zeros({2}, ls::i32);
+  const ls::Tensor b = ls::zeros({2}, ls::boolean);
+  EXPECT_EQ((f + i).dtype(), ls::f32);  // higher category wins
+  EXPECT_EQ((i + f).dtype(), ls::f32);
+  EXPECT_EQ((f + d).dtype(), ls::f64);  // same category: the larger
+  EXPECT_EQ((i32 + i).dtype(), ls::i64);
+  EXPECT_EQ((b + i32).dtype(), ls::i32);
+  EXPECT_EQ((f + ls::scalar_tensor(1, ls::f64)).dtype(), ls::f32);    // a 0-d tensor of the same
+  EXPECT_EQ((i32 + ls::scalar_tensor(1, ls::i64)).dtype(), ls::i32);  // category does not count
+  EXPECT_EQ((i + ls::scalar_tensor(1, ls::f64)).dtype(), ls::f64);    // a higher one does
+  EXPECT_EQ((i * 2.5).dtype(), ls::f32);  // a float scalar: the default float dtype
+  EXPECT_EQ((i32 * 2).dtype(), ls::i32);
+  EXPECT_EQ((d * 2.5).dtype(), ls::f64);
+  EXPECT_EQ((b + 1).dtype(), ls::i64);
+  EXPECT_EQ((b * 0.5).dtype(), ls::f32);
+  EXPECT_EQ(ls::logical_and(b, true).dtype(), ls::boolean);
+  EXPECT_EQ((i / i).dtype(), ls::f32);  // true division
+  EXPECT_EQ(ls::floor_divide(i, i).dtype(), ls::i64);
+  EXPECT_EQ(ls::where(b, f, i).dtype(), ls::f32);
+  EXPECT_EQ(ls::where(b, i, 0.5).dtype(), ls::f32);
+  EXPECT_EQ(ls::where(b, 1, 2).dtype(), ls::i64);
+  EXPECT_EQ(ls::where(b, 1, 2.0).dtype(), ls::f32);
+  EXPECT_EQ((f == i).dtype(), ls::boolean);
+  expect_tensor<bool>(ls::from_vector<float>({1.5f, 2}) == ls::from_vector<int64_t>({1, 2}), {2},
+                      {false, true});
+  // Gradients flow back through the promotion in the input's own dtype.
+  ls::Tensor w = ls::from_vector<float>({1, 2}).set_requires_grad();
+  ls::sum(w * ls::from_vector<double>({3, 4})).backward();
+  EXPECT_EQ(w.grad().dtype(), ls::f32);
+  EXPECT_EQ(w.grad().to_vector<float>(), (std::vector<float>{3, 4}));
+  // In place, the result must fit the tensor's dtype (PyTorch refuses the same).
+  ls::Tensor acc = ls::zeros({2});
+  acc.add_(ls::ones({2}, ls::i64));
+  EXPECT_EQ(acc.to_vector<float>(), (std::vector<float>{1, 1}));
+  ls::Tensor counts = ls::zeros({2}, ls::i64);
+  EXPECT_LS_ERROR(counts.add_(ls::ones({2})), "add_", "f32", "i64");
+}
+
+TEST(OpsPromotion, ItemConverts) {
+  EXPECT_EQ(ls::scalar_tensor(2.5).item<double>(), 2.5);
+  EXPECT_EQ(ls::scalar_tensor(7, ls::i64).item<double>(), 7.0);
+  EXPECT_EQ(ls::scalar_tensor(3.75, ls::f64).item<float>(), 3.75f);
+  EXPECT_EQ(ls::scalar_tensor(-2.5).item<int64_t>(), -2);  // as a C++ cast: toward zero
+  EXPECT_EQ(ls::scalar_tensor(true, ls::boolean).item<int32_t>(), 1);
+  EXPECT_EQ(ls::scalar_tensor(0.25).item<bool>(), true);
+}

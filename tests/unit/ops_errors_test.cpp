@@ -34,15 +34,10 @@ TEST_F(OpsErrors, WrongDtypes) {
   EXPECT_LS_ERROR(ls::relu(b), "relu", "bool");
   EXPECT_LS_ERROR(ls::sign(b), "sign", "bool");
   EXPECT_LS_ERROR(ls::floor(b), "floor", "bool");
-  EXPECT_LS_ERROR(ls::add(f, i), "add", "f32[2]", "i64[2]");
-  EXPECT_LS_ERROR(f + i, "add", "f32", "i64");
-  EXPECT_LS_ERROR(ls::eq(f, ls::zeros({2}, ls::f64)), "eq", "f32", "f64");
-  EXPECT_LS_ERROR(ls::logical_and(b, f), "logical_and", "bool", "f32");
   EXPECT_LS_ERROR(ls::add(b, b), "add", "bool");
   EXPECT_LS_ERROR(ls::maximum(b, b), "maximum", "bool");
   EXPECT_LS_ERROR(ls::where(f, f, f), "where", "bool", "f32");
   EXPECT_LS_ERROR(ls::where(i, 1, 2.0 * f), "where", "bool");
-  EXPECT_LS_ERROR(ls::where(b, f, i), "where", "f32", "i64");
   EXPECT_LS_ERROR(ls::mean(i), "mean", "i64[2]");
   EXPECT_LS_ERROR(ls::softmax(i, 0), "softmax", "i64[2]");
   EXPECT_LS_ERROR(ls::log_softmax(i, 0), "log_softmax", "i64");
@@ -55,15 +50,11 @@ TEST_F(OpsErrors, WrongDtypes) {
                   "f64");
 }
 
+// Float scalars promote integer tensors (i * 0.5 is f32, as in PyTorch); where a result must keep
+// the tensor's integer dtype, a non-integral or unrepresentable value is an error.
 TEST_F(OpsErrors, NonIntegralScalarWithIntegerTensor) {
   const ls::Tensor i = ls::zeros({2}, ls::i64);
-  EXPECT_LS_ERROR(i * 0.5, "mul", "0.5", "i64");
-  EXPECT_LS_ERROR(ls::add(0.5, i), "add", "0.5");
-  EXPECT_LS_ERROR(ls::add(i, std::numeric_limits<double>::quiet_NaN()), "add", "i64");
-  EXPECT_LS_ERROR(ls::add(i, std::numeric_limits<double>::infinity()), "add", "i64");
-  EXPECT_LS_ERROR(ls::add(ls::zeros({2}, ls::i32), 3e9), "add", "i32");
   EXPECT_LS_ERROR(ls::add(ls::zeros({2}, ls::i32), int64_t{1} << 40), "add", "i32");
-  EXPECT_LS_ERROR(ls::where(ls::zeros({2}, ls::boolean), i, 0.5), "where", "0.5");
   EXPECT_LS_ERROR(ls::clamp(i, 0.5, 2), "clamp", "0.5");
   EXPECT_LS_ERROR(ls::pad(i, {{1, 1}}, 0.5), "pad", "0.5");
   EXPECT_LS_ERROR(ls::full({2}, 0.5, ls::i64), "full", "0.5");
@@ -250,7 +241,6 @@ TEST_F(OpsErrors, CreationAndReads) {
   const ls::Tensor m = ls::zeros({2, 3});
   EXPECT_LS_ERROR(m.item<float>(), "item", "6", "[2, 3]");
   EXPECT_LS_ERROR(ls::zeros({0}).item<float>(), "item", "0");
-  EXPECT_LS_ERROR(ls::zeros({1}, ls::f64).item<float>(), "item", "f64", "f32");
   EXPECT_LS_ERROR(ls::zeros({2}, ls::f64).to_vector<float>(), "to_vector", "f64", "f32");
   EXPECT_LS_ERROR(ls::zeros({2}, ls::i32).to_vector<int64_t>(), "to_vector", "i32", "i64");
   EXPECT_LS_ERROR(ls::zeros({2}).to_vector<bool>(), "to_vector", "f32", "bool");

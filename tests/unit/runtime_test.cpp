@@ -136,7 +136,7 @@ TEST(Sync, DeadTensorsAreNotComputed) {
   ls::Tensor keep = ls::from_vector<int64_t>({6, 8});
   {
     // Would fail at run time (integer division by zero) if it were computed.
-    ls::Tensor dead = keep / ls::zeros({2}, ls::i64);
+    ls::Tensor dead = ls::floor_divide(keep, ls::zeros({2}, ls::i64));
     (void)dead;
   }
   ls::Tensor live = keep + 1;
@@ -226,7 +226,8 @@ TEST(Async, ExecutionErrorSurfacesAtNextBlockingPointNamingTheStep) {
   ls::Tensor n = ls::from_vector<int64_t>({10, 20});
   ls::Tensor zero = ls::from_vector<int64_t>({0, 5});
   ls::Tensor out;
-  ls::step([&] { out = n / zero; });  // fails at run time: integer division by zero
+  ls::step(
+      [&] { out = ls::floor_divide(n, zero); });  // fails at run time: integer division by zero
   const int64_t failed_step = ls::current_step();
   try {
     ls::wait();
@@ -255,7 +256,7 @@ TEST(Async, ExecutionErrorSurfacesAtNextBlockingPointNamingTheStep) {
 
 TEST(Async, ReadOfAnotherValueReportsThePendingError) {
   ls::wait();
-  ls::Tensor bad = ls::from_vector<int64_t>({1}) / ls::zeros({1}, ls::i64);
+  ls::Tensor bad = ls::floor_divide(ls::from_vector<int64_t>({1}), ls::zeros({1}, ls::i64));
   ls::sync();
   ls::Tensor good = ls::from_vector<int64_t>({1}) + 1;
   ls::sync();

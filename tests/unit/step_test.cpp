@@ -232,7 +232,7 @@ TEST(Step, ExecutionFailureRestoresWhatTheStepChanged) {
   ls::step([&] {
     b += 1;
     made = b * 2;
-    a.copy_(a / divisor);  // fails when run
+    a.copy_(ls::floor_divide(a, divisor));  // fails when run
   });
   try {
     ls::wait();

@@ -427,8 +427,8 @@ void add_step(plan::Plan& p, const std::vector<bool>& mask, int32_t id) {
     // division and integer powers (checked where they run).
     const bool integer = !is_floating(n.dtype);
     // Collectives fail when a peer misses the deadline.
-    step.can_fail =
-        (integer && (n.op == Op::Div || n.op == Op::Pow)) || dist::detail::is_collective(n.op);
+    step.can_fail = (integer && (n.op == Op::Div || n.op == Op::Fmod || n.op == Op::Pow)) ||
+                    dist::detail::is_collective(n.op);
     if (n.op == Op::Gather || n.op == Op::ScatterAdd) {
       const int32_t index = n.operands[1];
       const Shape index_shape = p.graph.nodes[index].shape;

@@ -121,6 +121,8 @@ T arith(Op op, T a, T b) {
         return a * b;
       case Op::Div:
         return a / b;
+      case Op::Fmod:
+        return std::fmod(a, b);
       case Op::Pow:
         return std::pow(a, b);
       case Op::Maximum:
@@ -142,6 +144,10 @@ T arith(Op op, T a, T b) {
         if (b == 0) throw BackendError("div: integer division by zero");
         if (b == -1) return wrap_sub(T(0), a);  // avoids the overflow of MIN / -1
         return static_cast<T>(a / b);
+      case Op::Fmod:
+        if (b == 0) throw BackendError("fmod: integer division by zero");
+        if (b == -1) return T(0);  // avoids the overflow of MIN % -1
+        return static_cast<T>(a % b);
       case Op::Pow:
         return int_pow(a, b);
       case Op::Maximum:
@@ -499,6 +505,7 @@ void eval_node(const ir::GraphNode& n, const std::vector<Arr>& a,
     case Op::Sub:
     case Op::Mul:
     case Op::Div:
+    case Op::Fmod:
     case Op::Pow:
     case Op::Maximum:
     case Op::Minimum:
@@ -549,6 +556,8 @@ void eval_node(const ir::GraphNode& n, const std::vector<Arr>& a,
       return gather(n, a[0], a[1], out);
     case Op::ScatterAdd:
       return scatter_add(n, a[0], a[1], a[2], out);
+    case Op::Argsort:
+      return argsort(n, a[0], out);
     case Op::MatMul:
       return matmul(n, a[0], a[1], out);
     case Op::Conv2d:

@@ -94,5 +94,7 @@ void gather(const ir::GraphNode& n, const Arr& x, const Arr& idx, void* out);
 // and scatter_add along an axis of `size` (also run ahead of them by the cpu backend).
 void check_indices(const char* op, const Arr& index, int64_t size, int64_t axis);
 void scatter_add(const ir::GraphNode& n, const Arr& x, const Arr& idx, const Arr& src, void* out);
+// Stable sort positions along attrs[0] (descending when attrs[1]); NaN above every number.
+void argsort(const ir::GraphNode& n, const Arr& x, void* out);
 
 }  // namespace lockstep::backends::ref

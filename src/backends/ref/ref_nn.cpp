@@ -1,7 +1,9 @@
 // The ref backend's heavy and indexing kernels: matmul, convolution and its gradients, pooling
 // and its gradients, gather and scatter-add. Direct loops; floats accumulate in double.
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 #include <type_traits>
 
 #include "backends/ref/ref_kernels.h"
@@ -302,6 +304,38 @@ void gather(const ir::GraphNode& n, const Arr& x, const Arr& idx, void* out) {
   for_each_indexed("gather", x.shape, idx, n.attrs[0], [&](int64_t i, int64_t at) {
     std::memcpy(static_cast<char*>(out) + i * elem, static_cast<const char*>(x.data) + at * elem,
                 elem);
+  });
+}
+
+void argsort(const ir::GraphNode& n, const Arr& x, void* out) {
+  const int64_t axis = n.attrs[0];
+  const bool descending = n.attrs[1] != 0;
+  const int64_t len = x.shape.empty() ? 1 : x.shape[axis];
+  const int64_t inner = x.shape.empty() ? 1 : strides_of(x.shape)[axis];
+  const int64_t outer = len * inner == 0 ? 0 : shape_numel(x.shape) / (len * inner);
+  int64_t* Y = static_cast<int64_t*>(out);
+  dispatch(x.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const T* X = x.as<T>();
+    // NaN is the largest value (PyTorch's order); ties keep their order (stable).
+    auto above = [](T a, T b) {
+      if constexpr (std::is_floating_point_v<T>) {
+        if (std::isnan(a)) return !std::isnan(b);
+        if (std::isnan(b)) return false;
+      }
+      return a > b;
+    };
+    std::vector<int64_t> order(static_cast<size_t>(len));
+    for (int64_t o = 0; o < outer; ++o)
+      for (int64_t i = 0; i < inner; ++i) {
+        const int64_t base = o * len * inner + i;
+        std::iota(order.begin(), order.end(), 0);
+        std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+          const T va = X[base + a * inner], vb = X[base + b * inner];
+          return descending ? above(va, vb) : above(vb, va);
+        });
+        for (int64_t k = 0; k < len; ++k) Y[base + k * inner] = order[static_cast<size_t>(k)];
+      }
   });
 }
 
