@@ -176,6 +176,27 @@ TEST_F(Fused, Composites) {
     }
 }
 
+// Backward passes whose sums depend on one another: softmax's gradient sums a value divided by
+// the forward's sum, so the two sums, over the same layout, must not share one walk (a merge
+// that did read the second's input before the first was written).
+LS_COVERS(Fused, DependentSumsOfBackwardPasses, Op::Sum, Op::Max, Op::Exp, Op::Div, Op::MatMul);
+TEST_F(Fused, DependentSumsOfBackwardPasses) {
+  for (const ls::Shape& s : {ls::Shape{1, 1, 6}, ls::Shape{8, 6, 6}, ls::Shape{3, 5, 17},
+                             ls::Shape{2, 64, 64}, ls::Shape{6, 1031}})
+    check(
+        "softmax backward " + str(s), {{s}, {s}, {{s[s.size() - 1], 4}}},
+        [](const Tensors& v) {
+          ls::Tensor x = v[0].detach().set_requires_grad();
+          ls::Tensor w = v[2].detach().set_requires_grad();
+          const ls::Tensor e = ls::exp(x - 1.0);
+          const ls::Tensor a = ls::sum(e / ls::sum(e, {-1}, true) * v[1]);
+          const ls::Tensor b = ls::sum(ls::matmul(ls::softmax(x, -1), w));
+          ls::backward(a + b);
+          return Tensors{x.grad(), w.grad()};
+        },
+        static_cast<double>(s.back()));
+}
+
 LS_COVERS(Fused, TreesAroundHeavyOps, Op::MatMul, Op::Conv2d, Op::MaxPool2d, Op::AvgPool2d,
           Op::Relu, Op::Add);
 TEST_F(Fused, TreesAroundHeavyOps) {

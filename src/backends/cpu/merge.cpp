@@ -57,7 +57,9 @@ void merge_sums(plan::Plan& p) {
   for (size_t i = 0; i < p.steps.size(); ++i) {
     if (gone[i] || !kernel(p.steps[i]).sum) continue;
     std::vector<size_t> members{i};
-    std::vector<int32_t> written;  // by the steps between
+    // Values written by the members and the steps between: a sum that reads one (a softmax's
+    // backward sums a value divided by the forward's sum) cannot share the walk.
+    std::vector<int32_t> written = p.steps[i].writes();
     for (size_t j = i + 1; j < p.steps.size() && j <= i + kLookahead; ++j) {
       if (gone[j]) continue;
       const plan::Step& t = p.steps[j];
@@ -68,6 +70,8 @@ void merge_sums(plan::Plan& p) {
           kernel(t).sum->attrs == kernel(p.steps[i]).sum->attrs) {
         members.push_back(j);
         gone[j] = true;
+        const std::vector<int32_t> w = t.writes();
+        written.insert(written.end(), w.begin(), w.end());
         continue;
       }
       const std::vector<int32_t> w = t.writes();
