@@ -54,6 +54,28 @@ class ResNet : public nn::Module {
   ResNetOptions options;
 };
 
+struct GPTOptions {
+  int64_t vocab_size = 16;
+  int64_t block_size = 32;  // the longest sequence
+  int64_t d_model = 64, nhead = 4, num_layers = 2, dim_feedforward = 256;
+  double dropout = 0.0;
+};
+
+// A small GPT-style decoder: token and position embeddings (tok_emb, pos_emb), num_layers
+// pre-norm nn::TransformerEncoderLayer with GELU under a causal mask (layers.0, layers.1, ...),
+// a final LayerNorm (ln_f) and a linear head to the vocabulary (head). Names match the PyTorch
+// model in tests/golden/make_gpt_fixture.py, so its state dict loads here.
+class GPT : public nn::Module {
+ public:
+  explicit GPT(const GPTOptions& options = {});
+  Tensor forward(const Tensor& tokens) override;  // i64 [N, T] -> logits [N, T, vocab_size]
+  GPTOptions options;
+  std::shared_ptr<nn::Embedding> tok_emb, pos_emb;
+  std::shared_ptr<nn::ModuleList> layers;
+  std::shared_ptr<nn::LayerNorm> ln_f;
+  std::shared_ptr<nn::Linear> head;
+};
+
 ResNet resnet18(const ResNetOptions& options = {});
 ResNet resnet34(const ResNetOptions& options = {});
 ResNet resnet50(const ResNetOptions& options = {});

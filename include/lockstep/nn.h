@@ -4,11 +4,16 @@
 #pragma once
 
 #include <array>
+#include <functional>
+#include <limits>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "lockstep/error.h"
 #include "lockstep/ops.h"
 #include "lockstep/tensor.h"
 
@@ -25,6 +30,19 @@ class Module {
   // that errors and cache-miss explanations of what it records name the caller's line and the
   // module rather than a line inside lockstep.
   Tensor operator()(const Tensor& x, Loc loc = Loc::current());
+  // Runs `body` as a call of this module (its path and the caller's line on record, as
+  // operator() does) and returns what it returns. A module whose forward takes several inputs
+  // (a mask, a state) offers its own call operator with it, keeping the one-input one:
+  //   using Module::operator();
+  //   Tensor operator()(const Tensor& x, const Tensor& mask, Loc loc = Loc::current()) {
+  //     return call(loc, [&] { return forward(x, mask); });
+  //   }
+  template <typename F>
+  auto call(Loc loc, F&& body) -> decltype(body()) {
+    std::optional<decltype(body())> out;
+    call_impl(loc, [&] { out.emplace(body()); });
+    return std::move(*out);
+  }
 
   // Parameters (trainable) and buffers (running statistics) of this module and its children,
   // named as PyTorch names them ("layer1.0.conv1.weight"). A tensor shared by several modules
@@ -36,6 +54,12 @@ class Module {
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_children() const {
     return children_;
   }
+  // This module ("") and every module below it, depth first, named by path ("layers.0.attn"),
+  // each once (as PyTorch's named_modules()).
+  std::vector<std::pair<std::string, Module*>> named_modules();
+  // Calls fn on every child's modules, then on this one (PyTorch's Module.apply), e.g. to
+  // re-initialize every Linear: m.apply([](nn::Module& x) { if (auto* l = dynamic_cast<...>) }).
+  void apply(const std::function<void(Module&)>& fn);
 
   void train(bool on = true);
   void eval() { train(false); }
@@ -63,6 +87,7 @@ class Module {
   }
 
  private:
+  void call_impl(const Loc& loc, const std::function<void()>& body);
   void add_child(const std::string& name, std::shared_ptr<Module> m);
   void collect(const std::string& prefix, bool params, NamedTensors* out) const;
   NamedTensors params_;
@@ -237,6 +262,119 @@ class Sequential : public Module {
   std::vector<std::shared_ptr<Module>> layers_;
 };
 
+// Children named "0", "1", ... held in order, with no forward of its own (torch.nn.ModuleList):
+// call them as the model's forward needs.
+class ModuleList : public Module {
+ public:
+  ModuleList() = default;
+  ModuleList& push_back(std::shared_ptr<Module> m);
+  template <typename M, typename... Args>
+  ModuleList& emplace_back(Args&&... args) {
+    return push_back(std::make_shared<M>(std::forward<Args>(args)...));
+  }
+  size_t size() const { return modules_.size(); }
+  std::shared_ptr<Module> operator[](size_t i) const;
+  // The i-th module as its own type (an Error if it is not one).
+  template <typename M>
+  std::shared_ptr<M> at(size_t i) const {
+    auto m = std::dynamic_pointer_cast<M>((*this)[i]);
+    if (!m) throw Error("ModuleList::at: module " + std::to_string(i) + " is not of that type");
+    return m;
+  }
+  auto begin() const { return modules_.begin(); }
+  auto end() const { return modules_.end(); }
+
+ private:
+  std::vector<std::shared_ptr<Module>> modules_;
+};
+
+// Children by name, in insertion order (torch.nn.ModuleDict). Names must be non-empty and
+// contain no '.'.
+class ModuleDict : public Module {
+ public:
+  ModuleDict() = default;
+  ModuleDict& insert(const std::string& name, std::shared_ptr<Module> m);
+  bool contains(const std::string& name) const;
+  std::shared_ptr<Module> operator[](const std::string& name) const;
+  std::vector<std::string> keys() const;
+  size_t size() const { return order_.size(); }
+
+ private:
+  std::vector<std::string> order_;
+  std::map<std::string, std::shared_ptr<Module>> modules_;
+};
+
+// ---- attention ------------------------------------------------------------------------------
+// What MultiheadAttention and TransformerEncoderLayer take besides their inputs, as PyTorch's.
+struct AttentionMasks {
+  // [L, S] or [N * num_heads, L, S]: bool, true where attending is NOT allowed (PyTorch's MHA
+  // convention), or float, added to the scores.
+  Tensor attn_mask;
+  // [N, S] bool, true at padding keys to ignore.
+  Tensor key_padding_mask;
+  // A causal mask (query i sees keys <= i) on top of attn_mask.
+  bool is_causal = false;
+};
+
+// Attention with PyTorch's parameters and names: in_proj_weight [3E, E] (xavier uniform),
+// in_proj_bias [3E] (zeros), out_proj (Linear E -> E, bias zeros). Inputs are [L, N, E], or
+// [N, L, E] with batch_first. Dropout applies to the attention weights in training.
+class MultiheadAttention : public Module {
+ public:
+  MultiheadAttention(int64_t embed_dim, int64_t num_heads, double dropout = 0.0, bool bias = true,
+                     bool batch_first = false);
+  struct Output {
+    Tensor output;   // [L, N, E] (or [N, L, E])
+    Tensor weights;  // [N, L, S] averaged over heads, or [N, H, L, S]; empty unless asked
+  };
+  Output forward(const Tensor& query, const Tensor& key, const Tensor& value,
+                 const AttentionMasks& masks = {}, bool need_weights = true,
+                 bool average_attn_weights = true);
+  // Self-attention of x without masks: the output alone.
+  Tensor forward(const Tensor& x) override;
+  using Module::operator();
+  Output operator()(const Tensor& query, const Tensor& key, const Tensor& value,
+                    const AttentionMasks& masks = {}, bool need_weights = true,
+                    Loc loc = Loc::current()) {
+    return call(loc, [&] { return forward(query, key, value, masks, need_weights); });
+  }
+  int64_t embed_dim, num_heads;
+  double dropout;
+  bool batch_first;
+  Tensor in_proj_weight, in_proj_bias;
+  std::shared_ptr<Linear> out_proj;
+};
+
+enum class Activation { ReLU, GELU };
+
+struct TransformerEncoderLayerOptions {
+  int64_t d_model = 0, nhead = 0;
+  int64_t dim_feedforward = 2048;
+  double dropout = 0.1;
+  Activation activation = Activation::ReLU;
+  double layer_norm_eps = 1e-5;
+  bool batch_first = false;
+  bool norm_first = false;
+};
+
+// torch.nn.TransformerEncoderLayer: self_attn, linear1, dropout, linear2, norm1, norm2, dropout1,
+// dropout2 with PyTorch's names; post-norm, or pre-norm with norm_first.
+class TransformerEncoderLayer : public Module {
+ public:
+  explicit TransformerEncoderLayer(const TransformerEncoderLayerOptions& options);
+  Tensor forward(const Tensor& src, const AttentionMasks& masks);
+  Tensor forward(const Tensor& src) override { return forward(src, AttentionMasks{}); }
+  using Module::operator();
+  Tensor operator()(const Tensor& src, const AttentionMasks& masks, Loc loc = Loc::current()) {
+    return call(loc, [&] { return forward(src, masks); });
+  }
+  TransformerEncoderLayerOptions options;
+  std::shared_ptr<MultiheadAttention> self_attn;
+  std::shared_ptr<Linear> linear1, linear2;
+  std::shared_ptr<Dropout> dropout, dropout1, dropout2;
+  std::shared_ptr<LayerNorm> norm1, norm2;
+};
+
 // ---- functional -----------------------------------------------------------------------------
 enum class Reduction { Mean, Sum, None };
 
@@ -283,7 +421,48 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction =
 Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targets,
                                         Reduction reduction = Reduction::Mean,
                                         Loc loc = Loc::current());
+// softmax(q k^T * scale + mask) v over the last two axes: q [..., L, E], k [..., S, E],
+// v [..., S, Ev] -> [..., L, Ev] (F.scaled_dot_product_attention). attn_mask broadcasts to
+// [..., L, S]: bool, true where attending IS allowed (SDPA's convention, the opposite of
+// MultiheadAttention's), or float, added. is_causal masks keys after each query (no attn_mask
+// with it). scale 0 means 1 / sqrt(E). Dropout on the weights when dropout_p > 0.
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const Tensor& attn_mask = Tensor(), double dropout_p = 0.0,
+                                    bool is_causal = false, double scale = 0.0,
+                                    Loc loc = Loc::current());
 // Fraction (f32, 0-d) of rows whose arg-max equals the target.
 Tensor accuracy(const Tensor& logits, const Tensor& targets, Loc loc = Loc::current());
+
+// ---- init: PyTorch's torch.nn.init, same formulas (fans, gains, bounds) ----------------------
+// Each fills the tensor in place (under NoGrad, recorded like any update: no recompile when
+// re-run) with values from the calling thread's generator, and returns it.
+namespace init {
+
+enum class FanMode { FanIn, FanOut };
+// Gain of a nonlinearity: "linear", "conv1d", "conv2d", "sigmoid" 1; "tanh" 5/3; "relu"
+// sqrt(2); "leaky_relu" sqrt(2 / (1 + slope^2)) (slope `param`, 0.01 when NaN); "selu" 3/4.
+double calculate_gain(const std::string& nonlinearity,
+                      double param = std::numeric_limits<double>::quiet_NaN());
+// fan_in = size(1) * receptive field, fan_out = size(0) * receptive field (rank >= 2).
+std::pair<int64_t, int64_t> calculate_fan_in_and_fan_out(const Tensor& t);
+
+Tensor uniform_(Tensor t, double a = 0.0, double b = 1.0);
+Tensor normal_(Tensor t, double mean = 0.0, double std = 1.0);
+Tensor constant_(Tensor t, double value);
+Tensor zeros_(Tensor t);
+Tensor ones_(Tensor t);
+// U(-b, b), b = gain sqrt(6 / (fan_in + fan_out)); N(0, gain sqrt(2 / (fan_in + fan_out))).
+Tensor xavier_uniform_(Tensor t, double gain = 1.0);
+Tensor xavier_normal_(Tensor t, double gain = 1.0);
+// std = gain(nonlinearity, a) / sqrt(fan); uniform bound sqrt(3) std.
+Tensor kaiming_uniform_(Tensor t, double a = 0.0, FanMode mode = FanMode::FanIn,
+                        const std::string& nonlinearity = "leaky_relu");
+Tensor kaiming_normal_(Tensor t, double a = 0.0, FanMode mode = FanMode::FanIn,
+                       const std::string& nonlinearity = "leaky_relu");
+// N(mean, std) truncated to [a, b] by inverting the CDF (PyTorch's method; no rejection).
+Tensor trunc_normal_(Tensor t, double mean = 0.0, double std = 1.0, double a = -2.0,
+                     double b = 2.0);
+
+}  // namespace init
 
 }  // namespace lockstep::nn

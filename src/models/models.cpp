@@ -144,4 +144,37 @@ ResNet resnet18(const ResNetOptions& o) { return ResNet(false, {2, 2, 2, 2}, o);
 ResNet resnet34(const ResNetOptions& o) { return ResNet(false, {3, 4, 6, 3}, o); }
 ResNet resnet50(const ResNetOptions& o) { return ResNet(true, {3, 4, 6, 3}, o); }
 
+GPT::GPT(const GPTOptions& o) : options(o) {
+  if (o.vocab_size <= 0 || o.block_size <= 0 || o.num_layers < 0)
+    throw Error(cat("GPT: vocab_size ", o.vocab_size, " and block_size ", o.block_size,
+                    " must be positive, num_layers ", o.num_layers, " >= 0"));
+  tok_emb = register_module("tok_emb", std::make_shared<nn::Embedding>(o.vocab_size, o.d_model));
+  pos_emb = register_module("pos_emb", std::make_shared<nn::Embedding>(o.block_size, o.d_model));
+  layers = register_module("layers", std::make_shared<nn::ModuleList>());
+  nn::TransformerEncoderLayerOptions layer{o.d_model, o.nhead, o.dim_feedforward, o.dropout,
+                                           nn::Activation::GELU};
+  layer.batch_first = true;
+  layer.norm_first = true;
+  for (int64_t i = 0; i < o.num_layers; ++i)
+    layers->emplace_back<nn::TransformerEncoderLayer>(layer);
+  ln_f = register_module("ln_f", std::make_shared<nn::LayerNorm>(Shape{o.d_model}));
+  head = register_module("head", std::make_shared<nn::Linear>(o.d_model, o.vocab_size));
+}
+
+Tensor GPT::forward(const Tensor& tokens) {
+  if (!tokens.defined() || tokens.dim() != 2 || tokens.dtype() != DType::I64)
+    throw Error(cat("GPT: tokens must be i64 [N, T], got ",
+                    tokens.defined() ? cat(dtype_name(tokens.dtype()), shape_str(tokens.shape()))
+                                     : std::string("an empty handle")));
+  const int64_t t = tokens.size(1);
+  if (t > options.block_size)
+    throw Error(cat("GPT: sequence length ", t, " is longer than block_size ", options.block_size));
+  Tensor x = (*tok_emb)(tokens) + (*pos_emb)(arange(t, TensorOptions(DType::I64, tokens.device())));
+  nn::AttentionMasks causal;
+  causal.is_causal = true;
+  for (const auto& layer : *layers)
+    x = (*std::static_pointer_cast<nn::TransformerEncoderLayer>(layer))(x, causal);
+  return (*head)((*ln_f)(x));
+}
+
 }  // namespace lockstep::models

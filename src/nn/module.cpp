@@ -40,6 +40,10 @@ Tensor Module::register_buffer(const std::string& name, Tensor t) {
 }
 
 Tensor Module::operator()(const Tensor& x, Loc loc) {
+  return call(loc, [&] { return forward(x); });
+}
+
+void Module::call_impl(const Loc& loc, const std::function<void()>& body) {
   // This module's path: its parent's (the module whose call is under way) and its name there.
   const auto* parent = static_cast<const Module*>(util::current_module());
   std::shared_ptr<const std::string> path;
@@ -54,7 +58,25 @@ Tensor Module::operator()(const Tensor& x, Loc loc) {
     path = std::make_shared<const std::string>(base.empty() ? name : base + "." + name);
   }
   util::ModuleFrame frame(this, std::move(path), loc);
-  return forward(x);
+  body();
+}
+
+std::vector<std::pair<std::string, Module*>> Module::named_modules() {
+  std::vector<std::pair<std::string, Module*>> out;
+  std::set<const Module*> seen;
+  std::function<void(const std::string&, Module*)> walk = [&](const std::string& path, Module* m) {
+    if (!seen.insert(m).second) return;
+    out.emplace_back(path, m);
+    for (const auto& [name, child] : m->children_)
+      walk(path.empty() ? name : path + "." + name, child.get());
+  };
+  walk("", this);
+  return out;
+}
+
+void Module::apply(const std::function<void(Module&)>& fn) {
+  for (auto& [name, child] : children_) child->apply(fn);
+  fn(*this);
 }
 
 void Module::add_child(const std::string& name, std::shared_ptr<Module> m) {
@@ -215,5 +237,47 @@ Tensor Sequential::forward(const Tensor& x) {
   for (auto& layer : layers_) h = (*layer)(h);
   return h;
 }
+
+}  // namespace lockstep::nn
+
+namespace lockstep::nn {
+
+ModuleList& ModuleList::push_back(std::shared_ptr<Module> m) {
+  register_module(std::to_string(modules_.size()), m);
+  modules_.push_back(std::move(m));
+  return *this;
+}
+
+std::shared_ptr<Module> ModuleList::operator[](size_t i) const {
+  if (i >= modules_.size())
+    throw Error(cat("ModuleList: index ", i, " is out of range for ", modules_.size(), " modules"));
+  return modules_[i];
+}
+
+ModuleDict& ModuleDict::insert(const std::string& name, std::shared_ptr<Module> m) {
+  if (name.empty() || name.find('.') != std::string::npos)
+    throw Error(cat("ModuleDict: name '", name,
+                    "' must be non-empty and contain no '.' (it becomes part of parameter paths)"));
+  if (modules_.count(name))
+    throw Error(cat("ModuleDict: a module named '", name, "' is already there"));
+  register_module(name, m);
+  order_.push_back(name);
+  modules_[name] = std::move(m);
+  return *this;
+}
+
+bool ModuleDict::contains(const std::string& name) const { return modules_.count(name) > 0; }
+
+std::shared_ptr<Module> ModuleDict::operator[](const std::string& name) const {
+  auto it = modules_.find(name);
+  if (it == modules_.end()) {
+    std::string known;
+    for (const std::string& k : order_) known += (known.empty() ? "" : ", ") + k;
+    throw Error(cat("ModuleDict: no module named '", name, "' (it has: ", known, ")"));
+  }
+  return it->second;
+}
+
+std::vector<std::string> ModuleDict::keys() const { return order_; }
 
 }  // namespace lockstep::nn

@@ -1,0 +1,201 @@
+// Attention: scaled dot-product attention, MultiheadAttention and TransformerEncoderLayer with
+// PyTorch's parameter names, initialisation, mask conventions and arithmetic (so state dicts load
+// both ways and losses match). Written from matmuls, a where for masks and the softmax
+// composite, which the cpu backend fuses like any other elementwise and reduction chain.
+#include <cmath>
+#include <limits>
+
+#include "lockstep/autograd.h"
+#include "lockstep/nn.h"
+#include "util/check.h"
+
+namespace lockstep::nn {
+
+using util::cat;
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// Query i may see key j when j <= i (keys past the queries' length all masked out).
+Tensor causal_allowed(int64_t l, int64_t s, Device device, const Loc& loc) {
+  return tril(ones({l, s}, TensorOptions(DType::Bool, device), loc), 0, loc);
+}
+
+void check_defined(const Tensor& t, const char* op, const char* what, const Loc& loc) {
+  if (!t.defined())
+    util::fail(loc, op, cat(what, " is an empty tensor handle"), "Pass a defined tensor");
+}
+
+}  // namespace
+
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const Tensor& attn_mask, double dropout_p, bool is_causal,
+                                    double scale, Loc loc) {
+  const char* op = "scaled_dot_product_attention";
+  check_defined(q, op, "query", loc);
+  check_defined(k, op, "key", loc);
+  check_defined(v, op, "value", loc);
+  if (q.dim() < 2 || k.dim() < 2 || v.dim() < 2)
+    util::fail(loc, op,
+               cat("query ", shape_str(q.shape()), ", key ", shape_str(k.shape()), " and value ",
+                   shape_str(v.shape()), " need rank >= 2"),
+               "Pass [..., L, E], [..., S, E] and [..., S, Ev]");
+  if (q.size(-1) != k.size(-1) || k.size(-2) != v.size(-2))
+    util::fail(loc, op,
+               cat("query ", shape_str(q.shape()), ", key ", shape_str(k.shape()), " and value ",
+                   shape_str(v.shape()), " do not fit"),
+               "query and key need the same last size E, key and value the same length S");
+  if (is_causal && attn_mask.defined())
+    util::fail(loc, op, "both attn_mask and is_causal are given",
+               "Fold the causal mask into attn_mask, or pass only is_causal");
+  if (dropout_p < 0 || dropout_p >= 1)
+    util::fail(loc, op, cat("dropout_p = ", dropout_p, " is outside [0, 1)"), "Use 0 <= p < 1");
+  const double sc = scale != 0 ? scale : 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+  Tensor scores = mul(matmul(q, transpose(k, -2, -1, loc), loc), sc, loc);
+  const int64_t l = q.size(-2), s = k.size(-2);
+  if (is_causal) scores = where(causal_allowed(l, s, q.device(), loc), scores, -kInf, loc);
+  if (attn_mask.defined()) {
+    if (attn_mask.dtype() == DType::Bool)
+      scores = where(attn_mask, scores, -kInf, loc);
+    else
+      scores = add(scores, attn_mask, loc);
+  }
+  Tensor w = softmax(scores, -1, loc);
+  if (dropout_p > 0) w = dropout(w, dropout_p, true, loc);
+  return matmul(w, v, loc);
+}
+
+MultiheadAttention::MultiheadAttention(int64_t e, int64_t h, double p, bool bias, bool bf)
+    : embed_dim(e), num_heads(h), dropout(p), batch_first(bf) {
+  if (e <= 0 || h <= 0 || e % h != 0)
+    throw Error(cat("MultiheadAttention: embed_dim ", e, " must be positive and divisible by ",
+                    "num_heads ", h));
+  if (p < 0 || p >= 1) throw Error(cat("MultiheadAttention: dropout ", p, " is outside [0, 1)"));
+  in_proj_weight = register_parameter("in_proj_weight", zeros({3 * e, e}));
+  init::xavier_uniform_(in_proj_weight);
+  if (bias) in_proj_bias = register_parameter("in_proj_bias", zeros({3 * e}));
+  out_proj = register_module("out_proj", std::make_shared<Linear>(e, e, bias));
+  if (bias) init::zeros_(out_proj->bias);
+}
+
+Tensor MultiheadAttention::forward(const Tensor& x) {
+  return forward(x, x, x, AttentionMasks{}, false).output;
+}
+
+MultiheadAttention::Output MultiheadAttention::forward(const Tensor& query, const Tensor& key,
+                                                       const Tensor& value,
+                                                       const AttentionMasks& masks,
+                                                       bool need_weights,
+                                                       bool average_attn_weights) {
+  const Loc loc = Loc::current();
+  const char* op = "MultiheadAttention";
+  check_defined(query, op, "query", loc);
+  check_defined(key, op, "key", loc);
+  check_defined(value, op, "value", loc);
+  if (query.dim() != 3 || key.dim() != 3 || value.dim() != 3)
+    throw Error(cat("MultiheadAttention: query ", shape_str(query.shape()), ", key ",
+                    shape_str(key.shape()), " and value ", shape_str(value.shape()),
+                    " must be 3-d: ", batch_first ? "[N, L, E]" : "[L, N, E]",
+                    " (unbatched inputs: unsqueeze a batch axis)"));
+  // PyTorch's arithmetic, in its [L, N, E] layout.
+  const Tensor q_in = batch_first ? transpose(query, 0, 1) : query;
+  const Tensor k_in = batch_first ? transpose(key, 0, 1) : key;
+  const Tensor v_in = batch_first ? transpose(value, 0, 1) : value;
+  const int64_t l = q_in.size(0), n = q_in.size(1), e = embed_dim, h = num_heads, hd = e / h;
+  const int64_t s = k_in.size(0);
+  if (q_in.size(2) != e || k_in.size(2) != e || v_in.size(2) != e || k_in.size(1) != n ||
+      v_in.size(1) != n || v_in.size(0) != s)
+    throw Error(cat("MultiheadAttention(embed_dim ", e, "): query ", shape_str(query.shape()),
+                    ", key ", shape_str(key.shape()), " and value ", shape_str(value.shape()),
+                    " do not fit; each needs the batch size and embed_dim, key and value one "
+                    "length"));
+  const std::vector<Tensor> w = chunk(in_proj_weight, 3, 0);
+  const std::vector<Tensor> b =
+      in_proj_bias.defined() ? chunk(in_proj_bias, 3, 0) : std::vector<Tensor>(3);
+  // [T, N, E] -> [N * H, T, hd]
+  auto heads = [&](const Tensor& x, int64_t t) {
+    return transpose(reshape(x, {t, n * h, hd}), 0, 1);
+  };
+  const Tensor q = heads(linear(q_in, w[0], b[0]), l);
+  const Tensor k = heads(linear(k_in, w[1], b[1]), s);
+  const Tensor v = heads(linear(v_in, w[2], b[2]), s);
+
+  // One float mask [N * H or 1, L, S] of 0 and -inf (PyTorch merges them the same way).
+  Tensor mask;
+  auto merge = [&](const Tensor& m) { mask = mask.defined() ? add(mask, m) : m; };
+  if (masks.attn_mask.defined()) {
+    const Tensor& am = masks.attn_mask;
+    const bool ok2 = am.dim() == 2 && am.size(0) == l && am.size(1) == s;
+    const bool ok3 = am.dim() == 3 && am.size(0) == n * h && am.size(1) == l && am.size(2) == s;
+    if (!ok2 && !ok3)
+      throw Error(cat("MultiheadAttention: attn_mask ", shape_str(am.shape()), " must be [", l,
+                      ", ", s, "] or [", n * h, ", ", l, ", ", s, "]"));
+    const Tensor f = am.dtype() == DType::Bool ? where(am, -kInf, 0.0) : am;
+    merge(ok2 ? unsqueeze(f, 0) : f);
+  }
+  if (masks.is_causal)
+    merge(unsqueeze(where(causal_allowed(l, s, q.device(), loc), 0.0, -kInf), 0));
+  if (masks.key_padding_mask.defined()) {
+    const Tensor& kp = masks.key_padding_mask;
+    if (kp.dim() != 2 || kp.size(0) != n || kp.size(1) != s)
+      throw Error(cat("MultiheadAttention: key_padding_mask ", shape_str(kp.shape()), " must be [",
+                      n, ", ", s, "]"));
+    const Tensor f = kp.dtype() == DType::Bool ? where(kp, -kInf, 0.0) : kp;
+    merge(reshape(expand(reshape(f, {n, 1, 1, s}), {n, h, 1, s}), {n * h, 1, s}));
+  }
+
+  const Tensor qs = div(q, std::sqrt(static_cast<double>(hd)));
+  Tensor scores = matmul(qs, transpose(k, -2, -1));
+  if (mask.defined()) scores = add(scores, mask);
+  Tensor attn = softmax(scores, -1);
+  if (dropout > 0 && is_training()) attn = nn::dropout(attn, dropout, true);
+  Tensor out = matmul(attn, v);                     // [N * H, L, hd]
+  out = reshape(transpose(out, 0, 1), {l * n, e});  // [L * N, E]
+  out = reshape((*out_proj)(out), {l, n, e});
+  if (batch_first) out = transpose(out, 0, 1);
+  Output result{out, Tensor()};
+  if (need_weights) {
+    const Tensor weights = reshape(attn, {n, h, l, s});
+    result.weights = average_attn_weights ? mean(weights, {1}) : weights;
+  }
+  return result;
+}
+
+TransformerEncoderLayer::TransformerEncoderLayer(const TransformerEncoderLayerOptions& o)
+    : options(o) {
+  if (o.d_model <= 0 || o.nhead <= 0 || o.dim_feedforward <= 0)
+    throw Error(cat("TransformerEncoderLayer: d_model ", o.d_model, ", nhead ", o.nhead,
+                    " and dim_feedforward ", o.dim_feedforward, " must be positive"));
+  self_attn = register_module("self_attn", std::make_shared<MultiheadAttention>(
+                                               o.d_model, o.nhead, o.dropout, true, o.batch_first));
+  linear1 = register_module("linear1", std::make_shared<Linear>(o.d_model, o.dim_feedforward));
+  dropout = register_module("dropout", std::make_shared<Dropout>(o.dropout));
+  linear2 = register_module("linear2", std::make_shared<Linear>(o.dim_feedforward, o.d_model));
+  norm1 = register_module("norm1", std::make_shared<LayerNorm>(Shape{o.d_model}, o.layer_norm_eps));
+  norm2 = register_module("norm2", std::make_shared<LayerNorm>(Shape{o.d_model}, o.layer_norm_eps));
+  dropout1 = register_module("dropout1", std::make_shared<Dropout>(o.dropout));
+  dropout2 = register_module("dropout2", std::make_shared<Dropout>(o.dropout));
+}
+
+Tensor TransformerEncoderLayer::forward(const Tensor& src, const AttentionMasks& masks) {
+  auto sa = [&](const Tensor& x) {
+    return (*dropout1)((*self_attn)(x, x, x, masks, false).output);
+  };
+  auto ff = [&](const Tensor& x) {
+    const Tensor a = (*linear1)(x);
+    const Tensor act = options.activation == Activation::GELU ? gelu(a) : relu(a);
+    return (*dropout2)((*linear2)((*dropout)(act)));
+  };
+  Tensor x = src;
+  if (options.norm_first) {
+    x = add(x, sa((*norm1)(x)));
+    x = add(x, ff((*norm2)(x)));
+  } else {
+    x = (*norm1)(add(x, sa(x)));
+    x = (*norm2)(add(x, ff(x)));
+  }
+  return x;
+}
+
+}  // namespace lockstep::nn

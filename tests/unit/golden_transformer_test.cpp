@@ -1,0 +1,149 @@
+// Transformers against PyTorch: tests/golden/make_gpt_fixture.py wrote a small GPT-style model's
+// initial state, 5 batches of a synthetic task and PyTorch's losses over 5 AdamW steps, plus a
+// MultiheadAttention with both kinds of masks and a post-norm TransformerEncoderLayer with key
+// padding (outputs and gradients). lockstep loads the same weights by PyTorch's names.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+
+#include <lockstep/lockstep.h>
+
+namespace ls = lockstep;
+
+namespace {
+
+struct Fixture {
+  std::map<std::string, ls::Tensor> t;
+  const ls::Tensor& operator[](const std::string& k) const {
+    auto it = t.find(k);
+    if (it == t.end()) throw std::runtime_error("fixture has no " + k);
+    return it->second;
+  }
+  ls::nn::NamedTensors with_prefix(const std::string& prefix) const {
+    ls::nn::NamedTensors out;
+    for (const auto& [k, v] : t)
+      if (k.rfind(prefix, 0) == 0) out.emplace_back(k.substr(prefix.size()), v);
+    return out;
+  }
+};
+
+const Fixture& fixture() {
+  static const Fixture f = [] {
+    Fixture out;
+    for (auto& [k, v] :
+         ls::io::load_safetensors(std::string(LOCKSTEP_GOLDEN_DIR) + "/gpt_training.safetensors")
+             .tensors)
+      out.t[k] = v;
+    return out;
+  }();
+  return f;
+}
+
+// max |ours - torch| <= tol * max |torch|.
+void expect_close(const ls::Tensor& ours, const ls::Tensor& torch, double tol,
+                  const std::string& what) {
+  ASSERT_EQ(ours.shape(), torch.shape()) << what;
+  const std::vector<float> a = ours.to_vector<float>(), b = torch.to_vector<float>();
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::abs(static_cast<double>(a[i]) - b[i]));
+    scale = std::max(scale, std::abs(static_cast<double>(b[i])));
+  }
+  EXPECT_LE(diff, tol * std::max(scale, 1e-12))
+      << what << ": max |diff| " << diff << " against max |torch| " << scale;
+}
+
+TEST(GoldenTransformer, GptLossesMatchPyTorchOverFiveAdamWSteps) {
+  const Fixture& f = fixture();
+  ls::models::GPT model;
+  model.load_state_dict(f.with_prefix("init."));
+  ls::optim::AdamW opt(model.parameters(), {1e-3, 0.9, 0.999, 1e-8, 0.01});
+  const ls::Tensor xs = f["x"], ys = f["y"];
+  const std::vector<double> want = f["losses"].to_vector<double>();
+  const int64_t compiles = ls::metrics::counter("compiles");
+  const std::vector<ls::Tensor> batches = ls::unbind(xs, 0), targets = ls::unbind(ys, 0);
+  for (size_t s = 0; s < batches.size(); ++s) {
+    ls::Tensor loss;
+    // Each batch is its own (materialized) input: the step's graph is the same every time.
+    const ls::Tensor x = batches[s].to(ls::default_device()),
+                     y = targets[s].to(ls::default_device());
+    ls::step([&] {
+      const ls::Tensor logits = model(x);
+      loss = ls::nn::cross_entropy(ls::reshape(logits, {-1, model.options.vocab_size}),
+                                   ls::reshape(y, {-1}));
+      opt.zero_grad();
+      loss.backward();
+      opt.step();
+    });
+    const double got = loss.item<double>();
+    EXPECT_NEAR(got, want[s], 1e-4 * std::abs(want[s])) << "step " << s + 1;
+  }
+  // The same step every time: compiled once (plus the first step's optimizer-state creation).
+  EXPECT_LE(ls::metrics::counter("compiles") - compiles, 2);
+}
+
+TEST(GoldenTransformer, MultiheadAttentionMatchesPyTorchWithBothMasks) {
+  const Fixture& f = fixture();
+  ls::nn::MultiheadAttention mha(16, 4);
+  mha.load_state_dict(f.with_prefix("mha.init."));
+  ls::Tensor q = f["mha.q"].detach().set_requires_grad(),
+             k = f["mha.k"].detach().set_requires_grad(),
+             v = f["mha.v"].detach().set_requires_grad();
+  ls::nn::AttentionMasks masks;
+  masks.attn_mask = f["mha.attn_mask"];
+  masks.key_padding_mask = f["mha.key_padding_mask"];
+  const auto out = mha(q, k, v, masks);
+  expect_close(out.output, f["mha.out"], 1e-5, "output");
+  expect_close(out.weights, f["mha.weights"], 1e-5, "weights");
+  ls::backward(ls::sum(out.output * f["mha.w_out"]) + ls::sum(out.weights * f["mha.w_weights"]));
+  expect_close(q.grad(), f["mha.grad_q"], 1e-5, "grad q");
+  expect_close(k.grad(), f["mha.grad_k"], 1e-5, "grad k");
+  expect_close(v.grad(), f["mha.grad_v"], 1e-5, "grad v");
+  expect_close(mha.in_proj_weight.grad(), f["mha.grad_in_proj_weight"], 1e-5,
+               "grad in_proj_weight");
+  // State dicts load both ways: ours has PyTorch's names, in PyTorch's order.
+  std::vector<std::string> names;
+  for (const auto& [n, t] : mha.state_dict()) names.push_back(n);
+  EXPECT_EQ(names, (std::vector<std::string>{"in_proj_weight", "in_proj_bias", "out_proj.weight",
+                                             "out_proj.bias"}));
+}
+
+TEST(GoldenTransformer, PostNormEncoderLayerWithKeyPaddingMatchesPyTorch) {
+  const Fixture& f = fixture();
+  ls::nn::TransformerEncoderLayer layer({16, 4, 32, 0.0});
+  layer.load_state_dict(f.with_prefix("enc.init."));
+  ls::Tensor src = f["enc.src"].detach().set_requires_grad();
+  ls::nn::AttentionMasks masks;
+  masks.key_padding_mask = f["enc.pad"];
+  const ls::Tensor y = layer(src, masks);
+  expect_close(y, f["enc.out"], 1e-5, "output");
+  ls::backward(ls::sum(y * f["enc.w"]));
+  expect_close(src.grad(), f["enc.grad_src"], 1e-5, "grad src");
+  expect_close(layer.linear1->weight.grad(), f["enc.grad_linear1.weight"], 1e-5,
+               "grad linear1.weight");
+}
+
+TEST(GoldenTransformer, ScaledDotProductAttentionFollowsItsDefinition) {
+  // Against the formula written out: softmax(q k^T / sqrt(E) masked) v, bool mask true = attend.
+  ls::manual_seed(5);
+  const ls::Tensor q = ls::randn({2, 3, 4, 8}), k = ls::randn({2, 3, 6, 8}),
+                   v = ls::randn({2, 3, 6, 5});
+  const ls::Tensor allowed = ls::rand({4, 6}) < 0.7 || ls::eq(ls::arange(6), 0);
+  const ls::Tensor got = ls::nn::scaled_dot_product_attention(q, k, v, allowed);
+  const ls::Tensor s = ls::matmul(q, ls::transpose(k, -2, -1)) / std::sqrt(8.0);
+  const ls::Tensor want =
+      ls::matmul(ls::softmax(ls::where(allowed, s, -1e30), -1), v);  // -1e30: exp underflows
+  expect_close(got, want, 1e-6, "masked");
+  const ls::Tensor causal =
+      ls::nn::scaled_dot_product_attention(q, q, ls::slice(v, 2, 0, 4), {}, 0, true);
+  const ls::Tensor sc = ls::matmul(q, ls::transpose(q, -2, -1)) / std::sqrt(8.0);
+  const ls::Tensor tri = ls::tril(ls::ones({4, 4}, ls::boolean));
+  expect_close(causal,
+               ls::matmul(ls::softmax(ls::where(tri, sc, -1e30), -1), ls::slice(v, 2, 0, 4)), 1e-6,
+               "causal");
+  EXPECT_THROW(ls::nn::scaled_dot_product_attention(q, k, v, allowed, 0, true), ls::Error);
+  EXPECT_THROW(ls::nn::scaled_dot_product_attention(q, v, v), ls::Error);
+}
+
+}  // namespace
