@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,16 @@
 #include "lockstep/tensor.h"
 
 namespace lockstep::optim {
+
+// Parameters with their own hyper-parameters (PyTorch's param_groups), added to an optimizer
+// with add_param_group; unset options take the optimizer's. E.g. no weight decay on norms and
+// biases: SGD opt(decayed, {.lr = 0.1, .weight_decay = 5e-4});
+//           opt.add_param_group({no_decay, std::nullopt, 0.0});
+struct ParamGroup {
+  std::vector<Tensor> params = {};
+  std::optional<double> lr = std::nullopt;
+  std::optional<double> weight_decay = std::nullopt;
+};
 
 class Optimizer {
  public:
@@ -23,8 +34,21 @@ class Optimizer {
   // Clears gradients (to "none", as PyTorch's default).
   void zero_grad();
 
-  double lr() const { return lr_; }
-  void set_lr(double lr) { lr_ = lr; }
+  // The first group's learning rate; set_lr sets every group's (schedulers set each group's
+  // own). Host numbers entering the step as runtime scalars: changing them never recompiles.
+  double lr() const { return groups_[0].lr; }
+  void set_lr(double lr);
+  // Parameter groups: the constructor's parameters are group 0.
+  void add_param_group(const ParamGroup& group);
+  size_t num_param_groups() const { return groups_.size(); }
+  double group_lr(size_t g) const;
+  void set_group_lr(size_t g, double lr);
+  double group_weight_decay(size_t g) const;
+  void set_group_weight_decay(size_t g, double weight_decay);
+  // Momentum (SGD's momentum, Adam's and Lion's beta1, RMSprop's momentum) for schedules that
+  // cycle it (OneCycleLR); optimizers without one throw Error.
+  virtual double momentum() const;
+  virtual void set_momentum(double momentum);
   // Updates applied so far (i64 0-d tensor). A tensor, not a host number, so that a step's
   // rollback and a skipped update leave it right, and it never causes a recompile.
   const Tensor& step_count() const { return step_; }
@@ -44,16 +68,30 @@ class Optimizer {
   // parameter (1 for its first) as a 0-d tensor of the parameter's dtype; `ok` is a bool 0-d tensor
   // (or empty when nothing is skipped): implementations keep every state change conditional on it.
   virtual void update(size_t i, const Tensor& grad, const Tensor& t, const Tensor& ok) = 0;
-  // Named per-parameter state tensors (created on the first step).
+  // Named per-parameter state tensors.
   virtual nn::NamedTensors state() const = 0;
+  // Creates the state of params_[i] (called for each parameter, also for added groups).
+  virtual void add_state(size_t i) = 0;
+  // The learning rate and weight decay of params_[i]'s group.
+  double lr_of(size_t i) const { return groups_[group_of_[i]].lr; }
+  double weight_decay_of(size_t i) const { return groups_[group_of_[i]].weight_decay; }
   // `fresh` if `ok` is true, else `old` (just `fresh` when nothing is skipped).
   static Tensor select(const Tensor& ok, const Tensor& fresh, const Tensor& old);
 
   std::vector<Tensor> params_;
-  double lr_;
   Tensor step_;
+  // The subclass' default weight decay, for group 0 and groups that set none (set by each
+  // subclass' constructor before it creates state).
+  void set_default_weight_decay(double wd);
 
  private:
+  struct Group {
+    double lr;
+    double weight_decay;
+    bool weight_decay_set;
+  };
+  std::vector<Group> groups_;
+  std::vector<size_t> group_of_;  // params_[i]'s group
   bool skip_nonfinite_;
   Tensor skipped_;
   std::vector<Tensor> param_steps_;  // updates applied to each parameter ("<i>.step")
@@ -72,10 +110,13 @@ class SGD : public Optimizer {
  public:
   SGD(std::vector<Tensor> params, SGDOptions options);
   SGDOptions options;
+  double momentum() const override;
+  void set_momentum(double momentum) override;
 
  protected:
   void update(size_t i, const Tensor& grad, const Tensor& t, const Tensor& ok) override;
   nn::NamedTensors state() const override;
+  void add_state(size_t i) override;
 
  private:
   std::vector<Tensor> momentum_;
@@ -95,10 +136,13 @@ class Adam : public Optimizer {
  public:
   Adam(std::vector<Tensor> params, AdamOptions options, bool decoupled = false);
   AdamOptions options;
+  double momentum() const override;
+  void set_momentum(double beta1) override;
 
  protected:
   void update(size_t i, const Tensor& grad, const Tensor& t, const Tensor& ok) override;
   nn::NamedTensors state() const override;
+  void add_state(size_t i) override;
 
  private:
   bool decoupled_;
@@ -110,37 +154,114 @@ class AdamW : public Adam {
   AdamW(std::vector<Tensor> params, AdamOptions options) : Adam(std::move(params), options, true) {}
 };
 
+struct RMSpropOptions {
+  double lr = 1e-2;
+  double alpha = 0.99;
+  double eps = 1e-8;
+  double weight_decay = 0;
+  double momentum = 0;
+  bool centered = false;
+  bool skip_nonfinite = false;
+};
+
+// torch.optim.RMSprop: square_avg = alpha sq + (1 - alpha) g^2; step g / (sqrt(square_avg) + eps)
+// (centered: sqrt(square_avg - grad_avg^2)), through a momentum buffer when momentum > 0.
+class RMSprop : public Optimizer {
+ public:
+  RMSprop(std::vector<Tensor> params, RMSpropOptions options);
+  RMSpropOptions options;
+  double momentum() const override;
+  void set_momentum(double momentum) override;
+
+ protected:
+  void update(size_t i, const Tensor& grad, const Tensor& t, const Tensor& ok) override;
+  nn::NamedTensors state() const override;
+  void add_state(size_t i) override;
+
+ private:
+  std::vector<Tensor> square_avg_, grad_avg_, momentum_;
+};
+
+struct AdagradOptions {
+  double lr = 1e-2;
+  double lr_decay = 0;
+  double weight_decay = 0;
+  double initial_accumulator_value = 0;
+  double eps = 1e-10;
+  bool skip_nonfinite = false;
+};
+
+// torch.optim.Adagrad: sum += g^2; p -= lr / (1 + (t - 1) lr_decay) * g / (sqrt(sum) + eps).
+class Adagrad : public Optimizer {
+ public:
+  Adagrad(std::vector<Tensor> params, AdagradOptions options);
+  AdagradOptions options;
+
+ protected:
+  void update(size_t i, const Tensor& grad, const Tensor& t, const Tensor& ok) override;
+  nn::NamedTensors state() const override;
+  void add_state(size_t i) override;
+
+ private:
+  std::vector<Tensor> sum_;
+};
+
+struct LionOptions {
+  double lr = 1e-4;
+  double beta1 = 0.9, beta2 = 0.99;
+  double weight_decay = 0;
+  bool skip_nonfinite = false;
+};
+
+// Lion (Chen et al., "Symbolic Discovery of Optimization Algorithms", 2023):
+// p *= 1 - lr wd; p -= lr sign(beta1 m + (1 - beta1) g); m = beta2 m + (1 - beta2) g.
+class Lion : public Optimizer {
+ public:
+  Lion(std::vector<Tensor> params, LionOptions options);
+  LionOptions options;
+  double momentum() const override;
+  void set_momentum(double beta1) override;
+
+ protected:
+  void update(size_t i, const Tensor& grad, const Tensor& t, const Tensor& ok) override;
+  nn::NamedTensors state() const override;
+  void add_state(size_t i) override;
+
+ private:
+  std::vector<Tensor> m_;
+};
+
 // Scales gradients so that their global L2 norm is at most max_norm; returns the norm before
 // clipping (a 0-d tensor). Recorded: no host round trip.
 Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm);
 
 // Learning-rate schedules: call step() once per optimizer step (or per epoch for the
-// epoch-based ones, as you choose), it sets the optimizer's lr.
+// epoch-based ones, as you choose); it sets each parameter group's lr from the group's lr when
+// the scheduler was made (its base lr) and the count of steps so far.
 class LRScheduler {
  public:
-  explicit LRScheduler(Optimizer& opt) : opt_(opt), base_lr_(opt.lr()) {}
+  explicit LRScheduler(Optimizer& opt);
   virtual ~LRScheduler() = default;
-  void step() {
-    ++count_;
-    opt_.set_lr(lr_at(count_));
-  }
+  void step() { set_count(count_ + 1); }
   int64_t count() const { return count_; }
-  void set_count(int64_t c) {
-    count_ = c;
-    opt_.set_lr(lr_at(count_));
-  }
-  virtual double lr_at(int64_t count) const = 0;
+  void set_count(int64_t c);
+  // The lr after `count` steps of a group whose base lr is `base_lr` (group 0's by default).
+  virtual double lr_at(int64_t count, double base_lr) const = 0;
+  double lr_at(int64_t count) const { return lr_at(count, base_lrs_[0]); }
 
  protected:
+  // Called after each count change, once the lrs are set (OneCycleLR moves the momentum).
+  virtual void on_count(int64_t) {}
   Optimizer& opt_;
-  double base_lr_;
+  std::vector<double> base_lrs_;
   int64_t count_ = 0;
 };
 
 class StepLR : public LRScheduler {
  public:
   StepLR(Optimizer& opt, int64_t step_size, double gamma = 0.1);
-  double lr_at(int64_t count) const override;
+  using LRScheduler::lr_at;
+  double lr_at(int64_t count, double base_lr) const override;
 
  private:
   int64_t step_size_;
@@ -150,11 +271,37 @@ class StepLR : public LRScheduler {
 class MultiStepLR : public LRScheduler {
  public:
   MultiStepLR(Optimizer& opt, std::vector<int64_t> milestones, double gamma = 0.1);
-  double lr_at(int64_t count) const override;
+  using LRScheduler::lr_at;
+  double lr_at(int64_t count, double base_lr) const override;
 
  private:
   std::vector<int64_t> milestones_;
   double gamma_;
+};
+
+// base_lr * gamma^count (torch.optim.lr_scheduler.ExponentialLR).
+class ExponentialLR : public LRScheduler {
+ public:
+  ExponentialLR(Optimizer& opt, double gamma);
+  using LRScheduler::lr_at;
+  double lr_at(int64_t count, double base_lr) const override;
+
+ private:
+  double gamma_;
+};
+
+// base_lr times a factor going linearly from start_factor to end_factor over total_iters steps,
+// then end_factor (torch.optim.lr_scheduler.LinearLR, its defaults).
+class LinearLR : public LRScheduler {
+ public:
+  explicit LinearLR(Optimizer& opt, double start_factor = 1.0 / 3, double end_factor = 1.0,
+                    int64_t total_iters = 5);
+  using LRScheduler::lr_at;
+  double lr_at(int64_t count, double base_lr) const override;
+
+ private:
+  double start_, end_;
+  int64_t total_;
 };
 
 // Linear warm-up from 0 to the base lr over warmup steps, then cosine decay to min_lr at
@@ -162,11 +309,72 @@ class MultiStepLR : public LRScheduler {
 class CosineWarmupLR : public LRScheduler {
  public:
   CosineWarmupLR(Optimizer& opt, int64_t warmup_steps, int64_t total_steps, double min_lr = 0);
-  double lr_at(int64_t count) const override;
+  using LRScheduler::lr_at;
+  double lr_at(int64_t count, double base_lr) const override;
 
  private:
   int64_t warmup_, total_;
   double min_lr_;
+};
+
+struct OneCycleOptions {
+  double max_lr = 0;        // required
+  int64_t total_steps = 0;  // required
+  double pct_start = 0.3;
+  bool cos_anneal = true;  // false: linear (anneal_strategy='linear')
+  double div_factor = 25;
+  double final_div_factor = 1e4;
+  bool three_phase = false;
+  bool cycle_momentum = true;
+  double base_momentum = 0.85, max_momentum = 0.95;
+};
+
+// torch.optim.lr_scheduler.OneCycleLR, its defaults and formulas: the lr rises from
+// max_lr / div_factor to max_lr over pct_start of total_steps and falls to
+// max_lr / div_factor / final_div_factor; the momentum (Optimizer::momentum) moves the other
+// way between max_momentum and base_momentum. Every group gets the same max_lr.
+class OneCycleLR : public LRScheduler {
+ public:
+  OneCycleLR(Optimizer& opt, const OneCycleOptions& options);
+  using LRScheduler::lr_at;
+  double lr_at(int64_t count, double base_lr) const override;
+  double momentum_at(int64_t count) const;
+
+ protected:
+  void on_count(int64_t count) override;
+
+ private:
+  double at(int64_t count, bool momentum) const;
+  OneCycleOptions options_;
+};
+
+struct PlateauOptions {
+  bool mode_max = false;  // false: the metric should go down ('min'); true: up ('max')
+  double factor = 0.1;
+  int64_t patience = 10;
+  double threshold = 1e-4;
+  bool threshold_rel = true;  // false: 'abs'
+  int64_t cooldown = 0;
+  double min_lr = 0;
+  double eps = 1e-8;
+};
+
+// torch.optim.lr_scheduler.ReduceLROnPlateau: step(metric) once per epoch with a host number
+// (e.g. the validation loss read with item(): an epoch-level host read, a sync, as it is in
+// PyTorch); after `patience` epochs without improvement every group's lr is multiplied by
+// factor (not below min_lr).
+class ReduceLROnPlateau {
+ public:
+  explicit ReduceLROnPlateau(Optimizer& opt, const PlateauOptions& options = {});
+  void step(double metric);
+  int64_t num_bad_epochs() const { return bad_; }
+
+ private:
+  bool better(double a, double best) const;
+  Optimizer& opt_;
+  PlateauOptions options_;
+  double best_;
+  int64_t bad_ = 0, cooldown_ = 0;
 };
 
 }  // namespace lockstep::optim

@@ -31,19 +31,99 @@ Tensor state_zeros(const Tensor& like) {
   return zeros(like.shape(), TensorOptions(like.dtype(), like.device()));
 }
 
+void check_lr(double lr, const char* who) {
+  if (!(lr >= 0) || !std::isfinite(lr))
+    throw Error(cat(who, ": learning rate must be finite and >= 0, got ", lr));
+}
+
+void check_weight_decay(double wd, const char* who) {
+  if (!(wd >= 0) || !std::isfinite(wd))
+    throw Error(cat(who, ": weight decay must be finite and >= 0, got ", wd));
+}
+
 }  // namespace
 
 Optimizer::Optimizer(std::vector<Tensor> params, double lr, bool skip_nonfinite)
-    : params_(std::move(params)), lr_(lr), skip_nonfinite_(skip_nonfinite) {
+    : params_(std::move(params)), skip_nonfinite_(skip_nonfinite) {
   check_params(params_, "optimizer");
-  if (!(lr >= 0) || !std::isfinite(lr))
-    throw Error(cat("optimizer: learning rate must be finite and >= 0, got ", lr));
+  check_lr(lr, "optimizer");
+  groups_.push_back({lr, 0.0, false});
+  group_of_.assign(params_.size(), 0);
   const Device d = params_[0].device();
   step_ = zeros({}, TensorOptions(DType::I64, d));
   skipped_ = zeros({}, TensorOptions(DType::I64, d));
   for (const Tensor& p : params_)
     param_steps_.push_back(zeros({}, TensorOptions(DType::I64, p.device())));
 }
+
+void Optimizer::set_default_weight_decay(double wd) {
+  for (Group& g : groups_)
+    if (!g.weight_decay_set) g.weight_decay = wd;
+}
+
+void Optimizer::add_param_group(const ParamGroup& group) {
+  check_params(group.params, "add_param_group");
+  for (size_t k = 0; k < group.params.size(); ++k) {
+    for (const Tensor& p : params_)
+      if (p.is_same(group.params[k]))
+        throw Error(
+            cat("add_param_group: parameter ", k,
+                " is already in a group (as in PyTorch, a parameter belongs to one group)"));
+    for (size_t j = 0; j < k; ++j)
+      if (group.params[j].is_same(group.params[k]))
+        throw Error(cat("add_param_group: parameter ", k, " is listed twice"));
+  }
+  const double lr = group.lr.value_or(groups_[0].lr);
+  check_lr(lr, "add_param_group");
+  if (group.weight_decay) check_weight_decay(*group.weight_decay, "add_param_group");
+  groups_.push_back(
+      {lr, group.weight_decay.value_or(groups_[0].weight_decay), group.weight_decay.has_value()});
+  for (const Tensor& p : group.params) {
+    params_.push_back(p);
+    group_of_.push_back(groups_.size() - 1);
+    param_steps_.push_back(zeros({}, TensorOptions(DType::I64, p.device())));
+    add_state(params_.size() - 1);
+  }
+}
+
+void Optimizer::set_lr(double lr) {
+  check_lr(lr, "set_lr");
+  for (Group& g : groups_) g.lr = lr;
+}
+
+namespace {
+void check_group(size_t g, size_t n, const char* who) {
+  if (g >= n) throw Error(cat(who, ": group ", g, " is out of range (", n, " groups)"));
+}
+}  // namespace
+
+double Optimizer::group_lr(size_t g) const {
+  check_group(g, groups_.size(), "group_lr");
+  return groups_[g].lr;
+}
+
+void Optimizer::set_group_lr(size_t g, double lr) {
+  check_group(g, groups_.size(), "set_group_lr");
+  check_lr(lr, "set_group_lr");
+  groups_[g].lr = lr;
+}
+
+double Optimizer::group_weight_decay(size_t g) const {
+  check_group(g, groups_.size(), "group_weight_decay");
+  return groups_[g].weight_decay;
+}
+
+void Optimizer::set_group_weight_decay(size_t g, double wd) {
+  check_group(g, groups_.size(), "set_group_weight_decay");
+  check_weight_decay(wd, "set_group_weight_decay");
+  groups_[g].weight_decay = wd;
+  groups_[g].weight_decay_set = true;
+}
+
+double Optimizer::momentum() const {
+  throw Error("this optimizer has no momentum (cycle_momentum needs SGD, Adam, RMSprop or Lion)");
+}
+void Optimizer::set_momentum(double) { momentum(); }
 
 Tensor Optimizer::select(const Tensor& ok, const Tensor& fresh, const Tensor& old) {
   return ok.defined() ? where(ok, fresh, old) : fresh;
@@ -125,14 +205,28 @@ SGD::SGD(std::vector<Tensor> params, SGDOptions o)
                     o.momentum, ", ", o.dampening, ", ", o.weight_decay));
   if (o.nesterov && (o.momentum <= 0 || o.dampening != 0))
     throw Error("SGD: nesterov needs momentum > 0 and dampening 0");
-  if (o.momentum != 0)
-    for (const Tensor& p : params_) momentum_.push_back(state_zeros(p));
+  set_default_weight_decay(o.weight_decay);
+  for (size_t i = 0; i < params_.size(); ++i) add_state(i);
+}
+
+void SGD::add_state(size_t i) {
+  if (options.momentum != 0) momentum_.push_back(state_zeros(params_[i]));
+}
+
+double SGD::momentum() const { return options.momentum; }
+void SGD::set_momentum(double m) {
+  if (momentum_.size() != params_.size() || !(m >= 0) || !std::isfinite(m))
+    throw Error(cat("SGD: cannot set momentum ", m,
+                    ": it must be >= 0, and the optimizer made with momentum > 0 (so it has "
+                    "momentum buffers)"));
+  options.momentum = m;
 }
 
 void SGD::update(size_t i, const Tensor& grad, const Tensor& t, const Tensor& ok) {
   Tensor& p = params_[i];
   Tensor d = grad;
-  if (options.weight_decay != 0) d = d + options.weight_decay * p;
+  const double wd = weight_decay_of(i), lr = lr_of(i);
+  if (wd != 0) d = d + wd * p;
   if (options.momentum != 0) {
     Tensor& buf = momentum_[i];
     // PyTorch: the first step sets buf = d; later ones buf = momentum * buf + (1 - dampening) d.
@@ -141,7 +235,7 @@ void SGD::update(size_t i, const Tensor& grad, const Tensor& t, const Tensor& ok
     buf.copy_(select(ok, fresh, buf));
     d = options.nesterov ? d + buf * options.momentum : buf;
   }
-  p.copy_(select(ok, p - d * lr_, p));
+  p.copy_(select(ok, p - d * lr, p));
 }
 
 nn::NamedTensors SGD::state() const {
@@ -160,21 +254,31 @@ Adam::Adam(std::vector<Tensor> params, AdamOptions o, bool decoupled)
   if (!(o.eps >= 0) || !(o.weight_decay >= 0) || !std::isfinite(o.eps + o.weight_decay))
     throw Error(cat("Adam: eps and weight_decay must be finite and >= 0, got ", o.eps, ", ",
                     o.weight_decay));
-  for (const Tensor& p : params_) {
-    m_.push_back(state_zeros(p));
-    v_.push_back(state_zeros(p));
-  }
+  set_default_weight_decay(o.weight_decay);
+  for (size_t i = 0; i < params_.size(); ++i) add_state(i);
+}
+
+void Adam::add_state(size_t i) {
+  m_.push_back(state_zeros(params_[i]));
+  v_.push_back(state_zeros(params_[i]));
+}
+
+double Adam::momentum() const { return options.beta1; }
+void Adam::set_momentum(double b1) {
+  if (!(b1 >= 0 && b1 < 1)) throw Error(cat("Adam: beta1 must be in [0, 1), got ", b1));
+  options.beta1 = b1;
 }
 
 void Adam::update(size_t i, const Tensor& grad, const Tensor& t, const Tensor& ok) {
   Tensor& p = params_[i];
   Tensor g = grad;
   Tensor base = p;
-  if (options.weight_decay != 0) {
+  const double wd = weight_decay_of(i), lr = lr_of(i);
+  if (wd != 0) {
     if (decoupled_)
-      base = p * (1 - lr_ * options.weight_decay);
+      base = p * (1 - lr * wd);
     else
-      g = g + options.weight_decay * p;
+      g = g + wd * p;
   }
   const double b1 = options.beta1, b2 = options.beta2;
   Tensor m = m_[i] * b1 + g * (1 - b1);
@@ -182,7 +286,7 @@ void Adam::update(size_t i, const Tensor& grad, const Tensor& t, const Tensor& o
   Tensor bias1 = 1.0 - pow(b1, t);
   Tensor bias2 = 1.0 - pow(b2, t);
   Tensor denom = sqrt(v) / sqrt(bias2) + options.eps;
-  Tensor fresh = base - (m / denom) * (lr_ / bias1);
+  Tensor fresh = base - (m / denom) * (lr / bias1);
   m_[i].copy_(select(ok, m, m_[i]));
   v_[i].copy_(select(ok, v, v_[i]));
   p.copy_(select(ok, fresh, p));

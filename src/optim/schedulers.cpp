@@ -1,5 +1,5 @@
-// Learning-rate schedules: host-side functions of the step count that set the optimizer's lr,
-// which enters the step's program as a runtime scalar.
+// Learning-rate schedules: host-side functions of the step count that set each parameter
+// group's lr, which enters the step's program as a runtime scalar (no recompiles).
 #include <algorithm>
 #include <cmath>
 #include <numbers>
@@ -11,13 +11,24 @@ namespace lockstep::optim {
 
 using util::cat;
 
+LRScheduler::LRScheduler(Optimizer& opt) : opt_(opt) {
+  for (size_t g = 0; g < opt.num_param_groups(); ++g) base_lrs_.push_back(opt.group_lr(g));
+}
+
+void LRScheduler::set_count(int64_t c) {
+  count_ = c;
+  for (size_t g = 0; g < base_lrs_.size() && g < opt_.num_param_groups(); ++g)
+    opt_.set_group_lr(g, lr_at(count_, base_lrs_[g]));
+  on_count(count_);
+}
+
 StepLR::StepLR(Optimizer& opt, int64_t step_size, double gamma)
     : LRScheduler(opt), step_size_(step_size), gamma_(gamma) {
   if (step_size <= 0) throw Error(cat("StepLR: step_size must be > 0, got ", step_size));
 }
 
-double StepLR::lr_at(int64_t count) const {
-  return base_lr_ * std::pow(gamma_, static_cast<double>(count / step_size_));
+double StepLR::lr_at(int64_t count, double base_lr) const {
+  return base_lr * std::pow(gamma_, static_cast<double>(count / step_size_));
 }
 
 MultiStepLR::MultiStepLR(Optimizer& opt, std::vector<int64_t> milestones, double gamma)
@@ -26,10 +37,36 @@ MultiStepLR::MultiStepLR(Optimizer& opt, std::vector<int64_t> milestones, double
     throw Error("MultiStepLR: milestones must be increasing");
 }
 
-double MultiStepLR::lr_at(int64_t count) const {
+double MultiStepLR::lr_at(int64_t count, double base_lr) const {
   const auto passed =
       std::upper_bound(milestones_.begin(), milestones_.end(), count) - milestones_.begin();
-  return base_lr_ * std::pow(gamma_, static_cast<double>(passed));
+  return base_lr * std::pow(gamma_, static_cast<double>(passed));
+}
+
+ExponentialLR::ExponentialLR(Optimizer& opt, double gamma) : LRScheduler(opt), gamma_(gamma) {
+  if (!(gamma > 0) || !std::isfinite(gamma))
+    throw Error(cat("ExponentialLR: gamma must be finite and > 0, got ", gamma));
+}
+
+double ExponentialLR::lr_at(int64_t count, double base_lr) const {
+  return base_lr * std::pow(gamma_, static_cast<double>(count));
+}
+
+LinearLR::LinearLR(Optimizer& opt, double start_factor, double end_factor, int64_t total_iters)
+    : LRScheduler(opt), start_(start_factor), end_(end_factor), total_(total_iters) {
+  // PyTorch's checks: 0 < start_factor <= 1, 0 <= end_factor <= 1.
+  if (!(start_factor > 0 && start_factor <= 1) || !(end_factor >= 0 && end_factor <= 1) ||
+      total_iters <= 0)
+    throw Error(
+        cat("LinearLR: needs 0 < start_factor <= 1, 0 <= end_factor <= 1 and "
+            "total_iters > 0, got ",
+            start_factor, ", ", end_factor, ", ", total_iters));
+  set_count(0);
+}
+
+double LinearLR::lr_at(int64_t count, double base_lr) const {
+  const double done = static_cast<double>(std::min(count, total_)) / static_cast<double>(total_);
+  return base_lr * (start_ + (end_ - start_) * done);
 }
 
 CosineWarmupLR::CosineWarmupLR(Optimizer& opt, int64_t warmup_steps, int64_t total_steps,
@@ -38,16 +75,107 @@ CosineWarmupLR::CosineWarmupLR(Optimizer& opt, int64_t warmup_steps, int64_t tot
   if (warmup_steps < 0 || total_steps <= warmup_steps)
     throw Error(cat("CosineWarmupLR: need 0 <= warmup_steps < total_steps, got ", warmup_steps,
                     " and ", total_steps));
-  opt.set_lr(lr_at(0));
+  set_count(0);
 }
 
-double CosineWarmupLR::lr_at(int64_t count) const {
+double CosineWarmupLR::lr_at(int64_t count, double base_lr) const {
   // As Hugging Face's get_cosine_schedule_with_warmup.
-  if (count < warmup_) return base_lr_ * static_cast<double>(count) / static_cast<double>(warmup_);
+  if (count < warmup_) return base_lr * static_cast<double>(count) / static_cast<double>(warmup_);
   if (count >= total_) return min_lr_;
   const double progress =
       static_cast<double>(count - warmup_) / static_cast<double>(total_ - warmup_);
-  return min_lr_ + (base_lr_ - min_lr_) * 0.5 * (1 + std::cos(std::numbers::pi * progress));
+  return min_lr_ + (base_lr - min_lr_) * 0.5 * (1 + std::cos(std::numbers::pi * progress));
+}
+
+OneCycleLR::OneCycleLR(Optimizer& opt, const OneCycleOptions& o) : LRScheduler(opt), options_(o) {
+  if (!(o.max_lr > 0) || o.total_steps <= 0 || !(o.pct_start > 0 && o.pct_start < 1) ||
+      !(o.div_factor > 0) || !(o.final_div_factor > 0))
+    throw Error(cat("OneCycleLR: needs max_lr > 0 and total_steps > 0 (both required), ",
+                    "0 < pct_start < 1, positive div factors; got max_lr ", o.max_lr,
+                    ", total_steps ", o.total_steps, ", pct_start ", o.pct_start));
+  if (o.cycle_momentum) opt.momentum();  // throws for an optimizer without one, as PyTorch
+  set_count(0);
+}
+
+double OneCycleLR::at(int64_t count, bool momentum) const {
+  const OneCycleOptions& o = options_;
+  const double initial = o.max_lr / o.div_factor, min_lr = initial / o.final_div_factor;
+  const double total = static_cast<double>(o.total_steps);
+  struct Phase {
+    double end_step, start_lr, end_lr, start_m, end_m;
+  };
+  std::vector<Phase> phases;
+  if (o.three_phase)
+    phases = {{o.pct_start * total - 1, initial, o.max_lr, o.max_momentum, o.base_momentum},
+              {2 * o.pct_start * total - 2, o.max_lr, initial, o.base_momentum, o.max_momentum},
+              {total - 1, initial, min_lr, o.max_momentum, o.max_momentum}};
+  else
+    phases = {{o.pct_start * total - 1, initial, o.max_lr, o.max_momentum, o.base_momentum},
+              {total - 1, o.max_lr, min_lr, o.base_momentum, o.max_momentum}};
+  auto anneal = [&](double start, double end, double pct) {
+    if (o.cos_anneal) return end + (start - end) / 2.0 * (std::cos(std::numbers::pi * pct) + 1);
+    return (end - start) * pct + start;
+  };
+  const double step = static_cast<double>(count);
+  double start_step = 0;
+  for (size_t i = 0; i < phases.size(); ++i) {
+    const Phase& p = phases[i];
+    if (step <= p.end_step || i + 1 == phases.size()) {
+      const double pct = (step - start_step) / (p.end_step - start_step);
+      return momentum ? anneal(p.start_m, p.end_m, pct) : anneal(p.start_lr, p.end_lr, pct);
+    }
+    start_step = p.end_step;
+  }
+  return 0;
+}
+
+// At count == total_steps (after the last step) a linear anneal runs past its end; PyTorch would
+// set that negative lr, here it stops at 0.
+double OneCycleLR::lr_at(int64_t count, double) const { return std::max(0.0, at(count, false)); }
+double OneCycleLR::momentum_at(int64_t count) const { return at(count, true); }
+
+void OneCycleLR::on_count(int64_t count) {
+  if (count > options_.total_steps)
+    throw Error(cat("OneCycleLR: stepped ", count, " times, more than total_steps ",
+                    options_.total_steps, " (as PyTorch, it does not go past the end)"));
+  if (options_.cycle_momentum) opt_.set_momentum(momentum_at(count));
+}
+
+ReduceLROnPlateau::ReduceLROnPlateau(Optimizer& opt, const PlateauOptions& o)
+    : opt_(opt), options_(o), best_(o.mode_max ? -INFINITY : INFINITY) {
+  if (!(o.factor > 0 && o.factor < 1))
+    throw Error(cat("ReduceLROnPlateau: factor must be in (0, 1), got ", o.factor));
+  if (o.patience < 0 || o.cooldown < 0 || !(o.min_lr >= 0))
+    throw Error("ReduceLROnPlateau: patience, cooldown and min_lr must be >= 0");
+}
+
+bool ReduceLROnPlateau::better(double a, double best) const {
+  const PlateauOptions& o = options_;
+  if (!o.mode_max) return o.threshold_rel ? a < best * (1 - o.threshold) : a < best - o.threshold;
+  return o.threshold_rel ? a > best * (1 + o.threshold) : a > best + o.threshold;
+}
+
+void ReduceLROnPlateau::step(double metric) {
+  if (std::isnan(metric)) throw Error("ReduceLROnPlateau: the metric is NaN");
+  if (better(metric, best_)) {
+    best_ = metric;
+    bad_ = 0;
+  } else {
+    ++bad_;
+  }
+  if (cooldown_ > 0) {
+    --cooldown_;
+    bad_ = 0;  // as PyTorch: bad epochs are ignored during cooldown
+  }
+  if (bad_ > options_.patience) {
+    for (size_t g = 0; g < opt_.num_param_groups(); ++g) {
+      const double old_lr = opt_.group_lr(g);
+      const double new_lr = std::max(old_lr * options_.factor, options_.min_lr);
+      if (old_lr - new_lr > options_.eps) opt_.set_group_lr(g, new_lr);
+    }
+    cooldown_ = options_.cooldown;
+    bad_ = 0;
+  }
 }
 
 }  // namespace lockstep::optim
