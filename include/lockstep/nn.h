@@ -375,6 +375,78 @@ class TransformerEncoderLayer : public Module {
   std::shared_ptr<LayerNorm> norm1, norm2;
 };
 
+// ---- recurrent ------------------------------------------------------------------------------
+struct RNNOptions {
+  int64_t input_size = 0, hidden_size = 0;
+  int64_t num_layers = 1;
+  bool bias = true;
+  bool batch_first = false;  // input [N, T, input_size] instead of [T, N, input_size]
+  double dropout = 0;        // between layers, in training
+  bool bidirectional = false;
+};
+
+// torch.nn.LSTM and torch.nn.GRU: PyTorch's parameters (weight_ih_l0, weight_hh_l0, bias_ih_l0,
+// bias_hh_l0, ..._reverse; gates i, f, g, o and r, z, n), initialisation U(-1/sqrt(H), 1/sqrt(H))
+// and formulas. The time loop is unrolled into the step's graph: one compile per sequence length
+// (pad to a few bucket lengths, see pad_sequences, to bound the compiles). Initial states are
+// [num_layers * directions, N, H]; empty handles mean zeros.
+class RNNBase : public Module {
+ public:
+  RNNBase(const RNNOptions& options, int64_t gates, const char* name);
+  RNNOptions options;
+
+ protected:
+  // One layer and direction over inputs [T, N, in]: outputs [T, N, H], final h (and c).
+  virtual std::vector<Tensor> run(const std::vector<Tensor>& inputs, int64_t layer, bool reverse,
+                                  const Tensor& h0, const Tensor& c0) = 0;
+  // The whole stack: output [T, N, D*H] (or batch first), final h and c [L*D, N, H].
+  std::vector<Tensor> run_all(const Tensor& x, const Tensor& h0, const Tensor& c0, bool lstm);
+  // Input projections of a whole layer at once, then one per time step: [T, N, gates*H] pieces.
+  std::vector<Tensor> project(const std::vector<Tensor>& inputs, int64_t layer, bool reverse);
+  const Tensor& param(const char* kind, int64_t layer, bool reverse) const;
+
+ private:
+  const char* name_;
+  int64_t gates_;
+  std::map<std::string, Tensor> weights_;  // by PyTorch name
+};
+
+class LSTM : public RNNBase {
+ public:
+  explicit LSTM(const RNNOptions& options);
+  struct Output {
+    Tensor output, h_n, c_n;
+  };
+  Output forward(const Tensor& x, const Tensor& h0, const Tensor& c0);
+  Tensor forward(const Tensor& x) override { return forward(x, Tensor(), Tensor()).output; }
+  using Module::operator();
+  Output operator()(const Tensor& x, const Tensor& h0, const Tensor& c0, Loc loc = Loc::current()) {
+    return call(loc, [&] { return forward(x, h0, c0); });
+  }
+
+ protected:
+  std::vector<Tensor> run(const std::vector<Tensor>& inputs, int64_t layer, bool reverse,
+                          const Tensor& h0, const Tensor& c0) override;
+};
+
+class GRU : public RNNBase {
+ public:
+  explicit GRU(const RNNOptions& options);
+  struct Output {
+    Tensor output, h_n;
+  };
+  Output forward(const Tensor& x, const Tensor& h0);
+  Tensor forward(const Tensor& x) override { return forward(x, Tensor()).output; }
+  using Module::operator();
+  Output operator()(const Tensor& x, const Tensor& h0, Loc loc = Loc::current()) {
+    return call(loc, [&] { return forward(x, h0); });
+  }
+
+ protected:
+  std::vector<Tensor> run(const std::vector<Tensor>& inputs, int64_t layer, bool reverse,
+                          const Tensor& h0, const Tensor& c0) override;
+};
+
 // ---- functional -----------------------------------------------------------------------------
 enum class Reduction { Mean, Sum, None };
 

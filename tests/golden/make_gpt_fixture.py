@@ -89,6 +89,36 @@ def attention_cases():
     return out
 
 
+def recurrent_cases():
+    """A 2-layer bidirectional LSTM with initial states and a batch-first GRU: weights, inputs,
+    outputs, final states and the input gradients of sum(output * w) + sum(h_n * w2)."""
+    torch.manual_seed(4)
+    out = {}
+    lstm = nn.LSTM(5, 7, num_layers=2, bidirectional=True)
+    x = torch.randn(6, 3, 5, requires_grad=True)
+    h0, c0 = torch.randn(4, 3, 7), torch.randn(4, 3, 7)
+    y, (hn, cn) = lstm(x, (h0, c0))
+    wy, wh, wc = torch.randn(y.shape), torch.randn(hn.shape), torch.randn(cn.shape)
+    ((y * wy).sum() + (hn * wh).sum() + (cn * wc).sum()).backward()
+    for name, t in lstm.state_dict().items():
+        out[f"lstm.init.{name}"] = t.detach().clone()
+    out.update({"lstm.x": x.detach().clone(), "lstm.h0": h0, "lstm.c0": c0, "lstm.out": y.detach(),
+                "lstm.h_n": hn.detach(), "lstm.c_n": cn.detach(), "lstm.w_out": wy,
+                "lstm.w_h": wh, "lstm.w_c": wc, "lstm.grad_x": x.grad.clone(),
+                "lstm.grad_weight_hh_l1_reverse": lstm.weight_hh_l1_reverse.grad.clone()})
+    gru = nn.GRU(4, 6, batch_first=True)
+    x = torch.randn(2, 5, 4, requires_grad=True)
+    y, hn = gru(x)
+    wy, wh = torch.randn(y.shape), torch.randn(hn.shape)
+    ((y * wy).sum() + (hn * wh).sum()).backward()
+    for name, t in gru.state_dict().items():
+        out[f"gru.init.{name}"] = t.detach().clone()
+    out.update({"gru.x": x.detach().clone(), "gru.out": y.detach(), "gru.h_n": hn.detach(),
+                "gru.w_out": wy, "gru.w_h": wh, "gru.grad_x": x.grad.clone(),
+                "gru.grad_weight_ih_l0": gru.weight_ih_l0.grad.clone()})
+    return out
+
+
 def main():
     torch.manual_seed(7)
     model = GPT()
@@ -109,6 +139,7 @@ def main():
     out["y"] = torch.stack(ys)
     out["losses"] = torch.tensor(losses, dtype=torch.float64)
     out.update(attention_cases())
+    out.update(recurrent_cases())
     path = os.path.join(HERE, "gpt_training.safetensors")
     write_safetensors(path, out, {"generator": "tests/golden/make_gpt_fixture.py",
                                   "torch": torch.__version__})

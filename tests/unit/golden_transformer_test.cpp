@@ -147,3 +147,68 @@ TEST(GoldenTransformer, ScaledDotProductAttentionFollowsItsDefinition) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(GoldenRecurrent, BidirectionalTwoLayerLstmMatchesPyTorch) {
+  const Fixture& f = fixture();
+  ls::nn::LSTM lstm({.input_size = 5, .hidden_size = 7, .num_layers = 2, .bidirectional = true});
+  lstm.load_state_dict(f.with_prefix("lstm.init."));  // PyTorch's names, both ways
+  ls::Tensor x = f["lstm.x"].detach().set_requires_grad();
+  const auto out = lstm(x, f["lstm.h0"], f["lstm.c0"]);
+  expect_close(out.output, f["lstm.out"], 1e-5, "output");
+  expect_close(out.h_n, f["lstm.h_n"], 1e-5, "h_n");
+  expect_close(out.c_n, f["lstm.c_n"], 1e-5, "c_n");
+  ls::backward(ls::sum(out.output * f["lstm.w_out"]) + ls::sum(out.h_n * f["lstm.w_h"]) +
+               ls::sum(out.c_n * f["lstm.w_c"]));
+  expect_close(x.grad(), f["lstm.grad_x"], 1e-5, "grad x");
+  ls::Tensor w;
+  for (const auto& [n, t] : lstm.named_parameters())
+    if (n == "weight_hh_l1_reverse") w = t;
+  expect_close(w.grad(), f["lstm.grad_weight_hh_l1_reverse"], 1e-5, "grad weight_hh_l1_reverse");
+}
+
+TEST(GoldenRecurrent, BatchFirstGruMatchesPyTorch) {
+  const Fixture& f = fixture();
+  ls::nn::GRU gru({.input_size = 4, .hidden_size = 6, .batch_first = true});
+  gru.load_state_dict(f.with_prefix("gru.init."));
+  ls::Tensor x = f["gru.x"].detach().set_requires_grad();
+  const auto out = gru(x, ls::Tensor());
+  expect_close(out.output, f["gru.out"], 1e-5, "output");
+  expect_close(out.h_n, f["gru.h_n"], 1e-5, "h_n");
+  ls::backward(ls::sum(out.output * f["gru.w_out"]) + ls::sum(out.h_n * f["gru.w_h"]));
+  expect_close(x.grad(), f["gru.grad_x"], 1e-5, "grad x");
+  expect_close(gru.named_parameters()[0].second.grad(), f["gru.grad_weight_ih_l0"], 1e-5,
+               "grad weight_ih_l0");
+}
+
+TEST(GoldenRecurrent, AnLstmStepCompilesOncePerSequenceLength) {
+  ls::manual_seed(1);
+  ls::nn::LSTM lstm({.input_size = 3, .hidden_size = 4});
+  ls::nn::Linear head(4, 1);
+  std::vector<ls::Tensor> params = lstm.parameters();
+  for (const ls::Tensor& p : head.parameters()) params.push_back(p);
+  ls::optim::Adam opt(params, {.lr = 1e-2});
+  auto train = [&](int64_t len) {
+    ls::step([&] {
+      const ls::Tensor x = ls::randn({len, 2, 3});
+      opt.zero_grad();
+      ls::mean(ls::square(head(lstm(x)) - 1.0)).backward();
+      opt.step();
+    });
+  };
+  train(5);
+  train(5);
+  ls::wait();
+  const int64_t compiles = ls::metrics::counter("compiles");
+  for (int i = 0; i < 3; ++i) train(5);
+  train(7);
+  train(7);
+  ls::wait();
+  EXPECT_EQ(ls::metrics::counter("compiles") - compiles, 1);  // only the new length
+  EXPECT_THROW(lstm(ls::zeros({4, 3})), ls::Error);           // unbatched: 2-d
+  EXPECT_THROW(lstm(ls::zeros({4, 2, 5})), ls::Error);        // wrong feature size
+  EXPECT_THROW(lstm(ls::zeros({4, 2, 3}), ls::zeros({2, 2, 4}), ls::Tensor()), ls::Error);
+}
+
+}  // namespace
