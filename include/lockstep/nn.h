@@ -447,6 +447,28 @@ class GRU : public RNNBase {
                           const Tensor& h0, const Tensor& c0) override;
 };
 
+// ---- variable-length batches ----------------------------------------------------------------
+// A step compiles once per distinct shape, so a batch padded to its own longest sequence
+// compiles once per length. Padding to a few bucket lengths bounds that to one compile per
+// bucket:  auto batch = nn::pad_token_batch(token_lists, {32, 64, 128});
+struct PaddedSequences {
+  Tensor padded;        // [N, L, ...] (batch first) or [L, N, ...]
+  Tensor padding_mask;  // bool [N, L]: true at padding (MultiheadAttention's key_padding_mask)
+  std::vector<int64_t> lengths;
+};
+// The smallest bucket (ascending list) >= length; an Error naming both when none is.
+int64_t bucket_length(int64_t length, const std::vector<int64_t>& buckets);
+// torch.nn.utils.rnn.pad_sequence: sequences [L_i, ...] (same trailing shape and dtype) padded
+// with padding_value to `length` (0: the longest) and stacked.
+PaddedSequences pad_sequences(const std::vector<Tensor>& sequences, int64_t length = 0,
+                              bool batch_first = true, Scalar padding_value = 0,
+                              Loc loc = Loc::current());
+// Host token lists as one i64 [N, bucket] upload (and its mask), padded with pad_id to the
+// bucket of the longest list.
+PaddedSequences pad_token_batch(const std::vector<std::vector<int64_t>>& tokens,
+                                const std::vector<int64_t>& buckets, int64_t pad_id = 0,
+                                Device device = default_device(), Loc loc = Loc::current());
+
 // ---- functional -----------------------------------------------------------------------------
 enum class Reduction { Mean, Sum, None };
 
