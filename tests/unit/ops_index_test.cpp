@@ -122,3 +122,21 @@ TEST_F(OpsGatherScatter, ScatterAddIsTheAdjointOfGather) {
 }
 
 }  // namespace
+
+// The index ops written on gather (index_select, take_along_dim, one_hot's scatter) refuse
+// negative and out-of-range indices when the step runs, as PyTorch does; nothing wraps.
+TEST(OpsIndexComposites, NegativeAndOutOfRangeIndicesAreErrors) {
+  const ls::Tensor x = ls::from_vector<float>({1, 2, 3, 4, 5, 6}, {3, 2});
+  ls::Tensor a = ls::index_select(x, 0, ls::from_vector<int64_t>({0, -1}));
+  EXPECT_BACKEND_ERROR(a.to_vector<float>(), "index -1", "negative indices are errors");
+  ls::Tensor b = ls::take_along_dim(x, ls::from_vector<int64_t>({0, 2, 1}, {3, 1}), 1);
+  EXPECT_BACKEND_ERROR(b.to_vector<float>(), "index 2", "out of range");
+  ls::Tensor c = ls::one_hot(ls::from_vector<int64_t>({1, 4}), 4);
+  EXPECT_BACKEND_ERROR(c.to_vector<int64_t>(), "index 4");
+  ls::Tensor d = ls::one_hot(ls::from_vector<int64_t>({-1}), 4);
+  EXPECT_BACKEND_ERROR(d.to_vector<int64_t>(), "negative indices are errors");
+  expect_tensor<float>(ls::index_select(x, 1, ls::from_vector<int64_t>({1, 1})), {3, 2},
+                       {2, 2, 4, 4, 6, 6});
+  EXPECT_LS_ERROR(ls::index_select(x, 0, ls::zeros({2}, ls::f32)), "index_select", "integer");
+  EXPECT_LS_ERROR(ls::one_hot(ls::from_vector<int64_t>({1}), 0), "one_hot", "num_classes");
+}
