@@ -8,50 +8,18 @@
 #include <map>
 
 #include <lockstep/lockstep.h>
+#include "unit/golden_util.h"
 
 namespace ls = lockstep;
 
 namespace {
 
-struct Fixture {
-  std::map<std::string, ls::Tensor> t;
-  const ls::Tensor& operator[](const std::string& k) const {
-    auto it = t.find(k);
-    if (it == t.end()) throw std::runtime_error("fixture has no " + k);
-    return it->second;
-  }
-  ls::nn::NamedTensors with_prefix(const std::string& prefix) const {
-    ls::nn::NamedTensors out;
-    for (const auto& [k, v] : t)
-      if (k.rfind(prefix, 0) == 0 && k.find(".losses") == std::string::npos)
-        out.emplace_back(k.substr(prefix.size()), v);
-    return out;
-  }
-};
+using golden::Fixture;
 
-Fixture load(const std::string& name) {
-  Fixture f;
-  for (auto& [k, v] :
-       ls::io::load_safetensors(std::string(LOCKSTEP_GOLDEN_DIR) + "/" + name).tensors)
-    f.t[k] = v;
-  return f;
-}
+Fixture load(const std::string& name) { return golden::load(name); }
 
 void expect_close(const ls::Tensor& ours, const ls::Tensor& torch, const std::string& what) {
-  ASSERT_EQ(ours.shape(), torch.shape()) << what;
-  ASSERT_EQ(ours.dtype(), torch.dtype()) << what;
-  if (ours.dtype() == ls::i64) {
-    EXPECT_EQ(ours.to_vector<int64_t>(), torch.to_vector<int64_t>()) << what;
-    return;
-  }
-  const std::vector<float> a = ours.to_vector<float>(), b = torch.to_vector<float>();
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, std::abs(static_cast<double>(a[i]) - b[i]));
-    scale = std::max(scale, std::abs(static_cast<double>(b[i])));
-  }
-  EXPECT_LE(diff, 1e-5 * std::max(scale, 1e-12))
-      << what << ": max |diff| " << diff << " against max |torch| " << scale;
+  golden::expect_close(ours, torch, 1e-5, what);
 }
 
 template <typename Model>
@@ -62,7 +30,7 @@ void check(const std::string& file, const std::function<Model()>& make) {
   // One forward and backward.
   {
     Model model = make();
-    model.load_state_dict(f.with_prefix("init."));
+    model.load_state_dict(f.with_prefix("init.", ".losses"));
     ls::Tensor loss;
     ls::step([&] {
       loss = ls::nn::cross_entropy(model(x), y);
@@ -78,7 +46,7 @@ void check(const std::string& file, const std::function<Model()>& make) {
   // Five steps of each optimizer from the same start, same batch.
   auto train = [&](const std::string& prefix, auto make_opt) {
     Model model = make();
-    model.load_state_dict(f.with_prefix("init."));
+    model.load_state_dict(f.with_prefix("init.", ".losses"));
     auto opt = make_opt(model.parameters());
     std::vector<float> losses;
     for (int i = 0; i < 5; ++i) {

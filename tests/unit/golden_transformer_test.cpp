@@ -8,50 +8,18 @@
 #include <map>
 
 #include <lockstep/lockstep.h>
+#include "unit/golden_util.h"
 
 namespace ls = lockstep;
 
 namespace {
 
-struct Fixture {
-  std::map<std::string, ls::Tensor> t;
-  const ls::Tensor& operator[](const std::string& k) const {
-    auto it = t.find(k);
-    if (it == t.end()) throw std::runtime_error("fixture has no " + k);
-    return it->second;
-  }
-  ls::nn::NamedTensors with_prefix(const std::string& prefix) const {
-    ls::nn::NamedTensors out;
-    for (const auto& [k, v] : t)
-      if (k.rfind(prefix, 0) == 0) out.emplace_back(k.substr(prefix.size()), v);
-    return out;
-  }
-};
+using golden::expect_close;
+using golden::Fixture;
 
 const Fixture& fixture() {
-  static const Fixture f = [] {
-    Fixture out;
-    for (auto& [k, v] :
-         ls::io::load_safetensors(std::string(LOCKSTEP_GOLDEN_DIR) + "/gpt_training.safetensors")
-             .tensors)
-      out.t[k] = v;
-    return out;
-  }();
+  static const Fixture f = golden::load("gpt_training.safetensors");
   return f;
-}
-
-// max |ours - torch| <= tol * max |torch|.
-void expect_close(const ls::Tensor& ours, const ls::Tensor& torch, double tol,
-                  const std::string& what) {
-  ASSERT_EQ(ours.shape(), torch.shape()) << what;
-  const std::vector<float> a = ours.to_vector<float>(), b = torch.to_vector<float>();
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, std::abs(static_cast<double>(a[i]) - b[i]));
-    scale = std::max(scale, std::abs(static_cast<double>(b[i])));
-  }
-  EXPECT_LE(diff, tol * std::max(scale, 1e-12))
-      << what << ": max |diff| " << diff << " against max |torch| " << scale;
 }
 
 TEST(GoldenTransformer, GptLossesMatchPyTorchOverFiveAdamWSteps) {
