@@ -407,7 +407,6 @@ class RNNBase : public Module {
 
  private:
   const char* name_;
-  int64_t gates_;
   std::map<std::string, Tensor> weights_;  // by PyTorch name
 };
 

@@ -19,8 +19,7 @@ std::string suffix(int64_t layer, bool reverse) {
 
 }  // namespace
 
-RNNBase::RNNBase(const RNNOptions& o, int64_t gates, const char* name)
-    : options(o), name_(name), gates_(gates) {
+RNNBase::RNNBase(const RNNOptions& o, int64_t gates, const char* name) : options(o), name_(name) {
   if (o.input_size <= 0 || o.hidden_size <= 0 || o.num_layers <= 0)
     throw Error(cat(name, ": input_size ", o.input_size, ", hidden_size ", o.hidden_size,
                     " and num_layers ", o.num_layers, " must be positive"));
