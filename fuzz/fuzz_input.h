@@ -99,6 +99,7 @@ inline std::vector<uint8_t> bytes_of(const Tensor& t) {
   };
   switch (t.dtype()) {
     case DType::F32:
+    case DType::BF16:
       append(t.to_vector<float>());
       break;
     case DType::F64:

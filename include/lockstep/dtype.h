@@ -1,6 +1,7 @@
 // Element types and devices: the two facts besides the shape that every tensor carries.
 #pragma once
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <ostream>
@@ -9,15 +10,35 @@
 
 namespace lockstep {
 
-// Room is left for F16/BF16: every switch over DType has no default, so adding one lists the
-// places that must handle it.
-enum class DType : uint8_t { F32, F64, I32, I64, Bool };
+// Every switch over DType has no default, so adding one lists the places that must handle it.
+// BF16: bfloat16 (f32's exponent, 7 mantissa bits); the ref backend computes it as its
+// definition says: inputs widened to f32, f32 arithmetic, the result rounded to nearest even.
+enum class DType : uint8_t { F32, F64, I32, I64, Bool, BF16 };
 
 inline constexpr DType f32 = DType::F32;
 inline constexpr DType f64 = DType::F64;
 inline constexpr DType i32 = DType::I32;
 inline constexpr DType i64 = DType::I64;
 inline constexpr DType boolean = DType::Bool;
+inline constexpr DType bf16 = DType::BF16;
+
+// One bfloat16 value: the top 16 bits of an f32. From float rounds to nearest, ties to even
+// (overflow gives inf, NaN stays a quiet NaN); to float is exact.
+struct bfloat16 {
+  uint16_t bits = 0;
+  bfloat16() = default;
+  explicit bfloat16(float f) {
+    const uint32_t u = std::bit_cast<uint32_t>(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+      bits = static_cast<uint16_t>((u >> 16) | 0x40u);
+      return;
+    }
+    bits = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  }
+  explicit operator float() const {
+    return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
+  }
+};
 
 const char* dtype_name(DType dtype);
 size_t dtype_size(DType dtype);
@@ -47,6 +68,10 @@ constexpr DType dtype_of<int64_t>() {
 template <>
 constexpr DType dtype_of<bool>() {
   return DType::Bool;
+}
+template <>
+constexpr DType dtype_of<bfloat16>() {
+  return DType::BF16;
 }
 
 using Shape = std::vector<int64_t>;

@@ -17,7 +17,7 @@ using TensorMap = std::vector<std::pair<std::string, Tensor>>;
 // Free-form text stored in the header's "__metadata__".
 using Metadata = std::map<std::string, std::string>;
 
-// Writes `tensors` (F32, F64, I32, I64, BOOL; any shape, 0-d and empty included) atomically:
+// Writes `tensors` (F32, F64, I32, I64, BOOL, BF16; any shape, 0-d and empty included) atomically:
 // to "<path>.tmp-<pid>" in the same directory, fsynced, renamed over `path`, then the directory
 // is fsynced. Reading the values is a sync (pending tensors get computed). Any failure throws
 // Error naming the path and the OS error, and leaves an existing file at `path` untouched and no

@@ -52,12 +52,14 @@ const char* format_name(DType dtype) {
       return "I64";
     case DType::Bool:
       return "BOOL";
+    case DType::BF16:
+      return "BF16";
   }
   return "?";
 }
 
 std::optional<DType> parse_format_name(const std::string& name) {
-  for (DType d : {DType::F32, DType::F64, DType::I32, DType::I64, DType::Bool})
+  for (DType d : {DType::F32, DType::F64, DType::I32, DType::I64, DType::Bool, DType::BF16})
     if (name == format_name(d)) return d;
   return std::nullopt;
 }

@@ -18,6 +18,8 @@ const char* dtype_name(DType dtype) {
       return "i64";
     case DType::Bool:
       return "bool";
+    case DType::BF16:
+      return "bf16";
   }
   return "?";
 }
@@ -34,11 +36,15 @@ size_t dtype_size(DType dtype) {
       return 8;
     case DType::Bool:
       return 1;
+    case DType::BF16:
+      return 2;
   }
   return 0;
 }
 
-bool is_floating(DType dtype) { return dtype == DType::F32 || dtype == DType::F64; }
+bool is_floating(DType dtype) {
+  return dtype == DType::F32 || dtype == DType::F64 || dtype == DType::BF16;
+}
 bool is_integral(DType dtype) { return dtype == DType::I32 || dtype == DType::I64; }
 
 std::ostream& operator<<(std::ostream& os, DType dtype) { return os << dtype_name(dtype); }

@@ -2,6 +2,7 @@
 #include <cstring>
 #include <iomanip>
 #include <sstream>
+#include <type_traits>
 
 #include "runtime/context.h"
 #include "tensor/frontend.h"
@@ -58,6 +59,18 @@ bool Tensor::is_poisoned() const {
 template <typename T>
 std::vector<T> Tensor::to_vector(Loc loc) const {
   const ir::NodePtr& n = node(*this, "to_vector", loc);
+  if constexpr (std::is_same_v<T, float>) {
+    if (n->dtype == DType::BF16) {  // bf16 reads as float (exactly)
+      const std::vector<unsigned char> bytes = runtime::read_bytes(*this, loc, "to_vector");
+      std::vector<float> out(bytes.size() / 2);
+      for (size_t i = 0; i < out.size(); ++i) {
+        bfloat16 v;
+        std::memcpy(&v.bits, bytes.data() + 2 * i, 2);
+        out[i] = static_cast<float>(v);
+      }
+      return out;
+    }
+  }
   if (n->dtype != dtype_of<T>())
     util::fail(loc, "to_vector",
                cat("the tensor is ", dtype_name(n->dtype), " but ", dtype_name(dtype_of<T>()),
@@ -95,6 +108,11 @@ T Tensor::item(Loc loc) const {
       return as(int64_t{});
     case DType::Bool:
       return static_cast<T>(bytes[0] != 0);
+    case DType::BF16: {
+      bfloat16 v;
+      std::memcpy(&v.bits, bytes.data(), sizeof v.bits);
+      return static_cast<T>(static_cast<float>(v));
+    }
   }
   util::internal_fail(__FILE__, __LINE__, "item: unknown dtype");
 }
@@ -152,6 +170,12 @@ std::string format_element(const unsigned char* p, DType dtype) {
     case DType::Bool:
       os << (*p ? "true" : "false");
       break;
+    case DType::BF16: {
+      bfloat16 v;
+      std::memcpy(&v.bits, p, sizeof v.bits);
+      os << std::setprecision(4) << static_cast<float>(v);
+      break;
+    }
   }
   return os.str();
 }

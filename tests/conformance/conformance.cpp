@@ -88,6 +88,9 @@ ls::Tensor make_tensor(const std::vector<double>& v, const In& in, ls::Device de
       case ls::DType::F32:
         *static_cast<float*>(at) = static_cast<float>(v[i]);
         break;
+      case ls::DType::BF16:
+        *static_cast<ls::bfloat16*>(at) = ls::bfloat16(static_cast<float>(v[i]));
+        break;
       case ls::DType::F64:
         *static_cast<double*>(at) = v[i];
         break;
@@ -142,6 +145,7 @@ std::vector<int64_t> values_i64(const ls::Tensor& t) {
     }
     case ls::DType::F32:
     case ls::DType::F64:
+    case ls::DType::BF16:
       break;
   }
   return {};
@@ -193,7 +197,8 @@ std::string str(ls::DType d) { return ls::dtype_name(d); }
 
 std::vector<double> values_f64(const ls::Tensor& t) {
   switch (t.dtype()) {
-    case ls::DType::F32: {
+    case ls::DType::F32:
+    case ls::DType::BF16: {
       auto v = t.to_vector<float>();
       return {v.begin(), v.end()};
     }

@@ -24,7 +24,7 @@ TENSORS = {
 }
 METADATA = {"format": "pt", "note": 'tab\there "quoted" caf\u00e9'}
 NAMES = {torch.float32: "F32", torch.float64: "F64", torch.int32: "I32", torch.int64: "I64",
-         torch.bool: "BOOL"}
+         torch.bool: "BOOL", torch.bfloat16: "BF16"}
 
 
 def write_safetensors(path, tensors, metadata):
@@ -34,7 +34,8 @@ def write_safetensors(path, tensors, metadata):
     header, data, offset = {}, b"", 0
     for name in order:
         t = tensors[name].detach().contiguous()
-        raw = t.numpy().tobytes()  # little-endian on every host we run on
+        # little-endian on every host we run on; numpy has no bfloat16: its bits as int16
+        raw = (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy().tobytes()
         assert len(raw) == t.numel() * t.element_size()
         header[name] = {"dtype": NAMES[t.dtype], "shape": list(t.shape),
                         "data_offsets": [offset, offset + len(raw)]}

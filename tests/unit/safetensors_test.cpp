@@ -103,6 +103,7 @@ void expect_identical(const ls::Tensor& a, const ls::Tensor& b, const std::strin
   ASSERT_EQ(a.shape(), b.shape());
   switch (a.dtype()) {
     case ls::DType::F32:
+    case ls::DType::BF16:
       EXPECT_EQ(raw(a.to_vector<float>()), raw(b.to_vector<float>()));
       break;
     case ls::DType::F64:

@@ -34,6 +34,7 @@ inline std::vector<unsigned char> raw(const ls::Tensor& t) {
   };
   switch (t.dtype()) {
     case ls::DType::F32:
+    case ls::DType::BF16:  // widened to f32 exactly: bit for bit still
       return bytes(t.to_vector<float>());
     case ls::DType::F64:
       return bytes(t.to_vector<double>());

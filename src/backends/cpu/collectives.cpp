@@ -39,8 +39,10 @@ struct Bucket {
   std::string what;
 };
 
+// bf16 gradients are not packed yet: each is summed on its own, in f32, by the ref kernel.
 bool bucketable(const ir::GraphNode& n) {
-  return n.op == ir::Op::AllReduce && n.attrs.size() == 4 && n.attrs[1] >= 0;
+  return n.op == ir::Op::AllReduce && n.attrs.size() == 4 && n.attrs[1] >= 0 &&
+         n.dtype != DType::BF16;
 }
 
 template <typename T>
@@ -197,6 +199,8 @@ void bucket_all_reduces(plan::Plan& p) {
           case DType::Bool:
             std::memcpy(dst, src, static_cast<size_t>(b->count[m]) * dtype_size(b->dtype));
             break;
+          case DType::BF16:
+            LS_INTERNAL_CHECK(false, "bf16 all-reduces are not bucketed");
         }
       }
     };

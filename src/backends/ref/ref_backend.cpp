@@ -425,8 +425,41 @@ class RefExecutable final : public Executable {
 
 }  // namespace
 
+namespace {
+void eval_exact(const ir::GraphNode& n, const std::vector<Arr>& a,
+                const std::vector<ir::ScalarValue>& scalars, void* out);
+}  // namespace
+
+// bf16 as its definition: operands widened to f32 (exactly), the op computed in f32, the result
+// rounded to nearest even. Every other dtype goes straight to its kernel.
 void eval_node(const ir::GraphNode& n, const std::vector<Arr>& a,
                const std::vector<ir::ScalarValue>& scalars, void* out) {
+  bool any = n.dtype == DType::BF16;
+  for (const Arr& x : a) any = any || x.dtype == DType::BF16;
+  if (!any) return eval_exact(n, a, scalars, out);
+  std::vector<std::vector<float>> wide;
+  std::vector<Arr> args = a;
+  for (Arr& x : args) {
+    if (x.dtype != DType::BF16) continue;
+    const int64_t k = shape_numel(x.shape);
+    std::vector<float>& w = wide.emplace_back(static_cast<size_t>(k));
+    const bfloat16* src = static_cast<const bfloat16*>(x.data);
+    for (int64_t i = 0; i < k; ++i) w[i] = static_cast<float>(src[i]);
+    x = {w.data(), x.shape, DType::F32};
+  }
+  if (n.dtype != DType::BF16) return eval_exact(n, args, scalars, out);
+  ir::GraphNode f = n;
+  f.dtype = DType::F32;
+  const int64_t count = shape_numel(n.shape);
+  std::vector<float> result(static_cast<size_t>(std::max<int64_t>(count, 1)));
+  eval_exact(f, args, scalars, result.data());
+  bfloat16* dst = static_cast<bfloat16*>(out);
+  for (int64_t i = 0; i < count; ++i) dst[i] = bfloat16(result[i]);
+}
+
+namespace {
+void eval_exact(const ir::GraphNode& n, const std::vector<Arr>& a,
+                const std::vector<ir::ScalarValue>& scalars, void* out) {
   const int64_t count = shape_numel(n.shape);
   switch (n.op) {
     case Op::Data:
@@ -587,6 +620,7 @@ void eval_node(const ir::GraphNode& n, const std::vector<Arr>& a,
   }
   util::internal_fail(__FILE__, __LINE__, "ref: unknown op");
 }
+}  // namespace
 
 namespace {
 

@@ -37,6 +37,8 @@ void dispatch(DType dtype, F&& f) {
       return f(int64_t{});
     case DType::Bool:
       return f(bool{});
+    case DType::BF16:
+      break;  // widened to f32 before any kernel sees it (eval_node)
   }
 }
 

@@ -1,0 +1,112 @@
+// DType::BF16: rounding to nearest even, reads as float, promotion, ops computed as the
+// definition says (widened to f32, computed, rounded) on ref and on cpu, gradients, and
+// safetensors BF16 both ways, against values PyTorch wrote (tests/golden/make_bf16_fixture.py).
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <limits>
+
+#include <lockstep/lockstep.h>
+#include "unit/golden_util.h"
+
+namespace ls = lockstep;
+
+namespace {
+
+uint16_t bits_of(float f) { return ls::bfloat16(f).bits; }
+
+std::vector<uint16_t> bf16_bits(const ls::Tensor& t) {
+  const std::vector<float> v = t.to_vector<float>();  // exact: bf16 widens to f32
+  std::vector<uint16_t> out;
+  for (float f : v) out.push_back(static_cast<uint16_t>(std::bit_cast<uint32_t>(f) >> 16));
+  return out;
+}
+
+TEST(Bf16, RoundsToNearestEven) {
+  EXPECT_EQ(bits_of(1.0f), 0x3f80);
+  EXPECT_EQ(bits_of(1 + 0x1p-8f), 0x3f80);             // halfway to 1 + 2^-7: ties to even (down)
+  EXPECT_EQ(bits_of(1 + 3 * 0x1p-8f), 0x3f82);         // halfway to 1 + 2^-6: ties to even (up)
+  EXPECT_EQ(bits_of(1 + 0x1p-8f + 0x1p-20f), 0x3f81);  // above halfway: up
+  EXPECT_EQ(bits_of(std::numeric_limits<float>::max()), 0x7f80);  // overflows to inf
+  EXPECT_EQ(bits_of(-std::numeric_limits<float>::infinity()), 0xff80);
+  EXPECT_EQ(bits_of(0x1p-133f), 0x0001);      // the smallest subnormal, exact
+  EXPECT_EQ(bits_of(0x1p-134f), 0x0000);      // half of it: ties to even (0)
+  EXPECT_EQ(bits_of(3 * 0x1p-134f), 0x0002);  // 1.5 of it: ties to even (2)
+  EXPECT_TRUE(std::isnan(static_cast<float>(ls::bfloat16(std::nanf("")))));
+  EXPECT_EQ(ls::dtype_size(ls::bf16), 2u);
+  EXPECT_TRUE(ls::is_floating(ls::bf16));
+  EXPECT_STREQ(ls::dtype_name(ls::bf16), "bf16");
+}
+
+TEST(Bf16, CastsMatchPyTorchsRounding) {
+  const golden::Fixture f = golden::load("bf16.safetensors");
+  ASSERT_EQ(f["round"].dtype(), ls::bf16);
+  for (const char* dev : {"ref", "cpu"}) {
+    SCOPED_TRACE(dev);
+    const ls::Tensor x = f["cases"].to(ls::parse_device(dev));
+    const std::vector<uint16_t> got = bf16_bits(ls::cast(x, ls::bf16));
+    const std::vector<uint16_t> want = bf16_bits(f["round"]);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      if ((want[i] & 0x7fff) > 0x7f80) {  // NaN: any NaN
+        EXPECT_GT(got[i] & 0x7fff, 0x7f80) << i;
+        continue;
+      }
+      EXPECT_EQ(got[i], want[i]) << "case " << i;
+    }
+  }
+}
+
+TEST(Bf16, OpsAreComputedInF32AndRoundedOnce) {
+  const golden::Fixture f = golden::load("bf16.safetensors");
+  for (const char* dev : {"ref", "cpu"}) {
+    SCOPED_TRACE(dev);
+    const ls::Device d = ls::parse_device(dev);
+    const ls::Tensor a = f["a"].to(d), b = f["b"].to(d), w = f["w"].to(d);
+    const std::vector<std::pair<std::string, ls::Tensor>> ours = {
+        {"add", a + b},          {"mul", a * b},        {"div", a / (ls::abs(b) + 1)},
+        {"exp", ls::exp(a)},     {"tanh", ls::tanh(a)}, {"matmul", ls::matmul(a, w)},
+        {"sum", ls::sum(a, {1})}};
+    for (const auto& [name, t] : ours) {
+      ASSERT_EQ(t.dtype(), ls::bf16) << name;
+      // Elementwise: bit for bit; exp and tanh within one bf16 ulp (libm vs PyTorch's
+      // vectorized f32 kernels); matmul and sum within one ulp (PyTorch accumulates in f32
+      // in its own order, ref in f64).
+      const std::vector<float> got = t.to_vector<float>(), want = f[name].to_vector<float>();
+      for (size_t i = 0; i < got.size(); ++i)
+        EXPECT_LE(std::abs(got[i] - want[i]), std::abs(want[i]) * 0x1p-7f + 1e-30f)
+            << name << " [" << i << "]: " << got[i] << " vs torch " << want[i];
+    }
+    EXPECT_EQ(bf16_bits(a + b), bf16_bits(f["add"]));
+    EXPECT_EQ(bf16_bits(a * b), bf16_bits(f["mul"]));
+    // The sum of 1 and 2^-8 in bf16 is 1 (rounded once, to even): not f32's 1.00390625.
+    const ls::Tensor one = ls::cast(ls::full({1}, 1.0, {ls::f32, d}), ls::bf16);
+    const ls::Tensor tiny = ls::cast(ls::full({1}, 0x1p-8, {ls::f32, d}), ls::bf16);
+    EXPECT_EQ((one + tiny).to_vector<float>()[0], 1.0f);
+    EXPECT_EQ(ls::cast(one + tiny, ls::f32).item<float>(), 1.0f);
+  }
+}
+
+TEST(Bf16, PromotionGradientsAndReads) {
+  const ls::Tensor h = ls::cast(ls::from_vector<float>({1.5f, -2.0f}), ls::bf16);
+  EXPECT_EQ((h + ls::zeros({2})).dtype(), ls::f32);  // same category: the larger
+  EXPECT_EQ((h * 2.5).dtype(), ls::bf16);
+  EXPECT_EQ((h + ls::scalar_tensor(1.0, ls::f64)).dtype(), ls::bf16);  // 0-d, same category
+  EXPECT_EQ((ls::zeros({2}, ls::i64) + h).dtype(), ls::bf16);
+  EXPECT_EQ(ls::slice(h, 0, 1, 2).item<double>(), -2.0);
+  EXPECT_EQ(h.to_string(), "[1.5, -2]");
+  ls::Tensor w =
+      ls::cast(ls::from_vector<float>({0.5f, 3.0f}), ls::bf16).detach().set_requires_grad();
+  ls::sum(w * w).backward();
+  EXPECT_EQ(w.grad().dtype(), ls::bf16);
+  EXPECT_EQ(w.grad().to_vector<float>(), (std::vector<float>{1.0f, 6.0f}));
+  // safetensors BF16 round trip, bits kept.
+  const std::string path = ::testing::TempDir() + "/bf16_roundtrip.safetensors";
+  ls::io::save_safetensors(path, {{"h", h}});
+  const ls::Tensor back = ls::io::load_safetensors(path).tensors.at(0).second;
+  EXPECT_EQ(back.dtype(), ls::bf16);
+  EXPECT_EQ(bf16_bits(back), bf16_bits(h));
+}
+
+}  // namespace
