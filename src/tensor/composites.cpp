@@ -71,6 +71,12 @@ Tensor widened(const Tensor& x, const NodePtr& n, const Loc& loc) {
   return n->dtype == DType::Bool || n->dtype == DType::I32 ? cast(x, DType::I64, loc) : x;
 }
 
+// Where fmod's remainder r is non-zero with the other sign than the divisor b: there Python's
+// % adds b, and its // steps the quotient down by one.
+Tensor off_sign(const Tensor& r, const Tensor& b, const Loc& loc) {
+  return logical_and(ne(r, 0, loc), ne(lt(r, 0, loc), lt(b, 0, loc), loc), loc);
+}
+
 }  // namespace
 
 // ---- arithmetic ----------------------------------------------------------------------------
@@ -101,8 +107,7 @@ Tensor remainder(const Tensor& a, const Tensor& b, Loc loc) {
   check_numeric(x, "remainder", loc);
   const Tensor r = record(Op::Fmod, {x, y}, {}, loc);
   const Tensor bt = runtime::new_tensor(y);
-  // Python's %: a non-zero remainder takes the divisor's sign.
-  const Tensor fix = logical_and(ne(r, 0, loc), ne(lt(r, 0, loc), lt(bt, 0, loc), loc), loc);
+  const Tensor fix = off_sign(r, bt, loc);
   return where(fix, add(r, bt, loc), r, loc);
 }
 Tensor remainder(const Tensor& a, Scalar b, Loc loc) {
@@ -118,8 +123,7 @@ Tensor floor_divide(const Tensor& a, const Tensor& b, Loc loc) {
   check_numeric(x, "floor_divide", loc);
   const Tensor bt = runtime::new_tensor(y);
   const Tensor r = record(Op::Fmod, {x, y}, {}, loc);
-  // A non-zero remainder of the other sign than the divisor steps the quotient down by one.
-  const Tensor down = logical_and(ne(r, 0, loc), ne(lt(r, 0, loc), lt(bt, 0, loc), loc), loc);
+  const Tensor down = off_sign(r, bt, loc);
   if (!is_floating(x->dtype)) {  // integer division truncates
     const Tensor q = record(Op::Div, {x, y}, {}, loc);
     return where(down, sub(q, 1, loc), q, loc);
