@@ -1,6 +1,7 @@
 // The whole public API of lockstep. Users write `namespace ls = lockstep;`.
 #pragma once
 
+#include "lockstep/autocast.h"
 #include "lockstep/autograd.h"
 #include "lockstep/checkpoint.h"
 #include "lockstep/data.h"

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <ostream>
 #include <source_location>
 #include <string>
@@ -33,12 +34,20 @@ void wait();
 // (made on one, trained on another).
 void step(const std::function<void()>& fn, Loc loc = Loc::current());
 
+// What a step does besides its transaction. `autocast`: the step's ops are recorded under
+// ls::autocast(*autocast) (lockstep/autocast.h), e.g. {.autocast = ls::bf16}.
+struct StepOptions {
+  std::optional<DType> autocast;
+};
+void step(const std::function<void()>& fn, const StepOptions& options, Loc loc = Loc::current());
+
 // The same as a scope guard: `{ ls::Step s; ...; }`. Its destructor tells normal exit from
 // unwinding by std::uncaught_exceptions(). A step belongs to the thread that entered it: ending
 // it on another thread is an Error (and, while unwinding, leaves the step to its own thread).
 class Step {
  public:
   explicit Step(Loc loc = Loc::current());
+  explicit Step(const StepOptions& options, Loc loc = Loc::current());
   ~Step() noexcept(false);
   Step(const Step&) = delete;
   Step& operator=(const Step&) = delete;

@@ -5,6 +5,7 @@
 #include <unordered_set>
 
 #include "autograd/grad_rules.h"
+#include "lockstep/autocast.h"
 #include "lockstep/autograd.h"
 #include "lockstep/ops.h"
 #include "runtime/lazy.h"
@@ -74,6 +75,8 @@ void backward(const Tensor& output, const Tensor& grad_output, Loc loc) {
                  "Pass a gradient with the output's shape and dtype");
   }
   NoGrad no_grad;
+  // Gradients run in their forward values' dtypes, whatever autocast scope the caller is in.
+  const AutocastScope no_autocast(DType::F32, loc);
 
   // Post-order over the nodes that require grad (iterative: graphs can be deep).
   std::vector<const ir::Node*> order;

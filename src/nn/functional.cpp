@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "autograd/grad_rules.h"
+#include "lockstep/autocast.h"
 #include "lockstep/autograd.h"
 #include "lockstep/nn.h"
 #include "runtime/lazy.h"
@@ -20,9 +21,15 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias, Loc loc
     util::fail(loc, "linear", cat("weight must be [out, in], got ", shape_str(weight.shape())),
                "Pass a 2-d weight");
   Tensor y = matmul(x, transpose(weight, 0, 1, loc), loc);
-  if (bias.defined()) y = add(y, bias, loc);
+  // Under autocast the bias joins the product's dtype (bf16), as PyTorch's linear.
+  if (bias.defined()) y = add(y, cast(bias, y.dtype(), loc), loc);
   return y;
 }
+
+namespace {
+// A bf16 input normalized with f32 parameters and statistics (autocast's batch norm).
+bool mixed_bf16(DType input, DType param) { return input == DType::BF16 && param == DType::F32; }
+}  // namespace
 
 Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
                   const Tensor& weight, const Tensor& bias, bool training, double momentum,
@@ -37,26 +44,31 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
                          {&running_var, "running_var"},
                          {&weight, "weight"},
                          {&bias, "bias"}})
-    if (t->defined() && (t->shape() != Shape{c} || t->dtype() != x.dtype()))
+    if (t->defined() &&
+        (t->shape() != Shape{c} || (t->dtype() != x.dtype() && !mixed_bf16(x.dtype(), t->dtype()))))
       util::fail(loc, "batch_norm",
                  cat(what, " is ", dtype_name(t->dtype()), shape_str(t->shape()), " but input ",
                      dtype_name(x.dtype()), shape_str(x.shape()), " has ", c, " channels"),
                  cat("Pass a ", dtype_name(x.dtype()), "[", c, "] ", what));
+  // A bf16 input is normalized in f32 (statistics, scale and shift) and the result rounded to
+  // bf16 once: activations stay bf16 between convolutions, their statistics do not.
+  const bool low = x.dtype() == DType::BF16;
+  auto f32 = [&](const Tensor& t) { return low && t.defined() ? cast(t, DType::F32, loc) : t; };
   std::vector<int64_t> axes{0};
   Shape per_channel(x.dim(), 1);
   per_channel[1] = c;
   for (int64_t d = 2; d < x.dim(); ++d) axes.push_back(d);
-  auto channel = [&](const Tensor& t) { return reshape(t, per_channel, loc); };
+  auto channel = [&](const Tensor& t) { return reshape(f32(t), per_channel, loc); };
   auto affine = [&](Tensor y) {
     if (weight.defined()) y = mul(y, channel(weight), loc);
     if (bias.defined()) y = add(y, channel(bias), loc);
-    return y;
+    return low ? cast(y, DType::BF16, loc) : y;
   };
   if (!training) {
     if (!running_mean.defined() || !running_var.defined())
       util::fail(loc, "batch_norm", "eval mode needs running_mean and running_var",
                  "Pass the running statistics, or training = true");
-    return affine(mul(sub(x, channel(running_mean), loc),
+    return affine(mul(sub(f32(x), channel(running_mean), loc),
                       rsqrt(add(channel(running_var), eps, loc), loc), loc));
   }
   const int64_t n = x.numel() / c;
@@ -68,20 +80,23 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
   Tensor xhat, rstd, y;
   {
     NoGrad no_grad;  // the gradient is the formula below; running statistics get none
-    const Tensor mean_c = mean(x, axes, true, loc);
-    const Tensor centered = sub(x, mean_c, loc);
+    const Tensor xf = f32(x);
+    const Tensor mean_c = mean(xf, axes, true, loc);
+    const Tensor centered = sub(xf, mean_c, loc);
     const Tensor var_c = mean(mul(centered, centered, loc), axes, true, loc);
     rstd = rsqrt(add(var_c, eps, loc), loc);
     xhat = mul(centered, rstd, loc);
     y = affine(xhat);
     Tensor rm = running_mean, rv = running_var;  // handles: copy_ updates the caller's tensors
     if (rm.defined())
-      rm.copy_(add(mul(running_mean, 1 - momentum, loc),
-                   mul(reshape(mean_c, {c}, loc), momentum, loc), loc),
+      rm.copy_(cast(add(mul(f32(running_mean), 1 - momentum, loc),
+                        mul(reshape(mean_c, {c}, loc), momentum, loc), loc),
+                    rm.dtype(), loc),
                loc);
     if (rv.defined())
-      rv.copy_(add(mul(running_var, 1 - momentum, loc),
-                   mul(reshape(var_c, {c}, loc), momentum * n / (n - 1.0), loc), loc),
+      rv.copy_(cast(add(mul(f32(running_var), 1 - momentum, loc),
+                        mul(reshape(var_c, {c}, loc), momentum * n / (n - 1.0), loc), loc),
+                    rv.dtype(), loc),
                loc);
   }
   std::vector<Tensor> inputs{x};
@@ -93,21 +108,28 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
   const ir::NodePtr rstd_n = runtime::node_of(rstd, "batch_norm", loc);
   const ir::NodePtr weight_n =
       weight.defined() ? runtime::node_of(weight, "batch_norm", loc) : nullptr;
+  const DType x_dtype = x.dtype();
+  const DType bias_dtype = bias.defined() ? bias.dtype() : DType::F32;
   const bool has_bias = bias.defined();
-  auto grad = [xhat_n, rstd_n, weight_n, has_bias, axes, per_channel, n, c, loc](const Tensor& g) {
+  auto grad = [xhat_n, rstd_n, weight_n, has_bias, axes, per_channel, n, c, x_dtype, bias_dtype,
+               loc](const Tensor& g_in) {
     // PyTorch's formula: dx = w rstd (g - mean(g) - xhat mean(g xhat)), dw = sum(g xhat),
-    // db = sum(g): two reductions and one elementwise pass.
+    // db = sum(g): two reductions and one elementwise pass; in f32 for a bf16 input.
+    const Tensor g = cast(g_in, x_dtype == DType::BF16 ? DType::F32 : x_dtype, loc);
     const Tensor xh = runtime::new_tensor(xhat_n);
     const Tensor db = sum(g, axes, true, loc);
     const Tensor dw = sum(mul(g, xh, loc), axes, true, loc);
     Tensor scale = runtime::new_tensor(rstd_n);
-    if (weight_n) scale = mul(scale, reshape(runtime::new_tensor(weight_n), per_channel, loc), loc);
+    if (weight_n)
+      scale = mul(
+          scale, reshape(cast(runtime::new_tensor(weight_n), scale.dtype(), loc), per_channel, loc),
+          loc);
     const double inv_n = 1.0 / static_cast<double>(n);
     const Tensor dx = mul(
         sub(sub(g, mul(db, inv_n, loc), loc), mul(xh, mul(dw, inv_n, loc), loc), loc), scale, loc);
-    std::vector<Tensor> gs{dx};
-    if (weight_n) gs.push_back(reshape(dw, {c}, loc));
-    if (has_bias) gs.push_back(reshape(db, {c}, loc));
+    std::vector<Tensor> gs{cast(dx, x_dtype, loc)};
+    if (weight_n) gs.push_back(cast(reshape(dw, {c}, loc), weight_n->dtype, loc));
+    if (has_bias) gs.push_back(cast(reshape(db, {c}, loc), bias_dtype, loc));
     return gs;
   };
   return autograd::with_grad_fn(y, inputs, grad, loc);
@@ -298,8 +320,17 @@ Tensor reduce(const Tensor& per_row, Reduction r, const Tensor& weight_sum, cons
 
 }  // namespace
 
-Tensor nll_loss(const Tensor& log_probs, const Tensor& targets, const CrossEntropyOptions& o,
+namespace {
+// Autocast computes the losses in f32.
+Tensor f32_under_autocast(const Tensor& t, const Loc& loc) {
+  const std::optional<DType> low = autocast_dtype();
+  return low && t.dtype() == *low ? cast(t, DType::F32, loc) : t;
+}
+}  // namespace
+
+Tensor nll_loss(const Tensor& log_probs_in, const Tensor& targets, const CrossEntropyOptions& o,
                 Loc loc) {
+  const Tensor log_probs = f32_under_autocast(log_probs_in, loc);
   check_class_targets("nll_loss", log_probs, targets, loc);
   // Ignored rows pick class 0 and are masked out; the mean is over the rest.
   Tensor valid = ne(targets, o.ignore_index, loc);
@@ -326,11 +357,13 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, const CrossEnt
 }
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction r, Loc loc) {
-  Tensor d = sub(input, target, loc);
+  Tensor d = sub(f32_under_autocast(input, loc), f32_under_autocast(target, loc), loc);
   return reduce(mul(d, d, loc), r, Tensor(), loc);
 }
 
-Tensor binary_cross_entropy_with_logits(const Tensor& x, const Tensor& y, Reduction r, Loc loc) {
+Tensor binary_cross_entropy_with_logits(const Tensor& x_in, const Tensor& y_in, Reduction r,
+                                        Loc loc) {
+  const Tensor x = f32_under_autocast(x_in, loc), y = f32_under_autocast(y_in, loc);
   if (x.shape() != y.shape())
     util::fail(
         loc, "binary_cross_entropy_with_logits",

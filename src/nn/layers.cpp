@@ -45,7 +45,8 @@ Conv2d::Conv2d(const Conv2dSpec& s) : spec(s) {
 
 Tensor Conv2d::forward(const Tensor& x) {
   Tensor y = conv2d(x, weight, {spec.stride, spec.padding, spec.dilation, spec.groups});
-  if (bias.defined()) y = y + reshape(bias, {1, spec.out_channels, 1, 1});
+  // Under autocast the bias joins the convolution's dtype (bf16), as PyTorch's conv2d.
+  if (bias.defined()) y = y + cast(reshape(bias, {1, spec.out_channels, 1, 1}), y.dtype());
   return y;
 }
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "backends/cpu/cpu_backend.h"
+#include "lockstep/autocast.h"
 #include "lockstep/runtime.h"
 #include "runtime/context.h"
 #include "runtime/lazy.h"
@@ -182,22 +183,41 @@ void step(const std::function<void()>& fn, Loc loc) {
   runtime::commit(s);
 }
 
-// The guard keeps its state on the heap so that Step stays a small, stable public type.
-namespace {
-thread_local std::vector<std::unique_ptr<runtime::StepState>> t_guard_states;
+void step(const std::function<void()>& fn, const StepOptions& options, Loc loc) {
+  step(
+      [&] {
+        std::optional<AutocastScope> scope;
+        if (options.autocast) scope.emplace(*options.autocast, loc);
+        fn();
+      },
+      loc);
 }
 
-Step::Step(Loc loc)
+// The guard keeps its state on the heap so that Step stays a small, stable public type.
+namespace {
+struct GuardState {
+  runtime::StepState step;
+  std::optional<AutocastScope> autocast;
+};
+thread_local std::vector<std::unique_ptr<GuardState>> t_guard_states;
+}  // namespace
+
+Step::Step(Loc loc) : Step(StepOptions{}, loc) {}
+
+Step::Step(const StepOptions& options, Loc loc)
     : uncaught_at_entry_(std::uncaught_exceptions()), context_(&runtime::current_context()) {
-  auto s = std::make_unique<runtime::StepState>();
-  runtime::begin(*s, loc);
+  auto s = std::make_unique<GuardState>();
+  if (options.autocast) s->autocast.emplace(*options.autocast, loc);  // refused: no step begun
+  runtime::begin(s->step, loc);
   t_guard_states.push_back(std::move(s));
 }
 
 namespace {
-std::unique_ptr<runtime::StepState> pop_guard_state() {
-  std::unique_ptr<runtime::StepState> s = std::move(t_guard_states.back());
+// The step's state, its autocast scope ended.
+std::unique_ptr<GuardState> pop_guard_state() {
+  std::unique_ptr<GuardState> s = std::move(t_guard_states.back());
   t_guard_states.pop_back();
+  s->autocast.reset();
   return s;
 }
 
@@ -218,7 +238,7 @@ void Step::commit() {
   if (done_) return;
   if (!on_entering_thread(context_)) fail_other_thread(context_);
   done_ = true;
-  runtime::commit(*pop_guard_state());
+  runtime::commit(pop_guard_state()->step);
 }
 
 Step::~Step() noexcept(false) {
@@ -226,7 +246,7 @@ Step::~Step() noexcept(false) {
   if (std::uncaught_exceptions() > uncaught_at_entry_) {
     done_ = true;
     if (on_entering_thread(context_))
-      runtime::rollback(*pop_guard_state(), "an exception left the ls::Step scope");
+      runtime::rollback(pop_guard_state()->step, "an exception left the ls::Step scope");
     return;  // on another thread nothing can be done while unwinding
   }
   commit();

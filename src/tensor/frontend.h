@@ -45,5 +45,10 @@ DType result_type(DType a, bool a_0d, DType b, bool b_0d);
 DType scalar_type(DType t, const Scalar& s);
 // `n` as `dtype` (no node when it already is).
 NodePtr cast_node(const NodePtr& n, DType dtype, const Loc& loc);
+// Autocast (lockstep/autocast.h), when on for this thread: `n` in the lower precision (a floating
+// operand of a matmul or convolution), or `n` read as f32 (a lower-precision input of a
+// reduction, softmax or loss). `n` itself otherwise.
+NodePtr autocast_low(const NodePtr& n, const Loc& loc);
+NodePtr autocast_f32(const NodePtr& n, const Loc& loc);
 
 }  // namespace lockstep::frontend

@@ -164,7 +164,8 @@ std::vector<int64_t> reduce_attrs(const Shape& shape, const std::vector<int64_t>
 Tensor reduce(Op op, const Tensor& x, const std::vector<int64_t>& axes, bool keepdim,
               const Loc& loc) {
   const char* name = ir::user_name(op);
-  const NodePtr& n = node(x, name, loc);
+  NodePtr n = node(x, name, loc);
+  if (op == Op::Sum) n = autocast_f32(n, loc);  // autocast: sums are f32
   return record(op, {n}, reduce_attrs(n->shape, axes, keepdim, name, loc), loc);
 }
 
@@ -308,7 +309,7 @@ Tensor argmin(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim, L
 }
 
 Tensor mean(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim, Loc loc) {
-  const NodePtr& n = node(x, "mean", loc);
+  const NodePtr n = frontend::autocast_f32(node(x, "mean", loc), loc);
   if (!is_floating(n->dtype))
     util::fail(
         loc, "mean",
@@ -347,7 +348,17 @@ Tensor softmax_shift(const Tensor& x, const std::vector<int64_t>& axes, bool fin
 
 }  // namespace
 
-Tensor logsumexp(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim, Loc loc) {
+namespace {
+// Autocast reads the softmax family's input as f32.
+Tensor f32_under_autocast(const Tensor& x, const char* op, const Loc& loc) {
+  const NodePtr& n = node(x, op, loc);
+  const NodePtr f = frontend::autocast_f32(n, loc);
+  return f == n ? x : runtime::new_tensor(f);
+}
+}  // namespace
+
+Tensor logsumexp(const Tensor& x_in, const std::vector<int64_t>& axes, bool keepdim, Loc loc) {
+  const Tensor x = f32_under_autocast(x_in, "logsumexp", loc);
   std::vector<int64_t> attrs;
   const Tensor m = softmax_shift(x, axes, true, "logsumexp", loc, &attrs);
   const Tensor e = exp(sub(x, m, loc), loc);
@@ -362,14 +373,16 @@ Tensor logsumexp(const Tensor& x, const std::vector<int64_t>& axes, bool keepdim
   return reshape(out, squeezed, loc);
 }
 
-Tensor softmax(const Tensor& x, int64_t axis, Loc loc) {
+Tensor softmax(const Tensor& x_in, int64_t axis, Loc loc) {
+  const Tensor x = f32_under_autocast(x_in, "softmax", loc);
   std::vector<int64_t> attrs;
   const Tensor m = softmax_shift(x, {axis}, false, "softmax", loc, &attrs);
   Tensor e = exp(sub(x, m, loc), loc);
   return div(e, record(Op::Sum, {node(e, "softmax", loc)}, attrs, loc), loc);
 }
 
-Tensor log_softmax(const Tensor& x, int64_t axis, Loc loc) {
+Tensor log_softmax(const Tensor& x_in, int64_t axis, Loc loc) {
+  const Tensor x = f32_under_autocast(x_in, "log_softmax", loc);
   std::vector<int64_t> attrs;
   const Tensor m = softmax_shift(x, {axis}, true, "log_softmax", loc, &attrs);
   const Tensor e = exp(sub(x, m, loc), loc);
@@ -547,8 +560,9 @@ Tensor scatter_add(const Tensor& x, int64_t axis, const Tensor& index, const Ten
 
 // ---- linear algebra, convolution, pooling ---------------------------------------------------
 Tensor matmul(const Tensor& a, const Tensor& b, Loc loc) {
-  const NodePtr& an = node(a, "matmul", loc);
-  const NodePtr& bn = node(b, "matmul", loc);
+  // Autocast: the products in bf16 (f32 accumulation).
+  const NodePtr an = frontend::autocast_low(node(a, "matmul", loc), loc);
+  const NodePtr bn = frontend::autocast_low(node(b, "matmul", loc), loc);
   if (an->shape.empty() || bn->shape.empty())
     util::fail(loc, "matmul",
                cat("operands ", shape_str(an->shape), " and ", shape_str(bn->shape),
@@ -592,21 +606,29 @@ std::vector<int64_t> pool_attrs(const Pool2dOptions& o) {
 }  // namespace
 
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Conv2dOptions& options, Loc loc) {
-  return record(Op::Conv2d, {node(x, "conv2d", loc), node(weight, "conv2d", loc)},
-                conv_attrs(options), loc);
+  using frontend::autocast_low;
+  return record(
+      Op::Conv2d,
+      {autocast_low(node(x, "conv2d", loc), loc), autocast_low(node(weight, "conv2d", loc), loc)},
+      conv_attrs(options), loc);
 }
 
 Tensor conv2d_backward_input(const Tensor& grad_out, const Tensor& weight, const Shape& input_shape,
                              const Conv2dOptions& options, Loc loc) {
   const char* op = "conv2d_backward_input";
-  return record(Op::Conv2dBackwardInput, {node(grad_out, op, loc), node(weight, op, loc)},
-                conv_attrs(options), loc, input_shape);
+  using frontend::autocast_low;
+  return record(
+      Op::Conv2dBackwardInput,
+      {autocast_low(node(grad_out, op, loc), loc), autocast_low(node(weight, op, loc), loc)},
+      conv_attrs(options), loc, input_shape);
 }
 
 Tensor conv2d_backward_weight(const Tensor& x, const Tensor& grad_out, const Shape& weight_shape,
                               const Conv2dOptions& options, Loc loc) {
   const char* op = "conv2d_backward_weight";
-  return record(Op::Conv2dBackwardWeight, {node(x, op, loc), node(grad_out, op, loc)},
+  using frontend::autocast_low;
+  return record(Op::Conv2dBackwardWeight,
+                {autocast_low(node(x, op, loc), loc), autocast_low(node(grad_out, op, loc), loc)},
                 conv_attrs(options), loc, weight_shape);
 }
 

@@ -65,6 +65,12 @@ void add_scratchpad(std::unordered_map<int, memory>* args, const memory::desc& m
 
 memory::dims dims_of(const Shape& s) { return memory::dims(s.begin(), s.end()); }
 
+dt dnnl_dtype(DType d) {
+  LS_INTERNAL_CHECK(d == DType::F32 || d == DType::BF16, "oneDNN takes f32 or bf16 here, not ",
+                    dtype_name(d));
+  return d == DType::BF16 ? dt::bf16 : dt::f32;
+}
+
 // Scratch for blocked copies and scratchpads, shared by every primitive (they run one at a time
 // on the runtime thread), so a program's memory does not grow with its number of primitives.
 float* scratch(size_t floats) {
@@ -165,23 +171,23 @@ struct Operand {
     r.execute(stream(), args);
   }
 
-  memory input(const float* ptr, float* base, DnnlConv::Copy copy) {
-    memory user(user_md, engine(), const_cast<float*>(ptr));
+  memory input(const void* ptr, float* base, DnnlConv::Copy copy) {
+    memory user(user_md, engine(), const_cast<void*>(ptr));
     if (!reorder) return user;
     if (copy.ready) return memory(prim_md, engine(), const_cast<float*>(copy.ready));
     memory blocked(prim_md, engine(), copy.keep ? copy.keep : base + offset);
     run_reorder(*to_prim, user, blocked, base);
     return blocked;
   }
-  memory output(float* ptr, float* base) {
+  memory output(void* ptr, float* base) {
     if (!reorder) return memory(user_md, engine(), ptr);
     return memory(prim_md, engine(), base + offset);
   }
-  void finish_output(float* ptr, float* base) {
+  void finish_output(void* ptr, float* base) {
     if (!reorder) return;
     if (own_unblock) {
       stream().wait();
-      unblock_weights(base + offset, user_md.dims(), ptr);
+      unblock_weights(base + offset, user_md.dims(), static_cast<float*>(ptr));
       return;
     }
     memory user(user_md, engine(), ptr);
@@ -200,18 +206,19 @@ struct DnnlMatMul::Impl {
 };
 
 DnnlMatMul::DnnlMatMul(const Shape& a, const std::vector<int64_t>& as, const Shape& b,
-                       const std::vector<int64_t>& bs, const Shape& out)
+                       const std::vector<int64_t>& bs, const Shape& out, DType in, DType out_dtype)
     : impl_(std::make_unique<Impl>()) {
   try {
-    impl_->a_md = memory::desc(dims_of(a), dt::f32, memory::dims(as.begin(), as.end()));
-    impl_->b_md = memory::desc(dims_of(b), dt::f32, memory::dims(bs.begin(), bs.end()));
+    impl_->a_md = memory::desc(dims_of(a), dnnl_dtype(in), memory::dims(as.begin(), as.end()));
+    impl_->b_md = memory::desc(dims_of(b), dnnl_dtype(in), memory::dims(bs.begin(), bs.end()));
     Shape cs(out.size());
     int64_t acc = 1;
     for (size_t i = out.size(); i-- > 0;) {
       cs[i] = acc;
       acc *= out[i];
     }
-    impl_->c_md = memory::desc(dims_of(out), dt::f32, memory::dims(cs.begin(), cs.end()));
+    impl_->c_md =
+        memory::desc(dims_of(out), dnnl_dtype(out_dtype), memory::dims(cs.begin(), cs.end()));
     dnnl::matmul::desc d(impl_->a_md, impl_->b_md, impl_->c_md);
     dnnl::matmul::primitive_desc pd(d, user_scratchpad(), engine());
     impl_->pad_md = pd.scratchpad_desc();
@@ -225,10 +232,10 @@ DnnlMatMul::~DnnlMatMul() = default;
 
 size_t DnnlMatMul::scratch_bytes() const { return floats_for(impl_->pad_md) * sizeof(float); }
 
-void DnnlMatMul::run(const float* a, const float* b, float* out) {
+void DnnlMatMul::run(const void* a, const void* b, void* out) {
   try {
-    memory am(impl_->a_md, engine(), const_cast<float*>(a));
-    memory bm(impl_->b_md, engine(), const_cast<float*>(b));
+    memory am(impl_->a_md, engine(), const_cast<void*>(a));
+    memory bm(impl_->b_md, engine(), const_cast<void*>(b));
     memory cm(impl_->c_md, engine(), out);
     std::unordered_map<int, memory> args{
         {DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
@@ -257,7 +264,7 @@ namespace {
 // Fills `impl` for one algorithm; throws dnnl::error when oneDNN has no implementation of it.
 void build_conv(DnnlConv::Kind kind, const Shape& x, const Shape& w, const Shape& y,
                 const std::vector<int64_t>& a, DnnlConv::Blocked blocked, dnnl::algorithm alg,
-                DnnlConv::Impl& impl) {
+                dt ddt, DnnlConv::Impl& impl) {
   using Kind = DnnlConv::Kind;
   impl.kind = kind;
   const int64_t g = a[6];
@@ -270,12 +277,12 @@ void build_conv(DnnlConv::Kind kind, const Shape& x, const Shape& w, const Shape
   const memory::dims xd = dims_of(x), yd = dims_of(y);
   memory::dims wd = g == 1 ? dims_of(w) : memory::dims{g, w[0] / g, w[1], w[2], w[3]};
   const tag wtag = g == 1 ? tag::oihw : tag::goihw;
-  auto act = [](const memory::dims& d, bool b) {
-    return memory::desc(d, dt::f32, b ? tag::nChw16c : tag::nchw);
+  auto act = [ddt](const memory::dims& d, bool b) {
+    return memory::desc(d, ddt, b ? tag::nChw16c : tag::nchw);
   };
-  const memory::desc w_user(wd, dt::f32, wtag);
-  const memory::desc x_any(xd, dt::f32, tag::any), y_any(yd, dt::f32, tag::any);
-  const memory::desc w_any(wd, dt::f32, tag::any);
+  const memory::desc w_user(wd, ddt, wtag);
+  const memory::desc x_any(xd, ddt, tag::any), y_any(yd, ddt, tag::any);
+  const memory::desc w_any(wd, ddt, tag::any);
   dnnl::convolution_forward::desc fd(dnnl::prop_kind::forward_training, alg, x_any, w_any, y_any,
                                      strides, dilates, pad_l, pad_r);
   const dnnl::primitive_attr attr = user_scratchpad();
@@ -329,7 +336,7 @@ void build_conv(DnnlConv::Kind kind, const Shape& x, const Shape& w, const Shape
   impl.scratch_floats += floats_for(impl.pad_md);
 }
 
-void run_conv(DnnlConv::Impl& impl, const float* in0, const float* in1, float* out,
+void run_conv(DnnlConv::Impl& impl, const void* in0, const void* in1, void* out,
               DnnlConv::Copy copy0, DnnlConv::Copy copy1) {
   float* base = scratch(impl.scratch_floats);
   memory m0 = impl.in0.input(in0, base, copy0);
@@ -356,19 +363,20 @@ std::atomic<int>& conv_algo_knob() {
 }  // namespace
 
 DnnlConv::DnnlConv(Kind kind, const Shape& x, const Shape& w, const Shape& y,
-                   const std::vector<int64_t>& a, Blocked blocked, bool winograd)
+                   const std::vector<int64_t>& a, Blocked blocked, bool winograd, DType dtype)
     : impl_(std::make_unique<Impl>()) {
   try {
+    const dt ddt = dnnl_dtype(dtype);
     if (winograd) {
       try {
-        build_conv(kind, x, w, y, a, blocked, dnnl::algorithm::convolution_winograd, *impl_);
+        build_conv(kind, x, w, y, a, blocked, dnnl::algorithm::convolution_winograd, ddt, *impl_);
         runtime::count("winograd_convolutions");
         return;
       } catch (const dnnl::error&) {
         impl_ = std::make_unique<Impl>();  // not implemented for this problem or machine
       }
     }
-    build_conv(kind, x, w, y, a, blocked, dnnl::algorithm::convolution_direct, *impl_);
+    build_conv(kind, x, w, y, a, blocked, dnnl::algorithm::convolution_direct, ddt, *impl_);
   } catch (const dnnl::error& e) {
     rethrow(e, "convolution setup");
   }
@@ -376,7 +384,7 @@ DnnlConv::DnnlConv(Kind kind, const Shape& x, const Shape& w, const Shape& y,
 
 DnnlConv::~DnnlConv() = default;
 
-void DnnlConv::run(const float* in0, const float* in1, float* out, Copy copy0, Copy copy1) {
+void DnnlConv::run(const void* in0, const void* in1, void* out, Copy copy0, Copy copy1) {
   try {
     run_conv(*impl_, in0, in1, out, copy0, copy1);
   } catch (const dnnl::error& e) {
@@ -401,11 +409,12 @@ bool DnnlAvgPool::fits(const Shape& x, const Shape& y, const std::vector<int64_t
 }
 
 DnnlAvgPool::DnnlAvgPool(bool backward, const Shape& x, const Shape& y,
-                         const std::vector<int64_t>& a)
+                         const std::vector<int64_t>& a, DType dtype)
     : impl_(std::make_unique<Impl>()) {
   if (!fits(x, y, a)) throw BackendError("average pooling: padding oneDNN does not take");
   try {
-    const memory::desc x_md(dims_of(x), dt::f32, tag::nchw), y_md(dims_of(y), dt::f32, tag::nchw);
+    const dt ddt = dnnl_dtype(dtype);
+    const memory::desc x_md(dims_of(x), ddt, tag::nchw), y_md(dims_of(y), ddt, tag::nchw);
     const memory::dims kernel{a[0], a[1]}, strides{a[2], a[3]}, pad_l{a[4], a[5]};
     const memory::dims pad_r{(y[2] - 1) * a[2] + a[0] - x[2] - a[4],
                              (y[3] - 1) * a[3] + a[1] - x[3] - a[5]};
@@ -438,9 +447,9 @@ DnnlAvgPool::~DnnlAvgPool() = default;
 
 size_t DnnlAvgPool::scratch_bytes() const { return floats_for(impl_->pad_md) * sizeof(float); }
 
-void DnnlAvgPool::run(const float* in, float* out) {
+void DnnlAvgPool::run(const void* in, void* out) {
   try {
-    memory im(impl_->in_md, engine(), const_cast<float*>(in));
+    memory im(impl_->in_md, engine(), const_cast<void*>(in));
     memory om(impl_->out_md, engine(), out);
     std::unordered_map<int, memory> args;
     if (impl_->backward)

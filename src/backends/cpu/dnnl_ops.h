@@ -1,7 +1,8 @@
 // The one adapter between lockstep and oneDNN (2.x API): matmul, the three convolutions and
-// average pooling on f32 NCHW tensors. Primitives are created when a program is compiled and
-// reused on every run.
-// Errors from oneDNN become BackendError here. Nothing else includes dnnl.hpp.
+// average pooling on f32 or bf16 NCHW tensors (bf16: products accumulated in f32, results
+// rounded once; oneDNN's bf16 kernels where the CPU has them, AVX512-BF16 or AMX). Primitives are
+// created when a program is compiled and reused on every run. Errors from oneDNN become
+// BackendError here. Nothing else includes dnnl.hpp.
 #pragma once
 
 #include <cstdint>
@@ -13,13 +14,15 @@
 namespace lockstep::backends::cpu {
 
 // out[b] = a[b] x b[b] for broadcast batch dims; a and b are read with the given strides (in
-// elements), so a transposed operand needs no copy.
+// elements), so a transposed operand needs no copy. `in`: the operands' dtype, `out` the
+// result's (f32 or bf16).
 class DnnlMatMul {
  public:
   DnnlMatMul(const Shape& a, const std::vector<int64_t>& a_strides, const Shape& b,
-             const std::vector<int64_t>& b_strides, const Shape& out);
+             const std::vector<int64_t>& b_strides, const Shape& out, DType in = DType::F32,
+             DType out_dtype = DType::F32);
   ~DnnlMatMul();
-  void run(const float* a, const float* b, float* out);
+  void run(const void* a, const void* b, void* out);
   // Bytes of the shared scratch a run takes (oneDNN's scratchpad).
   size_t scratch_bytes() const;
 
@@ -53,11 +56,13 @@ class DnnlConv {
  public:
   enum class Kind { Forward, BackwardData, BackwardWeights };
   using Blocked = ConvBlocked;
+  // `dtype`: of both operands and the result, f32 or bf16.
   DnnlConv(Kind kind, const Shape& x, const Shape& w, const Shape& y,
-           const std::vector<int64_t>& attrs, Blocked blocked = {}, bool winograd = false);
+           const std::vector<int64_t>& attrs, Blocked blocked = {}, bool winograd = false,
+           DType dtype = DType::F32);
   ~DnnlConv();
   using Copy = ConvCopy;
-  void run(const float* in0, const float* in1, float* out, Copy copy0 = {}, Copy copy1 = {});
+  void run(const void* in0, const void* in1, void* out, Copy copy0 = {}, Copy copy1 = {});
   // Bytes of the shared scratch a run takes (copies in oneDNN's layouts not shared with other
   // convolutions, and the scratchpad).
   size_t scratch_bytes() const;
@@ -72,14 +77,15 @@ class DnnlConv {
   std::unique_ptr<Impl> impl_;
 };
 
-// Average pooling forward (x -> y) or backward (dy -> dx) on f32 NCHW tensors; attrs as
+// Average pooling forward (x -> y) or backward (dy -> dx) on f32 or bf16 NCHW tensors; attrs as
 // ir::Node's pooling attrs (kernel, stride, padding, count_include_pad). Throws BackendError
 // where oneDNN's windows would not be PyTorch's (see fits()).
 class DnnlAvgPool {
  public:
-  DnnlAvgPool(bool backward, const Shape& x, const Shape& y, const std::vector<int64_t>& attrs);
+  DnnlAvgPool(bool backward, const Shape& x, const Shape& y, const std::vector<int64_t>& attrs,
+              DType dtype = DType::F32);
   ~DnnlAvgPool();
-  void run(const float* in, float* out);
+  void run(const void* in, void* out);
   size_t scratch_bytes() const;  // as DnnlMatMul's
   // Whether oneDNN computes what PyTorch (and ref) define for these shapes: its right padding
   // (implied by the output size) must not be negative, and when padding counts in the divisor

@@ -17,7 +17,21 @@ namespace {
 
 using ir::Op;
 
-bool f32_or_bool(DType d) { return d == DType::F32 || d == DType::Bool; }
+// The dtypes a tree holds: f32, bool (as 0/1) and bf16 (widened exactly; each instruction that
+// yields bf16 rounds its tile, as the ref backend rounds each op's result).
+bool fusible_dtype(DType d) { return d == DType::F32 || d == DType::Bool || d == DType::BF16; }
+
+// Element i of a leaf's memory as a float.
+inline float read_value(DType d, const void* p, int64_t i) {
+  switch (d) {
+    case DType::Bool:
+      return static_cast<const uint8_t*>(p)[i] != 0;
+    case DType::BF16:
+      return bf16_value(static_cast<const uint16_t*>(p)[i]);
+    default:
+      return static_cast<const float*>(p)[i];
+  }
+}
 
 // Broadcast loads: n copies of v, with the machine's widest stores.
 LOCKSTEP_TARGET_CLONES void fill_run(float* dst, int64_t n, float v) {
@@ -67,9 +81,9 @@ bool fusible(const ir::Graph& g, int32_t id) {
     default:
       return false;
   }
-  if (!f32_or_bool(n.dtype)) return false;
+  if (!fusible_dtype(n.dtype)) return false;
   for (int32_t o : n.operands)
-    if (!f32_or_bool(g.nodes[o].dtype)) return false;
+    if (!fusible_dtype(g.nodes[o].dtype)) return false;
   return true;
 }
 
@@ -280,9 +294,7 @@ std::vector<const void*> FusedTree::bind(const std::vector<void*>& ptr,
       std::vector<float>& e = expanded.emplace_back(blocks * kTile);
       for (int64_t b = 0; b < blocks; ++b) {
         float* row = e.data() + b * kTile;
-        for (int64_t q = 0; q < kBlock; ++q)
-          row[q] = leaf.dtype == DType::Bool ? static_cast<const uint8_t*>(p)[b * st + q] != 0
-                                             : static_cast<const float*>(p)[b * st + q];
+        for (int64_t q = 0; q < kBlock; ++q) row[q] = read_value(leaf.dtype, p, b * st + q);
         for (int64_t r = kBlock; r < kTile; r += kBlock)
           std::memcpy(row + r, row, kBlock * sizeof(float));
       }
@@ -329,15 +341,15 @@ void FusedTree::load(const Leaf& leaf, const void* src, int64_t i0, int64_t len,
 void FusedTree::load_source(const Leaf& leaf, const void* src, int64_t i0, int64_t len,
                             float* dst) const {
   if (leaf.numel == 1) {
-    const float v = leaf.dtype == DType::Bool ? static_cast<const uint8_t*>(src)[0] != 0
-                                              : static_cast<const float*>(src)[0];
-    fill_run(dst, len, v);
+    fill_run(dst, len, read_value(leaf.dtype, src, 0));
     return;
   }
   if (leaf.contiguous) {
     if (leaf.dtype == DType::Bool) {
       const uint8_t* s = static_cast<const uint8_t*>(src) + i0;
       for (int64_t i = 0; i < len; ++i) dst[i] = s[i] != 0;
+    } else if (leaf.dtype == DType::BF16) {
+      bf16_to_f32(static_cast<const uint16_t*>(src) + i0, len, dst);
     } else {
       std::memcpy(dst, static_cast<const float*>(src) + i0, len * sizeof(float));
     }
@@ -348,9 +360,7 @@ void FusedTree::load_source(const Leaf& leaf, const void* src, int64_t i0, int64
   const size_t rank = leaf.div.size();
   const bool inner_run = rank > 0 && leaf.div[0] == 1;
   const int64_t repeat = rank > 0 ? leaf.div[0] : 1;
-  const bool is_bool = leaf.dtype == DType::Bool;
-  const float* fs = static_cast<const float*>(src);
-  const uint8_t* bs = static_cast<const uint8_t*>(src);
+  const DType dt = leaf.dtype;
   if (rank == 1 && !inner_run) {
     // One broadcast dim (a per-channel value over [N, C, H, W]): runs of `repeat` copies of
     // consecutive source elements, walked without a division per run.
@@ -358,8 +368,7 @@ void FusedTree::load_source(const Leaf& leaf, const void* src, int64_t i0, int64
     int64_t c = i0 / repeat % mod, left = repeat - i0 % repeat;
     for (int64_t i = 0; i < len;) {
       const int64_t n = std::min(len - i, left);
-      const float v = is_bool ? bs[c * st] != 0 : fs[c * st];
-      fill_run(dst + i, n, v);
+      fill_run(dst + i, n, read_value(dt, src, c * st));
       i += n;
       left = repeat;
       if (++c == mod) c = 0;
@@ -376,10 +385,10 @@ void FusedTree::load_source(const Leaf& leaf, const void* src, int64_t i0, int64
     for (int64_t i = 0; i < len;) {
       const int64_t n = std::min(len - i, kBlock - q);
       const int64_t off = b * st + q;
-      if (is_bool)
-        for (int64_t j = 0; j < n; ++j) dst[i + j] = bs[off + j] != 0;
+      if (dt == DType::F32)
+        std::memcpy(dst + i, static_cast<const float*>(src) + off, n * sizeof(float));
       else
-        std::memcpy(dst + i, fs + off, n * sizeof(float));
+        for (int64_t j = 0; j < n; ++j) dst[i + j] = read_value(dt, src, off + j);
       i += n;
       left -= n;
       q = 0;
@@ -399,13 +408,11 @@ void FusedTree::load_source(const Leaf& leaf, const void* src, int64_t i0, int64
       const int64_t c0 = o % leaf.mod[0];
       const int64_t n = std::min(len - i, leaf.mod[0] - c0);
       const int64_t st = leaf.stride[0];
-      for (int64_t j = 0; j < n; ++j)
-        dst[i + j] = is_bool ? bs[off + j * st] != 0 : fs[off + j * st];
+      for (int64_t j = 0; j < n; ++j) dst[i + j] = read_value(dt, src, off + j * st);
       i += n;
     } else {
       const int64_t n = std::min(len - i, repeat - o % repeat);
-      const float v = is_bool ? bs[off] != 0 : fs[off];
-      fill_run(dst + i, n, v);
+      fill_run(dst + i, n, read_value(dt, src, off));
       i += n;
     }
   }
@@ -629,9 +636,7 @@ const float* FusedTree::eval(const std::vector<const void*>& leaf_ptrs, int64_t 
   const char* needs = nullptr;
   if (pick_cond_leaf_ >= 0) {
     const void* c = leaf_ptrs[pick_cond_leaf_];
-    const bool yes = leaves_[pick_cond_leaf_].dtype == DType::Bool
-                         ? *static_cast<const uint8_t*>(c) != 0
-                         : *static_cast<const float*>(c) != 0.0f;
+    const bool yes = read_value(leaves_[pick_cond_leaf_].dtype, c, 0) != 0.0f;
     result = yes ? instrs_.back().b : instrs_.back().c;
     needs = pick_needs_[yes ? 0 : 1].data();
   }
@@ -672,6 +677,9 @@ const float* FusedTree::eval(const std::vector<const void*>& leaf_ptrs, int64_t 
     } else {
       apply(in.op, len, y, reg[in.a], in.b >= 0 ? reg[in.b] : nullptr,
             in.c >= 0 ? reg[in.c] : nullptr, in.scalars, in.in_dtype, in.out_dtype);
+      // A bf16 result is rounded as the op's own (a where or a cast from bool picks values
+      // that are bf16 already, and rounding them changes nothing).
+      if (in.out_dtype == DType::BF16) round_to_bf16(y, len);
     }
     reg[in.out] = y;
   }
@@ -727,13 +735,17 @@ void FusedTree::run_group(const std::vector<const FusedTree*>& trees,
       // All the tile's streams at once, not one instruction's after another's.
       for (size_t k = 0; k < trees.size(); ++k) trees[k]->prefetch(leaves[k], i0, len);
       for (size_t k = 0; k < trees.size(); ++k) {
-        const bool f32_out = trees[k]->out_dtype_ == DType::F32;
+        const DType out_dtype = trees[k]->out_dtype_;
+        const bool f32_out = out_dtype == DType::F32;
         float* direct = f32_out ? static_cast<float*>(outs[k]) + i0 : nullptr;
         const float* r =
             trees[k]->eval(leaves[k], i0, len, scratch.data() + base[k], direct, t > t0);
-        if (!f32_out) {
+        if (out_dtype == DType::Bool) {
           uint8_t* o = static_cast<uint8_t*>(outs[k]) + i0;
           for (int64_t i = 0; i < len; ++i) o[i] = r[i] != 0.0f;
+        } else if (out_dtype == DType::BF16) {
+          // Values a bf16 instruction (or leaf) gave, bf16 already: rounding keeps them.
+          f32_to_bf16(r, len, static_cast<uint16_t*>(outs[k]) + i0);
         } else if (r != direct) {
           std::memcpy(direct, r, len * sizeof(float));
         }

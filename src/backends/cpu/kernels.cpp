@@ -2,6 +2,7 @@
 #include "backends/cpu/kernels.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -10,6 +11,27 @@
 #include "util/check.h"
 
 namespace lockstep::backends::cpu {
+
+// The rounding of ls::bfloat16 written as selects, so the loops vectorize.
+namespace {
+inline uint32_t rounded_bits(float f) {
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  const uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  const uint32_t nan = (u | 0x400000u) & 0xffff0000u;
+  return (u & 0x7fffffffu) > 0x7f800000u ? nan : r;
+}
+}  // namespace
+
+LOCKSTEP_TARGET_CLONES void bf16_to_f32(const uint16_t* src, int64_t n, float* dst) {
+  for (int64_t i = 0; i < n; ++i)
+    dst[i] = std::bit_cast<float>(static_cast<uint32_t>(src[i]) << 16);
+}
+LOCKSTEP_TARGET_CLONES void round_to_bf16(float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = std::bit_cast<float>(rounded_bits(y[i]));
+}
+LOCKSTEP_TARGET_CLONES void f32_to_bf16(const float* src, int64_t n, uint16_t* dst) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<uint16_t>(rounded_bits(src[i]) >> 16);
+}
 
 ReduceLayout reduce_layout(const Shape& in, const std::vector<int64_t>& attrs) {
   const size_t r = in.size();

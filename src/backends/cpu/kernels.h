@@ -15,6 +15,7 @@
 #endif
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <vector>
 
@@ -42,6 +43,15 @@ struct ReduceLayout {
   int64_t outer = 1, groups = 1, inner = 1;
 };
 ReduceLayout reduce_layout(const Shape& in, const std::vector<int64_t>& attrs);
+
+// bf16 runs: widened to f32 (exact), f32 rounded to the nearest bf16 (ties to even, NaN kept a
+// quiet NaN) as ls::bfloat16 does, in place or into bf16.
+void bf16_to_f32(const uint16_t* src, int64_t n, float* dst);
+void round_to_bf16(float* y, int64_t n);
+void f32_to_bf16(const float* src, int64_t n, uint16_t* dst);
+inline float bf16_value(uint16_t bits) {
+  return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
+}
 
 // Sum, Max or Min over a layout. read(offset, len, tmp) returns a pointer to the input values
 // [offset, offset + len) (len <= 512), possibly computing them into tmp (512 floats).

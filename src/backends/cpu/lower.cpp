@@ -62,17 +62,18 @@ const Shape& pool_input(const ir::Graph& g, const ir::GraphNode& n) {
 const Shape& pool_output(const ir::Graph& g, const ir::GraphNode& n) {
   return n.op == Op::AvgPool2dBackward ? g.nodes[n.operands[0]].shape : n.shape;
 }
-// A last-two-axes transpose of an f32 matmul that nothing else reads.
+// A last-two-axes transpose of an f32 or bf16 matmul that nothing else reads.
 bool transposed_matmul(const plan::Plan& p, int32_t id) {
   const ir::GraphNode& n = p.graph.nodes[id];
-  if (!is_last_two_swap(n) || n.dtype != DType::F32 || shape_numel(n.shape) == 0) return false;
+  if (!is_last_two_swap(n) || (n.dtype != DType::F32 && n.dtype != DType::BF16) ||
+      shape_numel(n.shape) == 0)
+    return false;
   const int32_t m = n.operands[0];
   const ir::GraphNode& mm = p.graph.nodes[m];
   if (mm.op != Op::MatMul || p.is_output[m] || p.consumers[m].size() != 1 || !p.run_time[m])
     return false;
   for (int32_t o : mm.operands)
-    if (p.graph.nodes[o].dtype != DType::F32 || shape_numel(p.graph.nodes[o].shape) == 0)
-      return false;
+    if (p.graph.nodes[o].dtype != n.dtype || shape_numel(p.graph.nodes[o].shape) == 0) return false;
   return true;
 }
 
@@ -88,16 +89,31 @@ std::shared_ptr<plan::StepPayload> CpuStep::take_check() {
 
 bool is_f32(const ir::Graph& g, int32_t id) { return g.nodes[id].dtype == DType::F32; }
 
+bool bf16_sum(const ir::Graph& g, int32_t id) {
+  const ir::GraphNode& n = g.nodes[id];
+  if (n.op != Op::Sum || shape_numel(n.shape) == 0) return false;
+  const ir::GraphNode& x = g.nodes[n.operands[0]];
+  auto ok = [](DType d) { return d == DType::F32 || d == DType::BF16; };
+  return ok(n.dtype) && ok(x.dtype) && (n.dtype == DType::BF16 || x.dtype == DType::BF16) &&
+         shape_numel(x.shape) > 0;
+}
+
 bool all_f32(const ir::Graph& g, int32_t id) {
   const ir::GraphNode& n = g.nodes[id];
   for (int32_t o : n.operands)
     if (!is_f32(g, o) || shape_numel(g.nodes[o].shape) == 0) return false;
   return is_f32(g, id) && shape_numel(n.shape) > 0;
 }
+bool all_bf16(const ir::Graph& g, int32_t id) {
+  const ir::GraphNode& n = g.nodes[id];
+  for (int32_t o : n.operands)
+    if (g.nodes[o].dtype != DType::BF16 || shape_numel(g.nodes[o].shape) == 0) return false;
+  return n.dtype == DType::BF16 && shape_numel(n.shape) > 0;
+}
 bool dnnl_conv(const ir::Graph& g, int32_t id) {
   const Op op = g.nodes[id].op;
   return (op == Op::Conv2d || op == Op::Conv2dBackwardInput || op == Op::Conv2dBackwardWeight) &&
-         all_f32(g, id) && dnnl_conv_fits(g, id);
+         (all_f32(g, id) || all_bf16(g, id)) && dnnl_conv_fits(g, id);
 }
 bool blockable_pool(const ir::Graph& g, int32_t id) {
   const ir::GraphNode& n = g.nodes[id];
@@ -155,8 +171,7 @@ std::function<void(Ctx&)> run_conv_step(std::shared_ptr<DnnlConv> conv, int32_t 
       if (p.first >= 0 && !p.second) copy.ready = c.copies + p.first;
       return copy;
     };
-    conv->run(static_cast<const float*>(c.ptr[x]), static_cast<const float*>(c.ptr[y]),
-              static_cast<float*>(c.ptr[id]), place(copy0), place(copy1));
+    conv->run(c.ptr[x], c.ptr[y], c.ptr[id], place(copy0), place(copy1));
   };
 }
 // Runs the trees of a fused step, tile by tile.
@@ -181,18 +196,33 @@ std::function<void(Ctx&)> run_sums(SumParts parts) {
   const ReduceLayout layout = reduce_layout(parts[0].second->in, parts[0].second->attrs);
   const ReduceMap map = reduce_map(parts[0].second->in, parts[0].second->attrs);
   size_t tmp_floats = 0;
-  for (const auto& [node, of] : parts)
+  for (const auto& [node, of] : parts) {
     if (of->tree) tmp_floats = std::max(tmp_floats, of->tree->scratch_floats());
+    if (!of->tree && of->input_dtype == DType::BF16)
+      tmp_floats = std::max<size_t>(tmp_floats, kTile);
+  }
   return [parts = std::move(parts), layout, map, tmp_floats](Ctx& c) {
     std::vector<std::vector<const void*>> leaves(parts.size());
     std::vector<std::vector<float>> expanded;
     std::vector<float*> outs;
+    // bf16 sums are computed in f32 here, then rounded into their outputs.
+    std::vector<std::vector<float>> staged(parts.size());
     for (size_t k = 0; k < parts.size(); ++k) {
-      if (parts[k].second->tree) leaves[k] = parts[k].second->tree->bind(c.ptr, expanded);
-      outs.push_back(static_cast<float*>(c.ptr[parts[k].first]));
+      const SumOf& of = *parts[k].second;
+      if (of.tree) leaves[k] = of.tree->bind(c.ptr, expanded);
+      if (of.bf16_out) {
+        staged[k].resize(static_cast<size_t>(map.out_size));
+        outs.push_back(staged[k].data());
+      } else {
+        outs.push_back(static_cast<float*>(c.ptr[parts[k].first]));
+      }
     }
     auto read = [&](size_t k, int64_t off, int64_t len, float* tmp) -> const float* {
       const SumOf& of = *parts[k].second;
+      if (!of.tree && of.input_dtype == DType::BF16) {
+        bf16_to_f32(static_cast<const uint16_t*>(c.ptr[of.input]) + off, len, tmp);
+        return tmp;
+      }
       if (!of.tree) return static_cast<const float*>(c.ptr[of.input]) + off;
       of.tree->prefetch(leaves[k], off, len);
       return of.tree->eval(leaves[k], off, len, tmp, nullptr);
@@ -201,6 +231,9 @@ std::function<void(Ctx&)> run_sums(SumParts parts) {
       sum_tiles_f32(map, parts.size(), read, outs, tmp_floats);
     else
       sum_multi_f32(layout, parts.size(), read, outs, tmp_floats);
+    for (size_t k = 0; k < parts.size(); ++k)
+      if (parts[k].second->bf16_out)
+        f32_to_bf16(staged[k].data(), map.out_size, static_cast<uint16_t*>(c.ptr[parts[k].first]));
   };
 }
 namespace {
@@ -222,7 +255,8 @@ void add_step(plan::Plan& p, const std::vector<bool>& mask, int32_t id) {
     step.kind = plan::StepKind::Elementwise;
     step.members = members_of(*cs.fused);
     cs.run = run_fused(cs.fused);
-  } else if ((n.op == Op::MatMul && all_f32(p.graph, id)) || transposed_matmul(p, id)) {
+  } else if ((n.op == Op::MatMul && (all_f32(p.graph, id) || all_bf16(p.graph, id))) ||
+             transposed_matmul(p, id)) {
     // A matmul; or the transpose of one, computed directly as B^T A^T. Operands that are
     // transposes are read through swapped strides instead of being copied.
     const bool flip = n.op == Op::Permute;
@@ -250,15 +284,13 @@ void add_step(plan::Plan& p, const std::vector<bool>& mask, int32_t id) {
         std::swap(shape[k][r - 1], shape[k][r - 2]);
       }
     }
-    auto mm = std::make_shared<DnnlMatMul>(shape[0], strides[0], shape[1], strides[1], n.shape);
+    auto mm = std::make_shared<DnnlMatMul>(shape[0], strides[0], shape[1], strides[1], n.shape,
+                                           mm_node.dtype, mm_node.dtype);
     step.scratch_bytes = mm->scratch_bytes();
     step.reads = {operand[0], operand[1]};
     step.label = "mat_mul";
     const int32_t a = operand[0], b = operand[1];
-    cs.run = [mm, a, b, id](Ctx& c) {
-      mm->run(static_cast<const float*>(c.ptr[a]), static_cast<const float*>(c.ptr[b]),
-              static_cast<float*>(c.ptr[id]));
-    };
+    cs.run = [mm, a, b, id](Ctx& c) { mm->run(c.ptr[a], c.ptr[b], c.ptr[id]); };
   } else if (dnnl_conv(p.graph, id)) {
     const ir::GraphNode& a = p.graph.nodes[n.operands[0]];
     const ir::GraphNode& b = p.graph.nodes[n.operands[1]];
@@ -267,20 +299,20 @@ void add_step(plan::Plan& p, const std::vector<bool>& mask, int32_t id) {
     const DnnlConv::Blocked blocked{mask[n.operands[0]], mask[n.operands[1]], mask[id]};
     if (n.op == Op::Conv2d)
       conv = std::make_shared<DnnlConv>(DnnlConv::Kind::Forward, a.shape, b.shape, n.shape, n.attrs,
-                                        blocked, winograd);
+                                        blocked, winograd, n.dtype);
     else if (n.op == Op::Conv2dBackwardInput)
       conv = std::make_shared<DnnlConv>(DnnlConv::Kind::BackwardData, n.shape, b.shape, a.shape,
-                                        n.attrs, blocked, winograd);
+                                        n.attrs, blocked, winograd, n.dtype);
     else
       conv = std::make_shared<DnnlConv>(DnnlConv::Kind::BackwardWeights, a.shape, n.shape, b.shape,
-                                        n.attrs, blocked, winograd);
+                                        n.attrs, blocked, winograd, n.dtype);
     step.reads = n.operands;
     cs.conv = conv;
     step.kind = plan::StepKind::Conv;
     step.scratch_bytes = conv->scratch_bytes();
     cs.run = run_conv_step(conv, n.operands[0], n.operands[1], id);
-  } else if ((n.op == Op::Sum || n.op == Op::Max || n.op == Op::Min) && f32 &&
-             p.absorbed[n.operands[0]]) {
+  } else if ((n.op == Op::Sum || n.op == Op::Max || n.op == Op::Min) &&
+             (f32 || (n.op == Op::Sum && n.dtype == DType::BF16)) && p.absorbed[n.operands[0]]) {
     step.kind = plan::StepKind::Reduction;
     const bool walk_blocked = p.walk_blocked[id];
     auto tree =
@@ -292,6 +324,7 @@ void add_step(plan::Plan& p, const std::vector<bool>& mask, int32_t id) {
       auto [in, attrs] = walk_blocked ? blocked_sum(p.graph.nodes[n.operands[0]].shape, n.attrs)
                                       : std::make_pair(p.graph.nodes[n.operands[0]].shape, n.attrs);
       cs.sum = std::make_shared<SumOf>(SumOf{in, attrs, tree, -1});
+      cs.sum->bf16_out = n.dtype == DType::BF16;
       cs.run = run_sums({{id, cs.sum}});
     } else {
       const ReduceLayout layout = reduce_layout(p.graph.nodes[n.operands[0]].shape, n.attrs);
@@ -307,19 +340,22 @@ void add_step(plan::Plan& p, const std::vector<bool>& mask, int32_t id) {
             static_cast<float*>(c.ptr[id]), tree->scratch_floats());
       };
     }
-  } else if ((n.op == Op::Sum || n.op == Op::Max || n.op == Op::Min) && all_f32(p.graph, id)) {
+  } else if ((n.op == Op::Sum || n.op == Op::Max || n.op == Op::Min) &&
+             (all_f32(p.graph, id) || bf16_sum(p.graph, id))) {
     step.kind = plan::StepKind::Reduction;
     step.reads = n.operands;
     const int32_t x = n.operands[0];
     const Shape in = p.graph.nodes[x].shape;
     const std::vector<int64_t> attrs = n.attrs;
     const Op op = n.op;
+    const DType in_dtype = p.graph.nodes[x].dtype;
+    const bool bf16_out = n.dtype == DType::BF16;
     if (p.walk_blocked[id]) {
       auto [in5, attrs5] = blocked_sum(in, attrs);
-      cs.sum = std::make_shared<SumOf>(SumOf{in5, attrs5, nullptr, x});
+      cs.sum = std::make_shared<SumOf>(SumOf{in5, attrs5, nullptr, x, in_dtype, bf16_out});
       cs.run = run_sums({{id, cs.sum}});
-    } else if (n.op == Op::Sum && reduce_layout(in, attrs).inner >= 2) {
-      cs.sum = std::make_shared<SumOf>(SumOf{in, attrs, nullptr, x});
+    } else if (n.op == Op::Sum && (reduce_layout(in, attrs).inner >= 2 || !all_f32(p.graph, id))) {
+      cs.sum = std::make_shared<SumOf>(SumOf{in, attrs, nullptr, x, in_dtype, bf16_out});
       cs.run = run_sums({{id, cs.sum}});
     } else {  // Max, Min, and sums over axes below kept ones (by rows, see reduce_f32)
       cs.run = [=](Ctx& c) {
@@ -357,16 +393,15 @@ void add_step(plan::Plan& p, const std::vector<bool>& mask, int32_t id) {
       else
         max_pool2d_f32(static_cast<const float*>(c.ptr[x]), in, out, attrs, v, i);
     };
-  } else if ((n.op == Op::AvgPool2d || n.op == Op::AvgPool2dBackward) && all_f32(p.graph, id) &&
+  } else if ((n.op == Op::AvgPool2d || n.op == Op::AvgPool2dBackward) &&
+             (all_f32(p.graph, id) || all_bf16(p.graph, id)) &&
              DnnlAvgPool::fits(pool_input(p.graph, n), pool_output(p.graph, n), n.attrs)) {
     auto pool = std::make_shared<DnnlAvgPool>(n.op == Op::AvgPool2dBackward, pool_input(p.graph, n),
-                                              pool_output(p.graph, n), n.attrs);
+                                              pool_output(p.graph, n), n.attrs, n.dtype);
     step.scratch_bytes = pool->scratch_bytes();
     step.reads = n.operands;
     const int32_t x = n.operands[0];
-    cs.run = [pool, x, id](Ctx& c) {
-      pool->run(static_cast<const float*>(c.ptr[x]), static_cast<float*>(c.ptr[id]));
-    };
+    cs.run = [pool, x, id](Ctx& c) { pool->run(c.ptr[x], c.ptr[id]); };
   } else if (n.op == Op::MaxPool2dBackward && f32 && shape_numel(n.shape) > 0) {
     step.reads = n.operands;
     const int32_t gy = n.operands[0], idx = n.operands[1];
@@ -467,8 +502,13 @@ plan::FusionRules fusion_rules() {
   rules.reduction_takes = [](const ir::Graph& g, int32_t c, int32_t id) {
     const ir::GraphNode& cn = g.nodes[c];
     const ir::GraphNode& node = g.nodes[id];
-    return (cn.op == Op::Sum || cn.op == Op::Max || cn.op == Op::Min) && cn.dtype == DType::F32 &&
-           node.dtype == DType::F32 && shape_numel(cn.shape) > 0 &&
+    // (A sum may also write bf16, and read a tree whose values are bf16.)
+    const bool bf16 = cn.op == Op::Sum && (cn.dtype == DType::BF16 || node.dtype == DType::BF16) &&
+                      (cn.dtype == DType::F32 || cn.dtype == DType::BF16) &&
+                      (node.dtype == DType::F32 || node.dtype == DType::BF16);
+    return (cn.op == Op::Sum || cn.op == Op::Max || cn.op == Op::Min) &&
+           ((cn.dtype == DType::F32 && node.dtype == DType::F32) || bf16) &&
+           shape_numel(cn.shape) > 0 &&
            (reduce_layout(node.shape, cn.attrs).inner >= 64 ||
             (cn.op == Op::Sum && reduce_layout(node.shape, cn.attrs).inner >= 4));
   };

@@ -50,6 +50,8 @@ struct SumOf {
   std::vector<int64_t> attrs;
   std::shared_ptr<FusedTree> tree;
   int32_t input = -1;
+  DType input_dtype = DType::F32;  // of `input`: f32 or bf16 (widened as it is read)
+  bool bf16_out = false;           // the sum is written as bf16 (rounded from f32)
 };
 // Sums over the same layout with the node each writes: one, or several joined by merge_sums.
 using SumParts = std::vector<std::pair<int32_t, std::shared_ptr<SumOf>>>;
@@ -96,6 +98,10 @@ std::vector<plan::Member> members_of(const FusedMembers& fused);
 bool is_f32(const ir::Graph& g, int32_t id);
 // f32 operands and result with no empty dimension (what the specialized kernels take).
 bool all_f32(const ir::Graph& g, int32_t id);
+// The same, all bf16 (what the oneDNN bf16 kernels take).
+bool all_bf16(const ir::Graph& g, int32_t id);
+// A sum that reads or writes bf16 (f32 or bf16 on either side; summed in f32).
+bool bf16_sum(const ir::Graph& g, int32_t id);
 // A convolution (or gradient) oneDNN runs.
 bool dnnl_conv(const ir::Graph& g, int32_t id);
 // Our max pooling kernel (values, indices or the gradient), which reads and writes the blocked
