@@ -66,12 +66,23 @@ double graph_gflop(const std::vector<ls::Tensor>& roots) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: train_bench <mlp|resnet18|resnet50> [timed_steps] [threads]\n");
+    std::fprintf(stderr,
+                 "usage: train_bench <mlp|resnet18|resnet50|resnet50_96> [timed_steps] [threads] "
+                 "[f32|bf16]\n");
     return 2;
   }
   const Workload w = workload_by_name(argv[1]);
   const int steps = argc > 2 ? std::atoi(argv[2]) : 20;
   if (argc > 3) ls::set_num_threads(std::atoi(argv[3]));
+  // bf16: every step under autocast (lockstep/autocast.h).
+  const std::string precision = argc > 4 ? argv[4] : "f32";
+  if (precision != "f32" && precision != "bf16") {
+    std::fprintf(stderr, "train_bench: precision must be f32 or bf16, got '%s'\n",
+                 precision.c_str());
+    return 2;
+  }
+  ls::StepOptions step_options;
+  if (precision == "bf16") step_options.autocast = ls::bf16;
   ls::manual_seed(0);
   const std::shared_ptr<ls::nn::Module> model = make_model(w);
   ls::optim::SGD opt(model->parameters(), {.lr = 0.01, .momentum = 0.9});
@@ -91,15 +102,16 @@ int main(int argc, char** argv) {
   };
   // First step: trace + compile + run, until its values are ready.
   auto t0 = std::chrono::steady_clock::now();
-  ls::step(body);
+  ls::step(body, step_options);
   ls::wait();
   const double first_ms = seconds_since(t0) * 1e3;
-  for (int i = 0; i < 2; ++i) ls::step(body);  // the steady-state program compiles here
+  for (int i = 0; i < 2; ++i)
+    ls::step(body, step_options);  // the steady-state program compiles here
   ls::wait();
   const int64_t trace0 =
       ls::metrics::timer_total_ns("trace") + ls::metrics::timer_total_ns("graph");
   t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < steps; ++i) ls::step(body);
+  for (int i = 0; i < steps; ++i) ls::step(body, step_options);
   ls::wait();
   const double s = seconds_since(t0);
   const double trace_ms =
@@ -112,14 +124,15 @@ int main(int argc, char** argv) {
     ls::wait();
     const int64_t before =
         ls::metrics::timer_total_ns("trace") + ls::metrics::timer_total_ns("graph");
-    ls::step(body);
+    ls::step(body, step_options);
     idle_ns += ls::metrics::timer_total_ns("trace") + ls::metrics::timer_total_ns("graph") - before;
   }
   ls::wait();
   std::printf("loss %.4f compiles %ld\n", static_cast<double>(loss.item<float>()),
               static_cast<long>(ls::metrics::counter("compiles")));
   if (std::getenv("LOCKSTEP_PROFILE")) std::printf("%s", ls::metrics::report().c_str());
-  print_result(w.name, "lockstep", first_ms, steps * w.batch / s, gflop, s / steps, trace_ms,
+  const std::string framework = precision == "f32" ? "lockstep" : "lockstep-bf16";
+  print_result(w.name, framework.c_str(), first_ms, steps * w.batch / s, gflop, s / steps, trace_ms,
                idle_ns / 1e6 / kIdleSteps);
   return 0;
 }

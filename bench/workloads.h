@@ -1,6 +1,7 @@
 // The three training workloads lockstep is measured on, shared by the lockstep benchmark and
 // its libtorch twin (bench/peers/torch_train.cpp) so both run the same shapes and steps:
 // MLP 784-1024-1024-10 batch 128; ResNet-18 (32x32, small stem) batch 64; ResNet-50 64x64
+// batch 16; and for the bf16 benchmark (scripts/bench-bf16) ResNet-50 96x96 (ImageNet stem)
 // batch 16. SGD with momentum 0.9, lr 0.01, fake data (a fixed random batch), 10 classes.
 #pragma once
 
@@ -19,7 +20,9 @@ inline Workload workload_by_name(const std::string& name) {
   if (name == "mlp") return {"mlp", 128, 1, 0};
   if (name == "resnet18") return {"resnet18", 64, 3, 32};
   if (name == "resnet50") return {"resnet50", 16, 3, 64};
-  std::fprintf(stderr, "unknown workload '%s' (mlp, resnet18, resnet50)\n", name.c_str());
+  if (name == "resnet50_96") return {"resnet50_96", 16, 3, 96};
+  std::fprintf(stderr, "unknown workload '%s' (mlp, resnet18, resnet50, resnet50_96)\n",
+               name.c_str());
   std::exit(2);
 }
 

@@ -105,6 +105,9 @@ options:
   --strict           after the first epoch (the warm-up), a recompile is an error that names
                      what changed (ls::debug::expect_steady)
   --device D         cpu or ref (default: cpu)
+  --precision P      f32, or bf16: mixed precision (ls::autocast: matmuls and convolutions in
+                     bf16 with f32 accumulation, f32 master weights; checkpoints stay f32)
+                     (default: f32)
   --help             print this help and exit
 
 Fake data: random 3xNxN images with 1000 classes for resnets (10 otherwise), 60000 per epoch,
@@ -143,6 +146,7 @@ struct Options {
   bool strict = false;
   std::string metrics_json;
   std::string device = "cpu";
+  std::string precision = "f32";
   bool help = false;
 };
 
@@ -295,6 +299,8 @@ Options parse_args(int argc, char** argv) {
       o.strict = true;
     } else if (arg == "--device") {
       o.device = parse_choice(arg, value(), {"cpu", "ref"});
+    } else if (arg == "--precision") {
+      o.precision = parse_choice(arg, value(), {"f32", "bf16"});
     } else if (arg.rfind("-", 0) == 0) {
       throw UsageError("unknown option '" + arg + "'");
     } else {
@@ -523,7 +529,7 @@ struct EvalResult {
 // The test split in eval mode, without gradients, one step per batch. The sums stay on the device
 // and are read once, after the last step (a read of computed values, not an implicit sync).
 std::optional<EvalResult> evaluate(ls::nn::Module& model, ls::data::DeviceLoader& loader,
-                                   Pacer& pacer) {
+                                   Pacer& pacer, const ls::StepOptions& step_options) {
   model.eval();
   ls::NoGrad no_grad;
   ls::Tensor loss_sum = ls::zeros({});
@@ -535,13 +541,15 @@ std::optional<EvalResult> evaluate(ls::nn::Module& model, ls::data::DeviceLoader
     if (!batch) break;
     pacer.wait_for_room();
     const int64_t n = batch->labels.size(0);
-    ls::step([&] {
-      ls::Tensor logits = model(batch->images);
-      loss_sum.add_(
-          ls::nn::cross_entropy(logits, batch->labels, {.reduction = ls::nn::Reduction::Sum}));
-      correct.add_(ls::nn::accuracy(logits, batch->labels) * static_cast<double>(n));
-      pacer.track();
-    });
+    ls::step(
+        [&] {
+          ls::Tensor logits = model(batch->images);
+          loss_sum.add_(
+              ls::nn::cross_entropy(logits, batch->labels, {.reduction = ls::nn::Reduction::Sum}));
+          correct.add_(ls::nn::accuracy(logits, batch->labels) * static_cast<double>(n));
+          pacer.track();
+        },
+        step_options);
     count += n;
   }
   model.train();
@@ -712,20 +720,27 @@ int run(const Options& o) {
   }
   if (schedule) schedule->set_count(global_step);
 
+  const ls::DType precision = o.precision == "bf16" ? ls::bf16 : ls::f32;
+  ls::StepOptions step_options;
+  if (precision == ls::bf16) step_options.autocast = ls::bf16;
   const std::string model_name = resnet ? o.model + " (" + describe_stem(o, stem) + ")" : o.model;
   const std::string batch_text =
       world == 1
           ? format("batch %lld", static_cast<long long>(o.batch_size))
           : format("batch %lld (%d replicas x %lld)", static_cast<long long>(o.batch_size * world),
                    world, static_cast<long long>(o.batch_size));
+  // The precision, and on the cpu the oneDNN kernels (and so the instruction set) it runs.
+  const std::string precision_text =
+      o.precision + (o.device == "cpu" ? " [" + ls::cpu_kernels(precision) + "]" : "");
   if (rank == 0)
     std::printf(
-        "lockstep-train: %s on %s, %s, %lld steps/epoch, %s lr %g (%s), %s (%d threads%s)\n",
+        "lockstep-train: %s on %s, %s, %lld steps/epoch, %s lr %g (%s), %s (%d threads%s), %s\n",
         model_name.c_str(), train_set->name().c_str(), batch_text.c_str(),
         static_cast<long long>(steps_per_epoch), o.optimizer.c_str(), lr,
         schedule ? format("cosine, %lld warm-up steps", static_cast<long long>(warmup)).c_str()
                  : "constant",
-        o.device.c_str(), ls::num_threads(), world > 1 ? " per replica" : "");
+        o.device.c_str(), ls::num_threads(), world > 1 ? " per replica" : "",
+        precision_text.c_str());
   if (world > 1) {
     // What each rank really has: mpirun may bind a rank to one core (see --nprocs).
     std::printf("replica %d of %d: %d threads on %ld cores it may run on\n", rank, world,
@@ -793,24 +808,27 @@ int run(const Options& o) {
       pacer.wait_for_room();
       const int64_t n = batch->labels.size(0);
       const int64_t images_after = epoch_images + n;
-      ls::step([&] {
-        opt->zero_grad();
-        loss = ls::nn::cross_entropy((*model)(batch->images), batch->labels,
-                                     {.label_smoothing = o.label_smoothing});
-        loss.backward();
-        dp.average_gradients();
-        opt->step();
-        // Runs on the runtime thread once this step's program has run: the loss is computed,
-        // so reading it waits for nothing and is no implicit sync.
-        const bool log = step % o.log_steps == 0;
-        pacer.track([&, log, e = epoch, s = step, l = loss, images_after] {
-          if (log)
-            progress.line(format("epoch: %lld, step: %lld, loss: %.4f, rate: %.2f",
-                                 static_cast<long long>(e), static_cast<long long>(s),
-                                 static_cast<double>(l.item<float>()), tracker.rate(images_after)));
-          progress.update(s + 1, images_after);
-        });
-      });
+      ls::step(
+          [&] {
+            opt->zero_grad();
+            loss = ls::nn::cross_entropy((*model)(batch->images), batch->labels,
+                                         {.label_smoothing = o.label_smoothing});
+            loss.backward();
+            dp.average_gradients();
+            opt->step();
+            // Runs on the runtime thread once this step's program has run: the loss is computed,
+            // so reading it waits for nothing and is no implicit sync.
+            const bool log = step % o.log_steps == 0;
+            pacer.track([&, log, e = epoch, s = step, l = loss, images_after] {
+              if (log)
+                progress.line(format("epoch: %lld, step: %lld, loss: %.4f, rate: %.2f",
+                                     static_cast<long long>(e), static_cast<long long>(s),
+                                     static_cast<double>(l.item<float>()),
+                                     tracker.rate(images_after)));
+              progress.update(s + 1, images_after);
+            });
+          },
+          step_options);
       epoch_images = images_after;
       unsaved = true;
       ++global_step;
@@ -827,7 +845,7 @@ int run(const Options& o) {
                 seconds, static_cast<double>(epoch_images) / seconds);
     std::fflush(stdout);
     if (test_loader) {
-      if (std::optional<EvalResult> r = evaluate(*model, *test_loader, pacer)) {
+      if (std::optional<EvalResult> r = evaluate(*model, *test_loader, pacer, step_options)) {
         std::printf("epoch: %lld, test_loss: %.4f, test_accuracy: %.4f\n",
                     static_cast<long long>(epoch), r->loss, r->accuracy);
         std::fflush(stdout);

@@ -72,6 +72,12 @@ void add_step_closure(std::function<void()> fn, Loc loc = Loc::current());
 void set_num_threads(int n);
 int num_threads();
 
+// The oneDNN kernels the cpu backend's matmuls and convolutions of `dtype` (f32 or bf16) run on
+// this machine, as oneDNN names them (its implementation and instruction set), e.g.
+// "matmul brg:avx512_core_bf16, convolution jit_bf16:avx512_core_bf16". oneDNN picks them at
+// run time from the CPU (AVX2, AVX-512, AVX512-BF16, AMX) and ONEDNN_MAX_CPU_ISA.
+std::string cpu_kernels(DType dtype = DType::F32);
+
 // The most memory one compiled program may plan to take when it runs: on the cpu backend, its
 // intermediate values, outputs, copies in oneDNN's layouts and scratch, and folded constants (not
 // its inputs, which exist already). A program that would need more fails when it is compiled,

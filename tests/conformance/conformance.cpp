@@ -167,9 +167,12 @@ std::string compare(const ls::Tensor& got, const ls::Tensor& want, double k) {
         os << "  at " << index_str(static_cast<int64_t>(i), want.shape()) << ": cpu " << g[i]
            << ", ref " << w[i] << "\n";
   } else {
-    const bool f32 = want.dtype() == ls::DType::F32;
-    const double atol = (f32 ? 1e-6 : 1e-12) * std::max(1.0, k);
-    const double rtol = f32 ? 1e-5 : 1e-12;
+    // bf16: one unit in the last place (both sides round f32 values to nearest; summation
+    // order or a libm ulp may put them on either side of a tie).
+    const ls::DType d = want.dtype();
+    const bool f32 = d == ls::DType::F32, bf16 = d == ls::DType::BF16;
+    const double atol = (bf16 ? 1e-5 : f32 ? 1e-6 : 1e-12) * std::max(1.0, k);
+    const double rtol = bf16 ? 0x1p-7 : f32 ? 1e-5 : 1e-12;
     const auto g = values_f64(got), w = values_f64(want);
     for (size_t i = 0; i < w.size(); ++i) {
       bool ok;

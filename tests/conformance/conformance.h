@@ -44,7 +44,8 @@ using Fn1 = std::function<ls::Tensor(const Tensors&)>;
 
 // Runs fn on cpu and on ref with the same inputs (and the same random seed) and compares each
 // output: same shape and dtype; integers and bools exactly; floats within
-// |got - want| <= atol * k + rtol * |want| (f32: 1e-6, 1e-5; f64: 1e-12, 1e-12), where `k` is the
+// |got - want| <= atol * k + rtol * |want| (f32: 1e-6, 1e-5; f64: 1e-12, 1e-12; bf16: 1e-5 and
+// one unit in the last place, 2^-7), where `k` is the
 // length of the longest reduction behind an output (1 for elementwise ops). NaN matches NaN and
 // infinities match exactly. Returns false (after reporting the failure) on a mismatch.
 bool check(const std::string& what, const std::vector<In>& inputs, const Fn& fn, double k = 1);

@@ -484,3 +484,28 @@ void set_threads(int n) { omp_set_num_threads(n); }
 int threads() { return omp_get_max_threads(); }
 
 }  // namespace lockstep::backends::cpu
+
+namespace lockstep {
+
+std::string cpu_kernels(DType dtype) {
+  using dnnl::memory;
+  using dt = memory::data_type;
+  using tag = memory::format_tag;
+  if (dtype != DType::F32 && dtype != DType::BF16)
+    throw Error(util::cat("cpu_kernels: takes f32 or bf16, got ", dtype_name(dtype)));
+  const dt d = backends::cpu::dnnl_dtype(dtype);
+  try {
+    const memory::desc a({256, 256}, d, tag::ab);
+    dnnl::matmul::primitive_desc mm(dnnl::matmul::desc(a, a, a), backends::cpu::engine());
+    const memory::desc x({16, 64, 14, 14}, d, tag::any), w({64, 64, 3, 3}, d, tag::any);
+    dnnl::convolution_forward::desc cd(dnnl::prop_kind::forward_training,
+                                       dnnl::algorithm::convolution_direct, x, w, x, {1, 1}, {1, 1},
+                                       {1, 1});
+    dnnl::convolution_forward::primitive_desc conv(cd, backends::cpu::engine());
+    return util::cat("matmul ", mm.impl_info_str(), ", convolution ", conv.impl_info_str());
+  } catch (const dnnl::error& e) {
+    backends::cpu::rethrow(e, "kernel query");
+  }
+}
+
+}  // namespace lockstep

@@ -21,6 +21,26 @@ using ir::Op;
 // yields bf16 rounds its tile, as the ref backend rounds each op's result).
 bool fusible_dtype(DType d) { return d == DType::F32 || d == DType::Bool || d == DType::BF16; }
 
+// Whether `op` on bf16 (or bool) operands yields bf16 values as they are: no rounding needed.
+bool exact_in_bf16(Op op, DType in) {
+  if (in != DType::BF16 && in != DType::Bool) return false;
+  switch (op) {
+    case Op::Neg:
+    case Op::Abs:
+    case Op::Relu:
+    case Op::Sign:
+    case Op::Floor:
+    case Op::Ceil:
+    case Op::Maximum:
+    case Op::Minimum:
+    case Op::Where:
+    case Op::Cast:
+      return true;
+    default:
+      return false;
+  }
+}
+
 // Element i of a leaf's memory as a float.
 inline float read_value(DType d, const void* p, int64_t i) {
   switch (d) {
@@ -677,9 +697,9 @@ const float* FusedTree::eval(const std::vector<const void*>& leaf_ptrs, int64_t 
     } else {
       apply(in.op, len, y, reg[in.a], in.b >= 0 ? reg[in.b] : nullptr,
             in.c >= 0 ? reg[in.c] : nullptr, in.scalars, in.in_dtype, in.out_dtype);
-      // A bf16 result is rounded as the op's own (a where or a cast from bool picks values
-      // that are bf16 already, and rounding them changes nothing).
-      if (in.out_dtype == DType::BF16) round_to_bf16(y, len);
+      // A bf16 result is rounded as the op's own, unless the op gives one of its bf16
+      // operands' values (or an integer below 256, or 0/1 from bool) back exactly.
+      if (in.out_dtype == DType::BF16 && !exact_in_bf16(in.op, in.in_dtype)) round_to_bf16(y, len);
     }
     reg[in.out] = y;
   }

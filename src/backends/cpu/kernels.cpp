@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "lockstep/error.h"
 #include "util/check.h"
@@ -215,16 +216,18 @@ LOCKSTEP_TARGET_CLONES float min_run_f32(const float* p, int64_t n, bool* nan) {
   return extreme_run<false>(p, n, nan);
 }
 
-void strided_copy_4(const void* src, const Shape& out_shape, const std::vector<int64_t>& strides,
-                    int64_t src_offset, void* out) {
+namespace {
+template <typename E>
+void strided_copy(const void* src, const Shape& out_shape, const std::vector<int64_t>& strides,
+                  int64_t src_offset, void* out) {
   const int64_t n = shape_numel(out_shape);
   if (n == 0) return;
   const size_t r = out_shape.size();
   const int64_t last = r ? out_shape[r - 1] : 1;
   const int64_t last_stride = r ? strides[r - 1] : 0;
   const int64_t rows = n / last;
-  const uint32_t* s = static_cast<const uint32_t*>(src);
-  uint32_t* o = static_cast<uint32_t*>(out);
+  const E* s = static_cast<const E*>(src);
+  E* o = static_cast<E*>(out);
 #pragma omp parallel for schedule(static) if (n > 65536)
   for (int64_t row = 0; row < rows; ++row) {
     int64_t off = src_offset, rest = row;
@@ -232,15 +235,37 @@ void strided_copy_4(const void* src, const Shape& out_shape, const std::vector<i
       off += rest % out_shape[d] * strides[d];
       rest /= out_shape[d];
     }
-    uint32_t* dst = o + row * last;
+    E* dst = o + row * last;
     if (last_stride == 1)
-      std::memcpy(dst, s + off, last * sizeof(uint32_t));
+      std::memcpy(dst, s + off, last * sizeof(E));
     else
       for (int64_t i = 0; i < last; ++i) dst[i] = s[off + i * last_stride];
   }
 }
+}  // namespace
+
+void strided_copy_4(const void* src, const Shape& out_shape, const std::vector<int64_t>& strides,
+                    int64_t src_offset, void* out) {
+  strided_copy<uint32_t>(src, out_shape, strides, src_offset, out);
+}
+void strided_copy_2(const void* src, const Shape& out_shape, const std::vector<int64_t>& strides,
+                    int64_t src_offset, void* out) {
+  strided_copy<uint16_t>(src, out_shape, strides, src_offset, out);
+}
 
 namespace {
+
+// Max pooling's elements: f32, or bf16 bits (compared as the floats they widen to; maxima are
+// input values, so writing them back as bf16 is exact).
+inline float as_float(float v) { return v; }
+inline float as_float(uint16_t v) { return bf16_value(v); }
+template <typename T>
+inline T from_float(float v) {
+  if constexpr (std::is_same_v<T, float>)
+    return v;
+  else
+    return static_cast<uint16_t>(std::bit_cast<uint32_t>(v) >> 16);
+}
 
 // One output row of a max pooling, for the window row h and column offset kx: outputs
 // [lo, hi) (whose windows lie inside the plane along w) take x[h, wo * S - pw + kx] when it is
@@ -260,10 +285,9 @@ void pool_row(const float* xrow, int64_t lo, int64_t hi, int64_t sw, int64_t off
   }
 }
 
-}  // namespace
-
-void max_pool2d_f32(const float* x, const Shape& in, const Shape& out,
-                    const std::vector<int64_t>& a, float* values, int64_t* indices) {
+template <typename T>
+void max_pool2d_plain(const T* x, const Shape& in, const Shape& out, const std::vector<int64_t>& a,
+                      T* values, int64_t* indices) {
   const int64_t planes = in[0] * in[1], H = in[2], W = in[3], HO = out[2], WO = out[3];
   const int64_t kh = a[0], kw = a[1], sh = a[2], sw = a[3], ph = a[4], pw = a[5];
   if (H * W > INT32_MAX) {  // indices kept as int32 below
@@ -276,9 +300,17 @@ void max_pool2d_f32(const float* x, const Shape& in, const Shape& out,
     // ties go to the first). The outputs of a row are independent, so this vectorizes.
     std::vector<float> best(static_cast<size_t>(WO));
     std::vector<int32_t> at(static_cast<size_t>(WO));
+    // A bf16 plane is widened first (one vectorized pass), then pooled as f32.
+    std::vector<float> wide(std::is_same_v<T, float> ? 0 : static_cast<size_t>(H * W));
 #pragma omp for schedule(static)
     for (int64_t p = 0; p < planes; ++p) {
-      const float* xp = x + p * H * W;
+      const float* xp;
+      if constexpr (std::is_same_v<T, float>) {
+        xp = x + p * H * W;
+      } else {
+        bf16_to_f32(x + p * H * W, H * W, wide.data());
+        xp = wide.data();
+      }
       for (int64_t ho = 0; ho < HO; ++ho) {
         const int64_t h0 = ho * sh - ph;
         const int64_t hs = std::max<int64_t>(h0, 0), he = std::min(h0 + kh, H);
@@ -304,14 +336,13 @@ void max_pool2d_f32(const float* x, const Shape& in, const Shape& out,
               pool_row<0>(xrow, lo, hi, sw, off, base, best.data(), at.data());
           }
         const int64_t o = (p * HO + ho) * WO;
-        if (values) std::copy(best.begin(), best.end(), values + o);
+        if (values)
+          for (int64_t wo = 0; wo < WO; ++wo) values[o + wo] = from_float<T>(best[wo]);
         if (indices) std::copy(at.begin(), at.end(), indices + o);
       }
     }
   }
 }
-
-namespace {
 
 // Every index a max pooling gradient scatters through must lie in its plane of `plane` values.
 void check_pool_indices(const int64_t* indices, int64_t count, int64_t plane) {
@@ -321,22 +352,47 @@ void check_pool_indices(const int64_t* indices, int64_t count, int64_t plane) {
                                    " out of range for a plane of ", plane, " elements"));
 }
 
-}  // namespace
-
-void max_pool2d_backward_f32(const float* gy, const int64_t* indices, const Shape& gy_shape,
-                             const Shape& in, float* gx) {
+// A bf16 gradient is summed in f32 (a plane's worth per thread) and rounded once.
+template <typename T>
+void max_pool2d_backward_plain(const T* gy, const int64_t* indices, const Shape& gy_shape,
+                               const Shape& in, T* gx) {
   const int64_t planes = in[0] * in[1], HW = in[2] * in[3];
   const int64_t OHW = gy_shape[2] * gy_shape[3];
   check_pool_indices(indices, planes * OHW, HW);  // first: no throwing inside OpenMP
-#pragma omp parallel for schedule(static)
-  for (int64_t p = 0; p < planes; ++p) {
-    float* g = gx + p * HW;
-    std::fill(g, g + HW, 0.0f);
-    for (int64_t o = 0; o < OHW; ++o) {
-      const int64_t at = indices[p * OHW + o];
-      g[at] += gy[p * OHW + o];
+#pragma omp parallel
+  {
+    std::vector<float> acc(std::is_same_v<T, float> ? 0 : static_cast<size_t>(HW));
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < planes; ++p) {
+      float* g = std::is_same_v<T, float> ? reinterpret_cast<float*>(gx + p * HW) : acc.data();
+      std::fill(g, g + HW, 0.0f);
+      for (int64_t o = 0; o < OHW; ++o) {
+        const int64_t at = indices[p * OHW + o];
+        g[at] += as_float(gy[p * OHW + o]);
+      }
+      if constexpr (!std::is_same_v<T, float>)
+        f32_to_bf16(g, HW, reinterpret_cast<uint16_t*>(gx + p * HW));
     }
   }
+}
+
+}  // namespace
+
+void max_pool2d_f32(const float* x, const Shape& in, const Shape& out,
+                    const std::vector<int64_t>& a, float* values, int64_t* indices) {
+  max_pool2d_plain(x, in, out, a, values, indices);
+}
+void max_pool2d_bf16(const uint16_t* x, const Shape& in, const Shape& out,
+                     const std::vector<int64_t>& a, uint16_t* values, int64_t* indices) {
+  max_pool2d_plain(x, in, out, a, values, indices);
+}
+void max_pool2d_backward_f32(const float* gy, const int64_t* indices, const Shape& gy_shape,
+                             const Shape& in, float* gx) {
+  max_pool2d_backward_plain(gy, indices, gy_shape, in, gx);
+}
+void max_pool2d_backward_bf16(const uint16_t* gy, const int64_t* indices, const Shape& gy_shape,
+                              const Shape& in, uint16_t* gx) {
+  max_pool2d_backward_plain(gy, indices, gy_shape, in, gx);
 }
 
 namespace {
@@ -345,40 +401,43 @@ namespace {
 // channels per pixel), row-major, keeping the first element, then any larger one or the first
 // NaN, as the plain kernel does per channel. The 16 channels are one vector: `omp simd` makes
 // GCC vectorize the 16-lane loops rather than unroll them into scalars.
-LOCKSTEP_TARGET_CLONES void pool_window_blocked(const float* __restrict xp, int64_t W, int64_t hs,
+template <typename T>
+LOCKSTEP_TARGET_CLONES void pool_window_blocked(const T* __restrict xp, int64_t W, int64_t hs,
                                                 int64_t he, int64_t ws, int64_t we,
-                                                float* __restrict value,
-                                                int64_t* __restrict index) {
+                                                T* __restrict value, int64_t* __restrict index) {
   alignas(64) float best[kBlock];
   alignas(64) int32_t at[kBlock];
   const int32_t first = static_cast<int32_t>(hs * W + ws);
 #pragma omp simd
   for (int64_t q = 0; q < kBlock; ++q) {
-    best[q] = xp[first * kBlock + q];
+    best[q] = as_float(xp[first * kBlock + q]);
     at[q] = first;
   }
   for (int64_t h = hs; h < he; ++h)
     for (int64_t w = h == hs ? ws + 1 : ws; w < we; ++w) {
       const int32_t i = static_cast<int32_t>(h * W + w);
-      const float* v = xp + i * kBlock;
+      const T* v = xp + i * kBlock;
 #pragma omp simd
       for (int64_t q = 0; q < kBlock; ++q) {
-        const bool take = (v[q] > best[q]) | ((v[q] != v[q]) & (best[q] == best[q]));
-        best[q] = take ? v[q] : best[q];
+        const float x = as_float(v[q]);
+        const bool take = (x > best[q]) | ((x != x) & (best[q] == best[q]));
+        best[q] = take ? x : best[q];
         at[q] = take ? i : at[q];
       }
     }
-  if (value) std::memcpy(value, best, sizeof best);
+  if (value) {
+#pragma omp simd
+    for (int64_t q = 0; q < kBlock; ++q) value[q] = from_float<T>(best[q]);
+  }
   if (index) {
 #pragma omp simd
     for (int64_t q = 0; q < kBlock; ++q) index[q] = at[q];
   }
 }
 
-}  // namespace
-
-void max_pool2d_blocked_f32(const float* x, const Shape& in, const Shape& out,
-                            const std::vector<int64_t>& a, float* values, int64_t* indices) {
+template <typename T>
+void max_pool2d_blocked_any(const T* x, const Shape& in, const Shape& out,
+                            const std::vector<int64_t>& a, T* values, int64_t* indices) {
   const int64_t blocks = in[0] * (in[1] / kBlock), H = in[2], W = in[3], HO = out[2], WO = out[3];
   const int64_t kh = a[0], kw = a[1], sh = a[2], sw = a[3], ph = a[4], pw = a[5];
   if (H * W > INT32_MAX) {  // indices kept as int32 below
@@ -386,7 +445,7 @@ void max_pool2d_blocked_f32(const float* x, const Shape& in, const Shape& out,
   }
 #pragma omp parallel for schedule(static)
   for (int64_t b = 0; b < blocks; ++b) {
-    const float* xp = x + b * H * W * kBlock;
+    const T* xp = x + b * H * W * kBlock;
     for (int64_t ho = 0; ho < HO; ++ho) {
       const int64_t h0 = ho * sh - ph;
       const int64_t hs = std::max<int64_t>(h0, 0), he = std::min(h0 + kh, H);
@@ -394,13 +453,13 @@ void max_pool2d_blocked_f32(const float* x, const Shape& in, const Shape& out,
         const int64_t w0 = wo * sw - pw;
         const int64_t ws = std::max<int64_t>(w0, 0), we = std::min(w0 + kw, W);
         const int64_t o = ((b * HO + ho) * WO + wo) * kBlock;
-        float* value = values ? values + o : nullptr;
+        T* value = values ? values + o : nullptr;
         int64_t* index = indices ? indices + o : nullptr;
         if (hs < he && ws < we) {
           pool_window_blocked(xp, W, hs, he, ws, we, value, index);
         } else {  // a window of padding only (as the plain kernel: 0 and index -1)
           for (int64_t q = 0; q < kBlock; ++q) {
-            if (value) value[q] = 0.0f;
+            if (value) value[q] = from_float<T>(0.0f);
             if (index) index[q] = -1;
           }
         }
@@ -409,22 +468,49 @@ void max_pool2d_blocked_f32(const float* x, const Shape& in, const Shape& out,
   }
 }
 
-void max_pool2d_backward_blocked_f32(const float* gy, const int64_t* indices, const Shape& gy_shape,
-                                     const Shape& in, float* gx) {
+template <typename T>
+void max_pool2d_backward_blocked_any(const T* gy, const int64_t* indices, const Shape& gy_shape,
+                                     const Shape& in, T* gx) {
   const int64_t blocks = in[0] * (in[1] / kBlock), HW = in[2] * in[3];
   const int64_t OHW = gy_shape[2] * gy_shape[3];
   check_pool_indices(indices, blocks * OHW * kBlock, HW);  // first: no throwing inside OpenMP
-#pragma omp parallel for schedule(static)
-  for (int64_t b = 0; b < blocks; ++b) {
-    float* g = gx + b * HW * kBlock;
-    std::fill(g, g + HW * kBlock, 0.0f);
-    const float* gyb = gy + b * OHW * kBlock;
-    const int64_t* ib = indices + b * OHW * kBlock;
-    // Per channel in output order, as the plain kernel adds them.
-    for (int64_t o = 0; o < OHW; ++o)
-      for (int64_t q = 0; q < kBlock; ++q)
-        g[ib[o * kBlock + q] * kBlock + q] += gyb[o * kBlock + q];
+#pragma omp parallel
+  {
+    std::vector<float> acc(std::is_same_v<T, float> ? 0 : static_cast<size_t>(HW * kBlock));
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < blocks; ++b) {
+      float* g =
+          std::is_same_v<T, float> ? reinterpret_cast<float*>(gx + b * HW * kBlock) : acc.data();
+      std::fill(g, g + HW * kBlock, 0.0f);
+      const T* gyb = gy + b * OHW * kBlock;
+      const int64_t* ib = indices + b * OHW * kBlock;
+      // Per channel in output order, as the plain kernel adds them.
+      for (int64_t o = 0; o < OHW; ++o)
+        for (int64_t q = 0; q < kBlock; ++q)
+          g[ib[o * kBlock + q] * kBlock + q] += as_float(gyb[o * kBlock + q]);
+      if constexpr (!std::is_same_v<T, float>)
+        f32_to_bf16(g, HW * kBlock, reinterpret_cast<uint16_t*>(gx + b * HW * kBlock));
+    }
   }
+}
+
+}  // namespace
+
+void max_pool2d_blocked_f32(const float* x, const Shape& in, const Shape& out,
+                            const std::vector<int64_t>& a, float* values, int64_t* indices) {
+  max_pool2d_blocked_any(x, in, out, a, values, indices);
+}
+void max_pool2d_blocked_bf16(const uint16_t* x, const Shape& in, const Shape& out,
+                             const std::vector<int64_t>& a, uint16_t* values, int64_t* indices) {
+  max_pool2d_blocked_any(x, in, out, a, values, indices);
+}
+void max_pool2d_backward_blocked_f32(const float* gy, const int64_t* indices, const Shape& gy_shape,
+                                     const Shape& in, float* gx) {
+  max_pool2d_backward_blocked_any(gy, indices, gy_shape, in, gx);
+}
+void max_pool2d_backward_blocked_bf16(const uint16_t* gy, const int64_t* indices,
+                                      const Shape& gy_shape, const Shape& in, uint16_t* gx) {
+  max_pool2d_backward_blocked_any(gy, indices, gy_shape, in, gx);
 }
 
 }  // namespace lockstep::backends::cpu

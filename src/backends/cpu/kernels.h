@@ -99,12 +99,20 @@ void reduce_f32(ir::Op op, const float* x, const Shape& in, const std::vector<in
 // out (contiguous, shape `out_shape`) from src read at src_offset + sum(idx[d] * strides[d]).
 void strided_copy_4(const void* src, const Shape& out_shape, const std::vector<int64_t>& strides,
                     int64_t src_offset, void* out);
+// The same for 2-byte elements (bf16).
+void strided_copy_2(const void* src, const Shape& out_shape, const std::vector<int64_t>& strides,
+                    int64_t src_offset, void* out);
 
 // attrs as ir::Node's pooling attrs. Indices (if not null) are into each input plane's H*W.
 void max_pool2d_f32(const float* x, const Shape& in, const Shape& out,
                     const std::vector<int64_t>& attrs, float* values, int64_t* indices);
 void max_pool2d_backward_f32(const float* gy, const int64_t* indices, const Shape& gy_shape,
                              const Shape& in, float* gx);
+// The same on bf16 (bits): maxima compared as floats, the gradient summed in f32, rounded once.
+void max_pool2d_bf16(const uint16_t* x, const Shape& in, const Shape& out,
+                     const std::vector<int64_t>& attrs, uint16_t* values, int64_t* indices);
+void max_pool2d_backward_bf16(const uint16_t* gy, const int64_t* indices, const Shape& gy_shape,
+                              const Shape& in, uint16_t* gx);
 // The same two on values held in the blocked nChw16c layout (C a multiple of 16): x, values, gy
 // and gx as [N][C/16][H][W][16], and the indices in that order too (each still an index into
 // its plane's H*W, as PyTorch's). Every output equals the plain kernels' bit for bit.
@@ -112,6 +120,10 @@ void max_pool2d_blocked_f32(const float* x, const Shape& in, const Shape& out,
                             const std::vector<int64_t>& attrs, float* values, int64_t* indices);
 void max_pool2d_backward_blocked_f32(const float* gy, const int64_t* indices, const Shape& gy_shape,
                                      const Shape& in, float* gx);
+void max_pool2d_blocked_bf16(const uint16_t* x, const Shape& in, const Shape& out,
+                             const std::vector<int64_t>& attrs, uint16_t* values, int64_t* indices);
+void max_pool2d_backward_blocked_bf16(const uint16_t* gy, const int64_t* indices,
+                                      const Shape& gy_shape, const Shape& in, uint16_t* gx);
 
 // Walking a layout: the offset of output o's first run, and the step from one group of runs to
 // the next (idx counts through the reduced dims).

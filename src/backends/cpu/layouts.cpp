@@ -12,8 +12,8 @@ using ir::Op;
 // grouped into classes that must share a layout: a fused tree's result with the full-size values
 // it reads (it walks them all in one order), the full-size values one sum reads, a max
 // pooling's input with its values and indices and the gradients computed from those indices. A
-// class is blocked when every member may be: a blockable f32 value computed at run time by a
-// oneDNN convolution, a fused tree or our max pooling (or a bool mask a tree computes, or the
+// class is blocked when every member may be: a blockable f32 or bf16 value computed at run time by
+// a oneDNN convolution, a fused tree or our max pooling (or a bool mask a tree computes, or the
 // pooling's i64 indices), not a program output, and read only by oneDNN convolutions (as an
 // activation or gradient, never as weights), fused trees of its shape, sums over its channels
 // or its whole feature maps and max pooling. A value anything else reads (average pooling,
@@ -38,11 +38,12 @@ void choose_layouts(plan::Plan& p) {
   std::vector<bool> candidate(n, false);
   for (size_t i = 0; i < n; ++i) {
     const ir::GraphNode& node = p.graph.nodes[i];
-    // f32 values, and bool ones (masks) that trees compute and read.
+    // f32 and bf16 values, and bool ones (masks) that trees compute and read.
     const bool fused = fusible(p.graph, static_cast<int32_t>(i));
     const bool pool = blockable_pool(p.graph, static_cast<int32_t>(i));
     candidate[i] =
-        (node.dtype == DType::F32 || (fused && node.dtype == DType::Bool) || pool) &&
+        (node.dtype == DType::F32 || node.dtype == DType::BF16 ||
+         (fused && node.dtype == DType::Bool) || pool) &&
         blockable(node.shape) && p.run_time[i] && !p.absorbed[i] && !p.is_output[i] &&
         node.op != Op::Data &&
         (fused || pool ||

@@ -119,9 +119,10 @@ bool blockable_pool(const ir::Graph& g, int32_t id) {
   const ir::GraphNode& n = g.nodes[id];
   if (n.op != Op::MaxPool2d && n.op != Op::MaxPool2dIndices && n.op != Op::MaxPool2dBackward)
     return false;
-  if (n.dtype != (n.op == Op::MaxPool2dIndices ? DType::I64 : DType::F32)) return false;
   const ir::GraphNode& x = g.nodes[n.operands[0]];  // the input, or the output gradient
-  if (x.dtype != DType::F32 || !blockable(x.shape) || !blockable(n.shape)) return false;
+  if (x.dtype != DType::F32 && x.dtype != DType::BF16) return false;
+  if (n.dtype != (n.op == Op::MaxPool2dIndices ? DType::I64 : x.dtype)) return false;
+  if (!blockable(x.shape) || !blockable(n.shape)) return false;
   return n.op != Op::MaxPool2dBackward || g.nodes[n.operands[1]].dtype == DType::I64;
 }
 bool sum_takes_blocked(const Shape& in, const std::vector<int64_t>& attrs) {
@@ -364,7 +365,9 @@ void add_step(plan::Plan& p, const std::vector<bool>& mask, int32_t id) {
       };
     }
   } else if ((n.op == Op::MaxPool2d || n.op == Op::MaxPool2dIndices) &&
-             is_f32(p.graph, n.operands[0]) && shape_numel(n.shape) > 0) {
+             (is_f32(p.graph, n.operands[0]) ||
+              p.graph.nodes[n.operands[0]].dtype == DType::BF16) &&
+             shape_numel(n.shape) > 0) {
     // Values and indices of the same pooling come from one pass.
     const int32_t x = n.operands[0];
     const Op other = n.op == Op::MaxPool2d ? Op::MaxPool2dIndices : Op::MaxPool2d;
@@ -385,14 +388,26 @@ void add_step(plan::Plan& p, const std::vector<bool>& mask, int32_t id) {
     LS_INTERNAL_CHECK(mask[id] == blocked && (other_id < 0 || mask[other_id] == blocked),
                       "max pooling's input, values and indices in different layouts");
     if (blocked) runtime::count("blocked_max_pooling");
-    cs.run = [=](Ctx& c) {
-      float* v = values >= 0 ? static_cast<float*>(c.ptr[values]) : nullptr;
-      int64_t* i = indices >= 0 ? static_cast<int64_t*>(c.ptr[indices]) : nullptr;
-      if (blocked)
-        max_pool2d_blocked_f32(static_cast<const float*>(c.ptr[x]), in, out, attrs, v, i);
-      else
-        max_pool2d_f32(static_cast<const float*>(c.ptr[x]), in, out, attrs, v, i);
-    };
+    if (p.graph.nodes[x].dtype == DType::BF16) {
+      cs.run = [=](Ctx& c) {
+        uint16_t* v = values >= 0 ? static_cast<uint16_t*>(c.ptr[values]) : nullptr;
+        int64_t* i = indices >= 0 ? static_cast<int64_t*>(c.ptr[indices]) : nullptr;
+        const uint16_t* xs = static_cast<const uint16_t*>(c.ptr[x]);
+        if (blocked)
+          max_pool2d_blocked_bf16(xs, in, out, attrs, v, i);
+        else
+          max_pool2d_bf16(xs, in, out, attrs, v, i);
+      };
+    } else {
+      cs.run = [=](Ctx& c) {
+        float* v = values >= 0 ? static_cast<float*>(c.ptr[values]) : nullptr;
+        int64_t* i = indices >= 0 ? static_cast<int64_t*>(c.ptr[indices]) : nullptr;
+        if (blocked)
+          max_pool2d_blocked_f32(static_cast<const float*>(c.ptr[x]), in, out, attrs, v, i);
+        else
+          max_pool2d_f32(static_cast<const float*>(c.ptr[x]), in, out, attrs, v, i);
+      };
+    }
   } else if ((n.op == Op::AvgPool2d || n.op == Op::AvgPool2dBackward) &&
              (all_f32(p.graph, id) || all_bf16(p.graph, id)) &&
              DnnlAvgPool::fits(pool_input(p.graph, n), pool_output(p.graph, n), n.attrs)) {
@@ -402,6 +417,25 @@ void add_step(plan::Plan& p, const std::vector<bool>& mask, int32_t id) {
     step.reads = n.operands;
     const int32_t x = n.operands[0];
     cs.run = [pool, x, id](Ctx& c) { pool->run(c.ptr[x], c.ptr[id]); };
+  } else if (n.op == Op::MaxPool2dBackward && n.dtype == DType::BF16 &&
+             p.graph.nodes[n.operands[0]].dtype == DType::BF16 && shape_numel(n.shape) > 0) {
+    // bf16: the gradient summed in f32 and rounded once, as ref computes it.
+    step.reads = n.operands;
+    const int32_t gy = n.operands[0], idx = n.operands[1];
+    const Shape gys = p.graph.nodes[gy].shape, in = n.shape;
+    const bool blocked = mask[id];
+    LS_INTERNAL_CHECK(mask[gy] == blocked && mask[idx] == blocked,
+                      "max pooling's gradient, output gradient and indices in different layouts");
+    if (blocked) runtime::count("blocked_max_pooling");
+    cs.run = [=](Ctx& c) {
+      const uint16_t* g = static_cast<const uint16_t*>(c.ptr[gy]);
+      const int64_t* i = static_cast<const int64_t*>(c.ptr[idx]);
+      uint16_t* dx = static_cast<uint16_t*>(c.ptr[id]);
+      if (blocked)
+        max_pool2d_backward_blocked_bf16(g, i, gys, in, dx);
+      else
+        max_pool2d_backward_bf16(g, i, gys, in, dx);
+    };
   } else if (n.op == Op::MaxPool2dBackward && f32 && shape_numel(n.shape) > 0) {
     step.reads = n.operands;
     const int32_t gy = n.operands[0], idx = n.operands[1];
@@ -421,7 +455,8 @@ void add_step(plan::Plan& p, const std::vector<bool>& mask, int32_t id) {
       else
         max_pool2d_backward_f32(g, i, gys, in, dx);
     };
-  } else if ((n.op == Op::Permute || n.op == Op::Slice) && dtype_size(n.dtype) == 4) {
+  } else if ((n.op == Op::Permute || n.op == Op::Slice) &&
+             (dtype_size(n.dtype) == 4 || dtype_size(n.dtype) == 2)) {
     step.reads = n.operands;
     const int32_t x = n.operands[0];
     const std::vector<int64_t> xs = ref::strides_of(p.graph.nodes[x].shape);
@@ -435,7 +470,10 @@ void add_step(plan::Plan& p, const std::vector<bool>& mask, int32_t id) {
       offset = n.attrs[1] * xs[n.attrs[0]];
     }
     const Shape out = n.shape;
-    cs.run = [=](Ctx& c) { strided_copy_4(c.ptr[x], out, st, offset, c.ptr[id]); };
+    if (dtype_size(n.dtype) == 2)
+      cs.run = [=](Ctx& c) { strided_copy_2(c.ptr[x], out, st, offset, c.ptr[id]); };
+    else
+      cs.run = [=](Ctx& c) { strided_copy_4(c.ptr[x], out, st, offset, c.ptr[id]); };
   } else if (n.op == Op::Reshape) {
     step.reads = n.operands;
     const int32_t x = n.operands[0];
