@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -203,6 +204,46 @@ TEST(Autocast, TrainingKeepsF32MasterWeightsCompilesOnceAndRollsBackExactly) {
       EXPECT_EQ(ls::cast(after[i].second, ls::f64).to_vector<double>(), values[i])
           << after[i].first;
     }
+  }
+}
+
+TEST(Autocast, CheckpointsStayF32AndLoadIntoEitherPrecision) {
+  ls::manual_seed(11);
+  Net net;
+  ls::optim::SGD opt(net.seq->parameters(), {.lr = 0.05, .momentum = 0.9});
+  const ls::Tensor x = ls::randn({4, 3, 4, 4});
+  const ls::Tensor t = ls::from_vector<int64_t>({0, 1, 2, 3});
+  auto train_step = [&](Net& n, ls::optim::SGD& o, std::optional<ls::DType> precision) {
+    float out = 0;
+    ls::step(
+        [&] {
+          o.zero_grad();
+          ls::Tensor loss = ls::nn::cross_entropy(n.seq->forward(x), t);
+          loss.backward();
+          o.step();
+          ls::add_step_closure([&out, loss] { out = loss.item<float>(); });
+        },
+        {.autocast = precision});
+    ls::wait();
+    return out;
+  };
+  for (int i = 0; i < 2; ++i) train_step(net, opt, ls::bf16);
+  const std::string path = ::testing::TempDir() + "/autocast_checkpoint.safetensors";
+  ls::save_checkpoint(path, *net.seq, &opt);
+  // Its floating-point tensors (weights, buffers, momentum) are f32, as without autocast.
+  for (const auto& [name, v] : ls::io::load_safetensors(path).tensors)
+    if (ls::is_floating(v.dtype())) {
+      EXPECT_EQ(v.dtype(), ls::f32) << name;
+    }
+  // The checkpoint continues in bf16 and in f32 alike, from the same weights.
+  for (std::optional<ls::DType> precision :
+       {std::optional<ls::DType>(ls::bf16), std::optional<ls::DType>()}) {
+    Net resumed;
+    ls::optim::SGD resumed_opt(resumed.seq->parameters(), {.lr = 0.05, .momentum = 0.9});
+    ls::load_checkpoint(path, *resumed.seq, &resumed_opt);
+    const float loss = train_step(resumed, resumed_opt, precision);
+    EXPECT_TRUE(std::isfinite(loss));
+    for (const ls::Tensor& p : resumed.seq->parameters()) EXPECT_EQ(p.dtype(), ls::f32);
   }
 }
 
