@@ -18,6 +18,7 @@
 
 #include <dnnl.hpp>
 
+#include "backends/cpu/kernels.h"
 #include "lockstep/error.h"
 #include "runtime/lazy.h"
 #include "util/check.h"
@@ -64,6 +65,35 @@ void add_scratchpad(std::unordered_map<int, memory>* args, const memory::desc& m
 }
 
 memory::dims dims_of(const Shape& s) { return memory::dims(s.begin(), s.end()); }
+
+// bf16 where oneDNN has no bf16 kernel (CPUs without AVX512-BF16 or AMX, or ONEDNN_MAX_CPU_ISA
+// below them): the operands widened to f32 (exact), the f32 primitive, the result rounded to
+// bf16 once. The same values as a bf16 kernel (bf16 inputs, f32 accumulation), only slower.
+// Widened copies live in per-thread buffers, kept from run to run.
+struct Bf16Emulation {
+  bool on = false;
+  int64_t numel[3] = {0, 0, 0};  // of the two operands' and the result's memory
+
+  const float* widen(int k, const void* src) const {
+    float* dst = buffer(k);
+    bf16_to_f32(static_cast<const uint16_t*>(src), numel[k], dst);
+    return dst;
+  }
+  float* result() const { return buffer(2); }
+  void round(void* dst) const { f32_to_bf16(buffer(2), numel[2], static_cast<uint16_t*>(dst)); }
+
+ private:
+  float* buffer(int k) const {
+    thread_local std::vector<float> b[3];
+    if (b[k].size() < static_cast<size_t>(numel[k])) b[k].resize(numel[k]);
+    return b[k].data();
+  }
+};
+
+// Elements a memory descriptor spans (its buffer's size in elements).
+int64_t span_of(const memory::desc& md) {
+  return static_cast<int64_t>(md.get_size() / memory::data_type_size(md.data_type()));
+}
 
 dt dnnl_dtype(DType d) {
   LS_INTERNAL_CHECK(d == DType::F32 || d == DType::BF16, "oneDNN takes f32 or bf16 here, not ",
@@ -203,26 +233,40 @@ struct Operand {
 struct DnnlMatMul::Impl {
   memory::desc a_md, b_md, c_md, pad_md;
   std::unique_ptr<dnnl::matmul> prim;
+  Bf16Emulation emulation;
 };
 
 DnnlMatMul::DnnlMatMul(const Shape& a, const std::vector<int64_t>& as, const Shape& b,
                        const std::vector<int64_t>& bs, const Shape& out, DType in, DType out_dtype)
     : impl_(std::make_unique<Impl>()) {
-  try {
-    impl_->a_md = memory::desc(dims_of(a), dnnl_dtype(in), memory::dims(as.begin(), as.end()));
-    impl_->b_md = memory::desc(dims_of(b), dnnl_dtype(in), memory::dims(bs.begin(), bs.end()));
-    Shape cs(out.size());
-    int64_t acc = 1;
-    for (size_t i = out.size(); i-- > 0;) {
-      cs[i] = acc;
-      acc *= out[i];
-    }
-    impl_->c_md =
-        memory::desc(dims_of(out), dnnl_dtype(out_dtype), memory::dims(cs.begin(), cs.end()));
+  Shape cs(out.size());
+  int64_t acc = 1;
+  for (size_t i = out.size(); i-- > 0;) {
+    cs[i] = acc;
+    acc *= out[i];
+  }
+  auto build = [&](dt in_dt, dt out_dt) {
+    impl_->a_md = memory::desc(dims_of(a), in_dt, memory::dims(as.begin(), as.end()));
+    impl_->b_md = memory::desc(dims_of(b), in_dt, memory::dims(bs.begin(), bs.end()));
+    impl_->c_md = memory::desc(dims_of(out), out_dt, memory::dims(cs.begin(), cs.end()));
     dnnl::matmul::desc d(impl_->a_md, impl_->b_md, impl_->c_md);
     dnnl::matmul::primitive_desc pd(d, user_scratchpad(), engine());
     impl_->pad_md = pd.scratchpad_desc();
     impl_->prim = std::make_unique<dnnl::matmul>(pd);
+  };
+  try {
+    try {
+      build(dnnl_dtype(in), dnnl_dtype(out_dtype));
+    } catch (const dnnl::error&) {
+      if (in != DType::BF16 || out_dtype != DType::BF16) throw;
+      build(dt::f32, dt::f32);  // no bf16 matmul on this CPU: emulated
+      Bf16Emulation& e = impl_->emulation;
+      e.on = true;
+      e.numel[0] = span_of(impl_->a_md);
+      e.numel[1] = span_of(impl_->b_md);
+      e.numel[2] = span_of(impl_->c_md);
+      runtime::count("bf16_emulated_primitives");
+    }
   } catch (const dnnl::error& e) {
     rethrow(e, "matmul setup");
   }
@@ -233,15 +277,21 @@ DnnlMatMul::~DnnlMatMul() = default;
 size_t DnnlMatMul::scratch_bytes() const { return floats_for(impl_->pad_md) * sizeof(float); }
 
 void DnnlMatMul::run(const void* a, const void* b, void* out) {
+  const Bf16Emulation& e = impl_->emulation;
+  if (e.on) {
+    a = e.widen(0, a);
+    b = e.widen(1, b);
+  }
   try {
     memory am(impl_->a_md, engine(), const_cast<void*>(a));
     memory bm(impl_->b_md, engine(), const_cast<void*>(b));
-    memory cm(impl_->c_md, engine(), out);
+    memory cm(impl_->c_md, engine(), e.on ? e.result() : out);
     std::unordered_map<int, memory> args{
         {DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
     add_scratchpad(&args, impl_->pad_md, scratch(floats_for(impl_->pad_md)));
     impl_->prim->execute(stream(), args);
     stream().wait();
+    if (e.on) e.round(out);
   } catch (const dnnl::error& e) {
     rethrow(e, "matmul");
   }
@@ -251,6 +301,7 @@ void DnnlMatMul::run(const void* a, const void* b, void* out) {
 
 struct DnnlConv::Impl {
   Kind kind;
+  Bf16Emulation emulation;
   Operand in0, in1, out;
   memory::desc pad_md;  // the primitive's scratchpad, after the operands' blocked copies
   size_t pad_offset = 0;
@@ -376,7 +427,20 @@ DnnlConv::DnnlConv(Kind kind, const Shape& x, const Shape& w, const Shape& y,
         impl_ = std::make_unique<Impl>();  // not implemented for this problem or machine
       }
     }
-    build_conv(kind, x, w, y, a, blocked, dnnl::algorithm::convolution_direct, ddt, *impl_);
+    try {
+      build_conv(kind, x, w, y, a, blocked, dnnl::algorithm::convolution_direct, ddt, *impl_);
+    } catch (const dnnl::error&) {
+      if (dtype != DType::BF16) throw;
+      // No bf16 convolution on this CPU: emulated (Bf16Emulation).
+      impl_ = std::make_unique<Impl>();
+      build_conv(kind, x, w, y, a, blocked, dnnl::algorithm::convolution_direct, dt::f32, *impl_);
+      Bf16Emulation& e = impl_->emulation;
+      e.on = true;
+      e.numel[0] = span_of(impl_->in0.user_md);
+      e.numel[1] = span_of(impl_->in1.user_md);
+      e.numel[2] = span_of(impl_->out.user_md);
+      runtime::count("bf16_emulated_primitives");
+    }
   } catch (const dnnl::error& e) {
     rethrow(e, "convolution setup");
   }
@@ -385,7 +449,15 @@ DnnlConv::DnnlConv(Kind kind, const Shape& x, const Shape& w, const Shape& y,
 DnnlConv::~DnnlConv() = default;
 
 void DnnlConv::run(const void* in0, const void* in1, void* out, Copy copy0, Copy copy1) {
+  const Bf16Emulation& e = impl_->emulation;
   try {
+    if (e.on) {
+      // (A copy another convolution kept is f32 already: that operand is not read then.)
+      run_conv(*impl_, copy0.ready ? in0 : e.widen(0, in0), copy1.ready ? in1 : e.widen(1, in1),
+               e.result(), copy0, copy1);
+      e.round(out);
+      return;
+    }
     run_conv(*impl_, in0, in1, out, copy0, copy1);
   } catch (const dnnl::error& e) {
     rethrow(e, "convolution");
@@ -398,6 +470,7 @@ struct DnnlAvgPool::Impl {
   memory::desc in_md, out_md, pad_md;
   std::unique_ptr<dnnl::primitive> prim;
   bool backward = false;
+  Bf16Emulation emulation;
 };
 
 bool DnnlAvgPool::fits(const Shape& x, const Shape& y, const std::vector<int64_t>& a) {
@@ -412,8 +485,7 @@ DnnlAvgPool::DnnlAvgPool(bool backward, const Shape& x, const Shape& y,
                          const std::vector<int64_t>& a, DType dtype)
     : impl_(std::make_unique<Impl>()) {
   if (!fits(x, y, a)) throw BackendError("average pooling: padding oneDNN does not take");
-  try {
-    const dt ddt = dnnl_dtype(dtype);
+  auto build = [&](dt ddt) {
     const memory::desc x_md(dims_of(x), ddt, tag::nchw), y_md(dims_of(y), ddt, tag::nchw);
     const memory::dims kernel{a[0], a[1]}, strides{a[2], a[3]}, pad_l{a[4], a[5]};
     const memory::dims pad_r{(y[2] - 1) * a[2] + a[0] - x[2] - a[4],
@@ -438,6 +510,19 @@ DnnlAvgPool::DnnlAvgPool(bool backward, const Shape& x, const Shape& y,
       impl_->pad_md = bpd.scratchpad_desc();
       impl_->prim = std::make_unique<dnnl::pooling_backward>(bpd);
     }
+  };
+  try {
+    try {
+      build(dnnl_dtype(dtype));
+    } catch (const dnnl::error&) {
+      if (dtype != DType::BF16) throw;
+      build(dt::f32);  // no bf16 pooling on this CPU: emulated
+      Bf16Emulation& e = impl_->emulation;
+      e.on = true;
+      e.numel[0] = span_of(impl_->in_md);
+      e.numel[2] = span_of(impl_->out_md);
+      runtime::count("bf16_emulated_primitives");
+    }
   } catch (const dnnl::error& e) {
     rethrow(e, "average pooling setup");
   }
@@ -448,6 +533,12 @@ DnnlAvgPool::~DnnlAvgPool() = default;
 size_t DnnlAvgPool::scratch_bytes() const { return floats_for(impl_->pad_md) * sizeof(float); }
 
 void DnnlAvgPool::run(const void* in, void* out) {
+  const Bf16Emulation& e = impl_->emulation;
+  void* const dst = out;
+  if (e.on) {
+    in = e.widen(0, in);
+    out = e.result();
+  }
   try {
     memory im(impl_->in_md, engine(), const_cast<void*>(in));
     memory om(impl_->out_md, engine(), out);
@@ -459,6 +550,7 @@ void DnnlAvgPool::run(const void* in, void* out) {
     add_scratchpad(&args, impl_->pad_md, scratch(floats_for(impl_->pad_md)));
     impl_->prim->execute(stream(), args);
     stream().wait();
+    if (e.on) e.round(dst);
   } catch (const dnnl::error& e) {
     rethrow(e, "average pooling");
   }
@@ -493,16 +585,29 @@ std::string cpu_kernels(DType dtype) {
   using tag = memory::format_tag;
   if (dtype != DType::F32 && dtype != DType::BF16)
     throw Error(util::cat("cpu_kernels: takes f32 or bf16, got ", dtype_name(dtype)));
-  const dt d = backends::cpu::dnnl_dtype(dtype);
-  try {
+  // What runs a primitive of `d`: its implementation, or for bf16 without one the f32 one that
+  // emulates it (see Bf16Emulation).
+  auto kernel = [](dt d, const char* what) -> std::string {
     const memory::desc a({256, 256}, d, tag::ab);
-    dnnl::matmul::primitive_desc mm(dnnl::matmul::desc(a, a, a), backends::cpu::engine());
     const memory::desc x({16, 64, 14, 14}, d, tag::any), w({64, 64, 3, 3}, d, tag::any);
+    if (std::string(what) == "matmul")
+      return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, a, a), backends::cpu::engine())
+          .impl_info_str();
     dnnl::convolution_forward::desc cd(dnnl::prop_kind::forward_training,
                                        dnnl::algorithm::convolution_direct, x, w, x, {1, 1}, {1, 1},
                                        {1, 1});
-    dnnl::convolution_forward::primitive_desc conv(cd, backends::cpu::engine());
-    return util::cat("matmul ", mm.impl_info_str(), ", convolution ", conv.impl_info_str());
+    return dnnl::convolution_forward::primitive_desc(cd, backends::cpu::engine()).impl_info_str();
+  };
+  auto describe = [&](const char* what) {
+    try {
+      return kernel(backends::cpu::dnnl_dtype(dtype), what);
+    } catch (const dnnl::error&) {
+      if (dtype != DType::BF16) throw;
+      return kernel(dt::f32, what) + " (bf16 emulated in f32: no bf16 kernel on this CPU)";
+    }
+  };
+  try {
+    return util::cat("matmul ", describe("matmul"), ", convolution ", describe("convolution"));
   } catch (const dnnl::error& e) {
     backends::cpu::rethrow(e, "kernel query");
   }
