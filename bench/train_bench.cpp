@@ -128,6 +128,7 @@ int main(int argc, char** argv) {
     idle_ns += ls::metrics::timer_total_ns("trace") + ls::metrics::timer_total_ns("graph") - before;
   }
   ls::wait();
+  std::printf("kernels %s\n", ls::cpu_kernels(precision == "bf16" ? ls::bf16 : ls::f32).c_str());
   std::printf("loss %.4f compiles %ld\n", static_cast<double>(loss.item<float>()),
               static_cast<long>(ls::metrics::counter("compiles")));
   if (std::getenv("LOCKSTEP_PROFILE")) std::printf("%s", ls::metrics::report().c_str());

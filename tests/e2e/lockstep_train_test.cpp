@@ -354,6 +354,37 @@ TEST(LockstepTrain, IdxDatasetTrainsAndReportsTestAccuracy) {
   EXPECT_EQ((*total)[3], "0") << describe(r);
 }
 
+// --precision bf16 trains under autocast: the header says so and names the oneDNN kernels (and
+// so the instruction set) that run; the tiny dataset is still learned, and a checkpoint written in
+// bf16 (f32 weights) resumes in f32.
+TEST(LockstepTrain, Bf16PrecisionTrainsAndSaysWhichKernelsRun) {
+  TempDir dir;
+  write_tiny_mnist(dir);
+  const std::string ckpt = (dir.path() / "bf16.ckpt").string();
+  Result r = run(with_common({"--model", "cnn", "--data", "mnist:" + dir.path().string(),
+                              "--batch-size", "30", "--num-epochs", "2", "--log-steps", "5",
+                              "--precision", "bf16", "--checkpoint", ckpt, "--strict"}),
+                 dir, "bf16");
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  const auto out = lines(r.out);
+  ASSERT_FALSE(out.empty()) << describe(r);
+  EXPECT_NE(out[0].find(", bf16 [matmul "), std::string::npos) << out[0];
+  EXPECT_NE(out[0].find(", convolution "), std::string::npos) << out[0];
+  double accuracy = 0;
+  for (const std::string& l : out)
+    if (auto m = match(l, "epoch: {D}, test_loss: {F4}, test_accuracy: {F4}"))
+      accuracy = std::stod((*m)[2]);
+  EXPECT_GE(accuracy, 0.9) << describe(r);
+  // The same checkpoint continues in f32.
+  Result resumed =
+      run(with_common({"--model", "cnn", "--data", "mnist:" + dir.path().string(), "--batch-size",
+                       "30", "--num-epochs", "3", "--log-steps", "5", "--precision", "f32",
+                       "--checkpoint", ckpt, "--resume"}),
+          dir, "bf16-resumed");
+  ASSERT_EQ(resumed.exit_code, 0) << describe(resumed);
+  EXPECT_NE(lines(resumed.out)[0].find(", f32 [matmul "), std::string::npos) << resumed.out;
+}
+
 TEST(LockstepTrain, ResumeAtEpochBoundaryContinuesWithTheSameLosses) {
   TempDir dir;
   // A constant learning rate: the run cut short (1 epoch) then has the schedule of the full one.
@@ -454,6 +485,8 @@ TEST(LockstepTrain, BadFlagsExitTwoWithTheUsage) {
       {"--optimizer", "adam"},
       {"--lr-schedule", "linear"},
       {"--device", "cuda"},
+      {"--precision", "f16"},
+      {"--precision"},
       {"--data", "imagenet"},
       {"--data", "mnist"},
       {"--data", "cifar10:"},

@@ -181,13 +181,18 @@ void FusedTree::fold_scaled_sums() {
     fold(in.b, in.sb);
   }
   // A relu whose operand is such a sum (of two tiles, scaled or not) that nothing else reads:
-  // applied by the sum as it stores (the sum takes over the relu's register).
+  // applied by the sum as it stores (the sum takes over the relu's register). Also an unscaled
+  // bf16 sum, rounded after the relu: rounding to nearest keeps signs and zero, so it commutes
+  // with the relu.
+  auto bf16 = [](const Instr& in) {
+    return in.in_dtype == DType::BF16 && in.out_dtype == DType::BF16;
+  };
   for (size_t i = 0; i < instrs_.size(); ++i) {
     const Instr& r = instrs_[i];
-    if (r.op != Op::Relu || !f32(r) || uses[r.a] != 1 || producer[r.a] < 0) continue;
+    if (r.op != Op::Relu || !(f32(r) || bf16(r)) || uses[r.a] != 1 || producer[r.a] < 0) continue;
     Instr& sum = instrs_[producer[r.a]];
-    if ((sum.op != Op::Add && sum.op != Op::Sub) || !f32(sum) || sum.scalars != 0 || sum.relu)
-      continue;
+    const bool same = f32(r) ? f32(sum) : bf16(sum) && sum.sa < 0 && sum.sb < 0;
+    if ((sum.op != Op::Add && sum.op != Op::Sub) || !same || sum.scalars != 0 || sum.relu) continue;
     sum.relu = true;
     sum.out = r.out;
     folded[i] = 1;
@@ -689,11 +694,21 @@ const float* FusedTree::eval(const std::vector<const void*>& leaf_ptrs, int64_t 
       reg[in.out] = reg[in.a][0] != 0.0f ? reg[in.b] : reg[in.c];
       continue;
     }
+    if (in.op == Op::Cast && in.in_dtype == DType::BF16 && in.out_dtype == DType::F32) {
+      reg[in.out] = reg[in.a];  // bf16 values are held as the floats they widen to
+      continue;
+    }
     float* y = (in.out == result && dst) ? dst : own;
+    if (in.op == Op::Cast && in.out_dtype == DType::BF16 && in.in_dtype == DType::F32) {
+      round_to_bf16(reg[in.a], len, y);  // one pass: rounded as it is copied
+      reg[in.out] = y;
+      continue;
+    }
     if (in.sa >= 0 || in.sb >= 0 || in.relu) {
       auto kind = [&](int r) { return r < 0 ? kUnscaled : scalar_reg_[r] ? kByValue : kByTile; };
       apply_scaled(in.op == Op::Sub, in.relu, kind(in.sa), kind(in.sb), len, y, reg[in.a],
                    in.sa >= 0 ? reg[in.sa] : nullptr, reg[in.b], in.sb >= 0 ? reg[in.sb] : nullptr);
+      if (in.out_dtype == DType::BF16) round_to_bf16(y, len);  // a bf16 sum with its relu
     } else {
       apply(in.op, len, y, reg[in.a], in.b >= 0 ? reg[in.b] : nullptr,
             in.c >= 0 ? reg[in.c] : nullptr, in.scalars, in.in_dtype, in.out_dtype);
@@ -764,8 +779,8 @@ void FusedTree::run_group(const std::vector<const FusedTree*>& trees,
           uint8_t* o = static_cast<uint8_t*>(outs[k]) + i0;
           for (int64_t i = 0; i < len; ++i) o[i] = r[i] != 0.0f;
         } else if (out_dtype == DType::BF16) {
-          // Values a bf16 instruction (or leaf) gave, bf16 already: rounding keeps them.
-          f32_to_bf16(r, len, static_cast<uint16_t*>(outs[k]) + i0);
+          // Values a bf16 instruction (or leaf) gave: bf16 already.
+          exact_to_bf16(r, len, static_cast<uint16_t*>(outs[k]) + i0);
         } else if (r != direct) {
           std::memcpy(direct, r, len * sizeof(float));
         }

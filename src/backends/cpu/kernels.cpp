@@ -27,8 +27,13 @@ LOCKSTEP_TARGET_CLONES void bf16_to_f32(const uint16_t* src, int64_t n, float* d
   for (int64_t i = 0; i < n; ++i)
     dst[i] = std::bit_cast<float>(static_cast<uint32_t>(src[i]) << 16);
 }
-LOCKSTEP_TARGET_CLONES void round_to_bf16(float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = std::bit_cast<float>(rounded_bits(y[i]));
+LOCKSTEP_TARGET_CLONES void round_to_bf16(const float* x, int64_t n, float* y) {
+  for (int64_t i = 0; i < n; ++i) y[i] = std::bit_cast<float>(rounded_bits(x[i]));
+}
+void round_to_bf16(float* y, int64_t n) { round_to_bf16(y, n, y); }
+LOCKSTEP_TARGET_CLONES void exact_to_bf16(const float* src, int64_t n, uint16_t* dst) {
+  for (int64_t i = 0; i < n; ++i)
+    dst[i] = static_cast<uint16_t>(std::bit_cast<uint32_t>(src[i]) >> 16);
 }
 LOCKSTEP_TARGET_CLONES void f32_to_bf16(const float* src, int64_t n, uint16_t* dst) {
   for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<uint16_t>(rounded_bits(src[i]) >> 16);

@@ -48,7 +48,10 @@ ReduceLayout reduce_layout(const Shape& in, const std::vector<int64_t>& attrs);
 // quiet NaN) as ls::bfloat16 does, in place or into bf16.
 void bf16_to_f32(const uint16_t* src, int64_t n, float* dst);
 void round_to_bf16(float* y, int64_t n);
+void round_to_bf16(const float* x, int64_t n, float* y);  // y may be x
 void f32_to_bf16(const float* src, int64_t n, uint16_t* dst);
+// Floats that are bf16 values already (rounded, or exact) stored as bf16: their top halves.
+void exact_to_bf16(const float* src, int64_t n, uint16_t* dst);
 inline float bf16_value(uint16_t bits) {
   return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
 }
