@@ -10,9 +10,9 @@ namespace {
 
 class Elementwise : public Conformance {};
 
-const std::vector<ls::DType> kFloats = {ls::f32, ls::f64};
-const std::vector<ls::DType> kNumeric = {ls::f32, ls::f64, ls::i32, ls::i64};
-const std::vector<ls::DType> kAll = {ls::f32, ls::f64, ls::i32, ls::i64, ls::boolean};
+const std::vector<ls::DType> kFloats = {ls::f32, ls::f64, ls::bf16};
+const std::vector<ls::DType> kNumeric = {ls::f32, ls::f64, ls::bf16, ls::i32, ls::i64};
+const std::vector<ls::DType> kAll = {ls::f32, ls::f64, ls::bf16, ls::i32, ls::i64, ls::boolean};
 
 using Unary = ls::Tensor (*)(const ls::Tensor&, ls::Loc);
 struct NamedUnary {

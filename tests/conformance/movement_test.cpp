@@ -14,7 +14,7 @@ namespace {
 class Movement : public Conformance {};
 class Indexing : public Conformance {};
 
-const std::vector<ls::DType> kAll = {ls::f32, ls::f64, ls::i32, ls::i64, ls::boolean};
+const std::vector<ls::DType> kAll = {ls::f32, ls::f64, ls::bf16, ls::i32, ls::i64, ls::boolean};
 
 LS_COVERS(Movement, Reshape, Op::Reshape, Op::Mul);
 TEST_F(Movement, Reshape) {

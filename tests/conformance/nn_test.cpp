@@ -39,7 +39,7 @@ TEST_F(MatMul, Shapes) {
                                    {{2, 1, 3, 17, 9}, {4, 1, 9, 5}},
                                    {{256, 300}, {300, 129}},
                                    {{0, 3, 4}, {4, 2}}};
-  for (ls::DType dt : {ls::f32, ls::f64, ls::i32, ls::i64})
+  for (ls::DType dt : {ls::f32, ls::f64, ls::bf16, ls::i32, ls::i64})
     for (const Case& c : cases)
       check1(
           "matmul " + str(dt), {{c.a, dt}, {c.b, dt}},
@@ -52,7 +52,7 @@ TEST_F(MatMul, Shapes) {
 LS_COVERS(MatMul, TransposedOperands, Op::MatMul, Op::Permute);
 TEST_F(MatMul, TransposedOperands) {
   // Operands stored as [k, m], [k, n], [m, k], [n, k]: every combination of transposes.
-  for (ls::DType dt : {ls::f32, ls::f64}) {
+  for (ls::DType dt : {ls::f32, ls::f64, ls::bf16}) {
     for (const auto& [m, k, n] : std::vector<std::array<int64_t, 3>>{
              {1, 1, 1}, {3, 7, 5}, {17, 33, 1}, {1, 129, 7}, {65, 3, 130}, {200, 300, 100}}) {
       const double kk = static_cast<double>(k);
