@@ -18,7 +18,11 @@ inline uint64_t random_bits(uint64_t seed, uint64_t counter) {
   return mix64(mix64(seed + gamma) + (counter + 1) * gamma);
 }
 
-// Uniform in [0, 1): 24 random bits for f32, 53 for f64.
+// Uniform in [0, 1): 24 random bits for f32, 53 for f64, 8 for bf16 (each value a bf16 exactly,
+// as PyTorch draws them: an f32 draw rounded to bf16 could give 1).
+inline float random_uniform_bf16(uint64_t seed, uint64_t counter) {
+  return static_cast<float>(random_bits(seed, counter) >> 56) * (1.0f / 256.0f);
+}
 inline float random_uniform_f32(uint64_t seed, uint64_t counter) {
   return static_cast<float>(random_bits(seed, counter) >> 40) * (1.0f / 16777216.0f);
 }

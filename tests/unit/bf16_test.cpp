@@ -109,4 +109,31 @@ TEST(Bf16, PromotionGradientsAndReads) {
   EXPECT_EQ(bf16_bits(back), bf16_bits(h));
 }
 
+TEST(Bf16, RandomDrawsStayBelowOne) {
+  // An f32 draw rounded to bf16 gives 1 about once in 512; bf16 draws take 8 random bits, as
+  // PyTorch's, so every value is a bf16 in [0, 1).
+  std::vector<float> first;
+  for (const char* dev : {"ref", "cpu"}) {
+    ls::manual_seed(21);
+    const ls::Tensor u = ls::rand({20000}, {ls::bf16, ls::parse_device(dev)});
+    ASSERT_EQ(u.dtype(), ls::bf16);
+    const std::vector<float> v = u.to_vector<float>();
+    float lo = 1, hi = 0;
+    for (float x : v) {
+      lo = std::min(lo, x);
+      hi = std::max(hi, x);
+      ASSERT_EQ(x * 256, std::floor(x * 256)) << x;
+    }
+    EXPECT_EQ(lo, 0.0f);
+    EXPECT_EQ(hi, 255.0f / 256.0f);
+    if (first.empty())
+      first = v;
+    else
+      EXPECT_EQ(v, first) << "ref and cpu draw the same numbers";
+    EXPECT_TRUE(std::isfinite(
+        ls::sum(ls::cast(ls::randn({4096}, {ls::bf16, ls::parse_device(dev)}), ls::f32))
+            .item<float>()));
+  }
+}
+
 }  // namespace

@@ -436,7 +436,8 @@ void eval_node(const ir::GraphNode& n, const std::vector<Arr>& a,
                const std::vector<ir::ScalarValue>& scalars, void* out) {
   bool any = n.dtype == DType::BF16;
   for (const Arr& x : a) any = any || x.dtype == DType::BF16;
-  if (!any) return eval_exact(n, a, scalars, out);
+  // (A bf16 draw is bf16 values from the start: see random_uniform_bf16.)
+  if (!any || n.op == Op::RandomUniform) return eval_exact(n, a, scalars, out);
   std::vector<std::vector<float>> wide;
   std::vector<Arr> args = a;
   for (Arr& x : args) {
@@ -490,6 +491,8 @@ void eval_exact(const ir::GraphNode& n, const std::vector<Arr>& a,
         const uint64_t c = counter + static_cast<uint64_t>(i);
         if (n.dtype == DType::F32)
           static_cast<float*>(out)[i] = ir::random_uniform_f32(seed, c);
+        else if (n.dtype == DType::BF16)
+          static_cast<bfloat16*>(out)[i] = bfloat16(ir::random_uniform_bf16(seed, c));  // exact
         else
           static_cast<double*>(out)[i] = ir::random_uniform_f64(seed, c);
       }
