@@ -109,6 +109,23 @@ TEST(Bf16, PromotionGradientsAndReads) {
   EXPECT_EQ(bf16_bits(back), bf16_bits(h));
 }
 
+TEST(Bf16, TheMemoryPlanCountsTwoBytesAValue) {
+  // The same program in f32 and in bf16: its output, a [1024, 1024] value, is what it plans.
+  int64_t planned[2];
+  int k = 0;
+  for (ls::DType dt : {ls::f32, ls::bf16}) {
+    const ls::Tensor x = ls::cast(ls::ones({1024, 1024}), dt);
+    ls::sync();
+    ls::wait();
+    const ls::Tensor y = x * 2 + 1;
+    ls::sync();
+    ls::wait();
+    planned[k++] = ls::metrics::counter("planned_bytes");
+  }
+  EXPECT_EQ(planned[0] - planned[1], 1024 * 1024 * 2);  // the output, at 4 and at 2 bytes
+  EXPECT_NEAR(static_cast<double>(planned[1]), 1024 * 1024 * 2, 4096);  // (and a few scalars)
+}
+
 TEST(Bf16, RandomDrawsStayBelowOne) {
   // An f32 draw rounded to bf16 gives 1 about once in 512; bf16 draws take 8 random bits, as
   // PyTorch's, so every value is a bf16 in [0, 1).
