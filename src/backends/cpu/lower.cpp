@@ -417,26 +417,8 @@ void add_step(plan::Plan& p, const std::vector<bool>& mask, int32_t id) {
     step.reads = n.operands;
     const int32_t x = n.operands[0];
     cs.run = [pool, x, id](Ctx& c) { pool->run(c.ptr[x], c.ptr[id]); };
-  } else if (n.op == Op::MaxPool2dBackward && n.dtype == DType::BF16 &&
-             p.graph.nodes[n.operands[0]].dtype == DType::BF16 && shape_numel(n.shape) > 0) {
-    // bf16: the gradient summed in f32 and rounded once, as ref computes it.
-    step.reads = n.operands;
-    const int32_t gy = n.operands[0], idx = n.operands[1];
-    const Shape gys = p.graph.nodes[gy].shape, in = n.shape;
-    const bool blocked = mask[id];
-    LS_INTERNAL_CHECK(mask[gy] == blocked && mask[idx] == blocked,
-                      "max pooling's gradient, output gradient and indices in different layouts");
-    if (blocked) runtime::count("blocked_max_pooling");
-    cs.run = [=](Ctx& c) {
-      const uint16_t* g = static_cast<const uint16_t*>(c.ptr[gy]);
-      const int64_t* i = static_cast<const int64_t*>(c.ptr[idx]);
-      uint16_t* dx = static_cast<uint16_t*>(c.ptr[id]);
-      if (blocked)
-        max_pool2d_backward_blocked_bf16(g, i, gys, in, dx);
-      else
-        max_pool2d_backward_bf16(g, i, gys, in, dx);
-    };
-  } else if (n.op == Op::MaxPool2dBackward && f32 && shape_numel(n.shape) > 0) {
+  } else if (n.op == Op::MaxPool2dBackward && (f32 || n.dtype == DType::BF16) &&
+             p.graph.nodes[n.operands[0]].dtype == n.dtype && shape_numel(n.shape) > 0) {
     step.reads = n.operands;
     const int32_t gy = n.operands[0], idx = n.operands[1];
     const Shape gys = p.graph.nodes[gy].shape, in = n.shape;
@@ -445,10 +427,21 @@ void add_step(plan::Plan& p, const std::vector<bool>& mask, int32_t id) {
                       "max pooling's gradient, output gradient and indices in different layouts");
     if (blocked) runtime::count("blocked_max_pooling");
     // Its indices are checked against the plane, but they come from the forward pooling: a
-    // failure there is a fault, not the data's, and poisons what it had overwritten.
+    // failure there is a fault, not the data's, and poisons what it had overwritten. A bf16
+    // gradient is summed in f32 and rounded once, as ref computes it.
+    const bool bf16 = n.dtype == DType::BF16;
     cs.run = [=](Ctx& c) {
-      const float* g = static_cast<const float*>(c.ptr[gy]);
       const int64_t* i = static_cast<const int64_t*>(c.ptr[idx]);
+      if (bf16) {
+        const uint16_t* g = static_cast<const uint16_t*>(c.ptr[gy]);
+        uint16_t* dx = static_cast<uint16_t*>(c.ptr[id]);
+        if (blocked)
+          max_pool2d_backward_blocked_bf16(g, i, gys, in, dx);
+        else
+          max_pool2d_backward_bf16(g, i, gys, in, dx);
+        return;
+      }
+      const float* g = static_cast<const float*>(c.ptr[gy]);
       float* dx = static_cast<float*>(c.ptr[id]);
       if (blocked)
         max_pool2d_backward_blocked_f32(g, i, gys, in, dx);
