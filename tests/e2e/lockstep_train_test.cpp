@@ -376,11 +376,10 @@ TEST(LockstepTrain, Bf16PrecisionTrainsAndSaysWhichKernelsRun) {
       accuracy = std::stod((*m)[2]);
   EXPECT_GE(accuracy, 0.9) << describe(r);
   // The same checkpoint continues in f32.
-  Result resumed =
-      run(with_common({"--model", "cnn", "--data", "mnist:" + dir.path().string(), "--batch-size",
-                       "30", "--num-epochs", "3", "--log-steps", "5", "--precision", "f32",
-                       "--checkpoint", ckpt, "--resume"}),
-          dir, "bf16-resumed");
+  Result resumed = run(with_common({"--model", "cnn", "--data", "mnist:" + dir.path().string(),
+                                    "--batch-size", "30", "--num-epochs", "3", "--log-steps", "5",
+                                    "--precision", "f32", "--checkpoint", ckpt, "--resume"}),
+                       dir, "bf16-resumed");
   ASSERT_EQ(resumed.exit_code, 0) << describe(resumed);
   EXPECT_NE(lines(resumed.out)[0].find(", f32 [matmul "), std::string::npos) << resumed.out;
 }
