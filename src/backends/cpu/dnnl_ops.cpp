@@ -66,6 +66,12 @@ void add_scratchpad(std::unordered_map<int, memory>* args, const memory::desc& m
 
 memory::dims dims_of(const Shape& s) { return memory::dims(s.begin(), s.end()); }
 
+// Elements a memory descriptor spans (its buffer's size in elements; 0 for an empty one).
+int64_t span_of(const memory::desc& md) {
+  const size_t bytes = md.get_size();
+  return bytes ? static_cast<int64_t>(bytes / memory::data_type_size(md.data_type())) : 0;
+}
+
 // bf16 where oneDNN has no bf16 kernel (CPUs without AVX512-BF16 or AMX, or ONEDNN_MAX_CPU_ISA
 // below them): the operands widened to f32 (exact), the f32 primitive, the result rounded to
 // bf16 once. The same values as a bf16 kernel (bf16 inputs, f32 accumulation), only slower.
@@ -73,6 +79,15 @@ memory::dims dims_of(const Shape& s) { return memory::dims(s.begin(), s.end()); 
 struct Bf16Emulation {
   bool on = false;
   int64_t numel[3] = {0, 0, 0};  // of the two operands' and the result's memory
+
+  // Turns it on for operands and a result of these descriptors (in1 empty: one operand).
+  void enable(const memory::desc& in0, const memory::desc& in1, const memory::desc& out) {
+    on = true;
+    numel[0] = span_of(in0);
+    numel[1] = span_of(in1);
+    numel[2] = span_of(out);
+    runtime::count("bf16_emulated_primitives");
+  }
 
   const float* widen(int k, const void* src) const {
     float* dst = buffer(k);
@@ -89,11 +104,6 @@ struct Bf16Emulation {
     return b[k].data();
   }
 };
-
-// Elements a memory descriptor spans (its buffer's size in elements).
-int64_t span_of(const memory::desc& md) {
-  return static_cast<int64_t>(md.get_size() / memory::data_type_size(md.data_type()));
-}
 
 dt dnnl_dtype(DType d) {
   LS_INTERNAL_CHECK(d == DType::F32 || d == DType::BF16, "oneDNN takes f32 or bf16 here, not ",
@@ -260,12 +270,7 @@ DnnlMatMul::DnnlMatMul(const Shape& a, const std::vector<int64_t>& as, const Sha
     } catch (const dnnl::error&) {
       if (in != DType::BF16 || out_dtype != DType::BF16) throw;
       build(dt::f32, dt::f32);  // no bf16 matmul on this CPU: emulated
-      Bf16Emulation& e = impl_->emulation;
-      e.on = true;
-      e.numel[0] = span_of(impl_->a_md);
-      e.numel[1] = span_of(impl_->b_md);
-      e.numel[2] = span_of(impl_->c_md);
-      runtime::count("bf16_emulated_primitives");
+      impl_->emulation.enable(impl_->a_md, impl_->b_md, impl_->c_md);
     }
   } catch (const dnnl::error& e) {
     rethrow(e, "matmul setup");
@@ -434,12 +439,7 @@ DnnlConv::DnnlConv(Kind kind, const Shape& x, const Shape& w, const Shape& y,
       // No bf16 convolution on this CPU: emulated (Bf16Emulation).
       impl_ = std::make_unique<Impl>();
       build_conv(kind, x, w, y, a, blocked, dnnl::algorithm::convolution_direct, dt::f32, *impl_);
-      Bf16Emulation& e = impl_->emulation;
-      e.on = true;
-      e.numel[0] = span_of(impl_->in0.user_md);
-      e.numel[1] = span_of(impl_->in1.user_md);
-      e.numel[2] = span_of(impl_->out.user_md);
-      runtime::count("bf16_emulated_primitives");
+      impl_->emulation.enable(impl_->in0.user_md, impl_->in1.user_md, impl_->out.user_md);
     }
   } catch (const dnnl::error& e) {
     rethrow(e, "convolution setup");
@@ -517,11 +517,7 @@ DnnlAvgPool::DnnlAvgPool(bool backward, const Shape& x, const Shape& y,
     } catch (const dnnl::error&) {
       if (dtype != DType::BF16) throw;
       build(dt::f32);  // no bf16 pooling on this CPU: emulated
-      Bf16Emulation& e = impl_->emulation;
-      e.on = true;
-      e.numel[0] = span_of(impl_->in_md);
-      e.numel[2] = span_of(impl_->out_md);
-      runtime::count("bf16_emulated_primitives");
+      impl_->emulation.enable(impl_->in_md, memory::desc(), impl_->out_md);
     }
   } catch (const dnnl::error& e) {
     rethrow(e, "average pooling setup");

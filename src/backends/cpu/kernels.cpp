@@ -13,30 +13,19 @@
 
 namespace lockstep::backends::cpu {
 
-// The rounding of ls::bfloat16 written as selects, so the loops vectorize.
-namespace {
-inline uint32_t rounded_bits(float f) {
-  const uint32_t u = std::bit_cast<uint32_t>(f);
-  const uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-  const uint32_t nan = (u | 0x400000u) & 0xffff0000u;
-  return (u & 0x7fffffffu) > 0x7f800000u ? nan : r;
-}
-}  // namespace
-
+// The rounding is ls::bfloat16's (branch-free, so these loops vectorize).
 LOCKSTEP_TARGET_CLONES void bf16_to_f32(const uint16_t* src, int64_t n, float* dst) {
-  for (int64_t i = 0; i < n; ++i)
-    dst[i] = std::bit_cast<float>(static_cast<uint32_t>(src[i]) << 16);
+  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_value(src[i]);
 }
 LOCKSTEP_TARGET_CLONES void round_to_bf16(const float* x, int64_t n, float* y) {
-  for (int64_t i = 0; i < n; ++i) y[i] = std::bit_cast<float>(rounded_bits(x[i]));
+  for (int64_t i = 0; i < n; ++i) y[i] = bf16_value(bfloat16(x[i]).bits);
 }
 void round_to_bf16(float* y, int64_t n) { round_to_bf16(y, n, y); }
 LOCKSTEP_TARGET_CLONES void exact_to_bf16(const float* src, int64_t n, uint16_t* dst) {
-  for (int64_t i = 0; i < n; ++i)
-    dst[i] = static_cast<uint16_t>(std::bit_cast<uint32_t>(src[i]) >> 16);
+  for (int64_t i = 0; i < n; ++i) dst[i] = exact_bf16_bits(src[i]);
 }
 LOCKSTEP_TARGET_CLONES void f32_to_bf16(const float* src, int64_t n, uint16_t* dst) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<uint16_t>(rounded_bits(src[i]) >> 16);
+  for (int64_t i = 0; i < n; ++i) dst[i] = bfloat16(src[i]).bits;
 }
 
 ReduceLayout reduce_layout(const Shape& in, const std::vector<int64_t>& attrs) {
@@ -269,7 +258,7 @@ inline T from_float(float v) {
   if constexpr (std::is_same_v<T, float>)
     return v;
   else
-    return static_cast<uint16_t>(std::bit_cast<uint32_t>(v) >> 16);
+    return exact_bf16_bits(v);
 }
 
 // One output row of a max pooling, for the window row h and column offset kx: outputs

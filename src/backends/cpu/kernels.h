@@ -55,6 +55,10 @@ void exact_to_bf16(const float* src, int64_t n, uint16_t* dst);
 inline float bf16_value(uint16_t bits) {
   return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
 }
+// The bits of a float that is a bf16 value already (its top half; no rounding).
+inline uint16_t exact_bf16_bits(float v) {
+  return static_cast<uint16_t>(std::bit_cast<uint32_t>(v) >> 16);
+}
 
 // Sum, Max or Min over a layout. read(offset, len, tmp) returns a pointer to the input values
 // [offset, offset + len) (len <= 512), possibly computing them into tmp (512 floats).
