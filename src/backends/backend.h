@@ -71,6 +71,10 @@ class Backend {
   virtual void copy_in(Storage& dst, const void* src, size_t bytes) = 0;
   virtual void copy_out(Storage& src, void* dst, size_t bytes) = 0;
   virtual std::unique_ptr<Executable> compile(const ir::Graph& graph) = 0;
+  // What the programs compile() builds now depend on besides the graph, in words ("" if
+  // nothing): the cpu backend's thread count, which its oneDNN primitives are built for. Part of
+  // the compile cache's key, so a change compiles the graph again, and named when it does.
+  virtual std::string compile_setting() const { return ""; }
   // Waits for all work this backend has queued on its device (no-op for host backends).
   virtual void synchronize() {}
 };

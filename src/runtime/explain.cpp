@@ -110,7 +110,7 @@ int nearest(const std::vector<std::shared_ptr<const ir::Graph>>& candidates, con
 
 debug::CacheMiss explain_miss(const std::string& site, int64_t compiles_before,
                               const std::vector<std::shared_ptr<const ir::Graph>>& candidates,
-                              const ir::Graph& now) {
+                              const ir::Graph& now, const std::string& setting_change) {
   debug::CacheMiss m;
   m.site = site;
   m.compiles_at_site = compiles_before + 1;
@@ -118,6 +118,14 @@ debug::CacheMiss explain_miss(const std::string& site, int64_t compiles_before,
   if (nearest(candidates, now, &d) < 0) {
     m.first = true;
     m.text = cat(site, ": first compile at this site (", now.nodes.size(), " nodes)");
+    return m;
+  }
+  if (d.node < 0 && !setting_change.empty()) {
+    m.field = "setting";
+    m.text = cat(site, ": compile #", m.compiles_at_site,
+                 " at this site: the same graph as one compiled here before, for another backend "
+                 "setting (",
+                 setting_change, "): a program is built for the setting in force");
     return m;
   }
   if (d.node < 0) {

@@ -28,9 +28,11 @@ int nearest(const std::vector<std::shared_ptr<const ir::Graph>>& candidates, con
             GraphDifference* diff);
 
 // The explanation of a miss at `site` (the site's `compiles_before` earlier graphs are
-// `candidates`), with the debug::CacheMiss fields filled and its text.
+// `candidates`), with the debug::CacheMiss fields filled and its text. `setting_change`: when
+// the compile cache holds this graph compiled for another backend setting, what changed
+// (Backend::compile_setting, "cpu: 2 threads before, 1 thread now").
 debug::CacheMiss explain_miss(const std::string& site, int64_t compiles_before,
                               const std::vector<std::shared_ptr<const ir::Graph>>& candidates,
-                              const ir::Graph& now);
+                              const ir::Graph& now, const std::string& setting_change = "");
 
 }  // namespace lockstep::runtime

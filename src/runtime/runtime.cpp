@@ -10,15 +10,18 @@
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <list>
 #include <map>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "dist/comm.h"
+#include "ir/random_bits.h"
 #include "lockstep/runtime.h"
 #include "runtime/context.h"
 #include "runtime/graph_builder.h"
@@ -36,8 +39,9 @@ std::atomic<bool> g_growth_warned{false};
 using util::cat;
 
 struct CacheEntry {
-  uint64_t hash;
+  uint64_t hash;  // cache_hash: the graph's, with the backend's compile setting
   std::vector<uint64_t> key;
+  std::string setting;  // Backend::compile_setting when it was compiled
   std::shared_ptr<const ir::Graph> graph;
   std::shared_ptr<backends::Executable> exe;
   bool collectives = false;  // the ranks check they run the same program before it runs
@@ -259,24 +263,42 @@ void wait_buffer(Buffer& b) {
 }
 
 // `graph_ns`: how long building and hashing the graph took (a sample of the site's timer).
+// The compile cache's key for a graph: its hash, with what the backend's programs also depend on
+// (Backend::compile_setting).
+uint64_t cache_hash(uint64_t graph_hash, const std::string& setting) {
+  return setting.empty() ? graph_hash
+                         : graph_hash ^ ir::mix64(std::hash<std::string>{}(setting) + 1);
+}
+
+// `graph_ns`: how long building and hashing the graph took (a sample of the site's timer).
 const CacheEntry& lookup_or_compile(BuiltGraph& built, const std::string& origin,
                                     const std::string& site, int64_t graph_ns) {
   Runtime& r = rt();
-  auto it = r.cache.find(built.hash);
-  if (it != r.cache.end() && it->second->key == built.key) {
+  backends::Backend& backend = backends::backend_for(built.graph.device);
+  std::string setting = backend.compile_setting();
+  const uint64_t hash = cache_hash(built.hash, setting);
+  auto it = r.cache.find(hash);
+  if (it != r.cache.end() && it->second->key == built.key && it->second->setting == setting) {
     r.lru.splice(r.lru.begin(), r.lru, it->second);
     count("cache_hits");
     site_sync(site, static_cast<int64_t>(built.order.size()), true, graph_ns);
     return *it->second;
   }
+  // The same graph compiled for another setting (a thread count since changed): said as such.
+  std::string setting_change;
+  for (const CacheEntry& e : r.lru)
+    if (e.setting != setting && e.key == built.key) {
+      setting_change = cat(backend.name(), ": ", e.setting, " before, ", setting, " now");
+      break;
+    }
   const int64_t t0 = now_ns();
   site_sync(site, static_cast<int64_t>(built.order.size()), false, graph_ns);
   materialize_graph(built);
   // Why: against the site's earlier graphs (and the steady-state contract, which may refuse).
-  site_miss(site, built.graph, r.debug);
+  site_miss(site, built.graph, r.debug, setting_change);
   std::shared_ptr<backends::Executable> exe;
   try {
-    exe = backends::backend_for(built.graph.device).compile(built.graph);
+    exe = backend.compile(built.graph);
   } catch (const BackendError& e) {
     throw BackendError(cat(origin, ": compile failed: ", e.what()));
   } catch (const Error& e) {
@@ -305,9 +327,9 @@ const CacheEntry& lookup_or_compile(BuiltGraph& built, const std::string& origin
   auto graph = std::make_shared<const ir::Graph>(built.graph);
   site_compiled(site, graph, static_cast<int64_t>(exe->planned_bytes()));
   const bool collectives = dist::detail::has_collectives(*graph);
-  r.lru.push_front(
-      {built.hash, std::move(built.key), std::move(graph), std::move(exe), collectives});
-  r.cache[built.hash] = r.lru.begin();
+  r.lru.push_front({hash, std::move(built.key), std::move(setting), std::move(graph),
+                    std::move(exe), collectives});
+  r.cache[hash] = r.lru.begin();
   while (r.lru.size() > r.cache_capacity) {
     r.cache.erase(r.lru.back().hash);
     r.lru.pop_back();

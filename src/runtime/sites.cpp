@@ -110,11 +110,12 @@ void site_in_step(const std::string& name, int64_t nth, const std::string& step_
   std::cerr << "lockstep: warning: " << text << "\n";
 }
 
-debug::CacheMiss site_miss(const std::string& name, const ir::Graph& now, bool print) {
+debug::CacheMiss site_miss(const std::string& name, const ir::Graph& now, bool print,
+                           const std::string& setting_change) {
   Sites& s = sites();
   std::unique_lock<std::mutex> lock(s.mu);
   Site& st = site(s, name);
-  debug::CacheMiss m = explain_miss(name, st.stats.compiles, st.graphs, now);
+  debug::CacheMiss m = explain_miss(name, st.stats.compiles, st.graphs, now, setting_change);
   // Churn: the same node's same field, missing again and again.
   const std::string key = m.first ? "" : cat(m.node, " ", m.field, " ", m.where);
   st.repeats = !key.empty() && key == st.last_key ? st.repeats + 1 : 1;

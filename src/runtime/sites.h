@@ -21,7 +21,9 @@ void site_sync(const std::string& site, int64_t nodes, bool hit, int64_t graph_n
 void site_in_step(const std::string& site, int64_t nth, const std::string& step_origin);
 // A cache miss at `site` for graph `now`: the explanation (recorded as the last miss, printed
 // with `print`). Throws Error, before anything is compiled, when expect_steady forbids it.
-debug::CacheMiss site_miss(const std::string& site, const ir::Graph& now, bool print);
+// `setting_change`: as explain_miss's.
+debug::CacheMiss site_miss(const std::string& site, const ir::Graph& now, bool print,
+                           const std::string& setting_change = "");
 // The graph compiled for the miss, kept as a candidate for later explanations at `site`.
 // `planned_bytes`: what its program plans to take when it runs (Executable::planned_bytes).
 void site_compiled(const std::string& site, std::shared_ptr<const ir::Graph> graph,

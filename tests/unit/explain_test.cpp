@@ -56,6 +56,32 @@ TEST(Explain, TheFirstCompileOfASiteSaysSo) {
   EXPECT_THAT(miss.text, HasSubstr("first compile at this site"));
 }
 
+// The cpu backend builds its oneDNN primitives for a thread count (oneDNN runs a primitive on
+// the threads it was built for): another ls::set_num_threads compiles the same graph again, says
+// why, and going back finds the first program in the cache.
+TEST(Explain, AThreadCountChangeCompilesAgainAndSaysSo) {
+  const int before = ls::num_threads();
+  Model m;
+  ls::set_num_threads(1);
+  m.step(8);
+  Delta compiles("compiles");
+  m.step(8);
+  EXPECT_EQ(compiles.get(), 0);
+  ls::set_num_threads(2);
+  m.step(8);
+  EXPECT_EQ(compiles.get(), 1);
+  const ls::debug::CacheMiss miss = ls::debug::last_cache_miss();
+  EXPECT_EQ(miss.field, "setting") << miss.text;
+  EXPECT_THAT(miss.text, HasSubstr("the same graph as one compiled here before"));
+  EXPECT_THAT(miss.text, HasSubstr("cpu: 1 thread before, 2 threads now"));
+  ls::set_num_threads(1);
+  m.step(8);
+  ls::set_num_threads(2);
+  m.step(8);
+  EXPECT_EQ(compiles.get(), 1);
+  ls::set_num_threads(before);
+}
+
 TEST(Explain, ABatchSizeChangeNamesTheInputItsLineAndBothShapes) {
   Model m;
   m.step(32);

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <string>
 
 #include "backends/cpu/executable.h"
 #include "backends/cpu/passes.h"
@@ -28,12 +29,34 @@ class CpuBackend final : public Backend {
   void copy_out(Storage& src, void* dst, size_t bytes) override {
     std::memcpy(dst, src.data(), bytes);
   }
+  // oneDNN builds each primitive for the OpenMP thread count of the thread that creates it, and
+  // runs it on that many threads whatever the thread running it is set to: the passes run with
+  // the compiling thread set to the count the program will run with (and the cache key holds
+  // it: compile_setting).
   std::unique_ptr<Executable> compile(const ir::Graph& graph) override {
+    const int threads = num_threads();
+    const int before = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    struct Restore {
+      int n;
+      ~Restore() { omp_set_num_threads(n); }
+    } restore{before};
     plan::Plan p(passes::cse(passes::simplify(graph)));
     plan::run_pipeline(p, pipeline(), "cpu");
-    return std::make_unique<CpuExecutable>(std::move(p), g_threads);
+    return std::make_unique<CpuExecutable>(std::move(p), threads);
+  }
+  std::string compile_setting() const override {
+    const int n = num_threads();
+    return std::to_string(n) + (n == 1 ? " thread" : " threads");
   }
 };
+
+// OpenMP's default for a thread lockstep has not set (OMP_NUM_THREADS, else every core), as
+// the first caller saw it.
+int default_threads() {
+  static const int n = omp_get_max_threads();
+  return n;
+}
 
 }  // namespace
 
@@ -67,7 +90,7 @@ Backend& backend() {
 void set_num_threads(int n) { g_threads.store(n < 0 ? 0 : n); }
 int num_threads() {
   const int n = g_threads.load();
-  return n > 0 ? n : omp_get_num_procs();
+  return n > 0 ? n : default_threads();
 }
 
 }  // namespace lockstep::backends::cpu

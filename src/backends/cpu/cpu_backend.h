@@ -8,7 +8,8 @@
 namespace lockstep::backends::cpu {
 
 Backend& backend();
-// Threads the cpu backend's programs use (0: all cores available).
+// Threads the cpu backend's programs use (0: OpenMP's default, OMP_NUM_THREADS or every core).
+// A program runs with the count in force when it was compiled; a new count compiles again.
 void set_num_threads(int n);
 int num_threads();
 

@@ -20,15 +20,14 @@ namespace lockstep::backends::cpu {
 using plan::bytes_of;
 using plan::Slot;
 
-CpuExecutable::CpuExecutable(plan::Plan plan, const std::atomic<int>& threads)
+CpuExecutable::CpuExecutable(plan::Plan plan, int threads)
     : p_(std::move(plan)), threads_(threads) {}
 
 std::vector<std::shared_ptr<Storage>> CpuExecutable::run(
     const std::vector<std::shared_ptr<Storage>>& inputs,
     const std::vector<ir::ScalarValue>& scalars, const std::vector<bool>& donatable,
     const std::function<void()>& past_checks) {
-  const int want = threads_.load();
-  if (want > 0 && omp_get_max_threads() != want) omp_set_num_threads(want);
+  if (omp_get_max_threads() != threads_) omp_set_num_threads(threads_);
   if (!arena_ && p_.arena_bytes) arena_ = alloc_host(p_.arena_bytes);
   if (!copies_ && p_.copies_bytes) copies_ = alloc_host(p_.copies_bytes);
   Ctx ctx;

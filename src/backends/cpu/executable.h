@@ -1,7 +1,6 @@
 // The cpu backend's executable: a finished plan (passes.h) and what runs it.
 #pragma once
 
-#include <atomic>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -13,8 +12,8 @@ namespace lockstep::backends::cpu {
 
 class CpuExecutable final : public Executable {
  public:
-  // `threads`: the OpenMP threads to run with (0: leave OpenMP's default).
-  CpuExecutable(plan::Plan plan, const std::atomic<int>& threads);
+  // `threads`: the OpenMP threads to run with, those its oneDNN primitives were built for.
+  CpuExecutable(plan::Plan plan, int threads);
 
   std::vector<std::shared_ptr<Storage>> run(const std::vector<std::shared_ptr<Storage>>& inputs,
                                             const std::vector<ir::ScalarValue>& scalars,
@@ -25,7 +24,7 @@ class CpuExecutable final : public Executable {
 
  private:
   plan::Plan p_;
-  const std::atomic<int>& threads_;
+  const int threads_;
   const bool profile_ = std::getenv("LOCKSTEP_PROFILE") != nullptr;
   const bool profile_steps_ = profile_ && std::string(std::getenv("LOCKSTEP_PROFILE")) == "steps";
   std::shared_ptr<Storage> arena_;   // allocated at the first run, kept for the next
