@@ -2,11 +2,14 @@
 // bench/workloads.h with ls::dist::DataParallel, one fixed batch per rank (weak
 // scaling: the batch is per rank), SGD. Run alone (one process) or under mpirun. Rank 0 prints:
 //   result <workload> lockstep ranks R threads T img_per_s X step_ms S comm_ms C exposed_ms E
-//          hidden H
+//          hidden H exposed_max_ms M
 // img_per_s: over all ranks. comm_ms: the step's gradient all-reduces alone (the same buckets,
 // run back to back with nothing else: median of 5); exposed_ms: how long the training steps
 // waited for them (metrics timer all_reduce_wait, per step, on the rank that waited least: the
-// others also wait for it to finish its backward); hidden = 1 - exposed / comm.
+// others also wait for it to finish its backward; exposed_max_ms: on the rank that waited most);
+// hidden = 1 - exposed / comm.
+// With LOCKSTEP_PROFILE set, rank 0 also prints ls::metrics::report() (time per kernel kind,
+// all_reduce_start and all_reduce_wait) to stderr.
 //   dist_bench <mlp|resnet18|resnet50> [timed_steps=20] [threads=1] [bucket_mib=25]
 #include <lockstep/lockstep.h>
 #include <algorithm>
@@ -68,8 +71,14 @@ int main(int argc, char** argv) {
     const auto t0 = std::chrono::steady_clock::now();
     train(steps);
     const double took = seconds_since(t0);
-    const double exposed_ms =
+    const double my_exposed_ms =
         static_cast<double>(ls::metrics::timer_total_ns("all_reduce_wait") - waited0) / 1e6 / steps;
+    // Every rank's wait (an all-reduce of a vector holding each rank's own at its index).
+    std::vector<float> waits(static_cast<size_t>(world), 0.0f);
+    waits[static_cast<size_t>(rank)] = static_cast<float>(my_exposed_ms);
+    waits = ls::dist::all_reduce(ls::from_vector(waits, {world})).to_vector<float>();
+    const double exposed_ms = *std::min_element(waits.begin(), waits.end());
+    const double exposed_max_ms = *std::max_element(waits.begin(), waits.end());
     // The same all-reduces alone: the gradients as DataParallel buckets them, back to back.
     double comm_ms = 0;
     if (world > 1) {
@@ -95,10 +104,12 @@ int main(int argc, char** argv) {
     if (rank == 0) {
       std::printf(
           "result %s lockstep ranks %d threads %d img_per_s %.2f step_ms %.2f comm_ms %.2f "
-          "exposed_ms %.2f hidden %.3f\n",
+          "exposed_ms %.2f hidden %.3f exposed_max_ms %.2f\n",
           w.name.c_str(), world, threads, static_cast<double>(w.batch) * world * steps / took,
-          took * 1e3 / steps, comm_ms, exposed_ms, comm_ms > 0 ? 1 - exposed_ms / comm_ms : 0.0);
+          took * 1e3 / steps, comm_ms, exposed_ms, comm_ms > 0 ? 1 - exposed_ms / comm_ms : 0.0,
+          exposed_max_ms);
       std::fflush(stdout);
+      if (std::getenv("LOCKSTEP_PROFILE")) std::fprintf(stderr, "%s", ls::metrics::report().c_str());
     }
     ls::dist::finalize();
     return 0;

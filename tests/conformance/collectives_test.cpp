@@ -52,7 +52,7 @@ TEST_F(Collectives, Buckets) {
     return out;
   });
   // In the order of the gradients: [k=8] (scale 1/2), [7], [6] (i64), [5, 4], [3] (f64), [2]
-  // (over the size), [1, 0].
+  // (1216 bytes: it closes its bucket), [1, 0].
   EXPECT_EQ(ls::metrics::counter("all_reduce_buckets") - before, 7);
 }
 

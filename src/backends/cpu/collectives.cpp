@@ -1,7 +1,7 @@
 // The bucket pass: the gradients DataParallel averages (AllReduce nodes with an order >= 0) are
 // all-reduced in buckets, as PyTorch DDP does: in the order backward produces them (their
-// order attribute), a bucket closing when the next gradient would take it past its size (the
-// first bucket smaller, so that communication starts early) or has another dtype or scale.
+// order attribute), a bucket closing once it holds its size (the first bucket's smaller, so that
+// communication starts early) or when the next gradient has another dtype or scale.
 // Each bucket becomes two steps: a start, right after the last of its gradients is computed,
 // that packs them into one buffer and starts a non-blocking all-reduce; and a wait, which waits
 // for it and unpacks the scaled sums. The steps that read the sums (the optimizer's updates, and
@@ -116,14 +116,17 @@ void bucket_all_reduces(plan::Plan& p) {
   hoist_gradient_finish(p, nodes);
   const std::vector<int> producer = p.producers();
 
+  // PyTorch's assignment (reducer.cpp, compute_bucket_assignment_by_size): a gradient joins the
+  // open bucket, which closes once it holds its size or more; so a large gradient shares its
+  // bucket with the small ones before it, and the last bucket (the first layers', computed last)
+  // holds what is left rather than a whole bucket's size.
   std::vector<std::shared_ptr<Bucket>> buckets;
+  bool full = true;  // the last bucket reached its size
   for (int32_t id : nodes) {
     const ir::GraphNode& n = g.nodes[id];
-    const size_t bytes = bytes_of(n);
     const double scale = dist::detail::all_reduce_scale(n.attrs);
-    Bucket* b = buckets.empty() ? nullptr : buckets.back().get();
-    const size_t cap = static_cast<size_t>(buckets.size() == 1 ? n.attrs[3] : n.attrs[2]);
-    if (!b || b->dtype != n.dtype || b->scale != scale || b->bytes + bytes > cap) {
+    Bucket* b = full ? nullptr : buckets.back().get();
+    if (!b || b->dtype != n.dtype || b->scale != scale) {
       buckets.push_back(std::make_shared<Bucket>());
       b = buckets.back().get();
       b->dtype = n.dtype;
@@ -133,7 +136,8 @@ void bucket_all_reduces(plan::Plan& p) {
     b->operands.push_back(n.operands[0]);
     b->offset.push_back(b->bytes);
     b->count.push_back(shape_numel(n.shape));
-    b->bytes += (bytes + 63) / 64 * 64;
+    b->bytes += (bytes_of(n) + 63) / 64 * 64;
+    full = b->bytes >= static_cast<size_t>(buckets.size() == 1 ? n.attrs[3] : n.attrs[2]);
   }
 
   // Per bucket, its start (after the step `start_after`) and its wait.
