@@ -4,10 +4,11 @@
 //   result <workload> lockstep ranks R threads T img_per_s X step_ms S comm_ms C exposed_ms E
 //          hidden H exposed_max_ms M
 // img_per_s: over all ranks. comm_ms: the step's gradient all-reduces alone (the same buckets,
-// run back to back with nothing else: median of 5); exposed_ms: how long the training steps
-// waited for them (metrics timer all_reduce_wait, per step, on the rank that waited least: the
-// others also wait for it to finish its backward; exposed_max_ms: on the rank that waited most);
-// hidden = 1 - exposed / comm.
+// run back to back with nothing else: median of 5); exposed_ms: how long a step waited for them
+// (metrics timer all_reduce_wait), per step on the rank that waited least (the one that reached
+// the wait last: it waited only for communication still in flight, while the others also waited
+// for it to finish its step), averaged over the steps; exposed_max_ms: the same on the rank that
+// waited most (communication and skew); hidden = 1 - exposed / comm.
 // With LOCKSTEP_PROFILE set, rank 0 also prints ls::metrics::report() (time per kernel kind,
 // all_reduce_start and all_reduce_wait) to stderr.
 //   dist_bench <mlp|resnet18|resnet50> [timed_steps=20] [threads=1] [bucket_mib=25]
@@ -67,18 +68,32 @@ int main(int argc, char** argv) {
     };
     train(3);
     ls::dist::barrier();
-    const int64_t waited0 = ls::metrics::timer_total_ns("all_reduce_wait");
+    // Each timed step's wait for its all-reduces, on this rank (metrics timer all_reduce_wait).
+    std::vector<float> waits(static_cast<size_t>(world) * steps, 0.0f);
     const auto t0 = std::chrono::steady_clock::now();
-    train(steps);
+    const int64_t progress0 = ls::metrics::timer_total_ns("all_reduce_progress");
+    for (int s = 0; s < steps; ++s) {
+      const int64_t w0 = ls::metrics::timer_total_ns("all_reduce_wait");
+      train(1);
+      waits[static_cast<size_t>(s) * world + rank] =
+          static_cast<float>(ls::metrics::timer_total_ns("all_reduce_wait") - w0) / 1e6f;
+    }
+    // The MPI calls between the program's steps that move the collectives along (their copies
+    // and sums run on this thread, between the compute): rank 0's, per step.
+    const double progress_ms =
+        static_cast<double>(ls::metrics::timer_total_ns("all_reduce_progress") - progress0) / 1e6 /
+        steps;
     const double took = seconds_since(t0);
-    const double my_exposed_ms =
-        static_cast<double>(ls::metrics::timer_total_ns("all_reduce_wait") - waited0) / 1e6 / steps;
-    // Every rank's wait (an all-reduce of a vector holding each rank's own at its index).
-    std::vector<float> waits(static_cast<size_t>(world), 0.0f);
-    waits[static_cast<size_t>(rank)] = static_cast<float>(my_exposed_ms);
-    waits = ls::dist::all_reduce(ls::from_vector(waits, {world})).to_vector<float>();
-    const double exposed_ms = *std::min_element(waits.begin(), waits.end());
-    const double exposed_max_ms = *std::max_element(waits.begin(), waits.end());
+    // Every rank's waits (each rank holds its own, at its index), then per step the least and the
+    // most any rank waited: the rank that reached the wait last waited only for communication
+    // still in flight; the others also waited for it to finish its step (skew).
+    waits = ls::dist::all_reduce(ls::from_vector(waits, {steps, world})).to_vector<float>();
+    double exposed_ms = 0, exposed_max_ms = 0;
+    for (int s = 0; s < steps; ++s) {
+      const auto row = waits.begin() + static_cast<std::ptrdiff_t>(s) * world;
+      exposed_ms += *std::min_element(row, row + world) / steps;
+      exposed_max_ms += *std::max_element(row, row + world) / steps;
+    }
     // The same all-reduces alone: the gradients as DataParallel buckets them, back to back.
     double comm_ms = 0;
     if (world > 1) {
@@ -104,12 +119,13 @@ int main(int argc, char** argv) {
     if (rank == 0) {
       std::printf(
           "result %s lockstep ranks %d threads %d img_per_s %.2f step_ms %.2f comm_ms %.2f "
-          "exposed_ms %.2f hidden %.3f exposed_max_ms %.2f\n",
+          "exposed_ms %.2f hidden %.3f exposed_max_ms %.2f progress_ms %.2f\n",
           w.name.c_str(), world, threads, static_cast<double>(w.batch) * world * steps / took,
           took * 1e3 / steps, comm_ms, exposed_ms, comm_ms > 0 ? 1 - exposed_ms / comm_ms : 0.0,
-          exposed_max_ms);
+          exposed_max_ms, progress_ms);
       std::fflush(stdout);
-      if (std::getenv("LOCKSTEP_PROFILE")) std::fprintf(stderr, "%s", ls::metrics::report().c_str());
+      if (std::getenv("LOCKSTEP_PROFILE"))
+        std::fprintf(stderr, "%s", ls::metrics::report().c_str());
     }
     ls::dist::finalize();
     return 0;

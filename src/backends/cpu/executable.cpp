@@ -104,8 +104,13 @@ std::vector<std::shared_ptr<Storage>> CpuExecutable::run(
     for (; at < p_.steps.size(); ++at) {
       if (at == checked && checked > p_.prefix && past_checks) past_checks();
       plan::Step& step = p_.steps[at];
-      // OpenMPI moves a non-blocking collective along only inside MPI calls.
-      if (dist::detail::in_flight()) dist::detail::progress();
+      // OpenMPI moves a non-blocking collective along only inside MPI calls (which do its
+      // shared-memory copies and sums on this thread: metrics timer all_reduce_progress).
+      if (dist::detail::in_flight()) {
+        const int64_t t0 = runtime::now_ns();
+        dist::detail::progress();
+        runtime::time_ns("all_reduce_progress", runtime::now_ns() - t0);
+      }
       if (!profile_) {
         kernel(step).run(ctx);
         continue;
