@@ -84,5 +84,7 @@ Backend& backend_for(Device device);
 
 // Host memory, 64-byte aligned, shared by the host backends.
 std::shared_ptr<Storage> alloc_host(size_t bytes);
+// `bytes` of `parent` from `offset` on, as a storage of its own that keeps `parent` alive.
+std::shared_ptr<Storage> slice_of(std::shared_ptr<Storage> parent, size_t offset, size_t bytes);
 
 }  // namespace lockstep::backends

@@ -91,6 +91,22 @@ class HostStorage final : public Storage {
 
 std::shared_ptr<Storage> alloc_host(size_t bytes) { return std::make_shared<HostStorage>(bytes); }
 
+std::shared_ptr<Storage> slice_of(std::shared_ptr<Storage> parent, size_t offset, size_t bytes) {
+  class Slice final : public Storage {
+   public:
+    Slice(std::shared_ptr<Storage> parent, size_t offset, size_t bytes)
+        : parent_(std::move(parent)), offset_(offset), bytes_(bytes) {}
+    void* data() override { return static_cast<char*>(parent_->data()) + offset_; }
+    size_t bytes() const override { return bytes_; }
+
+   private:
+    std::shared_ptr<Storage> parent_;
+    size_t offset_, bytes_;
+  };
+  LS_INTERNAL_CHECK(offset + bytes <= parent->bytes(), "a slice past the end of its storage");
+  return std::make_shared<Slice>(std::move(parent), offset, bytes);
+}
+
 Backend& backend_for(Device device) {
   switch (device.kind) {
     case DeviceKind::Ref:

@@ -7,6 +7,7 @@
 
 #include "plan/first_fit.h"
 #include "plan/passes.h"
+#include "util/check.h"
 
 namespace lockstep::plan {
 namespace {
@@ -74,6 +75,13 @@ void plan_memory(Plan& p) {
       root[s.node] = root[node.operands[0]];
     }
   }
+  // Values a pass laid out in a region (outputs among them: slices of it).
+  for (size_t i = 0; i < p.placed.size() && i < n; ++i)
+    if (p.placed[i].first >= 0) {
+      LS_INTERNAL_CHECK(p.slot[i].kind == Slot::None || p.slot[i].kind == Slot::Output,
+                        "a value placed in a region must be computed by the program");
+      p.slot[i] = {Slot::Region, p.placed[i].second, p.placed[i].first};
+    }
   // Liveness in step order, by the memory each value really lives in.
   std::vector<int> first(n, -1), last(n, -1);
   for (size_t s = 0; s < p.steps.size(); ++s) {
@@ -115,7 +123,9 @@ void plan_memory(Plan& p) {
   // place), the backend's copies, the largest scratch one step takes, constants.
   p.planned = {};
   p.planned.arena = p.arena_bytes;
-  for (int32_t o : g.outputs) p.planned.outputs += bytes_of(g.nodes[o]);
+  for (int32_t o : g.outputs)
+    if (p.slot[o].kind != Slot::Region) p.planned.outputs += bytes_of(g.nodes[o]);
+  for (size_t r : p.regions) p.planned.outputs += r;
   p.planned.copies = p.copies_bytes;
   for (const Step& s : p.steps) p.planned.scratch = std::max(p.planned.scratch, s.scratch_bytes);
   p.planned.constants = p.constants ? p.constants->bytes() : 0;

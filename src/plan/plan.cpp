@@ -57,6 +57,8 @@ const char* slot_name(Slot::Kind k) {
       return "alias";
     case Slot::Constant:
       return "constant";
+    case Slot::Region:
+      return "region";
   }
   return "?";
 }
@@ -91,7 +93,9 @@ std::string to_text(const Plan& p, bool decisions) {
       if (p.walk_blocked[i]) what += " walks-nChw16c";
       if (p.algorithm[i] == Algorithm::Winograd) what += " winograd";
       if (i < p.slot.size() && p.slot[i].kind != Slot::None)
-        what += util::cat(" slot ", slot_name(p.slot[i].kind), "@", p.slot[i].index);
+        what += util::cat(" slot ", slot_name(p.slot[i].kind),
+                          p.slot[i].kind == Slot::Region ? util::cat(p.slot[i].region) : "", "@",
+                          p.slot[i].index);
       appendf(out, "node %%%zu %s %s%s%s\n", i, ir::op_info(n.op).name, dtype_name(n.dtype),
               shape_str(n.shape).c_str(), what.c_str());
     }

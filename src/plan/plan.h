@@ -67,9 +67,11 @@ struct Step {
 
 // Where a value lives during a run.
 struct Slot {
-  enum Kind { None, Input, Arena, Output, Alias, Constant } kind = None;
-  // Input number, arena offset, output number, aliased node, or offset among the constants.
+  enum Kind { None, Input, Arena, Output, Alias, Constant, Region } kind = None;
+  // Input number, arena offset, output number, aliased node, offset among the constants, or
+  // offset in its region.
   int64_t index = 0;
+  int32_t region = -1;  // Region: which of the plan's regions (an output there is a slice of it)
 };
 
 // Memory layouts a value may be held in (a backend's choice: see its layout pass).
@@ -115,6 +117,11 @@ struct Plan {
   size_t prefix = 0;            // leading steps that write no output (up to last_can_fail)
   PlannedBytes planned;
   std::vector<int32_t> live_at_peak;  // arena values live at the step where most bytes are
+  // Memory besides the arena that a backend's pass lays values out in (the cpu: each all-reduce
+  // bucket, its gradients side by side): the bytes of each region, allocated for every run, and
+  // per node (or empty) the {region, offset} plan_memory gives it (region -1: none).
+  std::vector<size_t> regions;
+  std::vector<std::pair<int32_t, int64_t>> placed;
 
   // The step that writes each value (-1: none), in the current order.
   std::vector<int> producers() const;

@@ -1,6 +1,7 @@
 // The compiler's passes (src/plan/, src/backends/cpu/passes.h), plan text in, plan text out: each
 // test writes a small graph as IR text, runs the cpu pipeline up to one pass and compares the
 // plan's text (every node's decisions and the steps) with what that pass must decide.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <string>
@@ -333,9 +334,32 @@ TEST(BucketPass, GradientsShareABucketStartedAfterTheLastAndWaitedForBeforeTheUp
             "%3 fused f32[8] <- %2[8]  mul(r0r0)->r1 \n"
             "%6 fused f32[8] <- %2[8]  exp(r0)->r1 \n"
             "%4 all_reduce_start f32[8] <- %3[8] %6[8]  all_reduce of bucket 1 (2 gradients, 128 "
-            "bytes) recorded at unknown location\n"
-            "%4 all_reduce_wait f32[8] <-  all_reduce of bucket 1 (2 gradients, 128 bytes) "
-            "recorded at unknown location\n"
+            "bytes, 2 computed in place) recorded at unknown location\n"
+            "%4 all_reduce_wait f32[8] <-  all_reduce of bucket 1 (2 gradients, 128 bytes, 2 "
+            "computed in place) recorded at unknown location\n"
             "%5 fused f32[8] <- %1[8] %4[8]  sub(r0,r1)->r2 \n"
             "%8 fused f32[8] <- %0[8] %7[8]  sub(r0,r1)->r2 \n");
+}
+
+// Gradients are computed straight into their bucket's region, their sums are summed there in
+// place and the updates read them there (the all-reduce outputs live in the region too); a
+// gradient that something reads after its bucket starts (here %3, by %9) keeps its own memory
+// and is copied in when the bucket starts.
+TEST(BucketPass, GradientsLiveInTheirBucketsRegionUnlessReadAfterItStarts) {
+  const std::string graph =
+      "%0 = data(#0) f32[8]\n%1 = data(#1) f32[8]\n%2 = data(#2) f32[8]\n"
+      "%3 = mul(%2, %2) f32[8]\n"
+      "%4 = all_reduce(%3) {4602678819172646912, 0, 1024, 1024} f32[8]\n"
+      "%5 = sub(%1, %4) f32[8]\n"
+      "%6 = exp(%2) f32[8]\n"
+      "%7 = all_reduce(%6) {4602678819172646912, 1, 1024, 1024} f32[8]\n"
+      "%8 = sub(%0, %7) f32[8]\n%9 = add(%3, %7) f32[8]\nreturn %5, %8, %9\n";
+  const plan::Plan p = run_until(graph, "plan_memory");
+  EXPECT_THAT(lines(p, "%4 all_reduce_start"),
+              ::testing::HasSubstr("(2 gradients, 128 bytes, 1 computed in place)"));
+  EXPECT_THAT(lines(p, "node %6 "), ::testing::HasSubstr("slot region0@64"));
+  EXPECT_THAT(lines(p, "node %7 "), ::testing::HasSubstr("slot region0@64"));
+  EXPECT_THAT(lines(p, "node %4 "), ::testing::HasSubstr("slot region0@0"));
+  EXPECT_THAT(lines(p, "node %3 "), ::testing::HasSubstr("slot arena@"));
+  EXPECT_EQ(p.regions, (std::vector<size_t>{128}));
 }

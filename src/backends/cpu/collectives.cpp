@@ -26,37 +26,86 @@ using plan::bytes_of;
 
 namespace {
 
-// A bucket's buffer and the collective in flight, shared by its start and wait steps.
+// A bucket: its region of the plan (plan::Plan::regions), where its sums live side by side, and
+// the collective in flight, shared by its start and wait steps.
 struct Bucket {
   std::vector<int32_t> members, operands;
-  std::vector<size_t> offset;  // bytes into the buffer
+  std::vector<size_t> offset;  // bytes into the region
   std::vector<int64_t> count;  // elements
   DType dtype = DType::F32;
   double scale = 1;
   size_t bytes = 0;
-  std::shared_ptr<Storage> buffer;
+  int32_t region = -1;
   std::shared_ptr<dist::detail::InFlight> op;
   std::string what;
 };
 
-// bf16 gradients are not packed yet: each is summed on its own, in f32, by the ref kernel.
+// bf16 gradients are not packed yet: each is summed on its own, in f32, by the ref kernel; nor
+// are integers with a scale (ref scales the integer sum).
 bool bucketable(const ir::GraphNode& n) {
-  return n.op == ir::Op::AllReduce && n.attrs.size() == 4 && n.attrs[1] >= 0 &&
-         n.dtype != DType::BF16;
+  if (n.op != ir::Op::AllReduce || n.attrs.size() != 4 || n.attrs[1] < 0 || n.dtype == DType::BF16)
+    return false;
+  return n.dtype == DType::F32 || n.dtype == DType::F64 ||
+         dist::detail::all_reduce_scale(n.attrs) == 1.0;
 }
 
 template <typename T>
-void unpack(const void* src, void* dst, int64_t n, double scale) {
-  const T* s = static_cast<const T*>(src);
-  T* d = static_cast<T*>(dst);
-  for (int64_t i = 0; i < n; ++i) d[i] = static_cast<T>(s[i] * scale);  // as ref's all_reduce
+void scale_in_place(void* data, int64_t n, double scale) {
+  T* d = static_cast<T*>(data);
+  for (int64_t i = 0; i < n; ++i) d[i] = static_cast<T>(d[i] * scale);  // as ref's all_reduce
 }
 
-std::string describe(const ir::Graph& g, const Bucket& b, int number) {
+std::string describe(const ir::Graph& g, const Bucket& b, int number, size_t in_place) {
   const ir::GraphNode& first = g.nodes[b.members.front()];
   return util::cat("all_reduce of bucket ", number, " (", b.members.size(), " gradient",
-                   b.members.size() > 1 ? "s" : "", ", ", b.bytes, " bytes) recorded at ",
-                   util::where(first.loc));
+                   b.members.size() > 1 ? "s" : "", ", ", b.bytes, " bytes, ", in_place,
+                   " computed in place) recorded at ", util::where(first.loc));
+}
+
+// Gradients the backward computes straight into their bucket's region (as PyTorch DDP's
+// gradient_as_bucket_view), so that the start packs nothing for them and the all-reduce sums
+// them in place: a member's operand, through the reshapes that alias it, when it is a value of
+// the program's own (not an input, a constant or an output), held plain, of the member's size,
+// and read by nothing after the bucket starts (the all-reduce overwrites it with the sum).
+// `start` per bucket: its start step's place in the final order. Returns per bucket how many.
+std::vector<size_t> place_gradients(plan::Plan& p,
+                                    const std::vector<std::shared_ptr<Bucket>>& buckets,
+                                    const std::vector<size_t>& start) {
+  const ir::Graph& g = p.graph;
+  const size_t n = g.nodes.size();
+  // The memory each value lives in, as plan_memory will alias it: reshapes that are steps and
+  // not outputs share their operand's.
+  std::vector<int32_t> root(n);
+  for (size_t i = 0; i < n; ++i) root[i] = static_cast<int32_t>(i);
+  for (const plan::Step& s : p.steps) {
+    const ir::GraphNode& node = g.nodes[s.node];
+    if (s.kind != plan::StepKind::Check && node.op == ir::Op::Reshape && !p.is_output[s.node])
+      root[s.node] = root[node.operands[0]];
+  }
+  // Per memory, the last step that reads it (or a value aliasing it).
+  std::vector<int> last_read(n, -1);
+  for (size_t s = 0; s < p.steps.size(); ++s)
+    for (int32_t r : p.steps[s].reads) last_read[root[r]] = static_cast<int>(s);
+  const std::vector<int> producer = p.producers();
+  p.placed.assign(n, {-1, 0});
+  std::vector<size_t> in_place(buckets.size(), 0);
+  for (size_t k = 0; k < buckets.size(); ++k) {
+    Bucket& b = *buckets[k];
+    for (size_t m = 0; m < b.members.size(); ++m) {
+      const int32_t member = b.members[m];
+      p.placed[member] = {b.region, static_cast<int64_t>(b.offset[m])};
+      const int32_t r = root[b.operands[m]];
+      const ir::GraphNode& value = g.nodes[r];
+      if (value.op == ir::Op::Data || p.constant_at[r] >= 0 || p.is_output[r] || producer[r] < 0 ||
+          p.placed[r].first >= 0 || p.layout[r] != plan::Layout::Plain || value.dtype != b.dtype ||
+          plan::bytes_of(value) != plan::bytes_of(g.nodes[member]) ||
+          last_read[r] > static_cast<int>(start[k]))
+        continue;
+      p.placed[r] = p.placed[member];
+      ++in_place[k];
+    }
+  }
+  return in_place;
 }
 
 // The graph's canonical order puts the small steps that finish a gradient (a reshape of a sum, a
@@ -146,8 +195,8 @@ void bucket_all_reduces(plan::Plan& p) {
   std::vector<bool> removed(g.nodes.size(), false);
   for (size_t k = 0; k < buckets.size(); ++k) {
     const std::shared_ptr<Bucket> b = buckets[k];
-    b->buffer = alloc_host(std::max<size_t>(b->bytes, 64));
-    b->what = describe(g, *b, static_cast<int>(k) + 1);
+    b->region = static_cast<int32_t>(p.regions.size());
+    p.regions.push_back(b->bytes);
     int made = -1;
     for (size_t m = 0; m < b->members.size(); ++m) {
       made = std::max(made, producer[b->operands[m]]);
@@ -162,15 +211,16 @@ void bucket_all_reduces(plan::Plan& p) {
     start.can_fail = true;
     auto sp = std::make_shared<CpuStep>();
     sp->run = [b](Ctx& c) {
+      // The gradients not computed in place are copied in (the region holds each member).
       for (size_t m = 0; m < b->members.size(); ++m) {
         const size_t bytes = static_cast<size_t>(b->count[m]) * dtype_size(b->dtype);
-        if (bytes)
-          std::memcpy(static_cast<char*>(b->buffer->data()) + b->offset[m], c.ptr[b->operands[m]],
-                      bytes);
+        if (bytes && c.ptr[b->operands[m]] != c.ptr[b->members[m]])
+          std::memcpy(c.ptr[b->members[m]], c.ptr[b->operands[m]], bytes);
       }
-      b->op = dist::detail::start_all_reduce(b->buffer->data(),
+      const std::shared_ptr<Storage>& region = (*c.regions)[static_cast<size_t>(b->region)];
+      b->op = dist::detail::start_all_reduce(region->data(),
                                              static_cast<int64_t>(b->bytes / dtype_size(b->dtype)),
-                                             b->dtype, b->buffer, b->what);
+                                             b->dtype, region, b->what);
     };
     start.payload = sp;
     plan::Step wait;
@@ -187,25 +237,12 @@ void bucket_all_reduces(plan::Plan& p) {
       const int64_t t0 = runtime::now_ns();
       dist::detail::wait(*op);
       runtime::time_ns("all_reduce_wait", runtime::now_ns() - t0);
+      if (b->scale == 1.0) return;  // integers are bucketed only so (bucketable)
       for (size_t m = 0; m < b->members.size(); ++m) {
-        const void* src = static_cast<const char*>(b->buffer->data()) + b->offset[m];
-        void* dst = c.ptr[b->members[m]];
-        if (!b->count[m]) continue;
-        switch (b->dtype) {
-          case DType::F32:
-            unpack<float>(src, dst, b->count[m], b->scale);
-            break;
-          case DType::F64:
-            unpack<double>(src, dst, b->count[m], b->scale);
-            break;
-          case DType::I32:
-          case DType::I64:
-          case DType::Bool:
-            std::memcpy(dst, src, static_cast<size_t>(b->count[m]) * dtype_size(b->dtype));
-            break;
-          case DType::BF16:
-            LS_INTERNAL_CHECK(false, "bf16 all-reduces are not bucketed");
-        }
+        if (b->dtype == DType::F32)
+          scale_in_place<float>(c.ptr[b->members[m]], b->count[m], b->scale);
+        else
+          scale_in_place<double>(c.ptr[b->members[m]], b->count[m], b->scale);
       }
     };
     wait.payload = wp;
@@ -252,6 +289,20 @@ void bucket_all_reduces(plan::Plan& p) {
     for (plan::Step& l : late[r]) early.push_back(std::move(l));
   }
   p.steps = std::move(early);
+  // Each start's place in the final order, then the gradients computed in their region.
+  std::vector<size_t> start(buckets.size(), 0);
+  for (size_t s = 0; s < p.steps.size(); ++s)
+    if (p.steps[s].kind == plan::StepKind::Start)
+      for (size_t k = 0; k < buckets.size(); ++k)
+        if (p.steps[s].node == buckets[k]->members.front()) start[k] = s;
+  const std::vector<size_t> in_place = place_gradients(p, buckets, start);
+  for (size_t k = 0; k < buckets.size(); ++k) {
+    buckets[k]->what = describe(g, *buckets[k], static_cast<int>(k) + 1, in_place[k]);
+    for (plan::Step& s : p.steps)
+      if (s.node == buckets[k]->members.front() &&
+          (s.kind == plan::StepKind::Start || s.label == std::string("all_reduce_wait")))
+        s.detail = buckets[k]->what;
+  }
   runtime::count("all_reduce_buckets", static_cast<int64_t>(buckets.size()));
 }
 

@@ -30,8 +30,14 @@ std::vector<std::shared_ptr<Storage>> CpuExecutable::run(
   if (omp_get_max_threads() != threads_) omp_set_num_threads(threads_);
   if (!arena_ && p_.arena_bytes) arena_ = alloc_host(p_.arena_bytes);
   if (!copies_ && p_.copies_bytes) copies_ = alloc_host(p_.copies_bytes);
+  // The regions, fresh for every run: outputs placed there are slices of them, which the
+  // caller keeps after the next run has begun.
+  std::vector<std::shared_ptr<Storage>> regions(p_.regions.size());
+  for (size_t r = 0; r < regions.size(); ++r)
+    regions[r] = alloc_host(std::max<size_t>(p_.regions[r], 64));
   Ctx ctx;
   ctx.scalars = &scalars;
+  ctx.regions = &regions;
   ctx.copies = copies_ ? static_cast<float*>(copies_->data()) : nullptr;
   ctx.ptr.assign(p_.graph.nodes.size(), nullptr);
   // Everything but the outputs first: the steps before the first output is written (those
@@ -54,6 +60,9 @@ std::vector<std::shared_ptr<Storage>> CpuExecutable::run(
         break;
       case Slot::Constant:
         ctx.ptr[i] = static_cast<char*>(p_.constants->data()) + s.index;
+        break;
+      case Slot::Region:
+        ctx.ptr[i] = static_cast<char*>(regions[static_cast<size_t>(s.region)]->data()) + s.index;
         break;
     }
   }
@@ -90,8 +99,13 @@ std::vector<std::shared_ptr<Storage>> CpuExecutable::run(
           runtime::count("in_place_copies");
         }
         runtime::count("in_place_outputs");
-      } else
+      } else if (p_.slot[id].kind == Slot::Region) {
+        out_of_node[id] =
+            slice_of(regions[static_cast<size_t>(p_.slot[id].region)],
+                     static_cast<size_t>(p_.slot[id].index), bytes_of(p_.graph.nodes[id]));
+      } else {
         out_of_node[id] = alloc_host(bytes_of(p_.graph.nodes[id]));
+      }
     }
     outs[k] = out_of_node[id];
   }

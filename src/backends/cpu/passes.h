@@ -37,6 +37,8 @@ struct Ctx {
   std::vector<void*> ptr;  // per node: where its value is
   const std::vector<ir::ScalarValue>* scalars;
   float* copies = nullptr;  // convolution operands' shared copies (see share_conv_copies)
+  // This run's regions (plan::Plan::regions), which values placed there live in.
+  const std::vector<std::shared_ptr<Storage>>* regions = nullptr;
 };
 
 // Trees of a fused elementwise step with the node each writes: one, or several that
