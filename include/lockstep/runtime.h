@@ -68,7 +68,9 @@ bool in_step();
 // the runtime thread in step order; an exception from one is raised at the next blocking point.
 void add_step_closure(std::function<void()> fn, Loc loc = Loc::current());
 
-// Threads the cpu backend uses (default: all cores available; 0 restores that).
+// Threads the cpu backend uses (default: OpenMP's, OMP_NUM_THREADS or every core; 0 restores
+// that). A program runs with the count in force when it was synced; a new count compiles a
+// graph again (oneDNN builds its primitives for a thread count).
 void set_num_threads(int n);
 int num_threads();
 
@@ -166,7 +168,9 @@ std::vector<SiteStats> sites();
 // the most recent), the first node that differs: its op, the field (op, dtype, shape,
 // attributes, operands, input, nodes, outputs), the old and new value, the line that recorded
 // it, and how many more nodes differ; field "evicted" when the graph is one compiled here before
-// that the cache dropped since. LOCKSTEP_DEBUG=1 prints `text` at every compile.
+// that the cache dropped since; field "setting" when it is one compiled here for another backend
+// setting (the cpu backend's thread count, ls::set_num_threads: "cpu: 2 threads before, 1 thread
+// now"). LOCKSTEP_DEBUG=1 prints `text` at every compile.
 struct CacheMiss {
   std::string site;
   bool first = false;            // the site's first compile: nothing to compare with
