@@ -316,18 +316,20 @@ TEST(MergePass, ConsecutiveFusedStepsOfOneSizeRunAsAGroup) {
             "sub(r0,r1)->r2 \n");
 }
 
+// Two gradients (%3, then %6) that DataParallel averages (scale 0.5: the bits
+// 4602678819172646912; orders 0 and 1; buckets of 1 KiB) and the updates that read them,
+// recorded interleaved as the graph builder orders them (update of p1 before %6 is computed).
+constexpr const char* kTwoGradients =
+    "%0 = data(#0) f32[8]\n%1 = data(#1) f32[8]\n%2 = data(#2) f32[8]\n"
+    "%3 = mul(%2, %2) f32[8]\n"
+    "%4 = all_reduce(%3) {4602678819172646912, 0, 1024, 1024} f32[8]\n"
+    "%5 = sub(%1, %4) f32[8]\n"
+    "%6 = exp(%2) f32[8]\n"
+    "%7 = all_reduce(%6) {4602678819172646912, 1, 1024, 1024} f32[8]\n"
+    "%8 = sub(%0, %7) f32[8]\n";
+
 TEST(BucketPass, GradientsShareABucketStartedAfterTheLastAndWaitedForBeforeTheUpdates) {
-  // Two gradients (%3, then %5) that DataParallel averages (scale 0.5: the bits
-  // 4602678819172646912; orders 0 and 1; buckets of 1 KiB) and the updates that read them,
-  // recorded interleaved as the graph builder orders them (update of p1 before %5 is computed).
-  const std::string graph =
-      "%0 = data(#0) f32[8]\n%1 = data(#1) f32[8]\n%2 = data(#2) f32[8]\n"
-      "%3 = mul(%2, %2) f32[8]\n"
-      "%4 = all_reduce(%3) {4602678819172646912, 0, 1024, 1024} f32[8]\n"
-      "%5 = sub(%1, %4) f32[8]\n"
-      "%6 = exp(%2) f32[8]\n"
-      "%7 = all_reduce(%6) {4602678819172646912, 1, 1024, 1024} f32[8]\n"
-      "%8 = sub(%0, %7) f32[8]\nreturn %5, %8\n";
+  const std::string graph = std::string(kTwoGradients) + "return %5, %8\n";
   // One bucket (64 bytes each, padded): started once %6 is computed; the update of p1 moves
   // behind the wait with the other.
   EXPECT_EQ(lines(run_until(graph, "bucket_all_reduces"), "%"),
@@ -347,13 +349,7 @@ TEST(BucketPass, GradientsShareABucketStartedAfterTheLastAndWaitedForBeforeTheUp
 // and is copied in when the bucket starts.
 TEST(BucketPass, GradientsLiveInTheirBucketsRegionUnlessReadAfterItStarts) {
   const std::string graph =
-      "%0 = data(#0) f32[8]\n%1 = data(#1) f32[8]\n%2 = data(#2) f32[8]\n"
-      "%3 = mul(%2, %2) f32[8]\n"
-      "%4 = all_reduce(%3) {4602678819172646912, 0, 1024, 1024} f32[8]\n"
-      "%5 = sub(%1, %4) f32[8]\n"
-      "%6 = exp(%2) f32[8]\n"
-      "%7 = all_reduce(%6) {4602678819172646912, 1, 1024, 1024} f32[8]\n"
-      "%8 = sub(%0, %7) f32[8]\n%9 = add(%3, %7) f32[8]\nreturn %5, %8, %9\n";
+      std::string(kTwoGradients) + "%9 = add(%3, %7) f32[8]\nreturn %5, %8, %9\n";
   const plan::Plan p = run_until(graph, "plan_memory");
   EXPECT_THAT(lines(p, "%4 all_reduce_start"),
               ::testing::HasSubstr("(2 gradients, 128 bytes, 1 computed in place)"));
