@@ -56,6 +56,18 @@ void plan_donations(Plan& p, const std::vector<int>& last, const std::vector<int
 
 }  // namespace
 
+std::vector<int32_t> memory_roots(const Plan& p) {
+  const ir::Graph& g = p.graph;
+  std::vector<int32_t> root(g.nodes.size());
+  for (size_t i = 0; i < root.size(); ++i) root[i] = static_cast<int32_t>(i);
+  for (const Step& s : p.steps) {
+    const ir::GraphNode& node = g.nodes[s.node];
+    if (s.kind != StepKind::Check && node.op == ir::Op::Reshape && !p.is_output[s.node])
+      root[s.node] = root[node.operands[0]];
+  }
+  return root;
+}
+
 void plan_memory(Plan& p) {
   const ir::Graph& g = p.graph;
   const size_t n = g.nodes.size();
@@ -66,15 +78,9 @@ void plan_memory(Plan& p) {
   }
   for (int32_t o : g.outputs) p.slot[o] = {Slot::Output, 0};
   // Reshapes that are not outputs alias their operand's memory.
-  std::vector<int32_t> root(n);
-  for (size_t i = 0; i < n; ++i) root[i] = static_cast<int32_t>(i);
-  for (const Step& s : p.steps) {
-    const ir::GraphNode& node = g.nodes[s.node];
-    if (node.op == ir::Op::Reshape && p.slot[s.node].kind != Slot::Output) {
-      p.slot[s.node] = {Slot::Alias, node.operands[0]};
-      root[s.node] = root[node.operands[0]];
-    }
-  }
+  const std::vector<int32_t> root = memory_roots(p);
+  for (size_t i = 0; i < n; ++i)
+    if (root[i] != static_cast<int32_t>(i)) p.slot[i] = {Slot::Alias, g.nodes[i].operands[0]};
   // Values a pass laid out in a region (outputs among them: slices of it).
   for (size_t i = 0; i < p.placed.size() && i < n; ++i)
     if (p.placed[i].first >= 0) {

@@ -37,5 +37,8 @@ void add_checks(Plan& plan);
 // outputs may overwrite an input (donations), the steps that run before the outputs are
 // allocated, and the bytes a run takes (Plan::planned).
 void plan_memory(Plan& plan);
+// Per node, the node whose memory its value lives in, as plan_memory lays them out: reshapes
+// that are steps and not outputs alias their operand's; every other value is its own.
+std::vector<int32_t> memory_roots(const Plan& plan);
 
 }  // namespace lockstep::plan

@@ -262,7 +262,6 @@ void wait_buffer(Buffer& b) {
   r.done_cv.wait(lock, [&] { return b.done.load(); });
 }
 
-// `graph_ns`: how long building and hashing the graph took (a sample of the site's timer).
 // The compile cache's key for a graph: its hash, with what the backend's programs also depend on
 // (Backend::compile_setting).
 uint64_t cache_hash(uint64_t graph_hash, const std::string& setting) {

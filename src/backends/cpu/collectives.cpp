@@ -2,16 +2,16 @@
 // all-reduced in buckets, as PyTorch DDP does: in the order backward produces them (their
 // order attribute), a bucket closing once it holds its size (the first bucket's smaller, so that
 // communication starts early) or when the next gradient has another dtype or scale.
-// Each bucket becomes two steps: a start, right after the last of its gradients is computed,
-// that packs them into one buffer and starts a non-blocking all-reduce; and a wait, which waits
-// for it and unpacks the scaled sums. The steps that read the sums (the optimizer's updates, and
-// what depends on them) move after everything else (the rest of the backward), grouped by the
-// last bucket they read, each group behind its bucket's wait, in the order the buckets started:
-// the communication overlaps the rest of the backward and the first buckets' updates (the
-// executable calls into MPI between its steps, dist::detail::progress, and so may a progress
-// thread: LOCKSTEP_DIST_PROGRESS_US). Updates
-// made in place before the last wait, which may fail, keep a copy of what they overwrite until
-// it passes (the executable's rollback).
+// Each bucket is a region of the plan where its gradients and then their sums live side by side
+// (place_gradients) and becomes two steps: a start, right after the last of its gradients is
+// computed, that copies in those not computed there and starts a non-blocking all-reduce in
+// place; and a wait, which waits for it and scales the sums in place. The steps that read the sums
+// (the optimizer's updates, and what depends on them) move after everything else (the rest of the
+// backward), grouped by the last bucket they read, each group behind its bucket's wait, in the
+// order the buckets started: the communication overlaps the rest of the backward and the first
+// buckets' updates (the executable calls into MPI between its steps, dist::detail::progress, and so
+// may a progress thread: LOCKSTEP_DIST_PROGRESS_US). Updates made in place before the last wait,
+// which may fail, keep a copy of what they overwrite until it passes (the executable's rollback).
 #include <algorithm>
 #include <cstring>
 
@@ -73,15 +73,7 @@ std::vector<size_t> place_gradients(plan::Plan& p,
                                     const std::vector<size_t>& start) {
   const ir::Graph& g = p.graph;
   const size_t n = g.nodes.size();
-  // The memory each value lives in, as plan_memory will alias it: reshapes that are steps and
-  // not outputs share their operand's.
-  std::vector<int32_t> root(n);
-  for (size_t i = 0; i < n; ++i) root[i] = static_cast<int32_t>(i);
-  for (const plan::Step& s : p.steps) {
-    const ir::GraphNode& node = g.nodes[s.node];
-    if (s.kind != plan::StepKind::Check && node.op == ir::Op::Reshape && !p.is_output[s.node])
-      root[s.node] = root[node.operands[0]];
-  }
+  const std::vector<int32_t> root = plan::memory_roots(p);
   // Per memory, the last step that reads it (or a value aliasing it).
   std::vector<int> last_read(n, -1);
   for (size_t s = 0; s < p.steps.size(); ++s)
@@ -204,7 +196,6 @@ void bucket_all_reduces(plan::Plan& p) {
     }
     plan::Step start;
     start.label = "all_reduce_start";
-    start.detail = b->what;
     start.kind = plan::StepKind::Start;
     start.node = b->members.front();
     start.reads = b->operands;
@@ -225,7 +216,6 @@ void bucket_all_reduces(plan::Plan& p) {
     start.payload = sp;
     plan::Step wait;
     wait.label = "all_reduce_wait";
-    wait.detail = b->what;
     wait.node = b->members.front();
     wait.extras.assign(b->members.begin() + 1, b->members.end());
     wait.can_fail = true;
@@ -289,19 +279,24 @@ void bucket_all_reduces(plan::Plan& p) {
     for (plan::Step& l : late[r]) early.push_back(std::move(l));
   }
   p.steps = std::move(early);
-  // Each start's place in the final order, then the gradients computed in their region.
+  // Each start's place in the final order (a start and its wait write the bucket's first
+  // member), then the gradients computed in their region, then the steps' description.
+  std::vector<int> bucket_of(g.nodes.size(), -1);
+  for (size_t k = 0; k < buckets.size(); ++k)
+    bucket_of[buckets[k]->members.front()] = static_cast<int>(k);
   std::vector<size_t> start(buckets.size(), 0);
-  for (size_t s = 0; s < p.steps.size(); ++s)
-    if (p.steps[s].kind == plan::StepKind::Start)
-      for (size_t k = 0; k < buckets.size(); ++k)
-        if (p.steps[s].node == buckets[k]->members.front()) start[k] = s;
+  std::vector<std::vector<plan::Step*>> described(buckets.size());
+  for (size_t s = 0; s < p.steps.size(); ++s) {
+    plan::Step& step = p.steps[s];
+    const int k = step.node >= 0 && step.kind != plan::StepKind::Check ? bucket_of[step.node] : -1;
+    if (k < 0) continue;
+    if (step.kind == plan::StepKind::Start) start[static_cast<size_t>(k)] = s;
+    described[static_cast<size_t>(k)].push_back(&step);
+  }
   const std::vector<size_t> in_place = place_gradients(p, buckets, start);
   for (size_t k = 0; k < buckets.size(); ++k) {
     buckets[k]->what = describe(g, *buckets[k], static_cast<int>(k) + 1, in_place[k]);
-    for (plan::Step& s : p.steps)
-      if (s.node == buckets[k]->members.front() &&
-          (s.kind == plan::StepKind::Start || s.label == std::string("all_reduce_wait")))
-        s.detail = buckets[k]->what;
+    for (plan::Step* step : described[k]) step->detail = buckets[k]->what;
   }
   runtime::count("all_reduce_buckets", static_cast<int64_t>(buckets.size()));
 }
