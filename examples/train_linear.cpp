@@ -13,7 +13,9 @@ namespace ls = lockstep;
 
 int main(int argc, char** argv) {
   const int64_t features = 16, batch = 64, steps_per_epoch = 50;
-  const int epochs = argc > 1 ? std::atoi(argv[1]) : 3;
+  // train_linear [EPOCHS] [--metrics]: --metrics prints ls::metrics::report() at the end.
+  const int epochs = argc > 1 && std::string(argv[1]) != "--metrics" ? std::atoi(argv[1]) : 3;
+  const bool metrics = std::string(argv[argc - 1]) == "--metrics";
   ls::manual_seed(1234);
 
   // The "true" model the data comes from.
@@ -65,6 +67,6 @@ int main(int argc, char** argv) {
               static_cast<long>(ls::metrics::counter("compiles")),
               static_cast<long>(ls::metrics::counter("cache_hits")),
               static_cast<long>(ls::metrics::counter("implicit_syncs")));
-  if (std::getenv("LOCKSTEP_METRICS")) std::printf("%s", ls::metrics::report().c_str());
+  if (metrics) std::printf("%s", ls::metrics::report().c_str());
   return w_error < 0.05f ? 0 : 1;
 }

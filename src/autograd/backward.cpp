@@ -24,11 +24,11 @@ namespace {
 // What backward continues through from a node: its operands, or, for a value computed by an
 // earlier sync, the node it was computed from.
 const std::vector<ir::NodePtr>& inputs_of(const ir::Node& n, std::vector<ir::NodePtr>& scratch) {
-  if (n.grad_alias) {
-    scratch.assign(1, n.grad_alias);
+  if (n.grad.alias) {
+    scratch.assign(1, n.grad.alias);
     return scratch;
   }
-  if (n.grad_fn) return n.grad_fn->inputs;
+  if (n.grad.fn) return n.grad.fn->inputs;
   return n.operands;
 }
 
@@ -53,7 +53,7 @@ void deliver(detail::TensorImpl& leaf, const Tensor& g, const Loc& loc) {
 
 void backward(const Tensor& output, const Tensor& grad_output, Loc loc) {
   const ir::NodePtr root = runtime::node_of(output, "backward", loc);
-  if (!root->requires_grad)
+  if (!root->grad.requires_grad)
     util::fail(loc, "backward",
                "the output does not require grad: no tensor with requires_grad reaches it, or it "
                "was computed under ls::NoGrad or in an earlier step",
@@ -94,11 +94,11 @@ void backward(const Tensor& output, const Tensor& grad_output, Loc loc) {
     Frame& f = stack.back();
     const ir::Node* n = f.node;
     static const std::vector<ir::NodePtr> kNone;
-    const bool is_leaf = !n->grad_leaf.expired();  // gradients stop at a leaf
+    const bool is_leaf = !n->grad.leaf.expired();  // gradients stop at a leaf
     const std::vector<ir::NodePtr>& ins = is_leaf ? kNone : inputs_of(*n, scratch);
     if (f.next < ins.size()) {
       const ir::NodePtr& c = ins[f.next++];
-      if (c->requires_grad && seen.insert(c.get()).second) {
+      if (c->grad.requires_grad && seen.insert(c.get()).second) {
         owner[c.get()] = c;
         stack.push_back({c.get(), 0});
       }
@@ -116,22 +116,22 @@ void backward(const Tensor& output, const Tensor& grad_output, Loc loc) {
     if (g_it == grads.end()) continue;  // no path from the output carries a gradient here
     const Tensor g = g_it->second;
     grads.erase(g_it);
-    if (auto leaf = n->grad_leaf.lock()) {
+    if (auto leaf = n->grad.leaf.lock()) {
       deliver(*leaf, g, loc);
       continue;
     }
-    if (n->grad_alias) {
-      accumulate(grads, n->grad_alias.get(), g, loc);
+    if (n->grad.alias) {
+      accumulate(grads, n->grad.alias.get(), g, loc);
       continue;
     }
-    const std::vector<ir::NodePtr>& ins = n->grad_fn ? n->grad_fn->inputs : n->operands;
+    const std::vector<ir::NodePtr>& ins = n->grad.fn ? n->grad.fn->inputs : n->operands;
     std::vector<Tensor> gs;
     {
       const ir::BackwardOf scope(n);  // what is recorded now computes n's gradient
-      gs = n->grad_fn ? n->grad_fn->fn(g) : autograd::operand_grads(owner.at(n), g);
+      gs = n->grad.fn ? n->grad.fn->fn(g) : autograd::operand_grads(owner.at(n), g);
     }
     for (size_t i = 0; i < gs.size() && i < ins.size(); ++i)
-      if (gs[i].defined() && ins[i]->requires_grad) {
+      if (gs[i].defined() && ins[i]->grad.requires_grad) {
         const ir::NodePtr& gn = runtime::node_of(gs[i], "backward", loc);
         LS_INTERNAL_CHECK(gn->shape == ins[i]->shape && gn->dtype == ins[i]->dtype, "gradient of ",
                           ir::op_info(n->op).name, " has the wrong shape");
@@ -142,6 +142,11 @@ void backward(const Tensor& output, const Tensor& grad_output, Loc loc) {
 
 namespace autograd {
 
+SavedValue::SavedValue(const Tensor& value, const char* op, const Loc& loc)
+    : node_(value.defined() ? runtime::node_of(value, op, loc) : nullptr) {}
+
+Tensor SavedValue::get() const { return runtime::new_tensor(node_); }
+
 Tensor with_grad_fn(const Tensor& value, const std::vector<Tensor>& inputs,
                     std::function<std::vector<Tensor>(const Tensor&)> fn, const Loc& loc) {
   if (!ir::grad_enabled()) return value;
@@ -149,12 +154,12 @@ Tensor with_grad_fn(const Tensor& value, const std::vector<Tensor>& inputs,
   bool any = false;
   for (const Tensor& t : inputs) {
     grad_fn->inputs.push_back(runtime::node_of(t, "backward", loc));
-    any = any || grad_fn->inputs.back()->requires_grad;
+    any = any || grad_fn->inputs.back()->grad.requires_grad;
   }
   if (!any) return value;
   grad_fn->fn = std::move(fn);
   const ir::NodePtr& n = runtime::node_of(value, "backward", loc);
-  return runtime::new_tensor(ir::annotated(n, true, {}, nullptr, std::move(grad_fn)));
+  return runtime::new_tensor(ir::annotated(n, {true, {}, nullptr, std::move(grad_fn)}));
 }
 
 }  // namespace autograd
@@ -165,7 +170,7 @@ Tensor& Tensor::set_requires_grad(bool requires_grad, Loc loc) {
     util::fail(loc, "set_requires_grad",
                cat("a ", dtype_name(n->dtype), " tensor cannot require grad"),
                "Only floating-point tensors have gradients");
-  if (requires_grad && n->requires_grad && n->grad_leaf.lock().get() != impl())
+  if (requires_grad && n->grad.requires_grad && n->grad.leaf.lock().get() != impl())
     util::fail(loc, "set_requires_grad", "the tensor is the result of ops that require grad",
                "Only leaves can be made to require grad; use detach() first");
   runtime::set_requires_grad_of(*impl(), requires_grad);
@@ -193,8 +198,8 @@ void Tensor::backward(Loc loc) const { lockstep::backward(*this, Tensor(), loc);
 
 Tensor Tensor::detach(Loc loc) const {
   const ir::NodePtr& n = runtime::node_of(*this, "detach", loc);
-  if (!n->requires_grad) return runtime::new_tensor(n);
-  return runtime::new_tensor(ir::annotated(n, false, {}, nullptr));
+  if (!n->grad.requires_grad) return runtime::new_tensor(n);
+  return runtime::new_tensor(ir::annotated(n, {}));
 }
 
 }  // namespace lockstep

@@ -4,10 +4,10 @@
 
 #include <numeric>
 
-#include "dist/comm.h"
 #include "lockstep/dist.h"
 #include "lockstep/ops.h"
 #include "runtime/lazy.h"
+#include "tensor/frontend.h"
 #include "util/check.h"
 
 namespace lockstep::autograd {
@@ -18,21 +18,10 @@ using ir::Op;
 Tensor wrap(const ir::NodePtr& n) { return runtime::new_tensor(n); }
 
 Conv2dOptions conv_options(const std::vector<int64_t>& a) {
-  Conv2dOptions o;
-  o.stride = {a[0], a[1]};
-  o.padding = {a[2], a[3]};
-  o.dilation = {a[4], a[5]};
-  o.groups = a[6];
-  return o;
+  return frontend::conv_options(ir::ConvAttrs::of(a));
 }
-
 Pool2dOptions pool_options(const std::vector<int64_t>& a) {
-  Pool2dOptions o;
-  o.kernel = {a[0], a[1]};
-  o.stride = {a[2], a[3]};
-  o.padding = {a[4], a[5]};
-  o.count_include_pad = a[6] != 0;
-  return o;
+  return frontend::pool_options(ir::PoolAttrs::of(a));
 }
 
 // The reduced axes of a reduction node, and its result reshaped to keepdim form.
@@ -69,7 +58,7 @@ Tensor sum_to_shape(const Tensor& g, const Shape& shape, const Loc& loc) {
 
 std::vector<Tensor> operand_grads(const ir::NodePtr& np, const Tensor& g) {
   const ir::Node& n = *np;
-  const Loc& loc = n.loc;
+  const Loc& loc = n.origin.loc;
   auto in = [&](size_t i) { return wrap(n.operands[i]); };
   auto y = [&] { return wrap(np); };
   switch (n.op) {
@@ -184,7 +173,8 @@ std::vector<Tensor> operand_grads(const ir::NodePtr& np, const Tensor& g) {
       return {sum_to_shape(g, n.operands[0]->shape, loc)};
     case Op::Slice: {
       const Shape& xs = n.operands[0]->shape;
-      const int64_t axis = n.attrs[0], start = n.attrs[1], step = n.attrs[3];
+      const ir::SliceAttrs attrs = ir::SliceAttrs::of(n.attrs);
+      const int64_t axis = attrs.axis, start = attrs.start, step = attrs.step;
       const int64_t size = xs[axis], count = n.shape[axis];
       Tensor spread = g;
       int64_t kept = count;
@@ -283,7 +273,7 @@ std::vector<Tensor> operand_grads(const ir::NodePtr& np, const Tensor& g) {
       return {avg_pool2d(g, pool_options(n.attrs), loc)};
     case Op::AllReduce:
       // Each rank's loss reads every rank's x through the sum: the gradient is summed back.
-      return {dist::all_reduce(g, dist::detail::all_reduce_scale(n.attrs), loc)};
+      return {dist::all_reduce(g, ir::AllReduceAttrs::of(n.attrs).scale, loc)};
   }
   util::internal_fail(__FILE__, __LINE__, "no gradient rule");
 }

@@ -22,6 +22,22 @@ std::vector<Tensor> operand_grads(const ir::NodePtr& n, const Tensor& g);
 Tensor with_grad_fn(const Tensor& value, const std::vector<Tensor>& inputs,
                     std::function<std::vector<Tensor>(const Tensor&)> fn, const Loc& loc);
 
+// A value a gradient function keeps for backward (with_grad_fn): it holds the value as recorded,
+// not a live tensor, which every sync would compute and store as if the user held it. Undefined
+// when made from an undefined tensor.
+class SavedValue {
+ public:
+  SavedValue() = default;
+  SavedValue(const Tensor& value, const char* op, const Loc& loc);
+  bool defined() const { return node_ != nullptr; }
+  DType dtype() const { return node_->dtype; }
+  // The value, as a tensor to compute the gradient with.
+  Tensor get() const;
+
+ private:
+  ir::NodePtr node_;
+};
+
 // `g` summed over the dimensions that broadcasting added or stretched, down to `shape`.
 Tensor sum_to_shape(const Tensor& g, const Shape& shape, const Loc& loc);
 

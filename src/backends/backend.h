@@ -81,6 +81,10 @@ class Backend {
 
 // The backend serving `device`; throws Error if it is not available in this build or machine.
 Backend& backend_for(Device device);
+// Makes `backend` (which must live until the process ends) serve `device`. The built-in ref and
+// cpu backends are there from the start; a backend built as a separate library registers itself
+// when it is loaded (from a static initializer). Throws Error if `device` is served already.
+void register_backend(Device device, Backend* backend);
 
 // Host memory, 64-byte aligned, shared by the host backends.
 std::shared_ptr<Storage> alloc_host(size_t bytes);

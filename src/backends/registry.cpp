@@ -107,25 +107,45 @@ std::shared_ptr<Storage> slice_of(std::shared_ptr<Storage> parent, size_t offset
   return std::make_shared<Slice>(std::move(parent), offset, bytes);
 }
 
+namespace {
+
+struct Registry {
+  std::mutex mu;
+  std::vector<std::pair<Device, Backend*>> served{{Device{DeviceKind::Ref, 0}, &ref::backend()},
+                                                  {Device{DeviceKind::Cpu, 0}, &cpu::backend()}};
+};
+
+Registry& registry() {
+  static Registry* r = new Registry;  // backends serve until the process ends
+  return *r;
+}
+
+}  // namespace
+
 Backend& backend_for(Device device) {
-  switch (device.kind) {
-    case DeviceKind::Ref:
-      if (device.index == 0) return ref::backend();
-      break;
-    case DeviceKind::Cpu:
-      if (device.index == 0) return cpu::backend();
-      break;
-    case DeviceKind::Cuda:
-      break;
-  }
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  for (const auto& [d, b] : r.served)
+    if (d == device) return *b;
   throw Error(util::cat(
       "device ", device_name(device),
       " is not available in this build of lockstep; use ls::Device{ls::DeviceKind::Ref}"));
 }
 
+void register_backend(Device device, Backend* backend) {
+  LS_INTERNAL_CHECK(backend != nullptr, "a null backend for ", device_name(device));
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  for (const auto& [d, b] : r.served)
+    if (d == device)
+      throw Error(util::cat("device ", device_name(device), " is already served by the ", b->name(),
+                            " backend; a backend library was loaded twice?"));
+  r.served.emplace_back(device, backend);
+}
+
 void fail_at(const ir::GraphNode& n, const std::exception& e,
              std::vector<int32_t> overwritten_inputs) {
-  throw RunError(util::cat(e.what(), " (at ", util::where(n.loc), ")"),
+  throw RunError(util::cat(e.what(), " (at ", util::where(n.origin.loc), ")"),
                  std::move(overwritten_inputs));
 }
 

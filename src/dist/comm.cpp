@@ -18,6 +18,7 @@
 #include "lockstep/runtime.h"
 #include "runtime/explain.h"
 #include "util/check.h"
+#include "util/options.h"
 
 #if LOCKSTEP_WITH_MPI
 #define OMPI_SKIP_MPICXX 1
@@ -33,8 +34,7 @@ using util::cat;
 namespace {
 
 std::chrono::milliseconds timeout_from_env() {
-  const char* v = std::getenv("LOCKSTEP_DIST_TIMEOUT");
-  if (!v || !*v) return std::chrono::seconds(30);
+  const char* v = util::option(util::Option::DistTimeout).c_str();
   char* end = nullptr;
   const double s = std::strtod(v, &end);
   if (end == v || *end || !(s > 0) || s > 1e6)
@@ -309,25 +309,10 @@ namespace detail {
 
 bool active() { return world().size > 1; }
 
-bool is_collective(ir::Op op) { return op == ir::Op::AllReduce || op == ir::Op::Broadcast; }
-
 bool has_collectives(const ir::Graph& graph) {
   for (const ir::GraphNode& n : graph.nodes)
-    if (is_collective(n.op)) return true;
+    if (ir::is_collective(n.op)) return true;
   return false;
-}
-
-double all_reduce_scale(const std::vector<int64_t>& attrs) {
-  double s = 1;
-  if (!attrs.empty()) std::memcpy(&s, &attrs[0], sizeof s);
-  return s;
-}
-
-std::vector<int64_t> all_reduce_attrs(double scale, int64_t order, int64_t bucket_bytes,
-                                      int64_t first_bucket_bytes) {
-  int64_t bits = 0;
-  std::memcpy(&bits, &scale, sizeof bits);
-  return {bits, order, bucket_bytes, first_bucket_bytes};
 }
 
 struct InFlight {
@@ -367,8 +352,7 @@ bool test_locked(InFlight& op, int* rc) {
 // throughput and hid no more of ResNet-18's all-reduces than the calls between steps: on cores
 // that all compute, it only takes their time (scripts/bench-dist).
 int64_t progress_interval_us() {
-  const char* v = std::getenv("LOCKSTEP_DIST_PROGRESS_US");
-  return v && *v ? std::max<int64_t>(0, std::atoll(v)) : 0;
+  return std::max<int64_t>(0, std::atoll(util::option(util::Option::DistProgressUs).c_str()));
 }
 
 // OpenMPI moves a non-blocking collective along only inside MPI calls: a thread that tests the

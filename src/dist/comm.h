@@ -42,14 +42,7 @@ void broadcast(void* data, size_t bytes, int root, const std::string& what);
 // first differing node) or when ranks do not arrive in time (naming them). `origin`: the sync.
 void agree(uint64_t hash, const ir::Graph& graph, const std::string& origin);
 
-// Whether `graph` has collectives (Op::AllReduce, Op::Broadcast).
+// Whether `graph` has collectives (ops of the table's Collective family).
 bool has_collectives(const ir::Graph& graph);
-bool is_collective(ir::Op op);
-
-// AllReduce attrs: [scale as the bits of a double, order, bucket bytes, first bucket bytes]
-// (order -1: its own bucket; see the cpu backend's bucket pass).
-double all_reduce_scale(const std::vector<int64_t>& attrs);
-std::vector<int64_t> all_reduce_attrs(double scale, int64_t order = -1, int64_t bucket_bytes = 0,
-                                      int64_t first_bucket_bytes = 0);
 
 }  // namespace lockstep::dist::detail

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "dist/comm.h"
+#include "ir/attrs.h"
 #include "lockstep/autograd.h"
 #include "lockstep/dist.h"
 #include "lockstep/nn.h"
@@ -22,7 +23,7 @@ Tensor record_all_reduce(const Tensor& x, double scale, int64_t order, int64_t b
     util::fail(loc, op, cat("scale ", scale, " of ", dtype_name(x.dtype()), " values"),
                "Integer sums take no scale: cast to ls::f32 first, or pass scale 1");
   return frontend::record(ir::Op::AllReduce, {frontend::node(x, op, loc)},
-                          detail::all_reduce_attrs(scale, order, bucket, first_bucket), loc,
+                          ir::AllReduceAttrs{scale, order, bucket, first_bucket}.encode(), loc,
                           x.shape(), x.dtype());
 }
 

@@ -7,20 +7,18 @@
 //   RandomUniform   []                          operand: i64[2] generator state {seed, counter}
 //   Sum/Max/Min/ArgMax/ArgMin  [keepdim, axes...]  axes sorted, non-negative, unique
 //   Permute         [perm...]
-//   Slice           [axis, start, end, step]    normalized: 0 <= start, end <= size, step > 0
+//   Slice           ir::SliceAttrs (attrs.h)
 //   Concat          [axis]
 //   Pad             [before0, after0, before1, after1, ...]   operand 1: the 0-d fill value
 //   Gather          [axis]                      operands: x, index
 //   ScatterAdd      [axis]                      operands: x, index, src
 //   Argsort         [axis, descending]          i64 positions that sort x along axis, stable;
 //                                               NaN sorts above every number
-//   Conv2d*         [stride h, w, padding h, w, dilation h, w, groups]
+//   Conv2d*         ir::ConvAttrs (attrs.h)
 //                   Conv2d (x, w); BackwardInput (grad_out, w); BackwardWeight (x, grad_out)
-//   *Pool2d*        [kernel h, w, stride h, w, padding h, w, count_include_pad]
+//   *Pool2d*        ir::PoolAttrs (attrs.h)
 //                   MaxPool2dBackward (grad_out, indices); AvgPool2dBackward (grad_out)
-//   AllReduce       [scale (a double's bits), order, bucket bytes, first bucket bytes]
-//                   sum over the ranks times scale; order >= 0: a gradient DataParallel averages,
-//                   bucketed with the others by the backend (order -1: on its own)
+//   AllReduce       ir::AllReduceAttrs (attrs.h): the sum over the ranks times a scale
 //   Broadcast       [root]                      the root rank's value on every rank
 // Reshape, Expand, Cast, the conv/pool backward ops take their result shape/dtype from the node.
 #pragma once
@@ -48,28 +46,74 @@ class Tensor;
 namespace lockstep::ir {
 
 enum class Op : uint16_t {
-#define LS_OP(name, arity, diff) name,
+#define LS_OP(name, arity, family, props, user) name,
 #include "ir/ops.def"
 #undef LS_OP
 };
 
 inline constexpr int kNumOps = 0
-#define LS_OP(name, arity, diff) +1
+#define LS_OP(name, arity, family, props, user) +1
 #include "ir/ops.def"
 #undef LS_OP
     ;
 
+// What kind of op it is (the table's family column).
+enum class OpFamily : uint8_t {
+  Leaf,         // no operands computed: Data, Scalar, Iota
+  Random,       // random bits from a generator state
+  Unary,        // elementwise, one operand
+  Binary,       // elementwise, two operands of one dtype and shape
+  Comparison,   // elementwise, two operands of one dtype, a bool result
+  Select,       // elementwise where(condition, a, b)
+  Reduction,    // over axes (attrs: keepdim, axes)
+  Movement,     // rearranges or copies values
+  Index,        // reads or writes through index tensors, or computes them
+  Contraction,  // matmul
+  Convolution,  // conv2d and its gradients (attrs: ir::ConvAttrs)
+  Pooling,      // max and average pooling and their gradients (attrs: ir::PoolAttrs)
+  Collective,   // communicates with the other ranks of a data parallel job
+};
+const char* family_name(OpFamily family);
+
+// The table's property bits.
+enum OpProp : uint8_t {
+  Diff = 1,        // differentiable
+  FailsOnInt = 2,  // may fail at run time on integer data
+  Fails = 4,       // may fail at run time whatever the data
+  Indexed = 8,     // operand 1 holds indices checked before the op runs
+};
+
 struct OpInfo {
-  const char* name;  // snake_case, as printed in IR text
-  int arity;         // -1: variadic
+  const char* name;       // snake_case, as printed in IR text
+  const char* user_name;  // as users call it, for messages (mat_mul is matmul)
+  int arity;              // -1: variadic
+  OpFamily family;
+  uint8_t props;  // OpProp bits
   bool differentiable;
 };
 const OpInfo& op_info(Op op);
-// The name users call an op by, for error messages (the IR name differs for a few, e.g.
-// mat_mul is matmul).
+// The name users call an op by, for error messages.
 const char* user_name(Op op);
 // Op by its IR name; false if unknown.
 bool op_from_name(const std::string& name, Op* op);
+
+// Predicates over the table.
+inline bool is_collective(Op op) { return op_info(op).family == OpFamily::Collective; }
+inline bool is_comparison(Op op) { return op_info(op).family == OpFamily::Comparison; }
+// Whether a node of `op` whose value has `dtype` may fail at run time: its data is checked
+// (indices, integer division) or it waits on other ranks. A backend must not run a step that may
+// fail after a write it cannot undo (see plan::Plan::last_can_fail).
+bool may_fail(Op op, DType dtype);
+// The operand whose values are indices into operand 0 (-1: none), checked before the op runs.
+inline int index_operand(Op op) { return (op_info(op).props & Indexed) ? 1 : -1; }
+// The range [0, size) the indices of an Indexed op must lie in: along `axis` of operand 0
+// (gather, scatter_add), or within a plane of the result (max_pool2d_backward: axis -1).
+struct IndexBound {
+  int64_t size = 0;
+  int64_t axis = -1;
+};
+IndexBound index_bound(Op op, const std::vector<int64_t>& attrs, const Shape& operand0,
+                       const Shape& result);
 
 // A host scalar's value: `f` for floating dtypes, `i` for integers and bool.
 struct ScalarValue {
@@ -88,6 +132,41 @@ struct GradFn {
   std::function<std::vector<Tensor>(const Tensor& grad)> fn;
 };
 
+// Where a node came from, for messages, dumps and explanations (never hashed). Copied whole.
+struct Origin {
+  // The user's line that recorded it, and the path of the module it was recorded in (null
+  // outside modules): util/frames.h.
+  std::source_location loc;
+  std::shared_ptr<const std::string> module;
+  int16_t backward_of = -1;  // a gradient node: the Op of the node whose gradient it computes
+};
+
+// What a leaf binds at run time (never hashed): Data's device buffer, Scalar's host value.
+struct Binding {
+  std::shared_ptr<runtime::Buffer> buffer;  // Data only
+  ScalarValue scalar;                       // Scalar only
+};
+
+// Autograd's annotations (never hashed). A node requires grad when recorded in grad mode from an
+// operand that does. `leaf` marks the value of a leaf tensor (a parameter) whose .grad() receives
+// the gradient; `alias` is the recorded node a materialized Data node stands for, so backward can
+// go on through a value that was already computed.
+struct GradInfo {
+  bool requires_grad = false;
+  std::weak_ptr<detail::TensorImpl> leaf;
+  NodePtr alias;
+  std::shared_ptr<const GradFn> fn;  // set: backward uses it instead of the op's rule
+};
+
+// Scratch of the graph builder (runtime/graph_builder.cpp), which runs under the runtime's lock:
+// the node's number in the graph being built, valid while `epoch` is current.
+struct BuildScratch {
+  uint64_t epoch = 0;
+  int32_t id = -1;
+};
+
+// A recorded op. The first six fields are the IR (what a graph is built, hashed and compiled
+// from); the rest sits beside it, each part copied whole (see annotated).
 struct Node {
   Op op;
   std::vector<NodePtr> operands;
@@ -95,25 +174,11 @@ struct Node {
   Shape shape;
   DType dtype;
   Device device;
-  // The user's line that recorded it, and the path of the module it was recorded in (null
-  // outside modules): util/frames.h.
-  std::source_location loc;
-  std::shared_ptr<const std::string> module;
-  int16_t backward_of = -1;  // a gradient node: the Op of the node whose gradient it computes
-  std::shared_ptr<runtime::Buffer> buffer;  // Data only
-  ScalarValue scalar;                       // Scalar only: runtime data, never hashed
-  // Autograd annotations (never hashed). A node requires grad when recorded in grad mode from
-  // an operand that does. `grad_leaf` marks the value of a leaf tensor (a parameter) whose
-  // .grad() receives the gradient; `grad_alias` is the recorded node a materialized Data node
-  // stands for, so backward can go on through a value that was already computed.
-  bool requires_grad = false;
-  std::weak_ptr<detail::TensorImpl> grad_leaf;
-  NodePtr grad_alias;
-  std::shared_ptr<const GradFn> grad_fn;  // set: backward uses it instead of the op's rule
-  // Scratch of the graph builder (runtime/graph_builder.cpp), which runs under the runtime's
-  // lock: the node's number in the graph being built, valid while build_epoch is current.
-  mutable uint64_t build_epoch = 0;
-  mutable int32_t build_id = -1;
+
+  Origin origin;
+  Binding binding;
+  GradInfo grad;
+  mutable BuildScratch scratch;
 
   Node() = default;
   Node(const Node&) = delete;
@@ -159,9 +224,8 @@ NodePtr make_leaf(Op op, std::vector<int64_t> attrs, Shape shape, DType dtype, D
 NodePtr make_data(std::shared_ptr<runtime::Buffer> buffer, const Shape& shape, DType dtype,
                   Device device, const std::source_location& loc = {});
 NodePtr make_scalar(ScalarValue value, DType dtype, Device device, const std::source_location& loc);
-// A copy of `n` (same op, operands and data) with other autograd annotations.
-NodePtr annotated(const NodePtr& n, bool requires_grad, std::weak_ptr<detail::TensorImpl> leaf,
-                  NodePtr alias, std::shared_ptr<const GradFn> grad_fn = nullptr);
+// A copy of `n` (the same IR, origin and binding) with other autograd annotations.
+NodePtr annotated(const NodePtr& n, GradInfo grad);
 
 struct GraphNode {
   Op op;
@@ -170,10 +234,8 @@ struct GraphNode {
   Shape shape;
   DType dtype;
   int32_t input = -1;  // Data: index into the buffer inputs; Scalar: into the scalar inputs
-  std::source_location loc;
-  std::shared_ptr<const std::string> module;  // as Node::module
-  int16_t backward_of = -1;                   // as Node::backward_of
-  std::shared_ptr<const std::string> name;    // Data: the module parameter or buffer it holds
+  Origin origin;       // as Node::origin
+  std::shared_ptr<const std::string> name;  // Data: the module parameter or buffer it holds
 };
 
 // A data-free program: what a backend compiles. Nodes are in topological order.

@@ -27,10 +27,16 @@ struct OpTable {
   OpInfo info[kNumOps];
   OpTable() {
     int i = 0;
-#define LS_OP(name, arity, diff) names[i] = snake(#name), info[i] = {nullptr, arity, diff}, ++i;
+#define LS_OP(name, arity, family, props, user) \
+  names[i] = snake(#name),                      \
+  info[i] = {nullptr, user, arity, OpFamily::family, static_cast<uint8_t>(props), false}, ++i;
 #include "ir/ops.def"
 #undef LS_OP
-    for (int k = 0; k < kNumOps; ++k) info[k].name = names[k].c_str();
+    for (int k = 0; k < kNumOps; ++k) {
+      info[k].name = names[k].c_str();
+      if (!*info[k].user_name) info[k].user_name = info[k].name;
+      info[k].differentiable = (info[k].props & Diff) != 0;
+    }
   }
 };
 
@@ -42,6 +48,52 @@ const OpTable& table() {
 }  // namespace
 
 const OpInfo& op_info(Op op) { return table().info[static_cast<int>(op)]; }
+
+const char* user_name(Op op) { return op_info(op).user_name; }
+
+const char* family_name(OpFamily family) {
+  switch (family) {
+    case OpFamily::Leaf:
+      return "leaf";
+    case OpFamily::Random:
+      return "random";
+    case OpFamily::Unary:
+      return "unary";
+    case OpFamily::Binary:
+      return "binary";
+    case OpFamily::Comparison:
+      return "comparison";
+    case OpFamily::Select:
+      return "select";
+    case OpFamily::Reduction:
+      return "reduction";
+    case OpFamily::Movement:
+      return "movement";
+    case OpFamily::Index:
+      return "index";
+    case OpFamily::Contraction:
+      return "contraction";
+    case OpFamily::Convolution:
+      return "convolution";
+    case OpFamily::Pooling:
+      return "pooling";
+    case OpFamily::Collective:
+      return "collective";
+  }
+  return "?";
+}
+
+IndexBound index_bound(Op op, const std::vector<int64_t>& attrs, const Shape& operand0,
+                       const Shape& result) {
+  LS_INTERNAL_CHECK(index_operand(op) >= 0, op_info(op).name, " has no indices");
+  if (op_info(op).family == OpFamily::Pooling) return {result[2] * result[3], -1};
+  return {operand0[static_cast<size_t>(attrs[0])], attrs[0]};
+}
+
+bool may_fail(Op op, DType dtype) {
+  const uint8_t props = op_info(op).props;
+  return (props & (Fails | Indexed)) || ((props & FailsOnInt) && !is_floating(dtype));
+}
 
 bool op_from_name(const std::string& name, Op* op) {
   for (int k = 0; k < kNumOps; ++k)
@@ -75,7 +127,7 @@ Node::~Node() {
   // Operands whose last owner is this node would be destroyed recursively; instead park them on
   // a per-thread list that the outermost destructor drains.
   static thread_local std::vector<NodePtr>* draining = nullptr;
-  if (grad_alias) operands.push_back(std::move(grad_alias));
+  if (grad.alias) operands.push_back(std::move(grad.alias));
   if (operands.empty()) return;
   if (draining) {
     for (NodePtr& p : operands) draining->push_back(std::move(p));
@@ -104,16 +156,16 @@ NodePtr new_node(Op op, std::vector<NodePtr> operands, std::vector<int64_t> attr
   node->attrs = std::move(attrs);
   node->shape = std::move(shape);
   node->dtype = dtype;
-  node->loc = util::user_loc(loc);
-  node->module = util::current_module_path();
+  node->origin.loc = util::user_loc(loc);
+  node->origin.module = util::current_module_path();
   if (const Node* f = t_backward_of) {
-    node->backward_of = static_cast<int16_t>(f->op);
-    node->module = f->module;
-    if (util::in_library(loc)) node->loc = f->loc;
+    node->origin.backward_of = static_cast<int16_t>(f->op);
+    node->origin.module = f->origin.module;
+    if (util::in_library(loc)) node->origin.loc = f->origin.loc;
   }
   if (t_grad_enabled && op_info(op).differentiable)
     for (const NodePtr& o : node->operands)
-      node->requires_grad = node->requires_grad || o->requires_grad;
+      node->grad.requires_grad = node->grad.requires_grad || o->grad.requires_grad;
   return node;
 }
 
@@ -142,11 +194,11 @@ NodePtr make_data(std::shared_ptr<runtime::Buffer> buffer, const Shape& shape, D
                   Device device, const std::source_location& loc) {
   auto node = std::make_shared<Node>();
   node->op = Op::Data;
-  node->loc = loc;
+  node->origin.loc = loc;
   node->shape = shape;
   node->dtype = dtype;
   node->device = device;
-  node->buffer = std::move(buffer);
+  node->binding.buffer = std::move(buffer);
   return node;
 }
 
@@ -156,13 +208,12 @@ NodePtr make_scalar(ScalarValue value, DType dtype, Device device,
   node->op = Op::Scalar;
   node->dtype = dtype;
   node->device = device;
-  node->scalar = value;
-  node->loc = loc;
+  node->binding.scalar = value;
+  node->origin.loc = loc;
   return node;
 }
 
-NodePtr annotated(const NodePtr& n, bool requires_grad, std::weak_ptr<detail::TensorImpl> leaf,
-                  NodePtr alias, std::shared_ptr<const GradFn> grad_fn) {
+NodePtr annotated(const NodePtr& n, GradInfo grad) {
   auto c = std::make_shared<Node>();
   c->op = n->op;
   c->operands = n->operands;
@@ -170,13 +221,9 @@ NodePtr annotated(const NodePtr& n, bool requires_grad, std::weak_ptr<detail::Te
   c->shape = n->shape;
   c->dtype = n->dtype;
   c->device = n->device;
-  c->loc = n->loc;
-  c->buffer = n->buffer;
-  c->scalar = n->scalar;
-  c->requires_grad = requires_grad;
-  c->grad_leaf = std::move(leaf);
-  c->grad_alias = std::move(alias);
-  c->grad_fn = std::move(grad_fn);
+  c->origin = n->origin;
+  c->binding = n->binding;
+  c->grad = std::move(grad);
   return c;
 }
 
@@ -196,14 +243,14 @@ std::string to_text(const Graph& graph, bool annotate) {
       os << "}";
     }
     os << " " << dtype_name(n.dtype) << shape_str(n.shape);
-    if (annotate && n.loc.file_name()[0] != '\0') {
-      os << "  # " << util::where(n.loc);
-      if (n.module && !n.module->empty()) os << " in " << *n.module;
-      if (n.backward_of >= 0)
-        os << " (backward of " << user_name(static_cast<Op>(n.backward_of)) << ")";
+    if (annotate && n.origin.loc.file_name()[0] != '\0') {
+      os << "  # " << util::where(n.origin.loc);
+      if (n.origin.module && !n.origin.module->empty()) os << " in " << *n.origin.module;
+      if (n.origin.backward_of >= 0)
+        os << " (backward of " << user_name(static_cast<Op>(n.origin.backward_of)) << ")";
     }
     if (annotate && n.name)
-      os << (n.loc.file_name()[0] != '\0' ? ", " : "  # ") << "holds " << *n.name;
+      os << (n.origin.loc.file_name()[0] != '\0' ? ", " : "  # ") << "holds " << *n.name;
     os << "\n";
   }
   os << "return";

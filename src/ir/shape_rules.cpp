@@ -3,29 +3,11 @@
 #include <algorithm>
 #include <string>
 
+#include "ir/attrs.h"
 #include "ir/ir.h"
 #include "util/check.h"
 
 namespace lockstep::ir {
-
-const char* user_name(Op op) {
-  switch (op) {
-    case Op::MatMul:
-      return "matmul";
-    case Op::ArgMax:
-      return "argmax";
-    case Op::ArgMin:
-      return "argmin";
-    case Op::IsFinite:
-      return "isfinite";
-    case Op::MaxPool2dIndices:
-      return "max_pool2d_with_indices";
-    case Op::RandomUniform:
-      return "rand";
-    default:
-      return op_info(op).name;
-  }
-}
 
 namespace {
 
@@ -92,14 +74,15 @@ int64_t conv_out(int64_t in, int64_t k, int64_t s, int64_t p, int64_t d) {
 
 // Output shape of conv2d(x_shape, w_shape) or throws.
 Shape conv_forward_shape(const Checker& c, const Shape& x, const Shape& w,
-                         const std::vector<int64_t>& a) {
-  c.attrs_size(a, 7);
-  for (int i = 0; i < 6; ++i)
-    if ((i < 2 && a[i] <= 0) || (i >= 2 && i < 4 && a[i] < 0) || (i >= 4 && a[i] <= 0))
-      c.fail(cat("bad stride/padding/dilation {", a[0], ",", a[1], "}/{", a[2], ",", a[3], "}/{",
-                 a[4], ",", a[5], "}"),
+                         const std::vector<int64_t>& attrs) {
+  c.attrs_size(attrs, 7);
+  const ConvAttrs a = ConvAttrs::of(attrs);
+  for (int d = 0; d < 2; ++d)
+    if (a.stride[d] <= 0 || a.padding[d] < 0 || a.dilation[d] <= 0)
+      c.fail(cat("bad stride/padding/dilation {", a.stride[0], ",", a.stride[1], "}/{",
+                 a.padding[0], ",", a.padding[1], "}/{", a.dilation[0], ",", a.dilation[1], "}"),
              "Strides and dilations must be >= 1 and padding >= 0");
-  const int64_t g = a[6];
+  const int64_t g = a.groups;
   if (x.size() != 4 || w.size() != 4)
     c.fail(cat("input ", shape_str(x), " and weight ", shape_str(w), " must both have rank 4"),
            "Use input [N, C, H, W] and weight [out_channels, C / groups, kh, kw]");
@@ -111,8 +94,8 @@ Shape conv_forward_shape(const Checker& c, const Shape& x, const Shape& w,
     c.fail(cat("input ", shape_str(x), " has ", x[1], " channels but weight ", shape_str(w),
                " expects ", w[1] * g, " (weight dim 1 x groups ", g, ")"),
            "Make weight.size(1) == input channels / groups");
-  const int64_t ho = conv_out(x[2], w[2], a[0], a[2], a[4]);
-  const int64_t wo = conv_out(x[3], w[3], a[1], a[3], a[5]);
+  const int64_t ho = conv_out(x[2], w[2], a.stride[0], a.padding[0], a.dilation[0]);
+  const int64_t wo = conv_out(x[3], w[3], a.stride[1], a.padding[1], a.dilation[1]);
   if (ho <= 0 || wo <= 0)
     c.fail(cat("input ", shape_str(x), " is too small for kernel ", w[2], "x", w[3],
                " with this padding and dilation (output would be ", ho, "x", wo, ")"),
@@ -120,25 +103,30 @@ Shape conv_forward_shape(const Checker& c, const Shape& x, const Shape& w,
   return {x[0], w[0], ho, wo};
 }
 
-Shape pool_forward_shape(const Checker& c, const Shape& x, const std::vector<int64_t>& a) {
-  c.attrs_size(a, 7);
+Shape pool_forward_shape(const Checker& c, const Shape& x, const std::vector<int64_t>& attrs) {
+  c.attrs_size(attrs, 7);
+  const PoolAttrs a = PoolAttrs::of(attrs);
   if (x.size() != 4)
     c.fail(cat("input ", shape_str(x), " must have rank 4"), "Use the layout [N, C, H, W]");
-  for (int i = 0; i < 2; ++i) {
-    if (a[i] <= 0 || a[2 + i] <= 0 || a[4 + i] < 0)
-      c.fail(cat("bad kernel ", a[0], "x", a[1], ", stride ", a[2], "x", a[3], ", padding ", a[4],
-                 "x", a[5]),
+  for (int d = 0; d < 2; ++d) {
+    if (a.kernel[d] <= 0 || a.stride[d] <= 0 || a.padding[d] < 0)
+      c.fail(cat("bad kernel ", a.kernel[0], "x", a.kernel[1], ", stride ", a.stride[0], "x",
+                 a.stride[1], ", padding ", a.padding[0], "x", a.padding[1]),
              "Kernel and stride must be >= 1, padding >= 0");
-    if (a[4 + i] * 2 > a[i])
-      c.fail(cat("padding ", a[4 + i], " is more than half the kernel size ", a[i]),
+    if (a.padding[d] * 2 > a.kernel[d])
+      c.fail(cat("padding ", a.padding[d], " is more than half the kernel size ", a.kernel[d]),
              "Use padding <= kernel / 2 (as PyTorch requires)");
   }
-  const int64_t ho = (x[2] + 2 * a[4] - a[0]) / a[2] + 1;
-  const int64_t wo = (x[3] + 2 * a[5] - a[1]) / a[3] + 1;
-  if (ho <= 0 || wo <= 0 || x[2] + 2 * a[4] < a[0] || x[3] + 2 * a[5] < a[1])
-    c.fail(cat("input ", shape_str(x), " is smaller than the kernel ", a[0], "x", a[1]),
-           "Use a smaller kernel or a larger input");
-  return {x[0], x[1], ho, wo};
+  int64_t out[2];
+  for (int d = 0; d < 2; ++d) {
+    const int64_t span = x[2 + d] + 2 * a.padding[d];
+    out[d] = span < a.kernel[d] ? 0 : (span - a.kernel[d]) / a.stride[d] + 1;
+  }
+  if (out[0] <= 0 || out[1] <= 0)
+    c.fail(
+        cat("input ", shape_str(x), " is smaller than the kernel ", a.kernel[0], "x", a.kernel[1]),
+        "Use a smaller kernel or a larger input");
+  return {x[0], x[1], out[0], out[1]};
 }
 
 void check_reduce(const Checker& c, const std::vector<int64_t>& attrs, const Shape& x, Shape* out) {
@@ -321,7 +309,8 @@ void infer(Op op, const std::vector<NodePtr>& in, const std::vector<int64_t>& at
     case Op::Slice: {
       c.attrs_size(attrs, 4);
       const Shape& x = in[0]->shape;
-      const int64_t axis = attrs[0], start = attrs[1], end = attrs[2], step = attrs[3];
+      const SliceAttrs slice = SliceAttrs::of(attrs);
+      const int64_t axis = slice.axis, start = slice.start, end = slice.end, step = slice.step;
       if (axis < 0 || axis >= static_cast<int64_t>(x.size()) || step <= 0 || start < 0 ||
           end > x[axis] || start > x[axis] || end < 0)
         util::internal_fail(__FILE__, __LINE__, "slice attrs not normalized");

@@ -9,7 +9,6 @@
 #include "lockstep/autocast.h"
 #include "lockstep/autograd.h"
 #include "lockstep/nn.h"
-#include "runtime/lazy.h"
 #include "util/check.h"
 
 namespace lockstep::nn {
@@ -102,33 +101,27 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
   std::vector<Tensor> inputs{x};
   if (weight.defined()) inputs.push_back(weight);
   if (bias.defined()) inputs.push_back(bias);
-  // Nodes, not tensors, are kept for backward: a live tensor would be computed and stored by
-  // every sync as if the user held it.
-  const ir::NodePtr xhat_n = runtime::node_of(xhat, "batch_norm", loc);
-  const ir::NodePtr rstd_n = runtime::node_of(rstd, "batch_norm", loc);
-  const ir::NodePtr weight_n =
-      weight.defined() ? runtime::node_of(weight, "batch_norm", loc) : nullptr;
+  const autograd::SavedValue xhat_s(xhat, "batch_norm", loc), rstd_s(rstd, "batch_norm", loc),
+      weight_s(weight, "batch_norm", loc);
   const DType x_dtype = x.dtype();
   const DType bias_dtype = bias.defined() ? bias.dtype() : DType::F32;
   const bool has_bias = bias.defined();
-  auto grad = [xhat_n, rstd_n, weight_n, has_bias, axes, per_channel, n, c, x_dtype, bias_dtype,
+  auto grad = [xhat_s, rstd_s, weight_s, has_bias, axes, per_channel, n, c, x_dtype, bias_dtype,
                loc](const Tensor& g_in) {
     // PyTorch's formula: dx = w rstd (g - mean(g) - xhat mean(g xhat)), dw = sum(g xhat),
     // db = sum(g): two reductions and one elementwise pass; in f32 for a bf16 input.
     const Tensor g = cast(g_in, x_dtype == DType::BF16 ? DType::F32 : x_dtype, loc);
-    const Tensor xh = runtime::new_tensor(xhat_n);
+    const Tensor xh = xhat_s.get();
     const Tensor db = sum(g, axes, true, loc);
     const Tensor dw = sum(mul(g, xh, loc), axes, true, loc);
-    Tensor scale = runtime::new_tensor(rstd_n);
-    if (weight_n)
-      scale = mul(
-          scale, reshape(cast(runtime::new_tensor(weight_n), scale.dtype(), loc), per_channel, loc),
-          loc);
+    Tensor scale = rstd_s.get();
+    if (weight_s.defined())
+      scale = mul(scale, reshape(cast(weight_s.get(), scale.dtype(), loc), per_channel, loc), loc);
     const double inv_n = 1.0 / static_cast<double>(n);
     const Tensor dx = mul(
         sub(sub(g, mul(db, inv_n, loc), loc), mul(xh, mul(dw, inv_n, loc), loc), loc), scale, loc);
     std::vector<Tensor> gs{cast(dx, x_dtype, loc)};
-    if (weight_n) gs.push_back(cast(reshape(dw, {c}, loc), weight_n->dtype, loc));
+    if (weight_s.defined()) gs.push_back(cast(reshape(dw, {c}, loc), weight_s.dtype(), loc));
     if (has_bias) gs.push_back(cast(reshape(db, {c}, loc), bias_dtype, loc));
     return gs;
   };

@@ -8,6 +8,7 @@
 #include "lockstep/runtime.h"
 #include "nn/state_match.h"
 #include "runtime/lazy.h"
+#include "runtime/metrics.h"
 #include "util/check.h"
 
 namespace lockstep::optim {
@@ -143,7 +144,7 @@ void Optimizer::step(const Tensor& loss) {
     skipped_ += cast(logical_not(ok), DType::I64);
     if (in_step())
       add_step_closure([ok] {
-        if (!ok.item<bool>()) runtime::count("skipped_updates");
+        if (!ok.item<bool>()) runtime::count(runtime::Counter::SkippedUpdates);
       });
   }
   step_ += ok.defined() ? cast(ok, DType::I64)

@@ -1,5 +1,4 @@
 // Constant folding, the plan; see passes.h.
-#include "dist/comm.h"
 #include "passes/passes.h"
 
 namespace lockstep::passes {
@@ -14,7 +13,7 @@ Constants find_constants(const ir::Graph& g, size_t max_bytes) {
     // A leaf without runtime inputs (Iota), or an op of constants only (a random draw from a
     // constant key included: its bits are a function of the key).
     // Collectives exchange data at run time: never folded.
-    bool all = !dist::detail::is_collective(node.op);
+    bool all = !ir::is_collective(node.op);
     for (int32_t o : node.operands) all = all && c.constant[o];
     c.constant[i] = all;
   }

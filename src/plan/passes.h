@@ -41,4 +41,8 @@ void plan_memory(Plan& plan);
 // that are steps and not outputs alias their operand's; every other value is its own.
 std::vector<int32_t> memory_roots(const Plan& plan);
 
+// preflight.cpp: the memory preflight. Throws Error when the plan needs more than `limit` bytes,
+// naming what it needs and the largest values with their lines; `backend` names the backend.
+void check_memory(const Plan& plan, size_t limit, const char* backend);
+
 }  // namespace lockstep::plan

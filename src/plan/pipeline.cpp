@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "util/check.h"
+#include "util/options.h"
 
 namespace lockstep::plan {
 namespace {
@@ -22,9 +23,9 @@ void write(const std::string& path, const std::string& text) {
 }  // namespace
 
 void run_pipeline(Plan& plan, const std::vector<Pass>& passes, const char* backend) {
-  const char* dir = std::getenv("LOCKSTEP_DUMP");
-  const char* each = std::getenv("LOCKSTEP_DUMP_PASSES");
-  const bool per_pass = dir && each && std::strcmp(each, "0") != 0;
+  const std::string& dump = util::option(util::Option::Dump);
+  const char* dir = dump.empty() ? nullptr : dump.c_str();
+  const bool per_pass = dir && util::option_on(util::Option::DumpPasses);
   static std::atomic<int> counter{0};
   const int number = dir ? counter++ : 0;
   for (size_t k = 0; k < passes.size(); ++k) {

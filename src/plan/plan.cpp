@@ -25,9 +25,6 @@ Plan::Plan(ir::Graph g) : graph(std::move(g)) {
   constant_at.assign(n, -1);
   absorbed.assign(n, false);
   merged.assign(n, false);
-  layout.assign(n, Layout::Plain);
-  walk_blocked.assign(n, false);
-  algorithm.assign(n, Algorithm::Default);
 }
 
 std::vector<int> Plan::producers() const {
@@ -89,9 +86,7 @@ std::string to_text(const Plan& p, bool decisions) {
       if (!p.run_time[i]) what += " folded";
       if (p.absorbed[i]) what += " absorbed";
       if (p.merged[i]) what += " merged";
-      if (p.layout[i] == Layout::Blocked16c) what += " nChw16c";
-      if (p.walk_blocked[i]) what += " walks-nChw16c";
-      if (p.algorithm[i] == Algorithm::Winograd) what += " winograd";
+      if (p.decisions) what += p.decisions->describe(static_cast<int32_t>(i));
       if (i < p.slot.size() && p.slot[i].kind != Slot::None)
         what += util::cat(" slot ", slot_name(p.slot[i].kind),
                           p.slot[i].kind == Slot::Region ? util::cat(p.slot[i].region) : "", "@",
@@ -104,13 +99,13 @@ std::string to_text(const Plan& p, bool decisions) {
     if (p.constant_at[i] >= 0)
       appendf(out, "%%%zu constant %s%s (folded)\n", i, dtype_name(g.nodes[i].dtype),
               shape_str(g.nodes[i].shape).c_str());
-  auto mark = [&](int32_t v) { return p.layout[v] == Layout::Blocked16c ? "(nChw16c)" : ""; };
+  auto mark = [&](int32_t v) { return p.decisions ? p.decisions->mark(v) : ""; };
   for (const Step& s : p.steps) {
     const ir::GraphNode& n = g.nodes[s.node];
     std::string reads;
     for (int32_t r : s.reads) reads += util::cat(" %", r, shape_str(g.nodes[r].shape), mark(r));
     appendf(out, "%%%d %s %s%s%s <-%s  %s\n", s.node, s.label, dtype_name(n.dtype),
-            shape_str(n.shape).c_str(), p.walk_blocked[s.node] ? "(nChw16c)" : mark(s.node),
+            shape_str(n.shape).c_str(), p.decisions ? p.decisions->step_mark(s.node) : "",
             reads.c_str(), s.detail.c_str());
   }
   if (decisions && !p.donor.empty()) {

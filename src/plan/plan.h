@@ -74,14 +74,18 @@ struct Slot {
   int32_t region = -1;  // Region: which of the plan's regions (an output there is a slice of it)
 };
 
-// Memory layouts a value may be held in (a backend's choice: see its layout pass).
-enum class Layout : uint8_t {
-  Plain,       // row-major, as the graph's shape says
-  Blocked16c,  // oneDNN's nChw16c: [N][C/16][H][W][16 channels]
+// A backend's own decisions per node (the cpu's: which values it holds in oneDNN's blocked
+// layout, which convolutions run as Winograd), kept in the plan for that backend's passes and
+// shown in the plan's text, opaque to the neutral passes.
+struct BackendDecisions {
+  virtual ~BackendDecisions() = default;
+  // What was decided for `node`, for to_text's per-node lines: "" or words each after a space.
+  virtual std::string describe(int32_t node) const = 0;
+  // A mark after a value read or written by a step ("(nChw16c)"), or "".
+  virtual const char* mark(int32_t value) const = 0;
+  // The mark after the value a step writes (it may say how the step walks its input).
+  virtual const char* step_mark(int32_t node) const { return mark(node); }
 };
-
-// Which of a backend's algorithms computes a node (a backend's choice: cpu, its convolutions).
-enum class Algorithm : uint8_t { Default, Winograd };
 
 // The bytes a run takes besides its inputs (plan_memory): checked against ls::memory_limit().
 struct PlannedBytes {
@@ -101,9 +105,7 @@ struct Plan {
   std::vector<int64_t> constant_at;  // offset of a folded constant in `constants`, else -1
   std::vector<bool> absorbed;        // computed inside its consumers' fused trees
   std::vector<bool> merged;          // computed by another node's step
-  std::vector<Layout> layout;        // of its value in memory
-  std::vector<bool> walk_blocked;    // a sum that walks its input in the blocked order
-  std::vector<Algorithm> algorithm;  // how its kernel computes it
+  std::shared_ptr<BackendDecisions> decisions;   // the backend's own (null: none)
   std::shared_ptr<backends::Storage> constants;  // the folded values
   // The steps, in the order they run.
   std::vector<Step> steps;

@@ -146,9 +146,10 @@ debug::CacheMiss explain_miss(const std::string& site, int64_t compiles_before,
   if (in_now) {
     const ir::GraphNode& n = now.nodes[static_cast<size_t>(d.node)];
     m.op = ir::user_name(n.op);
-    m.where = util::where(n.loc);
-    if (n.module && !n.module->empty()) m.module = *n.module;
-    if (n.backward_of >= 0) m.backward_of = ir::user_name(static_cast<ir::Op>(n.backward_of));
+    m.where = util::where(n.origin.loc);
+    if (n.origin.module && !n.origin.module->empty()) m.module = *n.origin.module;
+    if (n.origin.backward_of >= 0)
+      m.backward_of = ir::user_name(static_cast<ir::Op>(n.origin.backward_of));
   }
   m.text = cat(site, ": compile #", m.compiles_at_site, " at this site: the nearest of ",
                candidates.size(), " earlier graph", candidates.size() == 1 ? "" : "s",

@@ -32,7 +32,7 @@ BuiltGraph build_graph(const std::vector<ir::NodePtr>& roots, Device device) {
   out.key.reserve(last_key);
   std::vector<uint64_t>& key = out.key;
   key.push_back(static_cast<uint64_t>(device.kind) << 8 | static_cast<uint64_t>(device.index));
-  auto id_of = [](const ir::Node* n) { return n->build_epoch == epoch ? n->build_id : -1; };
+  auto id_of = [](const ir::Node* n) { return n->scratch.epoch == epoch ? n->scratch.id : -1; };
 
   // Iterative post-order DFS: deep graphs (long in-place chains) must not overflow the stack.
   struct Frame {
@@ -57,19 +57,19 @@ BuiltGraph build_graph(const std::vector<ir::NodePtr>& roots, Device device) {
       if (id_of(n) >= 0) continue;
       LS_INTERNAL_CHECK(n->device == device, "node on ", device_name(n->device), " in a graph for ",
                         device_name(device));
-      Buffer* buffer = n->op == ir::Op::Data ? n->buffer.get() : nullptr;
+      Buffer* buffer = n->op == ir::Op::Data ? n->binding.buffer.get() : nullptr;
       if (buffer && buffer->build_epoch == epoch) {  // another Data node of the same buffer
-        n->build_epoch = epoch;
-        n->build_id = buffer->build_id;
+        n->scratch.epoch = epoch;
+        n->scratch.id = buffer->build_id;
         continue;
       }
       int32_t input = -1;
       if (buffer) {
         input = num_buffers++;
-        out.buffers.push_back(n->buffer);
+        out.buffers.push_back(n->binding.buffer);
       } else if (n->op == ir::Op::Scalar) {
         input = num_scalars++;
-        out.scalars.push_back(n->scalar);
+        out.scalars.push_back(n->binding.scalar);
       }
       key.push_back(static_cast<uint64_t>(n->op) << 8 | static_cast<uint64_t>(n->dtype));
       key.push_back(n->shape.size());
@@ -81,8 +81,8 @@ BuiltGraph build_graph(const std::vector<ir::NodePtr>& roots, Device device) {
       key.push_back(static_cast<uint64_t>(static_cast<int64_t>(input)));
       const int32_t id = static_cast<int32_t>(out.order.size());
       out.order.push_back(n);
-      n->build_epoch = epoch;
-      n->build_id = id;
+      n->scratch.epoch = epoch;
+      n->scratch.id = id;
       if (buffer) {
         buffer->build_epoch = epoch;
         buffer->build_id = id;
@@ -120,14 +120,12 @@ void materialize_graph(BuiltGraph& built) {
     gn.attrs = n->attrs;
     gn.shape = n->shape;
     gn.dtype = n->dtype;
-    gn.loc = n->loc;
-    gn.module = n->module;
-    gn.backward_of = n->backward_of;
+    gn.origin = n->origin;
     gn.operands.reserve(n->operands.size());
-    for (const ir::NodePtr& o : n->operands) gn.operands.push_back(o->build_id);
+    for (const ir::NodePtr& o : n->operands) gn.operands.push_back(o->scratch.id);
     if (n->op == ir::Op::Data) {
       gn.input = buffers++;
-      if (n->buffer) gn.name = n->buffer->name;
+      if (n->binding.buffer) gn.name = n->binding.buffer->name;
     }
     if (n->op == ir::Op::Scalar) gn.input = scalars++;
     g.nodes.push_back(std::move(gn));

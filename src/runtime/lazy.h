@@ -52,6 +52,10 @@ struct TensorImpl : std::enable_shared_from_this<TensorImpl> {
   // The context (thread) that last gave the tensor a value; when pending, it is on that
   // context's list of pending tensors.
   runtime::Context* owner = nullptr;
+  // What every value of the tensor has (set_value checks; its device may change, Module::to), so
+  // Tensor::shape() may hand out a reference that stays valid across syncs.
+  const Shape shape;
+  const DType dtype;
   // Current value: a Data node (materialized) or any other node (pending).
   ir::NodePtr node;
   // The node `node` stands for when a sync (or a read) computed it, or an annotation for autograd
@@ -94,8 +98,6 @@ Tensor new_tensor(ir::NodePtr node, bool of_step = true);
 ir::NodePtr node_of(const Tensor& t, const char* op, const std::source_location& loc);
 // The node of a defined tensor's current value, for its metadata (no checks).
 ir::NodePtr current_node(const TensorImpl& impl);
-// The same without taking a reference: valid while the tensor keeps that value.
-const ir::Node& current_node_ref(const TensorImpl& impl);
 // In-place update of a tensor's value: journaled for rollback when inside a step. Throws Error
 // when another thread's running step holds the tensor, or when `node` was computed from `base`
 // and another thread has replaced that value meanwhile (see context.h); `op` and `loc` name the

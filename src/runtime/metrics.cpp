@@ -10,13 +10,15 @@
 #include "io/json.h"
 #include "lockstep/runtime.h"
 #include "runtime/lazy.h"
+#include "runtime/metrics.h"
 #include "runtime/sites.h"
+#include "util/check.h"
 
 namespace lockstep {
 namespace runtime {
 namespace {
 
-struct Timer {
+struct TimerValue {
   int64_t total_ns = 0;
   int64_t count = 0;
 };
@@ -24,7 +26,7 @@ struct Timer {
 struct Metrics {
   std::mutex mu;
   std::map<std::string, int64_t, std::less<>> counters;
-  std::map<std::string, Timer, std::less<>> timers;
+  std::map<std::string, TimerValue, std::less<>> timers;
 };
 
 Metrics& m() {
@@ -32,40 +34,84 @@ Metrics& m() {
   return *p;
 }
 
-const char* const kCounters[] = {"steps",
-                                 "syncs",
-                                 "implicit_syncs",
-                                 "compiles",
-                                 "cache_hits",
-                                 "executions",
-                                 "executed_nodes",
-                                 "rollbacks",
-                                 "transfers",
-                                 "bytes_to_device",
-                                 "bytes_from_device",
-                                 "execution_errors",
-                                 "run_time_rollbacks"};
-const char* const kTimers[] = {"trace", "graph", "compile", "execute"};
+struct Declared {
+  const char* name;
+  bool shown;  // report() lists it even while 0
+};
+
+const Declared kCounters[] = {
+#define LS_COUNTER(id, name, shown, meaning) {name, shown},
+#define LS_GAUGE(id, name, meaning)
+#define LS_TIMER(id, name, shown, meaning)
+#include "runtime/metrics.def"
+#undef LS_COUNTER
+#undef LS_GAUGE
+#undef LS_TIMER
+};
+const char* const kGauges[] = {
+#define LS_COUNTER(id, name, shown, meaning)
+#define LS_GAUGE(id, name, meaning) name,
+#define LS_TIMER(id, name, shown, meaning)
+#include "runtime/metrics.def"
+#undef LS_COUNTER
+#undef LS_GAUGE
+#undef LS_TIMER
+};
+const Declared kTimers[] = {
+#define LS_COUNTER(id, name, shown, meaning)
+#define LS_GAUGE(id, name, meaning)
+#define LS_TIMER(id, name, shown, meaning) {name, shown},
+#include "runtime/metrics.def"
+#undef LS_COUNTER
+#undef LS_GAUGE
+#undef LS_TIMER
+};
+
+// Whether `name` is a declared counter or gauge (max_<gauge> included).
+bool known_counter(std::string_view name) {
+  for (const Declared& c : kCounters)
+    if (name == c.name) return true;
+  for (const char* g : kGauges)
+    if (name == g || (name.size() > 4 && name.substr(0, 4) == "max_" && name.substr(4) == g))
+      return true;
+  return false;
+}
+
+std::string known_counters() {
+  std::string s;
+  for (const Declared& c : kCounters) s += util::cat(s.empty() ? "" : ", ", c.name);
+  for (const char* g : kGauges) s += util::cat(", ", g, ", max_", g);
+  return s;
+}
 
 }  // namespace
 
-void count(const char* name, int64_t delta) {
+void count(Counter counter, int64_t delta) {
   std::lock_guard<std::mutex> lock(m().mu);
-  m().counters[name] += delta;
+  m().counters[kCounters[static_cast<int>(counter)].name] += delta;
 }
 
-void gauge(const char* name, int64_t v) {
+void gauge(Gauge gauge, int64_t v) {
+  const char* name = kGauges[static_cast<int>(gauge)];
   std::lock_guard<std::mutex> lock(m().mu);
   m().counters[name] = v;
   int64_t& most = m().counters[std::string("max_") + name];
   most = std::max(most, v);
 }
 
-void time_ns(const char* name, int64_t ns) {
+void time_ns(Timer timer, int64_t ns) {
   std::lock_guard<std::mutex> lock(m().mu);
-  Timer& t = m().timers[name];
+  TimerValue& t = m().timers[kTimers[static_cast<int>(timer)].name];
   t.total_ns += ns;
   t.count += 1;
+}
+
+void time_kernel_ns(std::string_view label, int64_t ns) {
+  std::lock_guard<std::mutex> lock(m().mu);
+  auto it = m().timers.find(label);
+  if (it == m().timers.end()) it = m().timers.emplace(std::string(label), TimerValue{}).first;
+  it->second.total_ns += ns;
+  it->second.count += 1;
 }
 
 int64_t now_ns() {
@@ -79,25 +125,35 @@ int64_t now_ns() {
 namespace metrics {
 
 int64_t counter(const std::string& name) {
+  if (!runtime::known_counter(name))
+    throw Error(util::cat("ls::metrics::counter: no counter named '", name,
+                          "'. The counters are: ", runtime::known_counters()));
   auto& mm = runtime::m();
   std::lock_guard<std::mutex> lock(mm.mu);
   auto it = mm.counters.find(name);
   return it == mm.counters.end() ? 0 : it->second;
 }
 
-int64_t timer_total_ns(const std::string& name) {
+namespace {
+// A declared timer (0 until it runs), or a kernel's timer that has run (LOCKSTEP_PROFILE).
+runtime::TimerValue timer(const std::string& name) {
   auto& mm = runtime::m();
   std::lock_guard<std::mutex> lock(mm.mu);
   auto it = mm.timers.find(name);
-  return it == mm.timers.end() ? 0 : it->second.total_ns;
+  if (it != mm.timers.end()) return it->second;
+  std::string declared;
+  for (const runtime::Declared& t : runtime::kTimers) {
+    if (name == t.name) return {};
+    declared += util::cat(declared.empty() ? "" : ", ", t.name);
+  }
+  throw Error(util::cat("ls::metrics: no timer named '", name, "'. The timers are: ", declared,
+                        ", and under LOCKSTEP_PROFILE one per kind of kernel that has run"));
 }
+}  // namespace
 
-int64_t timer_count(const std::string& name) {
-  auto& mm = runtime::m();
-  std::lock_guard<std::mutex> lock(mm.mu);
-  auto it = mm.timers.find(name);
-  return it == mm.timers.end() ? 0 : it->second.count;
-}
+int64_t timer_total_ns(const std::string& name) { return timer(name).total_ns; }
+
+int64_t timer_count(const std::string& name) { return timer(name).count; }
 
 void reset() {
   auto& mm = runtime::m();
@@ -116,25 +172,29 @@ std::string report() {
   auto row = [&](const std::string& name, int64_t v) {
     os << std::left << std::setw(20) << name << std::right << std::setw(16) << v << "\n";
   };
-  for (const char* name : runtime::kCounters) {
-    auto it = mm.counters.find(name);
-    row(name, it == mm.counters.end() ? 0 : it->second);
+  for (const runtime::Declared& c : runtime::kCounters) {
+    if (!c.shown) continue;
+    auto it = mm.counters.find(c.name);
+    row(c.name, it == mm.counters.end() ? 0 : it->second);
   }
   for (const auto& [name, v] : mm.counters) {
-    bool known = false;
-    for (const char* k : runtime::kCounters) known = known || name == k;
-    if (!known) row(name, v);
+    bool shown = false;
+    for (const runtime::Declared& c : runtime::kCounters)
+      shown = shown || (c.shown && name == c.name);
+    if (!shown) row(name, v);
   }
   os << "\n"
      << std::left << std::setw(20) << "timer" << std::right << std::setw(10) << "count"
      << std::setw(14) << "total ms" << std::setw(14) << "mean ms"
      << "\n";
-  std::vector<std::string> names(std::begin(runtime::kTimers), std::end(runtime::kTimers));
+  std::vector<std::string> names;
+  for (const runtime::Declared& t : runtime::kTimers)
+    if (t.shown) names.push_back(t.name);
   for (const auto& [name, t] : mm.timers)
     if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
   for (const std::string& name : names) {
     auto it = mm.timers.find(name);
-    const runtime::Timer t = it == mm.timers.end() ? runtime::Timer{} : it->second;
+    const runtime::TimerValue t = it == mm.timers.end() ? runtime::TimerValue{} : it->second;
     os << std::left << std::setw(20) << name << std::right << std::setw(10) << t.count
        << std::setw(14) << std::fixed << std::setprecision(3) << t.total_ns / 1e6 << std::setw(14)
        << (t.count ? t.total_ns / 1e6 / static_cast<double>(t.count) : 0.0) << "\n";
@@ -177,7 +237,8 @@ std::string report_json() {
     auto& mm = runtime::m();
     std::lock_guard<std::mutex> lock(mm.mu);
     std::map<std::string, int64_t, std::less<>> counters(mm.counters.begin(), mm.counters.end());
-    for (const char* name : runtime::kCounters) counters.try_emplace(name, 0);
+    for (const runtime::Declared& c : runtime::kCounters)
+      if (c.shown) counters.try_emplace(c.name, 0);
     bool first = true;
     for (const auto& [name, v] : counters) {
       if (!first) out += ", ";

@@ -25,8 +25,10 @@
 #include "lockstep/runtime.h"
 #include "runtime/context.h"
 #include "runtime/graph_builder.h"
+#include "runtime/metrics.h"
 #include "runtime/sites.h"
 #include "util/check.h"
+#include "util/options.h"
 
 namespace lockstep::runtime {
 namespace {
@@ -69,8 +71,9 @@ struct Runtime {
   std::unordered_map<uint64_t, std::list<CacheEntry>::iterator> cache;
   size_t cache_capacity = 64;
   std::shared_ptr<const ir::Graph> last_graph;
-  bool debug = std::getenv("LOCKSTEP_DEBUG") && std::string(std::getenv("LOCKSTEP_DEBUG")) != "0";
-  const char* dump_dir = std::getenv("LOCKSTEP_DUMP");
+  bool debug = util::option_on(util::Option::Debug);
+  const char* dump_dir =
+      util::option(util::Option::Dump).empty() ? nullptr : util::option(util::Option::Dump).c_str();
 
   // Runtime thread. `qmu` also guards buffer completion and each context's outstanding
   // programs and unreported error.
@@ -143,8 +146,9 @@ std::vector<bool> donatable_inputs(const Job& job) {
   std::vector<const Buffer*> held;  // each buffer once per record entry that alone holds it
   if (job.rollback)
     for (const StepRollback::Entry& e : job.rollback->entries)
-      if (e.before && e.before->op == ir::Op::Data && e.before.use_count() == 1 && e.before->buffer)
-        held.push_back(e.before->buffer.get());
+      if (e.before && e.before->op == ir::Op::Data && e.before.use_count() == 1 &&
+          e.before->binding.buffer)
+        held.push_back(e.before->binding.buffer.get());
   std::sort(held.begin(), held.end());
   std::vector<bool> donatable(job.inputs.size());
   for (size_t k = 0; k < job.inputs.size(); ++k) {
@@ -183,16 +187,16 @@ void Runtime::run_job(Job& job) {
     } catch (const backends::RunError& e) {
       for (int32_t k : e.overwritten_inputs()) lost.push_back(job.inputs.at(k).get());
       err = wrap_error(job.origin, std::current_exception(), job.rollback != nullptr);
-      count("execution_errors");
+      count(Counter::ExecutionErrors);
     } catch (...) {
       err = wrap_error(job.origin, std::current_exception(), job.rollback != nullptr);
-      count("execution_errors");
+      count(Counter::ExecutionErrors);
     }
     const int64_t took = now_ns() - t0;
-    time_ns("execute", took);
+    time_ns(Timer::Execute, took);
     site_time(job.site, SitePhase::Execute, took);
-    count("executions");
-    count("executed_nodes", job.num_nodes);
+    count(Counter::Executions);
+    count(Counter::ExecutedNodes, job.num_nodes);
   }
   {
     std::lock_guard<std::mutex> lock(qmu);
@@ -232,7 +236,7 @@ void wait_for_room() {
   Runtime& r = rt();
   std::unique_lock<std::mutex> lock(r.qmu);
   if (std::this_thread::get_id() != r.worker_id && r.queue.size() >= r.max_queued) {
-    count("queue_waits");
+    count(Counter::QueueWaits);
     r.space_cv.wait(lock, [&] { return r.queue.size() < r.max_queued; });
   }
 }
@@ -279,7 +283,7 @@ const CacheEntry& lookup_or_compile(BuiltGraph& built, const std::string& origin
   auto it = r.cache.find(hash);
   if (it != r.cache.end() && it->second->key == built.key && it->second->setting == setting) {
     r.lru.splice(r.lru.begin(), r.lru, it->second);
-    count("cache_hits");
+    count(Counter::CacheHits);
     site_sync(site, static_cast<int64_t>(built.order.size()), true, graph_ns);
     return *it->second;
   }
@@ -304,9 +308,9 @@ const CacheEntry& lookup_or_compile(BuiltGraph& built, const std::string& origin
     throw Error(cat(origin, ": compile failed: ", e.what()));
   }
   const int64_t took = now_ns() - t0;
-  time_ns("compile", took);
+  time_ns(Timer::Compile, took);
   site_time(site, SitePhase::Compile, took);
-  count("compiles");
+  count(Counter::Compiles);
   const auto nodes = static_cast<int64_t>(built.graph.nodes.size());
   for (int64_t seen = g_largest_program.load(); nodes > seen;)
     if (g_largest_program.compare_exchange_weak(seen, nodes)) break;
@@ -371,7 +375,7 @@ void sync_impls(const std::vector<std::shared_ptr<TensorImpl>>& targets, const s
     const int64_t t0 = now_ns();
     BuiltGraph built = build_graph(roots, device);
     const int64_t graph_ns = now_ns() - t0;
-    time_ns("graph", graph_ns);
+    time_ns(Timer::Graph, graph_ns);
     const CacheEntry& entry = lookup_or_compile(built, origin, site, graph_ns);
     r.last_graph = entry.graph;
     // The memory preflight: before the program is queued (the limit may have changed since it
@@ -387,7 +391,7 @@ void sync_impls(const std::vector<std::shared_ptr<TensorImpl>>& targets, const s
     Job job;
     job.ctx = &me;
     job.exe = entry.exe;
-    gauge("planned_bytes", static_cast<int64_t>(entry.exe->planned_bytes()));
+    gauge(Gauge::PlannedBytes, static_cast<int64_t>(entry.exe->planned_bytes()));
     job.inputs = std::move(built.buffers);
     job.scalars = std::move(built.scalars);
     job.origin = origin;
@@ -404,15 +408,15 @@ void sync_impls(const std::vector<std::shared_ptr<TensorImpl>>& targets, const s
       TensorImpl& t = *group[k];
       const ir::NodePtr& value = roots[k];
       ir::NodePtr data = ir::make_data(job.outputs[built.root_output[k]], value->shape,
-                                       value->dtype, device, value->loc);
+                                       value->dtype, device, value->origin.loc);
       TensorLock lock(t);
       if (t.node != value) continue;  // given another value meanwhile (by a closure's thread)
       if (t.name && !job.outputs[built.root_output[k]]->name)
         job.outputs[built.root_output[k]]->name = t.name;
       if (t.requires_grad)
-        data = ir::annotated(data, true, t.weak_from_this(), nullptr);
-      else if (keep_history && value->requires_grad)
-        data = ir::annotated(data, true, {}, value);
+        data = ir::annotated(data, {true, t.weak_from_this(), nullptr, nullptr});
+      else if (keep_history && value->grad.requires_grad)
+        data = ir::annotated(data, {true, {}, value, nullptr});
       t.same_value_as = t.node.get();
       t.node = std::move(data);
       register_pending_locked(t, me);
@@ -452,9 +456,9 @@ void settle_failures(Context& me) {
       Tensor grad = e->before_grad;  // after the lock
       TensorLock lock(*t);
       if (t->node != e->after) continue;  // changed since (by a step that went through)
-      const bool lost =
-          e->before && e->before->buffer &&
-          std::find(f->lost.begin(), f->lost.end(), e->before->buffer.get()) != f->lost.end();
+      const bool lost = e->before && e->before->binding.buffer &&
+                        std::find(f->lost.begin(), f->lost.end(),
+                                  e->before->binding.buffer.get()) != f->lost.end();
       if (lost) {
         std::string why = "a step failed";
         try {
@@ -472,7 +476,7 @@ void settle_failures(Context& me) {
         restore_locked(*t, node, e->before_poison, grad, me);
       }
     }
-    count("run_time_rollbacks");
+    count(Counter::RunTimeRollbacks);
   }
 }
 
@@ -498,7 +502,10 @@ std::atomic<uint64_t> g_creation_counter{0};
 }
 
 lockstep::detail::TensorImpl::TensorImpl(ir::NodePtr n)
-    : node(std::move(n)), creation_index(g_creation_counter.fetch_add(1)) {}
+    : shape(n->shape),
+      dtype(n->dtype),
+      node(std::move(n)),
+      creation_index(g_creation_counter.fetch_add(1)) {}
 
 lockstep::detail::TensorImpl::~TensorImpl() {
   // No other thread holds this tensor any more; its owner's list still points at it.
@@ -534,7 +541,7 @@ void warn_growth(Context& me) {
       const ir::Node* n = stack.back();
       stack.pop_back();
       if (n->op == ir::Op::Data || !seen.insert(n).second) continue;
-      ++by_line[util::where(n->loc)];
+      ++by_line[util::where(n->origin.loc)];
       for (const ir::NodePtr& o : n->operands) stack.push_back(o.get());
     }
   }
@@ -544,7 +551,7 @@ void warn_growth(Context& me) {
   std::string lines;
   for (size_t k = 0; k < top.size() && k < 3; ++k)
     lines += cat(k ? ", " : "", top[k].second, " (", -top[k].first, " nodes)");
-  count("pending_graph_warnings");
+  count(Counter::PendingGraphWarnings);
   std::cerr << "lockstep: warning: " << ir::recorded_nodes()
             << " nodes recorded on this thread since its last sync, far past the largest program "
                "compiled ("
@@ -578,9 +585,9 @@ ir::NodePtr node_of(const Tensor& t, const char* op, const std::source_location&
   if (impl.poison) std::rethrow_exception(impl.poison);
   // A leaf that requires grad is seen by ops through a node marked as its own, so backward
   // knows where to deliver the gradient. The value is unchanged: no journal entry.
-  if (impl.requires_grad && ir::grad_enabled() && impl.node->grad_leaf.lock().get() != &impl) {
+  if (impl.requires_grad && ir::grad_enabled() && impl.node->grad.leaf.lock().get() != &impl) {
     impl.same_value_as = impl.node.get();
-    impl.node = ir::annotated(impl.node, true, impl.weak_from_this(), nullptr);
+    impl.node = ir::annotated(impl.node, {true, impl.weak_from_this(), nullptr, nullptr});
   }
   return impl.node;
 }
@@ -590,13 +597,10 @@ ir::NodePtr current_node(const TensorImpl& impl) {
   return impl.node;
 }
 
-const ir::Node& current_node_ref(const TensorImpl& impl) {
-  TensorLock lock(impl);
-  return *impl.node;
-}
-
 void set_value(TensorImpl& impl, ir::NodePtr node, const char* op, const std::source_location& loc,
                const ir::Node* base) {
+  LS_INTERNAL_CHECK(node->shape == impl.shape && node->dtype == impl.dtype,
+                    "a new value of another shape or dtype for ", op);
   Context& me = current_context();
   check_growth(me);
   TensorLock lock(impl);
@@ -631,15 +635,15 @@ void update_grad_of(TensorImpl& impl, const std::function<Tensor(const Tensor&)>
 
 bool requires_grad_of(const TensorImpl& impl) {
   TensorLock lock(impl);
-  return impl.requires_grad || impl.node->requires_grad;
+  return impl.requires_grad || impl.node->grad.requires_grad;
 }
 
 void set_requires_grad_of(TensorImpl& impl, bool requires_grad) {
   TensorLock lock(impl);
   impl.requires_grad = requires_grad;
-  if (!requires_grad && impl.node->requires_grad) {
+  if (!requires_grad && impl.node->grad.requires_grad) {
     impl.same_value_as = impl.node.get();
-    impl.node = ir::annotated(impl.node, false, {}, nullptr);
+    impl.node = ir::annotated(impl.node, {});
   }
 }
 
@@ -662,7 +666,7 @@ std::shared_ptr<Buffer> upload(Device device, const void* data, size_t bytes) {
   b->storage = be.alloc(bytes);
   if (bytes) be.copy_in(*b->storage, data, bytes);
   b->done.store(true);
-  count("bytes_to_device", static_cast<int64_t>(bytes));
+  count(Counter::BytesToDevice, static_cast<int64_t>(bytes));
   return b;
 }
 
@@ -691,7 +695,7 @@ void sync_all(const std::string& origin, const std::string& site,
     for (TensorImpl* impl = me.pending.head; impl; impl = impl->pending_next)
       if (auto sp = impl->weak_from_this().lock()) targets.push_back(std::move(sp));
   }
-  count("syncs");
+  count(Counter::Syncs);
   // The list's order is that of becoming pending; the order tensors were created in is the
   // same every time a loop body runs, so it makes the program (and its hash) the same.
   std::sort(targets.begin(), targets.end(),
@@ -721,8 +725,8 @@ std::shared_ptr<Buffer> materialize(const Tensor& t, const std::source_location&
                  "a step closure read a value that is not computed yet (closures run on the "
                  "runtime thread, which cannot run another program)",
                  "Read only tensors of the finished step in a closure, or read after the step");
-    count("implicit_syncs");
-    count("syncs");
+    count(Counter::ImplicitSyncs);
+    count(Counter::Syncs);
     wait_for_room();
     std::lock_guard<std::recursive_mutex> lock(r.mu);
     const std::string at = util::where(loc);
@@ -734,7 +738,7 @@ std::shared_ptr<Buffer> materialize(const Tensor& t, const std::source_location&
     sync_impls({impl}, cat("implicit sync at ", at), site, nullptr, true, &jobs, me);
     enqueue(jobs);
   }
-  std::shared_ptr<Buffer> b = current_node(*impl)->buffer;
+  std::shared_ptr<Buffer> b = current_node(*impl)->binding.buffer;
   wait_buffer(*b);
   if (b->error) {
     settle_failures(me);
@@ -753,7 +757,7 @@ std::vector<unsigned char> read_bytes(const Tensor& t, const std::source_locatio
   std::shared_ptr<Buffer> b = materialize(t, loc, api);
   std::vector<unsigned char> host(b->bytes);
   if (b->bytes) backends::backend_for(b->device).copy_out(*b->storage, host.data(), b->bytes);
-  count("bytes_from_device", static_cast<int64_t>(b->bytes));
+  count(Counter::BytesFromDevice, static_cast<int64_t>(b->bytes));
   return host;
 }
 

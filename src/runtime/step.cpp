@@ -5,11 +5,11 @@
 #include <string>
 #include <vector>
 
-#include "backends/cpu/cpu_backend.h"
 #include "lockstep/autocast.h"
 #include "lockstep/runtime.h"
 #include "runtime/context.h"
 #include "runtime/lazy.h"
+#include "runtime/metrics.h"
 #include "runtime/sites.h"
 #include "util/check.h"
 
@@ -54,7 +54,7 @@ void begin(StepState& s, const std::source_location& loc) {
   sync_all(entry, entry, nullptr, false);
   s.id = g_step_counter.fetch_add(1) + 1;
   s.loc = loc;
-  count("steps");
+  count(Counter::Steps);
   s.trace_start_ns = now_ns();
   Context& me = current_context();
   {
@@ -80,7 +80,7 @@ void rollback(StepState& s, const std::string& reason) {
   for (auto& w : s.created)
     if (auto t = w.lock()) poison(*t, lost);
   end_step();
-  count("rollbacks");
+  count(Counter::Rollbacks);
 }
 
 // Autograd history ends with the step: values computed by a read inside it stop standing for
@@ -88,9 +88,9 @@ void rollback(StepState& s, const std::string& reason) {
 void end_history(StepState& s) {
   auto cut = [](TensorImpl& t) {
     TensorLock lock(t);
-    if (t.node && t.node->grad_alias) {
+    if (t.node && t.node->grad.alias) {
       t.same_value_as = t.node.get();
-      t.node = ir::annotated(t.node, t.requires_grad, t.node->grad_leaf, nullptr);
+      t.node = ir::annotated(t.node, {t.requires_grad, t.node->grad.leaf, nullptr, nullptr});
     }
   };
   for (auto& w : s.created)
@@ -123,7 +123,7 @@ std::shared_ptr<StepRollback> hand_over(StepState& s) {
 
 void commit(StepState& s) {
   const std::string site = cat("step at ", util::where(s.loc));
-  time_ns("trace", now_ns() - s.trace_start_ns);
+  time_ns(Timer::Trace, now_ns() - s.trace_start_ns);
   site_time(site, SitePhase::Trace, now_ns() - s.trace_start_ns);
   try {
     // Past the build nothing can fail here; a failure while the programs run is undone by the
@@ -272,12 +272,6 @@ void set_max_queued_programs(size_t n) {
         "wait while the previous one runs)");
   runtime::set_max_queued(n);
 }
-
-void set_num_threads(int n) {
-  if (n < 0) throw Error(util::cat("set_num_threads: n must be >= 0, got ", n));
-  backends::cpu::set_num_threads(n);
-}
-int num_threads() { return backends::cpu::num_threads(); }
 
 namespace debug {
 std::string last_graph_text() { return runtime::last_graph_text(); }

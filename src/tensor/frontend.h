@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "ir/attrs.h"
 #include "ir/ir.h"
 #include "lockstep/ops.h"
 #include "runtime/lazy.h"
@@ -28,6 +29,25 @@ inline Tensor record(Op op, std::vector<NodePtr> operands, std::vector<int64_t> 
 inline NodePtr make(Op op, std::vector<NodePtr> operands, std::vector<int64_t> attrs,
                     const Loc& loc, Shape shape = {}, DType dtype = DType::F32) {
   return ir::make_node(op, std::move(operands), std::move(attrs), std::move(shape), dtype, loc);
+}
+
+// The public options of convolutions and poolings as the IR's attributes, and back (a pooling
+// stride of 0 means the kernel's).
+inline ir::ConvAttrs conv_attrs(const Conv2dOptions& o) {
+  return {o.stride, o.padding, o.dilation, o.groups};
+}
+inline Conv2dOptions conv_options(const ir::ConvAttrs& a) {
+  return {a.stride, a.padding, a.dilation, a.groups};
+}
+inline ir::PoolAttrs pool_attrs(const Pool2dOptions& o) {
+  return {
+      o.kernel,
+      {o.stride[0] == 0 ? o.kernel[0] : o.stride[0], o.stride[1] == 0 ? o.kernel[1] : o.stride[1]},
+      o.padding,
+      o.count_include_pad};
+}
+inline Pool2dOptions pool_options(const ir::PoolAttrs& a) {
+  return {a.kernel, a.stride, a.padding, a.count_include_pad};
 }
 
 // A 0-d runtime input holding `value` as `dtype`; refuses a value the dtype cannot hold.

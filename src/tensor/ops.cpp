@@ -589,28 +589,12 @@ Tensor matmul(const Tensor& a, const Tensor& b, Loc loc) {
   return record(Op::Reshape, {y}, {}, loc, out);
 }
 
-namespace {
-std::vector<int64_t> conv_attrs(const Conv2dOptions& o) {
-  return {o.stride[0],   o.stride[1],   o.padding[0], o.padding[1],
-          o.dilation[0], o.dilation[1], o.groups};
-}
-std::vector<int64_t> pool_attrs(const Pool2dOptions& o) {
-  return {o.kernel[0],
-          o.kernel[1],
-          o.stride[0] == 0 ? o.kernel[0] : o.stride[0],
-          o.stride[1] == 0 ? o.kernel[1] : o.stride[1],
-          o.padding[0],
-          o.padding[1],
-          o.count_include_pad ? 1 : 0};
-}
-}  // namespace
-
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Conv2dOptions& options, Loc loc) {
   using frontend::autocast_low;
   return record(
       Op::Conv2d,
       {autocast_low(node(x, "conv2d", loc), loc), autocast_low(node(weight, "conv2d", loc), loc)},
-      conv_attrs(options), loc);
+      frontend::conv_attrs(options).encode(), loc);
 }
 
 Tensor conv2d_backward_input(const Tensor& grad_out, const Tensor& weight, const Shape& input_shape,
@@ -620,7 +604,7 @@ Tensor conv2d_backward_input(const Tensor& grad_out, const Tensor& weight, const
   return record(
       Op::Conv2dBackwardInput,
       {autocast_low(node(grad_out, op, loc), loc), autocast_low(node(weight, op, loc), loc)},
-      conv_attrs(options), loc, input_shape);
+      frontend::conv_attrs(options).encode(), loc, input_shape);
 }
 
 Tensor conv2d_backward_weight(const Tensor& x, const Tensor& grad_out, const Shape& weight_shape,
@@ -629,35 +613,37 @@ Tensor conv2d_backward_weight(const Tensor& x, const Tensor& grad_out, const Sha
   using frontend::autocast_low;
   return record(Op::Conv2dBackwardWeight,
                 {autocast_low(node(x, op, loc), loc), autocast_low(node(grad_out, op, loc), loc)},
-                conv_attrs(options), loc, weight_shape);
+                frontend::conv_attrs(options).encode(), loc, weight_shape);
 }
 
 Tensor max_pool2d(const Tensor& x, const Pool2dOptions& options, Loc loc) {
-  return record(Op::MaxPool2d, {node(x, "max_pool2d", loc)}, pool_attrs(options), loc);
+  return record(Op::MaxPool2d, {node(x, "max_pool2d", loc)}, frontend::pool_attrs(options).encode(),
+                loc);
 }
 
 std::pair<Tensor, Tensor> max_pool2d_with_indices(const Tensor& x, const Pool2dOptions& options,
                                                   Loc loc) {
   const NodePtr& n = node(x, "max_pool2d", loc);
-  return {record(Op::MaxPool2d, {n}, pool_attrs(options), loc),
-          record(Op::MaxPool2dIndices, {n}, pool_attrs(options), loc)};
+  return {record(Op::MaxPool2d, {n}, frontend::pool_attrs(options).encode(), loc),
+          record(Op::MaxPool2dIndices, {n}, frontend::pool_attrs(options).encode(), loc)};
 }
 
 Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Shape& input_shape,
                            const Pool2dOptions& options, Loc loc) {
   const char* op = "max_pool2d_backward";
   return record(Op::MaxPool2dBackward, {node(grad_out, op, loc), node(indices, op, loc)},
-                pool_attrs(options), loc, input_shape);
+                frontend::pool_attrs(options).encode(), loc, input_shape);
 }
 
 Tensor avg_pool2d(const Tensor& x, const Pool2dOptions& options, Loc loc) {
-  return record(Op::AvgPool2d, {node(x, "avg_pool2d", loc)}, pool_attrs(options), loc);
+  return record(Op::AvgPool2d, {node(x, "avg_pool2d", loc)}, frontend::pool_attrs(options).encode(),
+                loc);
 }
 
 Tensor avg_pool2d_backward(const Tensor& grad_out, const Shape& input_shape,
                            const Pool2dOptions& options, Loc loc) {
   return record(Op::AvgPool2dBackward, {node(grad_out, "avg_pool2d_backward", loc)},
-                pool_attrs(options), loc, input_shape);
+                frontend::pool_attrs(options).encode(), loc, input_shape);
 }
 
 }  // namespace lockstep

@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "runtime/context.h"
+#include "runtime/metrics.h"
 #include "tensor/frontend.h"
 #include "util/check.h"
 
@@ -16,15 +17,13 @@ using util::cat;
 Tensor::Tensor(std::shared_ptr<detail::TensorImpl> impl) : impl_(std::move(impl)) {}
 
 namespace {
-// The node of the tensor's value, for its metadata. The reference stays valid while the value is
-// the tensor's (in-place ops keep shape and dtype: assign() checks); one thread's change of a
-// tensor another thread is reading is refused while the changing thread's step runs.
-const ir::Node& meta(const Tensor& t, const char* what) {
+// The tensor's shape and dtype: the same for every value it takes (see TensorImpl).
+const detail::TensorImpl& meta(const Tensor& t, const char* what) {
   if (!t.defined())
     throw Error(cat(what,
                     ": empty tensor handle (a default-constructed ls::Tensor); assign it a "
                     "value first"));
-  return runtime::current_node_ref(*t.impl());
+  return *t.impl();
 }
 }  // namespace
 
@@ -36,7 +35,9 @@ int64_t Tensor::size(int64_t axis) const {
 }
 int64_t Tensor::numel() const { return shape_numel(shape()); }
 DType Tensor::dtype() const { return meta(*this, "dtype").dtype; }
-Device Tensor::device() const { return meta(*this, "device").device; }
+Device Tensor::device() const {
+  return runtime::current_node(meta(*this, "device"))->device;  // Module::to moves tensors
+}
 
 bool Tensor::is_pending() const {
   if (!defined()) return false;
@@ -52,7 +53,7 @@ bool Tensor::is_poisoned() const {
     if (impl_->poison) return true;
     n = impl_->node;
   }
-  const auto& b = n->buffer;
+  const auto& b = n->binding.buffer;
   return b && b->done.load() && b->error;
 }
 
@@ -224,7 +225,7 @@ Tensor Tensor::to(Device device, Loc loc) const {
   if (n->device == device) return *this;
   backends::backend_for(device);  // fails early for an unavailable device
   const std::vector<unsigned char> bytes = runtime::read_bytes(*this, loc, "to");
-  runtime::count("transfers");
+  runtime::count(runtime::Counter::Transfers);
   return runtime::new_tensor(ir::make_data(runtime::upload(device, bytes.data(), bytes.size()),
                                            n->shape, n->dtype, device));
 }

@@ -3,6 +3,7 @@
 // through the cpu's bucket pass (packed into buckets by size, the scaled sums unpacked).
 #include "conformance.h"
 #include "dist/comm.h"
+#include "ir/attrs.h"
 #include "lockstep/dist.h"
 #include "tensor/frontend.h"
 
@@ -45,7 +46,7 @@ TEST_F(Collectives, Buckets) {
       ls::Tensor g = x[k] * (x[k].dtype() == ls::i64 ? 3 : 2.0);
       reduced.push_back(ls::frontend::record(
           Op::AllReduce, {ls::frontend::node(g, "test", loc)},
-          ls::dist::detail::all_reduce_attrs(scale, static_cast<int64_t>(x.size() - k), 1024, 256),
+          ls::ir::AllReduceAttrs{scale, static_cast<int64_t>(x.size() - k), 1024, 256}.encode(),
           loc, g.shape(), g.dtype()));
     }
     for (const ls::Tensor& r : reduced) out.push_back(r + (r.dtype() == ls::i64 ? 1 : 1.0));

@@ -487,3 +487,22 @@ TEST(Explain, DumpsNameParametersByModulePath) {
        {"holds 0.weight", "holds 0.bias", "holds 2.0.weight", "holds 2.1.running_mean"})
     EXPECT_THAT(text, HasSubstr(name)) << text;
 }
+
+// Batch norm's output is a value with a gradient function of its own (an annotated copy of the
+// node that computed it): the copy keeps the node's origin, so the dump names its module.
+TEST(Explain, BatchNormsOutputKeepsItsModulePathInTheDump) {
+  ls::nn::Sequential model;
+  model.emplace<ls::nn::Linear>(4, 3);
+  model.emplace<ls::nn::BatchNorm1d>(3);
+  model.emplace<ls::nn::ReLU>();
+  ls::step([&] { model(ls::randn({5, 4})).sum().backward(); });
+  const std::string text = ls::debug::last_graph_text();
+  // The relu's operand is batch norm's output.
+  const size_t relu = text.find("relu(%");
+  ASSERT_NE(relu, std::string::npos) << text;
+  const std::string operand = text.substr(relu + 5, text.find(')', relu) - relu - 5);
+  const size_t at = text.find("\n" + operand + " = ");
+  ASSERT_NE(at, std::string::npos) << operand << "\n" << text;
+  const std::string line = text.substr(at + 1, text.find('\n', at + 1) - at - 1);
+  EXPECT_THAT(line, HasSubstr(" in 1")) << line;
+}

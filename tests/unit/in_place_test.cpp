@@ -16,7 +16,7 @@ const void* storage_of(const ls::Tensor& t) {
   ls::wait();
   const auto& node = t.impl()->node;
   EXPECT_EQ(node->op, ls::ir::Op::Data);
-  return node->buffer->storage->data();
+  return node->binding.buffer->storage->data();
 }
 
 struct Net {

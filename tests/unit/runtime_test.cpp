@@ -266,6 +266,19 @@ TEST(Async, ReadOfAnotherValueReportsThePendingError) {
   EXPECT_TRUE(bad.is_poisoned());
 }
 
+TEST(Laziness, AShapeReferenceStaysValidAcrossASync) {
+  // The sync replaces the tensor's pending node by the value it computed, and the old node dies;
+  // the shape a caller holds by reference is the tensor's own (ASan checks the read).
+  ls::Tensor t = ls::ones({2, 3}) + 1.0;
+  const ls::Shape& shape = t.shape();
+  ls::sync();
+  ls::wait();
+  t.add_(1.0);
+  ls::sync();
+  EXPECT_EQ(shape, (ls::Shape{2, 3}));
+  EXPECT_EQ(t.to_vector<float>()[0], 3.0f);
+}
+
 TEST(Metrics, ReportListsCountersAndTimers) {
   ls::Tensor t = ls::ones({3}) + 1.0f;
   t.to_vector<float>();
@@ -284,6 +297,25 @@ TEST(Metrics, TransfersAreCounted) {
   EXPECT_EQ(to_dev.get(), 24);
   t.to_vector<double>();
   EXPECT_EQ(from_dev.get(), 24);
+}
+
+TEST(Metrics, AnUnknownNameIsAnErrorNamingTheKnownOnes) {
+  // A misspelled name must not read 0 and pass silently.
+  try {
+    (void)ls::metrics::counter("compile");
+    ADD_FAILURE() << "counter(\"compile\") read a value";
+  } catch (const ls::Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("no counter named 'compile'"));
+    EXPECT_THAT(e.what(), HasSubstr("compiles"));
+    EXPECT_THAT(e.what(), HasSubstr("max_planned_bytes"));
+  }
+  EXPECT_THROW((void)ls::metrics::timer_total_ns("executes"), ls::Error);
+  EXPECT_THROW((void)ls::metrics::timer_count("compiles"), ls::Error);
+  // Declared names read 0 before anything counts them, gauges' maxima included.
+  ls::metrics::reset();
+  EXPECT_EQ(counter("in_place_copies"), 0);
+  EXPECT_EQ(counter("max_planned_bytes"), 0);
+  EXPECT_EQ(ls::metrics::timer_total_ns("all_reduce_wait"), 0);
 }
 
 TEST(Devices, UnavailableDeviceIsAClearError) {

@@ -17,7 +17,8 @@
 
 #include "backends/cpu/passes.h"
 #include "dist/comm.h"
-#include "runtime/lazy.h"
+#include "ir/attrs.h"
+#include "runtime/metrics.h"
 #include "util/check.h"
 
 namespace lockstep::backends::cpu {
@@ -43,10 +44,10 @@ struct Bucket {
 // bf16 gradients are not packed yet: each is summed on its own, in f32, by the ref kernel; nor
 // are integers with a scale (ref scales the integer sum).
 bool bucketable(const ir::GraphNode& n) {
-  if (n.op != ir::Op::AllReduce || n.attrs.size() != 4 || n.attrs[1] < 0 || n.dtype == DType::BF16)
-    return false;
-  return n.dtype == DType::F32 || n.dtype == DType::F64 ||
-         dist::detail::all_reduce_scale(n.attrs) == 1.0;
+  if (n.op != ir::Op::AllReduce || n.dtype == DType::BF16) return false;
+  const ir::AllReduceAttrs a = ir::AllReduceAttrs::of(n.attrs);
+  if (a.order < 0) return false;
+  return n.dtype == DType::F32 || n.dtype == DType::F64 || a.scale == 1.0;
 }
 
 template <typename T>
@@ -59,7 +60,7 @@ std::string describe(const ir::Graph& g, const Bucket& b, int number, size_t in_
   const ir::GraphNode& first = g.nodes[b.members.front()];
   return util::cat("all_reduce of bucket ", number, " (", b.members.size(), " gradient",
                    b.members.size() > 1 ? "s" : "", ", ", b.bytes, " bytes, ", in_place,
-                   " computed in place) recorded at ", util::where(first.loc));
+                   " computed in place) recorded at ", util::where(first.origin.loc));
 }
 
 // Gradients the backward computes straight into their bucket's region (as PyTorch DDP's
@@ -89,7 +90,7 @@ std::vector<size_t> place_gradients(plan::Plan& p,
       const int32_t r = root[b.operands[m]];
       const ir::GraphNode& value = g.nodes[r];
       if (value.op == ir::Op::Data || p.constant_at[r] >= 0 || p.is_output[r] || producer[r] < 0 ||
-          p.placed[r].first >= 0 || p.layout[r] != plan::Layout::Plain || value.dtype != b.dtype ||
+          p.placed[r].first >= 0 || decisions(p).blocked[r] || value.dtype != b.dtype ||
           plan::bytes_of(value) != plan::bytes_of(g.nodes[member]) ||
           last_read[r] > static_cast<int>(start[k]))
         continue;
@@ -152,8 +153,10 @@ void bucket_all_reduces(plan::Plan& p) {
         !bucketable(g.nodes[g.nodes[s.node].operands[0]]))
       nodes.push_back(s.node);
   if (nodes.empty()) return;
-  std::stable_sort(nodes.begin(), nodes.end(),
-                   [&](int32_t a, int32_t b) { return g.nodes[a].attrs[1] < g.nodes[b].attrs[1]; });
+  std::stable_sort(nodes.begin(), nodes.end(), [&](int32_t a, int32_t b) {
+    return ir::AllReduceAttrs::of(g.nodes[a].attrs).order <
+           ir::AllReduceAttrs::of(g.nodes[b].attrs).order;
+  });
   hoist_gradient_finish(p, nodes);
   const std::vector<int> producer = p.producers();
 
@@ -165,7 +168,8 @@ void bucket_all_reduces(plan::Plan& p) {
   bool full = true;  // the last bucket reached its size
   for (int32_t id : nodes) {
     const ir::GraphNode& n = g.nodes[id];
-    const double scale = dist::detail::all_reduce_scale(n.attrs);
+    const ir::AllReduceAttrs attrs = ir::AllReduceAttrs::of(n.attrs);
+    const double scale = attrs.scale;
     Bucket* b = full ? nullptr : buckets.back().get();
     if (!b || b->dtype != n.dtype || b->scale != scale) {
       buckets.push_back(std::make_shared<Bucket>());
@@ -178,7 +182,8 @@ void bucket_all_reduces(plan::Plan& p) {
     b->offset.push_back(b->bytes);
     b->count.push_back(shape_numel(n.shape));
     b->bytes += (bytes_of(n) + 63) / 64 * 64;
-    full = b->bytes >= static_cast<size_t>(buckets.size() == 1 ? n.attrs[3] : n.attrs[2]);
+    full = b->bytes >=
+           static_cast<size_t>(buckets.size() == 1 ? attrs.first_bucket_bytes : attrs.bucket_bytes);
   }
 
   // Per bucket, its start (after the step `start_after`) and its wait.
@@ -226,7 +231,7 @@ void bucket_all_reduces(plan::Plan& p) {
       // The communication not hidden behind the steps since the start (metrics timer).
       const int64_t t0 = runtime::now_ns();
       dist::detail::wait(*op);
-      runtime::time_ns("all_reduce_wait", runtime::now_ns() - t0);
+      runtime::time_ns(runtime::Timer::AllReduceWait, runtime::now_ns() - t0);
       if (b->scale == 1.0) return;  // integers are bucketed only so (bucketable)
       for (size_t m = 0; m < b->members.size(); ++m) {
         if (b->dtype == DType::F32)
@@ -298,7 +303,7 @@ void bucket_all_reduces(plan::Plan& p) {
     buckets[k]->what = describe(g, *buckets[k], static_cast<int>(k) + 1, in_place[k]);
     for (plan::Step* step : described[k]) step->detail = buckets[k]->what;
   }
-  runtime::count("all_reduce_buckets", static_cast<int64_t>(buckets.size()));
+  runtime::count(runtime::Counter::AllReduceBuckets, static_cast<int64_t>(buckets.size()));
 }
 
 }  // namespace lockstep::backends::cpu

@@ -5,7 +5,7 @@
 #include "backends/cpu/passes.h"
 #include "backends/ref/ref_kernels.h"
 #include "passes/passes.h"
-#include "runtime/lazy.h"
+#include "runtime/metrics.h"
 
 namespace lockstep::backends::cpu {
 
@@ -52,7 +52,7 @@ void fold_constants(plan::Plan& p) {
     if (!value[f].empty())
       std::memcpy(static_cast<char*>(p.constants->data()) + p.constant_at[f], value[f].data(),
                   value[f].size());
-  runtime::count("folded_constants", static_cast<int64_t>(c.fold.size()));
+  runtime::count(runtime::Counter::FoldedConstants, static_cast<int64_t>(c.fold.size()));
 }
 
 }  // namespace lockstep::backends::cpu

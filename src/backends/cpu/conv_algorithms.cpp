@@ -1,6 +1,9 @@
 // The convolution algorithm pass: which oneDNN convolutions run as Winograd (plan::Plan::
 // algorithm), by the rule set_conv_algo selects (dnnl_ops.h).
+#include <array>
+
 #include "backends/cpu/passes.h"
+#include "ir/attrs.h"
 
 namespace lockstep::backends::cpu {
 
@@ -20,19 +23,18 @@ void choose_conv_algorithms(plan::Plan& p) {
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const int32_t id = static_cast<int32_t>(i);
     const ir::GraphNode& n = g.nodes[i];
-    p.algorithm[i] = plan::Algorithm::Default;
+    decisions(p).winograd[i] = false;
     if (setting == ConvAlgo::Direct || !p.run_time[i] || !dnnl_conv(g, id)) continue;
     // The forward problem's weights and output, whichever direction this is.
     const Shape& w = n.op == Op::Conv2dBackwardWeight ? n.shape : g.nodes[n.operands[1]].shape;
     const Shape& y = n.op == Op::Conv2d                ? n.shape
                      : n.op == Op::Conv2dBackwardInput ? g.nodes[n.operands[0]].shape
                                                        : g.nodes[n.operands[1]].shape;
-    const std::vector<int64_t>& a = n.attrs;
-    const bool candidate =
-        w[2] == 3 && w[3] == 3 && a[0] == 1 && a[1] == 1 && a[4] == 1 && a[5] == 1 && a[6] == 1;
+    const ir::ConvAttrs a = ir::ConvAttrs::of(n.attrs);
+    const bool candidate = w[2] == 3 && w[3] == 3 && a.stride == std::array<int64_t, 2>{1, 1} &&
+                           a.dilation == std::array<int64_t, 2>{1, 1} && a.groups == 1;
     const bool big = w[0] >= 16 && w[1] >= 16 && y[2] * y[3] >= 64;
-    if (candidate && (setting == ConvAlgo::Winograd || big))
-      p.algorithm[i] = plan::Algorithm::Winograd;
+    if (candidate && (setting == ConvAlgo::Winograd || big)) decisions(p).winograd[i] = true;
   }
 }
 

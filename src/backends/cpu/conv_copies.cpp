@@ -5,7 +5,7 @@
 
 #include "backends/cpu/passes.h"
 #include "plan/first_fit.h"
-#include "runtime/lazy.h"
+#include "runtime/metrics.h"
 
 namespace lockstep::backends::cpu {
 
@@ -48,7 +48,7 @@ void share_conv_copies(plan::Plan& p) {
     const size_t first = uses.front().step, last = uses.back().step;
     const size_t offset = fit.place(kernel(p.steps[first]).conv->copy_floats(uses.front().k),
                                     static_cast<int64_t>(first), static_cast<int64_t>(last));
-    runtime::count("shared_conv_copies", static_cast<int64_t>(uses.size() - 1));
+    runtime::count(runtime::Counter::SharedConvCopies, static_cast<int64_t>(uses.size() - 1));
     for (const Use& u : uses) {
       auto [it, fresh] =
           places.try_emplace(u.step, std::array<Place, 2>{Place{-1, false}, Place{-1, false}});

@@ -11,8 +11,10 @@
 
 #include "backends/cpu/executable.h"
 #include "backends/cpu/passes.h"
+#include "lockstep/runtime.h"
 #include "passes/passes.h"
 #include "plan/pipeline.h"
+#include "util/check.h"
 
 namespace lockstep::backends::cpu {
 namespace {
@@ -94,3 +96,14 @@ int num_threads() {
 }
 
 }  // namespace lockstep::backends::cpu
+
+namespace lockstep {
+
+// The thread count is the cpu backend's setting (the ref backend runs on one thread).
+void set_num_threads(int n) {
+  if (n < 0) throw Error(util::cat("set_num_threads: n must be >= 0, got ", n));
+  backends::cpu::set_num_threads(n);
+}
+int num_threads() { return backends::cpu::num_threads(); }
+
+}  // namespace lockstep

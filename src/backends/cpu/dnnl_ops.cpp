@@ -19,9 +19,11 @@
 #include <dnnl.hpp>
 
 #include "backends/cpu/kernels.h"
+#include "ir/attrs.h"
 #include "lockstep/error.h"
-#include "runtime/lazy.h"
+#include "runtime/metrics.h"
 #include "util/check.h"
+#include "util/options.h"
 
 namespace lockstep::backends::cpu {
 namespace {
@@ -86,7 +88,7 @@ struct Bf16Emulation {
     numel[0] = span_of(in0);
     numel[1] = span_of(in1);
     numel[2] = span_of(out);
-    runtime::count("bf16_emulated_primitives");
+    runtime::count(runtime::Counter::Bf16EmulatedPrimitives);
   }
 
   const float* widen(int k, const void* src) const {
@@ -323,13 +325,16 @@ void build_conv(DnnlConv::Kind kind, const Shape& x, const Shape& w, const Shape
                 dt ddt, DnnlConv::Impl& impl) {
   using Kind = DnnlConv::Kind;
   impl.kind = kind;
-  const int64_t g = a[6];
-  const memory::dims strides{a[0], a[1]};
-  const memory::dims dilates{a[4] - 1, a[5] - 1};
-  const memory::dims pad_l{a[2], a[3]};
+  const ir::ConvAttrs conv = ir::ConvAttrs::of(a);
+  const int64_t g = conv.groups;
+  const memory::dims strides{conv.stride[0], conv.stride[1]};
+  const memory::dims dilates{conv.dilation[0] - 1, conv.dilation[1] - 1};
+  const memory::dims pad_l{conv.padding[0], conv.padding[1]};
   // oneDNN wants the right padding that makes its output size equal PyTorch's floor formula.
-  const memory::dims pad_r{(y[2] - 1) * a[0] + (w[2] - 1) * a[4] + 1 - x[2] - a[2],
-                           (y[3] - 1) * a[1] + (w[3] - 1) * a[5] + 1 - x[3] - a[3]};
+  memory::dims pad_r(2);
+  for (int d = 0; d < 2; ++d)
+    pad_r[d] = (y[2 + d] - 1) * conv.stride[d] + (w[2 + d] - 1) * conv.dilation[d] + 1 - x[2 + d] -
+               conv.padding[d];
   const memory::dims xd = dims_of(x), yd = dims_of(y);
   memory::dims wd = g == 1 ? dims_of(w) : memory::dims{g, w[0] / g, w[1], w[2], w[3]};
   const tag wtag = g == 1 ? tag::oihw : tag::goihw;
@@ -407,8 +412,7 @@ void run_conv(DnnlConv::Impl& impl, const void* in0, const void* in1, void* out,
 
 std::atomic<int>& conv_algo_knob() {
   static std::atomic<int> knob{[] {
-    const char* v = std::getenv("LOCKSTEP_CONV_ALGO");
-    const std::string s = v ? v : "";
+    const std::string& s = util::option(util::Option::ConvAlgo);
     if (s == "direct") return static_cast<int>(ConvAlgo::Direct);
     if (s == "winograd") return static_cast<int>(ConvAlgo::Winograd);
     return static_cast<int>(ConvAlgo::Auto);  // unset, "auto", or unknown
@@ -426,7 +430,7 @@ DnnlConv::DnnlConv(Kind kind, const Shape& x, const Shape& w, const Shape& y,
     if (winograd) {
       try {
         build_conv(kind, x, w, y, a, blocked, dnnl::algorithm::convolution_winograd, ddt, *impl_);
-        runtime::count("winograd_convolutions");
+        runtime::count(runtime::Counter::WinogradConvolutions);
         return;
       } catch (const dnnl::error&) {
         impl_ = std::make_unique<Impl>();  // not implemented for this problem or machine
@@ -473,10 +477,16 @@ struct DnnlAvgPool::Impl {
   Bf16Emulation emulation;
 };
 
+// oneDNN's right padding: what makes its output size PyTorch's floor formula.
+static int64_t pool_pad_r(const Shape& x, const Shape& y, const ir::PoolAttrs& pool, int d) {
+  return (y[2 + d] - 1) * pool.stride[d] + pool.kernel[d] - x[2 + d] - pool.padding[d];
+}
+
 bool DnnlAvgPool::fits(const Shape& x, const Shape& y, const std::vector<int64_t>& a) {
+  const ir::PoolAttrs pool = ir::PoolAttrs::of(a);
   for (int d = 0; d < 2; ++d) {
-    const int64_t pad_r = (y[2 + d] - 1) * a[2 + d] + a[d] - x[2 + d] - a[4 + d];
-    if (pad_r < 0 || (a[6] != 0 && pad_r > a[4 + d])) return false;
+    const int64_t pad_r = pool_pad_r(x, y, pool, d);
+    if (pad_r < 0 || (pool.count_include_pad && pad_r > pool.padding[d])) return false;
   }
   return true;
 }
@@ -487,11 +497,14 @@ DnnlAvgPool::DnnlAvgPool(bool backward, const Shape& x, const Shape& y,
   if (!fits(x, y, a)) throw BackendError("average pooling: padding oneDNN does not take");
   auto build = [&](dt ddt) {
     const memory::desc x_md(dims_of(x), ddt, tag::nchw), y_md(dims_of(y), ddt, tag::nchw);
-    const memory::dims kernel{a[0], a[1]}, strides{a[2], a[3]}, pad_l{a[4], a[5]};
-    const memory::dims pad_r{(y[2] - 1) * a[2] + a[0] - x[2] - a[4],
-                             (y[3] - 1) * a[3] + a[1] - x[3] - a[5]};
-    const dnnl::algorithm alg = a[6] != 0 ? dnnl::algorithm::pooling_avg_include_padding
-                                          : dnnl::algorithm::pooling_avg_exclude_padding;
+    const ir::PoolAttrs pool = ir::PoolAttrs::of(a);
+    const memory::dims kernel{pool.kernel[0], pool.kernel[1]};
+    const memory::dims strides{pool.stride[0], pool.stride[1]};
+    const memory::dims pad_l{pool.padding[0], pool.padding[1]};
+    const memory::dims pad_r{pool_pad_r(x, y, pool, 0), pool_pad_r(x, y, pool, 1)};
+    const dnnl::algorithm alg = pool.count_include_pad
+                                    ? dnnl::algorithm::pooling_avg_include_padding
+                                    : dnnl::algorithm::pooling_avg_exclude_padding;
     const dnnl::primitive_attr attr = user_scratchpad();
     dnnl::pooling_forward::desc fd(dnnl::prop_kind::forward_training, alg, x_md, y_md, strides,
                                    kernel, pad_l, pad_r);

@@ -1,6 +1,6 @@
 // The cpu executable: runs a compiled plan (plan::Plan with CpuStep kernels) step by step over
 // one arena, allocating the outputs or taking over donated inputs, and keeps every donated input
-// restorable while a data check may still fail. Also the memory preflight (check_memory).
+// restorable while a data check may still fail.
 #include "backends/cpu/executable.h"
 
 #include <omp.h>
@@ -12,7 +12,7 @@
 #include <string>
 
 #include "dist/comm.h"
-#include "runtime/lazy.h"
+#include "runtime/metrics.h"
 #include "util/check.h"
 
 namespace lockstep::backends::cpu {
@@ -96,9 +96,9 @@ std::vector<std::shared_ptr<Storage>> CpuExecutable::run(
         if (p_.donor_step[k] < p_.last_can_fail) {
           kept[k] = alloc_host(inputs[j]->bytes());
           std::memcpy(kept[k]->data(), inputs[j]->data(), inputs[j]->bytes());
-          runtime::count("in_place_copies");
+          runtime::count(runtime::Counter::InPlaceCopies);
         }
-        runtime::count("in_place_outputs");
+        runtime::count(runtime::Counter::InPlaceOutputs);
       } else if (p_.slot[id].kind == Slot::Region) {
         out_of_node[id] =
             slice_of(regions[static_cast<size_t>(p_.slot[id].region)],
@@ -123,7 +123,7 @@ std::vector<std::shared_ptr<Storage>> CpuExecutable::run(
       if (dist::detail::in_flight()) {
         const int64_t t0 = runtime::now_ns();
         dist::detail::progress();
-        runtime::time_ns("all_reduce_progress", runtime::now_ns() - t0);
+        runtime::time_ns(runtime::Timer::AllReduceProgress, runtime::now_ns() - t0);
       }
       if (!profile_) {
         kernel(step).run(ctx);
@@ -136,7 +136,8 @@ std::vector<std::shared_ptr<Storage>> CpuExecutable::run(
       std::string name;
       if (profile_steps_)
         name = util::cat(step.label, " %", step.node, shape_str(p_.graph.nodes[step.node].shape));
-      runtime::time_ns(profile_steps_ ? name.c_str() : step.label, took);
+      runtime::time_kernel_ns(
+          profile_steps_ ? std::string_view(name) : std::string_view(step.label), took);
     }
   } catch (const InternalError&) {
     throw;
@@ -156,57 +157,7 @@ std::vector<std::shared_ptr<Storage>> CpuExecutable::run(
   return outs;
 }
 
-namespace {
+// The memory preflight (plan/preflight.cpp).
+void CpuExecutable::check_memory(size_t limit) const { plan::check_memory(p_, limit, "cpu"); }
 
-// Bytes as "1.50 GiB (1610612736 bytes)".
-std::string format_bytes(size_t bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(bytes);
-  int u = 0;
-  while (v >= 1024 && u < 4) v /= 1024, ++u;
-  char text[32];
-  std::snprintf(text, sizeof text, u == 0 ? "%.0f %s" : "%.2f %s", v, units[u]);
-  return u == 0 ? std::string(text) : util::cat(text, " (", bytes, " bytes)");
-}
-
-}  // namespace
-
-// The memory preflight: a program whose plan needs more than the limit fails before it runs,
-// naming what it needs and the values that need it most.
-void CpuExecutable::check_memory(size_t limit) const {
-  const size_t need = p_.planned.total();
-  if (need <= limit) return;
-  // The largest values: outputs and the arena values live together at the peak.
-  std::vector<std::pair<int32_t, bool>> values;  // node, is an output
-  for (int32_t o : p_.graph.outputs) values.emplace_back(o, true);
-  for (int32_t v : p_.live_at_peak) values.emplace_back(v, false);
-  std::sort(values.begin(), values.end(), [&](const auto& a, const auto& b) {
-    const size_t x = bytes_of(p_.graph.nodes[a.first]), y = bytes_of(p_.graph.nodes[b.first]);
-    return x != y ? x > y : a.first < b.first;
-  });
-  values.erase(std::unique(values.begin(), values.end(),
-                           [](const auto& a, const auto& b) { return a.first == b.first; }),
-               values.end());
-  std::string largest;
-  for (size_t k = 0; k < values.size() && k < 5; ++k) {
-    const ir::GraphNode& node = p_.graph.nodes[values[k].first];
-    std::ostringstream shape;
-    shape << node.dtype << "[";
-    for (size_t d = 0; d < node.shape.size(); ++d) shape << (d ? ", " : "") << node.shape[d];
-    shape << "]";
-    largest += util::cat(k ? "; " : "", shape.str(), " ", format_bytes(bytes_of(node)), " from ",
-                         ir::user_name(node.op), values[k].second ? " (an output)" : "", " at ",
-                         util::where(node.loc));
-  }
-  throw Error(util::cat(
-      "cpu: the program needs ", format_bytes(need),
-      " when it runs, more than the memory limit of ", format_bytes(limit),
-      " (ls::set_memory_limit; default: the machine's memory). Planned: ",
-      format_bytes(p_.planned.arena), " of intermediate values, ", format_bytes(p_.planned.outputs),
-      " of outputs, ", format_bytes(p_.planned.copies + p_.planned.scratch),
-      " of oneDNN copies and scratch, ", format_bytes(p_.planned.constants),
-      " of constants. Largest values (outputs and those live at the peak): ", largest,
-      ". Nothing ran. Use smaller batches or layers, or raise the limit with "
-      "ls::set_memory_limit if the machine has the memory"));
-}
 }  // namespace lockstep::backends::cpu

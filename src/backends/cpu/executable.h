@@ -7,6 +7,7 @@
 
 #include "backends/backend.h"
 #include "backends/cpu/passes.h"
+#include "util/options.h"
 
 namespace lockstep::backends::cpu {
 
@@ -25,8 +26,8 @@ class CpuExecutable final : public Executable {
  private:
   plan::Plan p_;
   const int threads_;
-  const bool profile_ = std::getenv("LOCKSTEP_PROFILE") != nullptr;
-  const bool profile_steps_ = profile_ && std::string(std::getenv("LOCKSTEP_PROFILE")) == "steps";
+  const bool profile_ = util::option_on(util::Option::Profile);
+  const bool profile_steps_ = util::option(util::Option::Profile) == "steps";
   std::shared_ptr<Storage> arena_;   // allocated at the first run, kept for the next
   std::shared_ptr<Storage> copies_;  // the convolutions' shared operand copies
 };

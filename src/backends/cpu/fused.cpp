@@ -62,43 +62,25 @@ LOCKSTEP_TARGET_CLONES void fill_run(float* dst, int64_t n, float v) {
 
 bool fusible(const ir::Graph& g, int32_t id) {
   const ir::GraphNode& n = g.nodes[id];
-  switch (n.op) {
-    case Op::Neg:
-    case Op::Abs:
-    case Op::Exp:
-    case Op::Log:
-    case Op::Sqrt:
-    case Op::Rsqrt:
-    case Op::Tanh:
-    case Op::Sigmoid:
-    case Op::Relu:
-    case Op::Sin:
-    case Op::Cos:
-    case Op::Floor:
-    case Op::Ceil:
-    case Op::Sign:
-    case Op::LogicalNot:
-    case Op::IsFinite:
-    case Op::Cast:
-    case Op::Add:
-    case Op::Sub:
-    case Op::Mul:
-    case Op::Div:
-    case Op::Pow:
-    case Op::Maximum:
-    case Op::Minimum:
-    case Op::Eq:
-    case Op::Ne:
-    case Op::Lt:
-    case Op::Le:
-    case Op::Gt:
-    case Op::Ge:
-    case Op::LogicalAnd:
-    case Op::LogicalOr:
-    case Op::Where:
-    case Op::Expand:
+  // Every elementwise family (`apply` computes each op; conformance runs them all), and
+  // broadcasts (a leaf read with zero strides).
+  switch (ir::op_info(n.op).family) {
+    case ir::OpFamily::Unary:
+    case ir::OpFamily::Binary:
+    case ir::OpFamily::Comparison:
+    case ir::OpFamily::Select:
       break;
-    default:
+    case ir::OpFamily::Movement:
+      if (n.op != Op::Expand) return false;
+      break;
+    case ir::OpFamily::Leaf:
+    case ir::OpFamily::Random:
+    case ir::OpFamily::Reduction:
+    case ir::OpFamily::Index:
+    case ir::OpFamily::Contraction:
+    case ir::OpFamily::Convolution:
+    case ir::OpFamily::Pooling:
+    case ir::OpFamily::Collective:
       return false;
   }
   if (!fusible_dtype(n.dtype)) return false;
@@ -598,6 +580,9 @@ LOCKSTEP_TARGET_CLONES void apply(Op op, int64_t len, float* y, const float* a, 
       return;
     case Op::Pow:
       binary(len, y, a, b, scalars, [](float x, float z) { return std::pow(x, z); });
+      return;
+    case Op::Fmod:
+      binary(len, y, a, b, scalars, [](float x, float z) { return std::fmod(x, z); });
       return;
     case Op::Maximum:
       binary(len, y, a, b, scalars,

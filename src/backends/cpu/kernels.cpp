@@ -8,6 +8,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "ir/attrs.h"
 #include "lockstep/error.h"
 #include "util/check.h"
 
@@ -283,7 +284,9 @@ template <typename T>
 void max_pool2d_plain(const T* x, const Shape& in, const Shape& out, const std::vector<int64_t>& a,
                       T* values, int64_t* indices) {
   const int64_t planes = in[0] * in[1], H = in[2], W = in[3], HO = out[2], WO = out[3];
-  const int64_t kh = a[0], kw = a[1], sh = a[2], sw = a[3], ph = a[4], pw = a[5];
+  const ir::PoolAttrs pool = ir::PoolAttrs::of(a);
+  const int64_t kh = pool.kernel[0], kw = pool.kernel[1], sh = pool.stride[0], sw = pool.stride[1],
+                ph = pool.padding[0], pw = pool.padding[1];
   if (H * W > INT32_MAX) {  // indices kept as int32 below
     throw BackendError(util::cat("max_pool2d: a plane of ", H * W, " elements is too large"));
   }
@@ -433,7 +436,9 @@ template <typename T>
 void max_pool2d_blocked_any(const T* x, const Shape& in, const Shape& out,
                             const std::vector<int64_t>& a, T* values, int64_t* indices) {
   const int64_t blocks = in[0] * (in[1] / kBlock), H = in[2], W = in[3], HO = out[2], WO = out[3];
-  const int64_t kh = a[0], kw = a[1], sh = a[2], sw = a[3], ph = a[4], pw = a[5];
+  const ir::PoolAttrs pool = ir::PoolAttrs::of(a);
+  const int64_t kh = pool.kernel[0], kw = pool.kernel[1], sh = pool.stride[0], sw = pool.stride[1],
+                ph = pool.padding[0], pw = pool.padding[1];
   if (H * W > INT32_MAX) {  // indices kept as int32 below
     throw BackendError(util::cat("max_pool2d: a plane of ", H * W, " elements is too large"));
   }

@@ -1,8 +1,8 @@
 // The layout pass: which activations stay in oneDNN's blocked layout (nChw16c) between
-// convolutions (plan::Plan::layout, and walk_blocked for sums reading them in that order).
+// convolutions (CpuDecisions::blocked, and walk_blocked for sums reading them in that order).
 #include "backends/cpu/kernels.h"
 #include "backends/cpu/passes.h"
-#include "runtime/lazy.h"
+#include "runtime/metrics.h"
 
 namespace lockstep::backends::cpu {
 
@@ -21,8 +21,9 @@ using ir::Op;
 // reorders it as before.
 void choose_layouts(plan::Plan& p) {
   const size_t n = p.graph.nodes.size();
-  p.layout.assign(n, plan::Layout::Plain);
-  p.walk_blocked.assign(n, false);
+  CpuDecisions& d = decisions(p);
+  d.blocked.assign(n, false);
+  d.walk_blocked.assign(n, false);
   // Union-find over the nodes; n stands for "plain", n + 1 + i for sum i's walk over its input.
   std::vector<int32_t> parent(2 * n + 1);
   for (size_t i = 0; i < parent.size(); ++i) parent[i] = static_cast<int32_t>(i);
@@ -98,14 +99,14 @@ void choose_layouts(plan::Plan& p) {
   int64_t count = 0;
   for (size_t i = 0; i < n; ++i) {
     const bool blocked = candidate[i] && find(static_cast<int32_t>(i)) != find(plain);
-    p.layout[i] = blocked ? plan::Layout::Blocked16c : plan::Layout::Plain;
+    d.blocked[i] = blocked;
     count += blocked;
   }
   // A sum walks in blocked order when the values it reads are blocked: its full-size leaves
   // share its class, and a class that is not plain holds only blocked values. (A walk over
   // broadcasts only stays plain.)
-  for (int32_t id : walking_sums) p.walk_blocked[id] = find(plain + 1 + id) != find(plain);
-  if (count) runtime::count("blocked_activations", count);
+  for (int32_t id : walking_sums) d.walk_blocked[id] = find(plain + 1 + id) != find(plain);
+  if (count) runtime::count(runtime::Counter::BlockedActivations, count);
 }
 
 }  // namespace lockstep::backends::cpu

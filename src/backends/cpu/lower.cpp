@@ -9,8 +9,8 @@
 #include "backends/cpu/kernels.h"
 #include "backends/cpu/passes.h"
 #include "backends/ref/ref_kernels.h"
-#include "dist/comm.h"
-#include "runtime/lazy.h"
+#include "ir/attrs.h"
+#include "runtime/metrics.h"
 #include "util/check.h"
 
 namespace lockstep::backends::cpu {
@@ -43,15 +43,15 @@ bool dnnl_conv_fits(const ir::Graph& g, int32_t id) {
   const Shape& y = n.op == Op::Conv2d                ? n.shape
                    : n.op == Op::Conv2dBackwardInput ? g.nodes[n.operands[0]].shape
                                                      : g.nodes[n.operands[1]].shape;
-  const auto& a = n.attrs;
+  const ir::ConvAttrs a = ir::ConvAttrs::of(n.attrs);
   for (int d = 0; d < 2; ++d) {
-    const int64_t extent = (w[2 + d] - 1) * a[4 + d] + 1;
-    const int64_t pad_r = (y[2 + d] - 1) * a[d] + extent - x[2 + d] - a[2 + d];
+    const int64_t extent = (w[2 + d] - 1) * a.dilation[d] + 1;
+    const int64_t pad_r = (y[2 + d] - 1) * a.stride[d] + extent - x[2 + d] - a.padding[d];
     // A negative right padding (input rows a stride skips at the end) is fine: oneDNN just
     // does not read them. Padding beyond "same" is fine too: the crashes once seen with it
     // (groups 2, dilation 2, padding 2 on a 2-tap kernel) came from oneDNN's thread-bound
     // scratchpad (see dnnl_ops.cpp), and the conformance suite covers such shapes.
-    if (pad_r < -(a[d] - 1)) return false;
+    if (pad_r < -(a.stride[d] - 1)) return false;
   }
   return true;
 }
@@ -75,6 +75,14 @@ bool transposed_matmul(const plan::Plan& p, int32_t id) {
   for (int32_t o : mm.operands)
     if (p.graph.nodes[o].dtype != n.dtype || shape_numel(p.graph.nodes[o].shape) == 0) return false;
   return true;
+}
+
+// Indices of a max pooling gradient that the same pooling's max_pool2d_with_indices computed.
+bool pooling_indices(const ir::Graph& g, const ir::GraphNode& n) {
+  if (n.op != Op::MaxPool2dBackward) return false;
+  const ir::GraphNode& i = g.nodes[n.operands[1]];
+  return i.op == Op::MaxPool2dIndices && i.attrs == n.attrs &&
+         g.nodes[i.operands[0]].shape == n.shape;
 }
 
 }  // namespace
@@ -143,10 +151,26 @@ std::pair<Shape, std::vector<int64_t>> blocked_sum(const Shape& in,
   return {in5, a5};
 }
 
-std::vector<bool> blocked_mask(const plan::Plan& p) {
-  std::vector<bool> blocked(p.layout.size());
-  for (size_t i = 0; i < blocked.size(); ++i) blocked[i] = p.layout[i] == plan::Layout::Blocked16c;
-  return blocked;
+CpuDecisions& decisions(plan::Plan& p) {
+  if (!p.decisions) p.decisions = std::make_shared<CpuDecisions>(p.graph.nodes.size());
+  return static_cast<CpuDecisions&>(*p.decisions);
+}
+
+std::vector<bool> blocked_values(const plan::Plan& p) {
+  if (!p.decisions) return std::vector<bool>(p.graph.nodes.size(), false);
+  return static_cast<const CpuDecisions&>(*p.decisions).blocked;
+}
+
+std::string CpuDecisions::describe(int32_t node) const {
+  std::string what;
+  if (blocked[node]) what += " nChw16c";
+  if (walk_blocked[node]) what += " walks-nChw16c";
+  if (winograd[node]) what += " winograd";
+  return what;
+}
+const char* CpuDecisions::mark(int32_t value) const { return blocked[value] ? "(nChw16c)" : ""; }
+const char* CpuDecisions::step_mark(int32_t node) const {
+  return walk_blocked[node] ? "(nChw16c)" : mark(node);
 }
 
 std::vector<plan::Member> members_of(const FusedMembers& fused) {
@@ -296,7 +320,7 @@ void add_step(plan::Plan& p, const std::vector<bool>& mask, int32_t id) {
     const ir::GraphNode& a = p.graph.nodes[n.operands[0]];
     const ir::GraphNode& b = p.graph.nodes[n.operands[1]];
     std::shared_ptr<DnnlConv> conv;
-    const bool winograd = p.algorithm[id] == plan::Algorithm::Winograd;
+    const bool winograd = decisions(p).winograd[id];
     const DnnlConv::Blocked blocked{mask[n.operands[0]], mask[n.operands[1]], mask[id]};
     if (n.op == Op::Conv2d)
       conv = std::make_shared<DnnlConv>(DnnlConv::Kind::Forward, a.shape, b.shape, n.shape, n.attrs,
@@ -315,7 +339,7 @@ void add_step(plan::Plan& p, const std::vector<bool>& mask, int32_t id) {
   } else if ((n.op == Op::Sum || n.op == Op::Max || n.op == Op::Min) &&
              (f32 || (n.op == Op::Sum && n.dtype == DType::BF16)) && p.absorbed[n.operands[0]]) {
     step.kind = plan::StepKind::Reduction;
-    const bool walk_blocked = p.walk_blocked[id];
+    const bool walk_blocked = decisions(p).walk_blocked[id];
     auto tree =
         std::make_shared<FusedTree>(p.graph, n.operands[0], p.absorbed, &mask, walk_blocked);
     step.reads = tree->leaf_nodes();
@@ -351,7 +375,7 @@ void add_step(plan::Plan& p, const std::vector<bool>& mask, int32_t id) {
     const Op op = n.op;
     const DType in_dtype = p.graph.nodes[x].dtype;
     const bool bf16_out = n.dtype == DType::BF16;
-    if (p.walk_blocked[id]) {
+    if (decisions(p).walk_blocked[id]) {
       auto [in5, attrs5] = blocked_sum(in, attrs);
       cs.sum = std::make_shared<SumOf>(SumOf{in5, attrs5, nullptr, x, in_dtype, bf16_out});
       cs.run = run_sums({{id, cs.sum}});
@@ -387,7 +411,7 @@ void add_step(plan::Plan& p, const std::vector<bool>& mask, int32_t id) {
     const bool blocked = mask[x];
     LS_INTERNAL_CHECK(mask[id] == blocked && (other_id < 0 || mask[other_id] == blocked),
                       "max pooling's input, values and indices in different layouts");
-    if (blocked) runtime::count("blocked_max_pooling");
+    if (blocked) runtime::count(runtime::Counter::BlockedMaxPooling);
     if (p.graph.nodes[x].dtype == DType::BF16) {
       cs.run = [=](Ctx& c) {
         uint16_t* v = values >= 0 ? static_cast<uint16_t*>(c.ptr[values]) : nullptr;
@@ -425,10 +449,10 @@ void add_step(plan::Plan& p, const std::vector<bool>& mask, int32_t id) {
     const bool blocked = mask[id];
     LS_INTERNAL_CHECK(mask[gy] == blocked && mask[idx] == blocked,
                       "max pooling's gradient, output gradient and indices in different layouts");
-    if (blocked) runtime::count("blocked_max_pooling");
-    // Its indices are checked against the plane, but they come from the forward pooling: a
-    // failure there is a fault, not the data's, and poisons what it had overwritten. A bf16
-    // gradient is summed in f32 and rounded once, as ref computes it.
+    if (blocked) runtime::count(runtime::Counter::BlockedMaxPooling);
+    // Its indices are checked ahead unless the forward pooling computed them (see the end of
+    // add_step); the kernel checks them again, before its threads start. A bf16 gradient is
+    // summed in f32 and rounded once, as ref computes it.
     const bool bf16 = n.dtype == DType::BF16;
     cs.run = [=](Ctx& c) {
       const int64_t* i = static_cast<const int64_t*>(c.ptr[idx]);
@@ -458,9 +482,10 @@ void add_step(plan::Plan& p, const std::vector<bool>& mask, int32_t id) {
     if (n.op == Op::Permute) {
       for (int64_t a : n.attrs) st.push_back(xs[a]);
     } else {
+      const ir::SliceAttrs slice = ir::SliceAttrs::of(n.attrs);
       st = xs;
-      st[n.attrs[0]] *= n.attrs[3];
-      offset = n.attrs[1] * xs[n.attrs[0]];
+      st[slice.axis] *= slice.step;
+      offset = slice.start * xs[slice.axis];
     }
     const Shape out = n.shape;
     if (dtype_size(n.dtype) == 2)
@@ -489,28 +514,31 @@ void add_step(plan::Plan& p, const std::vector<bool>& mask, int32_t id) {
     std::vector<std::pair<Shape, DType>> args;
     for (int32_t o : n.operands) args.emplace_back(p.graph.nodes[o].shape, p.graph.nodes[o].dtype);
     const std::vector<int32_t> ops = n.operands;
-    // The ref kernels that check their data: indices (checked ahead, see add_checks), integer
-    // division and integer powers (checked where they run).
-    const bool integer = !is_floating(n.dtype);
-    // Collectives fail when a peer misses the deadline.
-    step.can_fail = (integer && (n.op == Op::Div || n.op == Op::Fmod || n.op == Op::Pow)) ||
-                    dist::detail::is_collective(n.op);
-    if (n.op == Op::Gather || n.op == Op::ScatterAdd) {
-      const int32_t index = n.operands[1];
-      const Shape index_shape = p.graph.nodes[index].shape;
-      const int64_t axis = n.attrs[0], size = p.graph.nodes[n.operands[0]].shape[axis];
-      const char* name = ir::op_info(n.op).name;
-      step.checked = index;
-      cs.check = [=](Ctx& c) {
-        ref::check_indices(name, {c.ptr[index], index_shape, DType::I64}, size, axis);
-      };
-    }
     cs.run = [node, args, ops, id](Ctx& c) {
       std::vector<ref::Arr> arr;
       for (size_t k = 0; k < ops.size(); ++k)
         arr.push_back({c.ptr[ops[k]], args[k].first, args[k].second});
       ref::eval_node(node, arr, *c.scalars, c.ptr[id]);
     };
+  }
+  // Whether the step may throw comes from the op table. Indices are checked ahead, in a step of
+  // their own that add_checks places as early as it can, unless they are the ones the forward
+  // pooling computed in this program (in range by construction); once they pass, the op cannot
+  // fail on them.
+  step.can_fail = ir::may_fail(n.op, n.dtype);
+  if (const int k = ir::index_operand(n.op); k >= 0) {
+    step.can_fail = false;
+    if (!pooling_indices(p.graph, n)) {
+      const int32_t index = n.operands[static_cast<size_t>(k)];
+      const Shape index_shape = p.graph.nodes[index].shape;
+      const ir::IndexBound bound =
+          ir::index_bound(n.op, n.attrs, p.graph.nodes[n.operands[0]].shape, n.shape);
+      const char* name = ir::op_info(n.op).name;
+      step.checked = index;
+      cs.check = [=](Ctx& c) {
+        ref::check_indices(name, {c.ptr[index], index_shape, DType::I64}, bound);
+      };
+    }
   }
   step.payload = std::move(payload);
   p.steps.push_back(std::move(step));
@@ -519,7 +547,7 @@ void add_step(plan::Plan& p, const std::vector<bool>& mask, int32_t id) {
 }  // namespace
 
 void lower(plan::Plan& p) {
-  const std::vector<bool> blocked = blocked_mask(p);
+  const std::vector<bool> blocked = blocked_values(p);
   for (size_t i = 0; i < p.graph.nodes.size(); ++i)
     if (!p.absorbed[i] && !p.merged[i] && p.run_time[i] && p.graph.nodes[i].op != Op::Data)
       add_step(p, blocked, static_cast<int32_t>(i));

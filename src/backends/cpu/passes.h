@@ -59,6 +59,21 @@ struct SumOf {
 using SumParts = std::vector<std::pair<int32_t, std::shared_ptr<SumOf>>>;
 
 // A cpu step's kernel: plan::Step::payload.
+// The cpu backend's own decisions per node (plan::Plan::decisions).
+struct CpuDecisions final : plan::BackendDecisions {
+  explicit CpuDecisions(size_t nodes) : blocked(nodes), walk_blocked(nodes), winograd(nodes) {}
+  std::vector<bool> blocked;       // held in oneDNN's nChw16c layout (layouts.cpp)
+  std::vector<bool> walk_blocked;  // a sum that walks its input in the blocked order
+  std::vector<bool> winograd;      // a convolution run as oneDNN's Winograd (conv_algorithms.cpp)
+  std::string describe(int32_t node) const override;
+  const char* mark(int32_t value) const override;
+  const char* step_mark(int32_t node) const override;
+};
+// The plan's cpu decisions, made (all plain, none Winograd) on first use.
+CpuDecisions& decisions(plan::Plan& p);
+// Whether each value is held blocked (all false before the layout pass).
+std::vector<bool> blocked_values(const plan::Plan& p);
+
 struct CpuStep final : plan::StepPayload {
   std::function<void(Ctx&)> run;
   // The check of operand plan::Step::checked, which add_checks moves to a step of its own.
@@ -115,7 +130,5 @@ bool sum_takes_blocked(const Shape& in, const std::vector<int64_t>& attrs);
 // A sum's input shape and attrs as it walks a blocked value: [N, C/16, H, W, 16].
 std::pair<Shape, std::vector<int64_t>> blocked_sum(const Shape& in,
                                                    const std::vector<int64_t>& attrs);
-// Per node: held in the blocked layout.
-std::vector<bool> blocked_mask(const plan::Plan& p);
 
 }  // namespace lockstep::backends::cpu

@@ -9,6 +9,7 @@
 
 #include "backends/ref/ref_kernels.h"
 #include "dist/comm.h"
+#include "ir/attrs.h"
 #include "ir/random_bits.h"
 #include "util/check.h"
 
@@ -302,8 +303,8 @@ void all_reduce(const ir::GraphNode& n, const Arr& x, void* out) {
   const int64_t count = shape_numel(n.shape);
   if (count) std::memcpy(out, x.data, static_cast<size_t>(count) * dtype_size(n.dtype));
   dist::detail::all_reduce(out, count, n.dtype,
-                           util::cat("all_reduce recorded at ", util::where(n.loc)));
-  const double scale = dist::detail::all_reduce_scale(n.attrs);
+                           util::cat("all_reduce recorded at ", util::where(n.origin.loc)));
+  const double scale = ir::AllReduceAttrs::of(n.attrs).scale;
   if (scale == 1) return;
   dispatch(n.dtype, [&](auto tag) {
     using T = decltype(tag);
@@ -618,7 +619,7 @@ void eval_exact(const ir::GraphNode& n, const std::vector<Arr>& a,
       if (count) std::memcpy(out, a[0].data, static_cast<size_t>(count) * dtype_size(n.dtype));
       dist::detail::broadcast(out, static_cast<size_t>(count) * dtype_size(n.dtype),
                               static_cast<int>(n.attrs[0]),
-                              util::cat("broadcast recorded at ", util::where(n.loc)));
+                              util::cat("broadcast recorded at ", util::where(n.origin.loc)));
       return;
   }
   util::internal_fail(__FILE__, __LINE__, "ref: unknown op");

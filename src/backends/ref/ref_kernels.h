@@ -94,7 +94,7 @@ void avg_pool2d_backward(const ir::GraphNode& n, const Arr& gy, void* out);
 void gather(const ir::GraphNode& n, const Arr& x, const Arr& idx, void* out);
 // Throws BackendError unless every i64 value of `index` is in [0, size): the check of gather
 // and scatter_add along an axis of `size` (also run ahead of them by the cpu backend).
-void check_indices(const char* op, const Arr& index, int64_t size, int64_t axis);
+void check_indices(const char* op, const Arr& index, ir::IndexBound bound);
 void scatter_add(const ir::GraphNode& n, const Arr& x, const Arr& idx, const Arr& src, void* out);
 // Stable sort positions along attrs[0] (descending when attrs[1]); NaN above every number.
 void argsort(const ir::GraphNode& n, const Arr& x, void* out);

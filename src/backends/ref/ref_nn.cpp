@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "backends/ref/ref_kernels.h"
+#include "ir/attrs.h"
 #include "util/check.h"
 
 namespace lockstep::backends::ref {
@@ -17,23 +18,37 @@ using util::cat;
 template <typename T>
 using Acc = std::conditional_t<std::is_floating_point_v<T>, double, int64_t>;
 
-struct ConvAttrs {
+// The loops below name ir::ConvAttrs' and ir::PoolAttrs' fields per axis.
+struct ConvGeometry {
   int64_t sh, sw, ph, pw, dh, dw, groups;
-  explicit ConvAttrs(const std::vector<int64_t>& a)
-      : sh(a[0]), sw(a[1]), ph(a[2]), pw(a[3]), dh(a[4]), dw(a[5]), groups(a[6]) {}
+  explicit ConvGeometry(const ir::ConvAttrs& c)
+      : sh(c.stride[0]),
+        sw(c.stride[1]),
+        ph(c.padding[0]),
+        pw(c.padding[1]),
+        dh(c.dilation[0]),
+        dw(c.dilation[1]),
+        groups(c.groups) {}
 };
 
-struct PoolAttrs {
+struct PoolGeometry {
   int64_t kh, kw, sh, sw, ph, pw;
   bool count_include_pad;
-  explicit PoolAttrs(const std::vector<int64_t>& a)
-      : kh(a[0]), kw(a[1]), sh(a[2]), sw(a[3]), ph(a[4]), pw(a[5]), count_include_pad(a[6] != 0) {}
+  explicit PoolGeometry(const ir::PoolAttrs& p)
+      : kh(p.kernel[0]),
+        kw(p.kernel[1]),
+        sh(p.stride[0]),
+        sw(p.stride[1]),
+        ph(p.padding[0]),
+        pw(p.padding[1]),
+        count_include_pad(p.count_include_pad) {}
 };
 
 // Visits every (input, weight, output) index triple of a convolution:
 // f(x_offset, w_offset, y_offset). x: [N,C,H,W], w: [O,C/g,KH,KW], y: [N,O,HO,WO].
 template <typename F>
-void for_each_conv_tap(const Shape& x, const Shape& w, const Shape& y, const ConvAttrs& c, F&& f) {
+void for_each_conv_tap(const Shape& x, const Shape& w, const Shape& y, const ConvGeometry& c,
+                       F&& f) {
   const int64_t N = x[0], C = x[1], H = x[2], W = x[3];
   const int64_t O = w[0], Cg = w[1], KH = w[2], KW = w[3];
   const int64_t HO = y[2], WO = y[3];
@@ -112,7 +127,7 @@ void matmul(const ir::GraphNode& n, const Arr& a, const Arr& b, void* out) {
 }
 
 void conv2d(const ir::GraphNode& n, const Arr& x, const Arr& w, void* out) {
-  const ConvAttrs c(n.attrs);
+  const ConvGeometry c(ir::ConvAttrs::of(n.attrs));
   dispatch(n.dtype, [&](auto tag) {
     using T = decltype(tag);
     std::vector<Acc<T>> acc(shape_numel(n.shape), 0);
@@ -126,7 +141,7 @@ void conv2d(const ir::GraphNode& n, const Arr& x, const Arr& w, void* out) {
 }
 
 void conv2d_backward_input(const ir::GraphNode& n, const Arr& gy, const Arr& w, void* out) {
-  const ConvAttrs c(n.attrs);
+  const ConvGeometry c(ir::ConvAttrs::of(n.attrs));
   dispatch(n.dtype, [&](auto tag) {
     using T = decltype(tag);
     std::vector<Acc<T>> acc(shape_numel(n.shape), 0);
@@ -140,7 +155,7 @@ void conv2d_backward_input(const ir::GraphNode& n, const Arr& gy, const Arr& w, 
 }
 
 void conv2d_backward_weight(const ir::GraphNode& n, const Arr& x, const Arr& gy, void* out) {
-  const ConvAttrs c(n.attrs);
+  const ConvGeometry c(ir::ConvAttrs::of(n.attrs));
   dispatch(n.dtype, [&](auto tag) {
     using T = decltype(tag);
     std::vector<Acc<T>> acc(shape_numel(n.shape), 0);
@@ -154,7 +169,7 @@ void conv2d_backward_weight(const ir::GraphNode& n, const Arr& x, const Arr& gy,
 }
 
 void max_pool2d(const ir::GraphNode& n, const Arr& x, void* out, bool indices) {
-  const PoolAttrs p(n.attrs);
+  const PoolGeometry p(ir::PoolAttrs::of(n.attrs));
   const int64_t NC = x.shape[0] * x.shape[1], H = x.shape[2], W = x.shape[3];
   const int64_t HO = n.shape[2], WO = n.shape[3];
   dispatch(x.dtype, [&](auto tag) {
@@ -195,12 +210,10 @@ void max_pool2d_backward(const ir::GraphNode& n, const Arr& gy, const Arr& idx, 
     std::vector<Acc<T>> acc(shape_numel(n.shape), 0);
     const T* GY = gy.as<T>();
     const int64_t* I = idx.as<int64_t>();
+    check_indices("max_pool2d_backward", idx, {HW, -1});
     for (int64_t plane = 0; plane < NC; ++plane)
       for (int64_t o = 0; o < OHW; ++o) {
         const int64_t at = I[plane * OHW + o];
-        if (at < 0 || at >= HW)
-          throw BackendError(cat("max_pool2d_backward: index ", at, " out of range for a plane of ",
-                                 HW, " elements"));
         acc[plane * HW + at] += static_cast<Acc<T>>(GY[plane * OHW + o]);
       }
     store<T>(acc, out);
@@ -212,7 +225,7 @@ namespace {
 // PyTorch's avg_pool2d window: the divisor counts padding cells (when asked) but not cells past
 // the padded edge.
 template <typename F>
-void for_each_avg_window(const Shape& in, const Shape& outs, const PoolAttrs& p, F&& f) {
+void for_each_avg_window(const Shape& in, const Shape& outs, const PoolGeometry& p, F&& f) {
   const int64_t NC = in[0] * in[1], H = in[2], W = in[3];
   const int64_t HO = outs[2], WO = outs[3];
   for (int64_t plane = 0; plane < NC; ++plane)
@@ -233,7 +246,7 @@ void for_each_avg_window(const Shape& in, const Shape& outs, const PoolAttrs& p,
 }  // namespace
 
 void avg_pool2d(const ir::GraphNode& n, const Arr& x, void* out) {
-  const PoolAttrs p(n.attrs);
+  const PoolGeometry p(ir::PoolAttrs::of(n.attrs));
   const int64_t H = x.shape[2], W = x.shape[3];
   dispatch(n.dtype, [&](auto tag) {
     using T = decltype(tag);
@@ -252,7 +265,7 @@ void avg_pool2d(const ir::GraphNode& n, const Arr& x, void* out) {
 }
 
 void avg_pool2d_backward(const ir::GraphNode& n, const Arr& gy, void* out) {
-  const PoolAttrs p(n.attrs);
+  const PoolGeometry p(ir::PoolAttrs::of(n.attrs));
   const int64_t H = n.shape[2], W = n.shape[3];
   dispatch(n.dtype, [&](auto tag) {
     using T = decltype(tag);
@@ -277,7 +290,7 @@ namespace {
 // range (known only at run time), negative ones included, as PyTorch's gather and scatter do.
 template <typename F>
 void for_each_indexed(const char* op, const Shape& x, const Arr& index, int64_t axis, F&& f) {
-  check_indices(op, index, x[axis], axis);
+  check_indices(op, index, {x[axis], axis});
   const std::vector<int64_t> xs = strides_of(x);
   std::vector<int64_t> walk = xs;
   walk[axis] = 0;
@@ -289,13 +302,14 @@ void for_each_indexed(const char* op, const Shape& x, const Arr& index, int64_t 
 
 }  // namespace
 
-void check_indices(const char* op, const Arr& index, int64_t size, int64_t axis) {
+void check_indices(const char* op, const Arr& index, ir::IndexBound bound) {
   const int64_t n = shape_numel(index.shape);
   const int64_t* I = index.as<int64_t>();
   for (int64_t i = 0; i < n; ++i)
-    if (I[i] < 0 || I[i] >= size)
-      throw BackendError(cat(op, ": index ", I[i], " is out of range [0, ", size, ") for axis ",
-                             axis,
+    if (I[i] < 0 || I[i] >= bound.size)
+      throw BackendError(cat(op, ": index ", I[i], " is out of range [0, ", bound.size, ")",
+                             bound.axis >= 0 ? cat(" for axis ", bound.axis)
+                                             : cat(" for a plane of ", bound.size, " elements"),
                              I[i] < 0 ? " (negative indices are errors, as in PyTorch)" : ""));
 }
 

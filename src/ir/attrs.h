@@ -1,0 +1,87 @@
+// Typed views of Node::attrs for the ops whose attributes are a record of several fields: the one
+// place that knows which int64 means what. Ops read them with `X::of(node.attrs)` and record them
+// with `x.encode()`; a malformed list is our bug (an InternalError), never the user's.
+// Not for single-field attributes (an axis), which ir.h lists per op.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "util/check.h"
+
+namespace lockstep::ir {
+
+// Conv2d, Conv2dBackwardInput, Conv2dBackwardWeight.
+struct ConvAttrs {
+  std::array<int64_t, 2> stride{1, 1};
+  std::array<int64_t, 2> padding{0, 0};
+  std::array<int64_t, 2> dilation{1, 1};
+  int64_t groups = 1;
+
+  static ConvAttrs of(const std::vector<int64_t>& a) {
+    LS_INTERNAL_CHECK(a.size() == 7, "convolution attrs: expected 7, got ", a.size());
+    return {{a[0], a[1]}, {a[2], a[3]}, {a[4], a[5]}, a[6]};
+  }
+  std::vector<int64_t> encode() const {
+    return {stride[0], stride[1], padding[0], padding[1], dilation[0], dilation[1], groups};
+  }
+};
+
+// MaxPool2d, MaxPool2dIndices, MaxPool2dBackward, AvgPool2d, AvgPool2dBackward.
+struct PoolAttrs {
+  std::array<int64_t, 2> kernel{2, 2};
+  std::array<int64_t, 2> stride{2, 2};  // resolved: never 0
+  std::array<int64_t, 2> padding{0, 0};
+  bool count_include_pad = true;  // average pooling only
+
+  static PoolAttrs of(const std::vector<int64_t>& a) {
+    LS_INTERNAL_CHECK(a.size() == 7, "pooling attrs: expected 7, got ", a.size());
+    return {{a[0], a[1]}, {a[2], a[3]}, {a[4], a[5]}, a[6] != 0};
+  }
+  std::vector<int64_t> encode() const {
+    return {kernel[0],
+            kernel[1],
+            stride[0],
+            stride[1],
+            padding[0],
+            padding[1],
+            count_include_pad ? 1 : 0};
+  }
+};
+
+// Slice: normalized, 0 <= start, end <= size, step > 0.
+struct SliceAttrs {
+  int64_t axis = 0, start = 0, end = 0, step = 1;
+
+  static SliceAttrs of(const std::vector<int64_t>& a) {
+    LS_INTERNAL_CHECK(a.size() == 4, "slice attrs: expected 4, got ", a.size());
+    return {a[0], a[1], a[2], a[3]};
+  }
+  std::vector<int64_t> encode() const { return {axis, start, end, step}; }
+};
+
+// AllReduce: the sum over the ranks times `scale`. order >= 0: a gradient DataParallel averages,
+// bucketed with the others by the backend, buckets closing at `bucket_bytes` (the first at
+// `first_bucket_bytes`); order -1: on its own.
+struct AllReduceAttrs {
+  double scale = 1;
+  int64_t order = -1, bucket_bytes = 0, first_bucket_bytes = 0;
+
+  static AllReduceAttrs of(const std::vector<int64_t>& a) {
+    AllReduceAttrs r;
+    if (a.empty()) return r;  // a plain sum, as recorded before buckets existed
+    LS_INTERNAL_CHECK(a.size() == 4, "all_reduce attrs: expected 4, got ", a.size());
+    std::memcpy(&r.scale, &a[0], sizeof r.scale);
+    r.order = a[1], r.bucket_bytes = a[2], r.first_bucket_bytes = a[3];
+    return r;
+  }
+  std::vector<int64_t> encode() const {
+    int64_t bits = 0;
+    std::memcpy(&bits, &scale, sizeof bits);
+    return {bits, order, bucket_bytes, first_bucket_bytes};
+  }
+};
+
+}  // namespace lockstep::ir
