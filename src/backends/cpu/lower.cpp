@@ -263,6 +263,430 @@ std::function<void(Ctx&)> run_sums(SumParts parts) {
 }
 namespace {
 
+// What a lowering rule sees: the plan, the node, and the step it fills in.
+struct Lowering {
+  plan::Plan& p;
+  const std::vector<bool>& mask;  // per value: held blocked
+  const int32_t id;
+  const ir::GraphNode& n;
+  plan::Step& step;
+  CpuStep& cs;
+  const bool f32;  // the node computes f32 values
+};
+
+// Elementwise trees, fused into one pass over tiles (fused.cpp).
+bool fused_applies(const Lowering& l) {
+  const plan::Plan& p = l.p;
+  const int32_t id = l.id;
+  return fusible(p.graph, id);
+}
+void lower_fused(Lowering& l) {
+  plan::Plan& p = l.p;
+  const std::vector<bool>& mask = l.mask;
+  const int32_t id = l.id;
+  plan::Step& step = l.step;
+  CpuStep& cs = l.cs;
+  auto tree = std::make_shared<FusedTree>(p.graph, id, p.absorbed, &mask, mask[id]);
+  step.reads = tree->leaf_nodes();
+  step.label = "fused";
+  step.detail = tree->describe();
+  cs.fused = std::make_shared<FusedMembers>(1, std::make_pair(id, tree));
+  step.kind = plan::StepKind::Elementwise;
+  step.members = members_of(*cs.fused);
+  cs.run = run_fused(cs.fused);
+}
+
+// f32 and bf16 matmuls through oneDNN; also the transpose of one, computed directly as B^T A^T.
+bool matmul_applies(const Lowering& l) {
+  const plan::Plan& p = l.p;
+  const int32_t id = l.id;
+  const ir::GraphNode& n = l.n;
+  return (n.op == Op::MatMul && (all_f32(p.graph, id) || all_bf16(p.graph, id))) ||
+         transposed_matmul(p, id);
+}
+void lower_matmul(Lowering& l) {
+  plan::Plan& p = l.p;
+  const int32_t id = l.id;
+  const ir::GraphNode& n = l.n;
+  plan::Step& step = l.step;
+  CpuStep& cs = l.cs;
+  // A matmul; or the transpose of one, computed directly as B^T A^T. Operands that are
+  // transposes are read through swapped strides instead of being copied.
+  const bool flip = n.op == Op::Permute;
+  const ir::GraphNode& mm_node = flip ? p.graph.nodes[n.operands[0]] : n;
+  int32_t operand[2] = {mm_node.operands[0], mm_node.operands[1]};
+  if (flip) std::swap(operand[0], operand[1]);
+  Shape shape[2];
+  std::vector<int64_t> strides[2];
+  for (int k = 0; k < 2; ++k) {
+    const ir::GraphNode& o = p.graph.nodes[operand[k]];
+    bool transposed = flip;  // (A B)^T = B^T A^T: each operand is read transposed
+    int32_t source = operand[k];
+    // A transpose feeding the matmul: read its input instead.
+    if (is_last_two_swap(o) && p.run_time[operand[k]]) {
+      source = o.operands[0];
+      transposed = !transposed;
+    }
+    operand[k] = source;
+    const Shape& ss = p.graph.nodes[source].shape;
+    strides[k] = ref::strides_of(ss);
+    shape[k] = ss;
+    if (transposed) {
+      const size_t r = ss.size();
+      std::swap(strides[k][r - 1], strides[k][r - 2]);
+      std::swap(shape[k][r - 1], shape[k][r - 2]);
+    }
+  }
+  auto mm = std::make_shared<DnnlMatMul>(shape[0], strides[0], shape[1], strides[1], n.shape,
+                                         mm_node.dtype, mm_node.dtype);
+  step.scratch_bytes = mm->scratch_bytes();
+  step.reads = {operand[0], operand[1]};
+  step.label = "mat_mul";
+  const int32_t a = operand[0], b = operand[1];
+  cs.run = [mm, a, b, id](Ctx& c) { mm->run(c.ptr[a], c.ptr[b], c.ptr[id]); };
+}
+
+// f32 and bf16 convolutions and their gradients through oneDNN, direct or Winograd.
+bool convolution_applies(const Lowering& l) {
+  const plan::Plan& p = l.p;
+  const int32_t id = l.id;
+  return dnnl_conv(p.graph, id);
+}
+void lower_convolution(Lowering& l) {
+  plan::Plan& p = l.p;
+  const std::vector<bool>& mask = l.mask;
+  const int32_t id = l.id;
+  const ir::GraphNode& n = l.n;
+  plan::Step& step = l.step;
+  CpuStep& cs = l.cs;
+  const ir::GraphNode& a = p.graph.nodes[n.operands[0]];
+  const ir::GraphNode& b = p.graph.nodes[n.operands[1]];
+  std::shared_ptr<DnnlConv> conv;
+  const bool winograd = decisions(p).winograd[id];
+  const DnnlConv::Blocked blocked{mask[n.operands[0]], mask[n.operands[1]], mask[id]};
+  if (n.op == Op::Conv2d)
+    conv = std::make_shared<DnnlConv>(DnnlConv::Kind::Forward, a.shape, b.shape, n.shape, n.attrs,
+                                      blocked, winograd, n.dtype);
+  else if (n.op == Op::Conv2dBackwardInput)
+    conv = std::make_shared<DnnlConv>(DnnlConv::Kind::BackwardData, n.shape, b.shape, a.shape,
+                                      n.attrs, blocked, winograd, n.dtype);
+  else
+    conv = std::make_shared<DnnlConv>(DnnlConv::Kind::BackwardWeights, a.shape, n.shape, b.shape,
+                                      n.attrs, blocked, winograd, n.dtype);
+  step.reads = n.operands;
+  cs.conv = conv;
+  step.kind = plan::StepKind::Conv;
+  step.scratch_bytes = conv->scratch_bytes();
+  cs.run = run_conv_step(conv, n.operands[0], n.operands[1], id);
+}
+
+// f32 reductions (and bf16 sums) that compute the elementwise tree they read as they go.
+bool tree_reduction_applies(const Lowering& l) {
+  const plan::Plan& p = l.p;
+  const ir::GraphNode& n = l.n;
+  const bool f32 = l.f32;
+  return (n.op == Op::Sum || n.op == Op::Max || n.op == Op::Min) &&
+         (f32 || (n.op == Op::Sum && n.dtype == DType::BF16)) && p.absorbed[n.operands[0]];
+}
+void lower_tree_reduction(Lowering& l) {
+  plan::Plan& p = l.p;
+  const std::vector<bool>& mask = l.mask;
+  const int32_t id = l.id;
+  const ir::GraphNode& n = l.n;
+  plan::Step& step = l.step;
+  CpuStep& cs = l.cs;
+  step.kind = plan::StepKind::Reduction;
+  const bool walk_blocked = decisions(p).walk_blocked[id];
+  auto tree = std::make_shared<FusedTree>(p.graph, n.operands[0], p.absorbed, &mask, walk_blocked);
+  step.reads = tree->leaf_nodes();
+  step.label = "fused_reduce";
+  step.detail = tree->describe();
+  if (n.op == Op::Sum) {
+    auto [in, attrs] = walk_blocked ? blocked_sum(p.graph.nodes[n.operands[0]].shape, n.attrs)
+                                    : std::make_pair(p.graph.nodes[n.operands[0]].shape, n.attrs);
+    cs.sum = std::make_shared<SumOf>(SumOf{in, attrs, tree, -1});
+    cs.sum->bf16_out = n.dtype == DType::BF16;
+    cs.run = run_sums({{id, cs.sum}});
+  } else {
+    const ReduceLayout layout = reduce_layout(p.graph.nodes[n.operands[0]].shape, n.attrs);
+    const Op op = n.op;
+    cs.run = [tree, layout, op, id](Ctx& c) {
+      std::vector<std::vector<float>> expanded;
+      const std::vector<const void*> leaves = tree->bind(c.ptr, expanded);
+      reduce_f32(
+          op, layout,
+          [&](int64_t off, int64_t len, float* tmp) {
+            return tree->eval(leaves, off, len, tmp, nullptr);
+          },
+          static_cast<float*>(c.ptr[id]), tree->scratch_floats());
+    };
+  }
+}
+
+// f32 reductions and bf16 sums of a computed value.
+bool reduction_applies(const Lowering& l) {
+  const plan::Plan& p = l.p;
+  const int32_t id = l.id;
+  const ir::GraphNode& n = l.n;
+  return (n.op == Op::Sum || n.op == Op::Max || n.op == Op::Min) &&
+         (all_f32(p.graph, id) || bf16_sum(p.graph, id));
+}
+void lower_reduction(Lowering& l) {
+  plan::Plan& p = l.p;
+  const int32_t id = l.id;
+  const ir::GraphNode& n = l.n;
+  plan::Step& step = l.step;
+  CpuStep& cs = l.cs;
+  step.kind = plan::StepKind::Reduction;
+  step.reads = n.operands;
+  const int32_t x = n.operands[0];
+  const Shape in = p.graph.nodes[x].shape;
+  const std::vector<int64_t> attrs = n.attrs;
+  const Op op = n.op;
+  const DType in_dtype = p.graph.nodes[x].dtype;
+  const bool bf16_out = n.dtype == DType::BF16;
+  if (decisions(p).walk_blocked[id]) {
+    auto [in5, attrs5] = blocked_sum(in, attrs);
+    cs.sum = std::make_shared<SumOf>(SumOf{in5, attrs5, nullptr, x, in_dtype, bf16_out});
+    cs.run = run_sums({{id, cs.sum}});
+  } else if (n.op == Op::Sum && (reduce_layout(in, attrs).inner >= 2 || !all_f32(p.graph, id))) {
+    cs.sum = std::make_shared<SumOf>(SumOf{in, attrs, nullptr, x, in_dtype, bf16_out});
+    cs.run = run_sums({{id, cs.sum}});
+  } else {  // Max, Min, and sums over axes below kept ones (by rows, see reduce_f32)
+    cs.run = [=](Ctx& c) {
+      reduce_f32(op, static_cast<const float*>(c.ptr[x]), in, attrs,
+                 static_cast<float*>(c.ptr[id]));
+    };
+  }
+}
+
+// Max pooling: values and indices of the same pooling in one pass, plain or blocked.
+bool max_pooling_applies(const Lowering& l) {
+  const plan::Plan& p = l.p;
+  const ir::GraphNode& n = l.n;
+  return (n.op == Op::MaxPool2d || n.op == Op::MaxPool2dIndices) &&
+         (is_f32(p.graph, n.operands[0]) || p.graph.nodes[n.operands[0]].dtype == DType::BF16) &&
+         shape_numel(n.shape) > 0;
+}
+void lower_max_pooling(Lowering& l) {
+  plan::Plan& p = l.p;
+  const std::vector<bool>& mask = l.mask;
+  const int32_t id = l.id;
+  const ir::GraphNode& n = l.n;
+  plan::Step& step = l.step;
+  CpuStep& cs = l.cs;
+  // Values and indices of the same pooling come from one pass.
+  const int32_t x = n.operands[0];
+  const Op other = n.op == Op::MaxPool2d ? Op::MaxPool2dIndices : Op::MaxPool2d;
+  for (int32_t k : p.consumers[x])
+    if (k != id && p.graph.nodes[k].op == other && p.graph.nodes[k].attrs == n.attrs &&
+        !p.absorbed[k] && p.run_time[k]) {
+      step.extras = {k};
+      p.merged[k] = true;
+      break;
+    }
+  step.reads = n.operands;
+  const int32_t other_id = step.extras.empty() ? -1 : step.extras[0];
+  const int32_t values = n.op == Op::MaxPool2d ? id : other_id;
+  const int32_t indices = n.op == Op::MaxPool2d ? other_id : id;
+  const Shape in = p.graph.nodes[x].shape, out = n.shape;
+  const std::vector<int64_t> attrs = n.attrs;
+  const bool blocked = mask[x];
+  LS_INTERNAL_CHECK(mask[id] == blocked && (other_id < 0 || mask[other_id] == blocked),
+                    "max pooling's input, values and indices in different layouts");
+  if (blocked) runtime::count(runtime::Counter::BlockedMaxPooling);
+  if (p.graph.nodes[x].dtype == DType::BF16) {
+    cs.run = [=](Ctx& c) {
+      uint16_t* v = values >= 0 ? static_cast<uint16_t*>(c.ptr[values]) : nullptr;
+      int64_t* i = indices >= 0 ? static_cast<int64_t*>(c.ptr[indices]) : nullptr;
+      const uint16_t* xs = static_cast<const uint16_t*>(c.ptr[x]);
+      if (blocked)
+        max_pool2d_blocked_bf16(xs, in, out, attrs, v, i);
+      else
+        max_pool2d_bf16(xs, in, out, attrs, v, i);
+    };
+  } else {
+    cs.run = [=](Ctx& c) {
+      float* v = values >= 0 ? static_cast<float*>(c.ptr[values]) : nullptr;
+      int64_t* i = indices >= 0 ? static_cast<int64_t*>(c.ptr[indices]) : nullptr;
+      if (blocked)
+        max_pool2d_blocked_f32(static_cast<const float*>(c.ptr[x]), in, out, attrs, v, i);
+      else
+        max_pool2d_f32(static_cast<const float*>(c.ptr[x]), in, out, attrs, v, i);
+    };
+  }
+}
+
+// Average pooling and its gradient through oneDNN.
+bool avg_pooling_applies(const Lowering& l) {
+  const plan::Plan& p = l.p;
+  const int32_t id = l.id;
+  const ir::GraphNode& n = l.n;
+  return (n.op == Op::AvgPool2d || n.op == Op::AvgPool2dBackward) &&
+         (all_f32(p.graph, id) || all_bf16(p.graph, id)) &&
+         DnnlAvgPool::fits(pool_input(p.graph, n), pool_output(p.graph, n), n.attrs);
+}
+void lower_avg_pooling(Lowering& l) {
+  plan::Plan& p = l.p;
+  const int32_t id = l.id;
+  const ir::GraphNode& n = l.n;
+  plan::Step& step = l.step;
+  CpuStep& cs = l.cs;
+  auto pool = std::make_shared<DnnlAvgPool>(n.op == Op::AvgPool2dBackward, pool_input(p.graph, n),
+                                            pool_output(p.graph, n), n.attrs, n.dtype);
+  step.scratch_bytes = pool->scratch_bytes();
+  step.reads = n.operands;
+  const int32_t x = n.operands[0];
+  cs.run = [pool, x, id](Ctx& c) { pool->run(c.ptr[x], c.ptr[id]); };
+}
+
+// The gradient of max pooling, plain or blocked.
+bool max_pooling_backward_applies(const Lowering& l) {
+  const plan::Plan& p = l.p;
+  const ir::GraphNode& n = l.n;
+  const bool f32 = l.f32;
+  return n.op == Op::MaxPool2dBackward && (f32 || n.dtype == DType::BF16) &&
+         p.graph.nodes[n.operands[0]].dtype == n.dtype && shape_numel(n.shape) > 0;
+}
+void lower_max_pooling_backward(Lowering& l) {
+  plan::Plan& p = l.p;
+  const std::vector<bool>& mask = l.mask;
+  const int32_t id = l.id;
+  const ir::GraphNode& n = l.n;
+  plan::Step& step = l.step;
+  CpuStep& cs = l.cs;
+  step.reads = n.operands;
+  const int32_t gy = n.operands[0], idx = n.operands[1];
+  const Shape gys = p.graph.nodes[gy].shape, in = n.shape;
+  const bool blocked = mask[id];
+  LS_INTERNAL_CHECK(mask[gy] == blocked && mask[idx] == blocked,
+                    "max pooling's gradient, output gradient and indices in different layouts");
+  if (blocked) runtime::count(runtime::Counter::BlockedMaxPooling);
+  // Its indices are checked ahead unless the forward pooling computed them (see the end of
+  // add_step); the kernel checks them again, before its threads start. A bf16 gradient is
+  // summed in f32 and rounded once, as ref computes it.
+  const bool bf16 = n.dtype == DType::BF16;
+  cs.run = [=](Ctx& c) {
+    const int64_t* i = static_cast<const int64_t*>(c.ptr[idx]);
+    if (bf16) {
+      const uint16_t* g = static_cast<const uint16_t*>(c.ptr[gy]);
+      uint16_t* dx = static_cast<uint16_t*>(c.ptr[id]);
+      if (blocked)
+        max_pool2d_backward_blocked_bf16(g, i, gys, in, dx);
+      else
+        max_pool2d_backward_bf16(g, i, gys, in, dx);
+      return;
+    }
+    const float* g = static_cast<const float*>(c.ptr[gy]);
+    float* dx = static_cast<float*>(c.ptr[id]);
+    if (blocked)
+      max_pool2d_backward_blocked_f32(g, i, gys, in, dx);
+    else
+      max_pool2d_backward_f32(g, i, gys, in, dx);
+  };
+}
+
+// Permutes and slices of 2- and 4-byte values as strided copies.
+bool strided_copy_applies(const Lowering& l) {
+  const ir::GraphNode& n = l.n;
+  return (n.op == Op::Permute || n.op == Op::Slice) &&
+         (dtype_size(n.dtype) == 4 || dtype_size(n.dtype) == 2);
+}
+void lower_strided_copy(Lowering& l) {
+  plan::Plan& p = l.p;
+  const int32_t id = l.id;
+  const ir::GraphNode& n = l.n;
+  plan::Step& step = l.step;
+  CpuStep& cs = l.cs;
+  step.reads = n.operands;
+  const int32_t x = n.operands[0];
+  const std::vector<int64_t> xs = ref::strides_of(p.graph.nodes[x].shape);
+  std::vector<int64_t> st;
+  int64_t offset = 0;
+  if (n.op == Op::Permute) {
+    for (int64_t a : n.attrs) st.push_back(xs[a]);
+  } else {
+    const ir::SliceAttrs slice = ir::SliceAttrs::of(n.attrs);
+    st = xs;
+    st[slice.axis] *= slice.step;
+    offset = slice.start * xs[slice.axis];
+  }
+  const Shape out = n.shape;
+  if (dtype_size(n.dtype) == 2)
+    cs.run = [=](Ctx& c) { strided_copy_2(c.ptr[x], out, st, offset, c.ptr[id]); };
+  else
+    cs.run = [=](Ctx& c) { strided_copy_4(c.ptr[x], out, st, offset, c.ptr[id]); };
+}
+
+// Reshapes: an alias (no step runs), or a copy when the result must own its memory.
+bool reshape_applies(const Lowering& l) {
+  const ir::GraphNode& n = l.n;
+  return n.op == Op::Reshape;
+}
+void lower_reshape(Lowering& l) {
+  const int32_t id = l.id;
+  const ir::GraphNode& n = l.n;
+  plan::Step& step = l.step;
+  CpuStep& cs = l.cs;
+  step.reads = n.operands;
+  const int32_t x = n.operands[0];
+  const size_t bytes = bytes_of(n);
+  // Usually an alias (no step runs); a copy only when the result must own its memory.
+  cs.run = [=](Ctx& c) {
+    if (c.ptr[id] != c.ptr[x] && bytes) std::memcpy(c.ptr[id], c.ptr[x], bytes);
+  };
+}
+
+// Everything else: the ref kernel, single-threaded.
+void lower_ref(Lowering& l) {
+  plan::Plan& p = l.p;
+  const int32_t id = l.id;
+  const ir::GraphNode& n = l.n;
+  plan::Step& step = l.step;
+  CpuStep& cs = l.cs;
+  // Everything else: the ref kernel, single-threaded.
+  step.reads = n.operands;
+  static const std::vector<std::string> ref_labels = [] {
+    std::vector<std::string> v;
+    for (int k = 0; k < ir::kNumOps; ++k)
+      v.push_back(std::string("ref:") + ir::op_info(static_cast<Op>(k)).name);
+    return v;
+  }();
+  step.label = ref_labels[static_cast<int>(n.op)].c_str();
+  const ir::GraphNode node = n;
+  std::vector<std::pair<Shape, DType>> args;
+  for (int32_t o : n.operands) args.emplace_back(p.graph.nodes[o].shape, p.graph.nodes[o].dtype);
+  const std::vector<int32_t> ops = n.operands;
+  cs.run = [node, args, ops, id](Ctx& c) {
+    std::vector<ref::Arr> arr;
+    for (size_t k = 0; k < ops.size(); ++k)
+      arr.push_back({c.ptr[ops[k]], args[k].first, args[k].second});
+    ref::eval_node(node, arr, *c.scalars, c.ptr[id]);
+  };
+}
+
+bool always(const Lowering&) { return true; }
+
+// The lowering rules, one per kind of kernel, tried in order: the first that applies lowers the
+// node. The last takes every node, so an op no rule covers yet runs its ref kernel.
+struct LoweringRule {
+  bool (*applies)(const Lowering& l);
+  void (*lower)(Lowering& l);
+};
+const LoweringRule kRules[] = {
+    {fused_applies, lower_fused},
+    {matmul_applies, lower_matmul},
+    {convolution_applies, lower_convolution},
+    {tree_reduction_applies, lower_tree_reduction},
+    {reduction_applies, lower_reduction},
+    {max_pooling_applies, lower_max_pooling},
+    {avg_pooling_applies, lower_avg_pooling},
+    {max_pooling_backward_applies, lower_max_pooling_backward},
+    {strided_copy_applies, lower_strided_copy},
+    {reshape_applies, lower_reshape},
+    {always, lower_ref},
+};
+
 void add_step(plan::Plan& p, const std::vector<bool>& mask, int32_t id) {
   const ir::GraphNode& n = p.graph.nodes[id];
   plan::Step step;
@@ -270,257 +694,12 @@ void add_step(plan::Plan& p, const std::vector<bool>& mask, int32_t id) {
   CpuStep& cs = *payload;
   step.node = id;
   step.label = ir::op_info(n.op).name;
-  const bool f32 = is_f32(p.graph, id);
-  if (fusible(p.graph, id)) {
-    auto tree = std::make_shared<FusedTree>(p.graph, id, p.absorbed, &mask, mask[id]);
-    step.reads = tree->leaf_nodes();
-    step.label = "fused";
-    step.detail = tree->describe();
-    cs.fused = std::make_shared<FusedMembers>(1, std::make_pair(id, tree));
-    step.kind = plan::StepKind::Elementwise;
-    step.members = members_of(*cs.fused);
-    cs.run = run_fused(cs.fused);
-  } else if ((n.op == Op::MatMul && (all_f32(p.graph, id) || all_bf16(p.graph, id))) ||
-             transposed_matmul(p, id)) {
-    // A matmul; or the transpose of one, computed directly as B^T A^T. Operands that are
-    // transposes are read through swapped strides instead of being copied.
-    const bool flip = n.op == Op::Permute;
-    const ir::GraphNode& mm_node = flip ? p.graph.nodes[n.operands[0]] : n;
-    int32_t operand[2] = {mm_node.operands[0], mm_node.operands[1]};
-    if (flip) std::swap(operand[0], operand[1]);
-    Shape shape[2];
-    std::vector<int64_t> strides[2];
-    for (int k = 0; k < 2; ++k) {
-      const ir::GraphNode& o = p.graph.nodes[operand[k]];
-      bool transposed = flip;  // (A B)^T = B^T A^T: each operand is read transposed
-      int32_t source = operand[k];
-      // A transpose feeding the matmul: read its input instead.
-      if (is_last_two_swap(o) && p.run_time[operand[k]]) {
-        source = o.operands[0];
-        transposed = !transposed;
-      }
-      operand[k] = source;
-      const Shape& ss = p.graph.nodes[source].shape;
-      strides[k] = ref::strides_of(ss);
-      shape[k] = ss;
-      if (transposed) {
-        const size_t r = ss.size();
-        std::swap(strides[k][r - 1], strides[k][r - 2]);
-        std::swap(shape[k][r - 1], shape[k][r - 2]);
-      }
+  Lowering l{p, mask, id, n, step, cs, is_f32(p.graph, id)};
+  for (const LoweringRule& rule : kRules)
+    if (rule.applies(l)) {
+      rule.lower(l);
+      break;
     }
-    auto mm = std::make_shared<DnnlMatMul>(shape[0], strides[0], shape[1], strides[1], n.shape,
-                                           mm_node.dtype, mm_node.dtype);
-    step.scratch_bytes = mm->scratch_bytes();
-    step.reads = {operand[0], operand[1]};
-    step.label = "mat_mul";
-    const int32_t a = operand[0], b = operand[1];
-    cs.run = [mm, a, b, id](Ctx& c) { mm->run(c.ptr[a], c.ptr[b], c.ptr[id]); };
-  } else if (dnnl_conv(p.graph, id)) {
-    const ir::GraphNode& a = p.graph.nodes[n.operands[0]];
-    const ir::GraphNode& b = p.graph.nodes[n.operands[1]];
-    std::shared_ptr<DnnlConv> conv;
-    const bool winograd = decisions(p).winograd[id];
-    const DnnlConv::Blocked blocked{mask[n.operands[0]], mask[n.operands[1]], mask[id]};
-    if (n.op == Op::Conv2d)
-      conv = std::make_shared<DnnlConv>(DnnlConv::Kind::Forward, a.shape, b.shape, n.shape, n.attrs,
-                                        blocked, winograd, n.dtype);
-    else if (n.op == Op::Conv2dBackwardInput)
-      conv = std::make_shared<DnnlConv>(DnnlConv::Kind::BackwardData, n.shape, b.shape, a.shape,
-                                        n.attrs, blocked, winograd, n.dtype);
-    else
-      conv = std::make_shared<DnnlConv>(DnnlConv::Kind::BackwardWeights, a.shape, n.shape, b.shape,
-                                        n.attrs, blocked, winograd, n.dtype);
-    step.reads = n.operands;
-    cs.conv = conv;
-    step.kind = plan::StepKind::Conv;
-    step.scratch_bytes = conv->scratch_bytes();
-    cs.run = run_conv_step(conv, n.operands[0], n.operands[1], id);
-  } else if ((n.op == Op::Sum || n.op == Op::Max || n.op == Op::Min) &&
-             (f32 || (n.op == Op::Sum && n.dtype == DType::BF16)) && p.absorbed[n.operands[0]]) {
-    step.kind = plan::StepKind::Reduction;
-    const bool walk_blocked = decisions(p).walk_blocked[id];
-    auto tree =
-        std::make_shared<FusedTree>(p.graph, n.operands[0], p.absorbed, &mask, walk_blocked);
-    step.reads = tree->leaf_nodes();
-    step.label = "fused_reduce";
-    step.detail = tree->describe();
-    if (n.op == Op::Sum) {
-      auto [in, attrs] = walk_blocked ? blocked_sum(p.graph.nodes[n.operands[0]].shape, n.attrs)
-                                      : std::make_pair(p.graph.nodes[n.operands[0]].shape, n.attrs);
-      cs.sum = std::make_shared<SumOf>(SumOf{in, attrs, tree, -1});
-      cs.sum->bf16_out = n.dtype == DType::BF16;
-      cs.run = run_sums({{id, cs.sum}});
-    } else {
-      const ReduceLayout layout = reduce_layout(p.graph.nodes[n.operands[0]].shape, n.attrs);
-      const Op op = n.op;
-      cs.run = [tree, layout, op, id](Ctx& c) {
-        std::vector<std::vector<float>> expanded;
-        const std::vector<const void*> leaves = tree->bind(c.ptr, expanded);
-        reduce_f32(
-            op, layout,
-            [&](int64_t off, int64_t len, float* tmp) {
-              return tree->eval(leaves, off, len, tmp, nullptr);
-            },
-            static_cast<float*>(c.ptr[id]), tree->scratch_floats());
-      };
-    }
-  } else if ((n.op == Op::Sum || n.op == Op::Max || n.op == Op::Min) &&
-             (all_f32(p.graph, id) || bf16_sum(p.graph, id))) {
-    step.kind = plan::StepKind::Reduction;
-    step.reads = n.operands;
-    const int32_t x = n.operands[0];
-    const Shape in = p.graph.nodes[x].shape;
-    const std::vector<int64_t> attrs = n.attrs;
-    const Op op = n.op;
-    const DType in_dtype = p.graph.nodes[x].dtype;
-    const bool bf16_out = n.dtype == DType::BF16;
-    if (decisions(p).walk_blocked[id]) {
-      auto [in5, attrs5] = blocked_sum(in, attrs);
-      cs.sum = std::make_shared<SumOf>(SumOf{in5, attrs5, nullptr, x, in_dtype, bf16_out});
-      cs.run = run_sums({{id, cs.sum}});
-    } else if (n.op == Op::Sum && (reduce_layout(in, attrs).inner >= 2 || !all_f32(p.graph, id))) {
-      cs.sum = std::make_shared<SumOf>(SumOf{in, attrs, nullptr, x, in_dtype, bf16_out});
-      cs.run = run_sums({{id, cs.sum}});
-    } else {  // Max, Min, and sums over axes below kept ones (by rows, see reduce_f32)
-      cs.run = [=](Ctx& c) {
-        reduce_f32(op, static_cast<const float*>(c.ptr[x]), in, attrs,
-                   static_cast<float*>(c.ptr[id]));
-      };
-    }
-  } else if ((n.op == Op::MaxPool2d || n.op == Op::MaxPool2dIndices) &&
-             (is_f32(p.graph, n.operands[0]) ||
-              p.graph.nodes[n.operands[0]].dtype == DType::BF16) &&
-             shape_numel(n.shape) > 0) {
-    // Values and indices of the same pooling come from one pass.
-    const int32_t x = n.operands[0];
-    const Op other = n.op == Op::MaxPool2d ? Op::MaxPool2dIndices : Op::MaxPool2d;
-    for (int32_t k : p.consumers[x])
-      if (k != id && p.graph.nodes[k].op == other && p.graph.nodes[k].attrs == n.attrs &&
-          !p.absorbed[k] && p.run_time[k]) {
-        step.extras = {k};
-        p.merged[k] = true;
-        break;
-      }
-    step.reads = n.operands;
-    const int32_t other_id = step.extras.empty() ? -1 : step.extras[0];
-    const int32_t values = n.op == Op::MaxPool2d ? id : other_id;
-    const int32_t indices = n.op == Op::MaxPool2d ? other_id : id;
-    const Shape in = p.graph.nodes[x].shape, out = n.shape;
-    const std::vector<int64_t> attrs = n.attrs;
-    const bool blocked = mask[x];
-    LS_INTERNAL_CHECK(mask[id] == blocked && (other_id < 0 || mask[other_id] == blocked),
-                      "max pooling's input, values and indices in different layouts");
-    if (blocked) runtime::count(runtime::Counter::BlockedMaxPooling);
-    if (p.graph.nodes[x].dtype == DType::BF16) {
-      cs.run = [=](Ctx& c) {
-        uint16_t* v = values >= 0 ? static_cast<uint16_t*>(c.ptr[values]) : nullptr;
-        int64_t* i = indices >= 0 ? static_cast<int64_t*>(c.ptr[indices]) : nullptr;
-        const uint16_t* xs = static_cast<const uint16_t*>(c.ptr[x]);
-        if (blocked)
-          max_pool2d_blocked_bf16(xs, in, out, attrs, v, i);
-        else
-          max_pool2d_bf16(xs, in, out, attrs, v, i);
-      };
-    } else {
-      cs.run = [=](Ctx& c) {
-        float* v = values >= 0 ? static_cast<float*>(c.ptr[values]) : nullptr;
-        int64_t* i = indices >= 0 ? static_cast<int64_t*>(c.ptr[indices]) : nullptr;
-        if (blocked)
-          max_pool2d_blocked_f32(static_cast<const float*>(c.ptr[x]), in, out, attrs, v, i);
-        else
-          max_pool2d_f32(static_cast<const float*>(c.ptr[x]), in, out, attrs, v, i);
-      };
-    }
-  } else if ((n.op == Op::AvgPool2d || n.op == Op::AvgPool2dBackward) &&
-             (all_f32(p.graph, id) || all_bf16(p.graph, id)) &&
-             DnnlAvgPool::fits(pool_input(p.graph, n), pool_output(p.graph, n), n.attrs)) {
-    auto pool = std::make_shared<DnnlAvgPool>(n.op == Op::AvgPool2dBackward, pool_input(p.graph, n),
-                                              pool_output(p.graph, n), n.attrs, n.dtype);
-    step.scratch_bytes = pool->scratch_bytes();
-    step.reads = n.operands;
-    const int32_t x = n.operands[0];
-    cs.run = [pool, x, id](Ctx& c) { pool->run(c.ptr[x], c.ptr[id]); };
-  } else if (n.op == Op::MaxPool2dBackward && (f32 || n.dtype == DType::BF16) &&
-             p.graph.nodes[n.operands[0]].dtype == n.dtype && shape_numel(n.shape) > 0) {
-    step.reads = n.operands;
-    const int32_t gy = n.operands[0], idx = n.operands[1];
-    const Shape gys = p.graph.nodes[gy].shape, in = n.shape;
-    const bool blocked = mask[id];
-    LS_INTERNAL_CHECK(mask[gy] == blocked && mask[idx] == blocked,
-                      "max pooling's gradient, output gradient and indices in different layouts");
-    if (blocked) runtime::count(runtime::Counter::BlockedMaxPooling);
-    // Its indices are checked ahead unless the forward pooling computed them (see the end of
-    // add_step); the kernel checks them again, before its threads start. A bf16 gradient is
-    // summed in f32 and rounded once, as ref computes it.
-    const bool bf16 = n.dtype == DType::BF16;
-    cs.run = [=](Ctx& c) {
-      const int64_t* i = static_cast<const int64_t*>(c.ptr[idx]);
-      if (bf16) {
-        const uint16_t* g = static_cast<const uint16_t*>(c.ptr[gy]);
-        uint16_t* dx = static_cast<uint16_t*>(c.ptr[id]);
-        if (blocked)
-          max_pool2d_backward_blocked_bf16(g, i, gys, in, dx);
-        else
-          max_pool2d_backward_bf16(g, i, gys, in, dx);
-        return;
-      }
-      const float* g = static_cast<const float*>(c.ptr[gy]);
-      float* dx = static_cast<float*>(c.ptr[id]);
-      if (blocked)
-        max_pool2d_backward_blocked_f32(g, i, gys, in, dx);
-      else
-        max_pool2d_backward_f32(g, i, gys, in, dx);
-    };
-  } else if ((n.op == Op::Permute || n.op == Op::Slice) &&
-             (dtype_size(n.dtype) == 4 || dtype_size(n.dtype) == 2)) {
-    step.reads = n.operands;
-    const int32_t x = n.operands[0];
-    const std::vector<int64_t> xs = ref::strides_of(p.graph.nodes[x].shape);
-    std::vector<int64_t> st;
-    int64_t offset = 0;
-    if (n.op == Op::Permute) {
-      for (int64_t a : n.attrs) st.push_back(xs[a]);
-    } else {
-      const ir::SliceAttrs slice = ir::SliceAttrs::of(n.attrs);
-      st = xs;
-      st[slice.axis] *= slice.step;
-      offset = slice.start * xs[slice.axis];
-    }
-    const Shape out = n.shape;
-    if (dtype_size(n.dtype) == 2)
-      cs.run = [=](Ctx& c) { strided_copy_2(c.ptr[x], out, st, offset, c.ptr[id]); };
-    else
-      cs.run = [=](Ctx& c) { strided_copy_4(c.ptr[x], out, st, offset, c.ptr[id]); };
-  } else if (n.op == Op::Reshape) {
-    step.reads = n.operands;
-    const int32_t x = n.operands[0];
-    const size_t bytes = bytes_of(n);
-    // Usually an alias (no step runs); a copy only when the result must own its memory.
-    cs.run = [=](Ctx& c) {
-      if (c.ptr[id] != c.ptr[x] && bytes) std::memcpy(c.ptr[id], c.ptr[x], bytes);
-    };
-  } else {
-    // Everything else: the ref kernel, single-threaded.
-    step.reads = n.operands;
-    static const std::vector<std::string> ref_labels = [] {
-      std::vector<std::string> v;
-      for (int k = 0; k < ir::kNumOps; ++k)
-        v.push_back(std::string("ref:") + ir::op_info(static_cast<Op>(k)).name);
-      return v;
-    }();
-    step.label = ref_labels[static_cast<int>(n.op)].c_str();
-    const ir::GraphNode node = n;
-    std::vector<std::pair<Shape, DType>> args;
-    for (int32_t o : n.operands) args.emplace_back(p.graph.nodes[o].shape, p.graph.nodes[o].dtype);
-    const std::vector<int32_t> ops = n.operands;
-    cs.run = [node, args, ops, id](Ctx& c) {
-      std::vector<ref::Arr> arr;
-      for (size_t k = 0; k < ops.size(); ++k)
-        arr.push_back({c.ptr[ops[k]], args[k].first, args[k].second});
-      ref::eval_node(node, arr, *c.scalars, c.ptr[id]);
-    };
-  }
   // Whether the step may throw comes from the op table. Indices are checked ahead, in a step of
   // their own that add_checks places as early as it can, unless they are the ones the forward
   // pooling computed in this program (in range by construction); once they pass, the op cannot
