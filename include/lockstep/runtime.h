@@ -105,11 +105,13 @@ namespace metrics {
 // in_place_outputs, in_place_copies (values copied aside because a check that may fail runs after
 // their in-place update), winograd_convolutions. Gauges: planned_bytes (the memory the most
 // recently queued program planned to take, see set_memory_limit) and max_planned_bytes (the
-// largest since the last reset). Unknown names read 0.
+// largest since the last reset); the whole list, with meanings, is src/runtime/metrics.def. A
+// name not there is an Error naming the known ones (a misspelling must not read 0).
 int64_t counter(const std::string& name);
 // Timers (trace, graph, compile, execute; all_reduce_wait: time a data parallel step waited for
-// its gradients' all-reduces, the communication not hidden behind the backward): total
-// nanoseconds and number of samples.
+// its gradients' all-reduces, the communication not hidden behind the backward; under
+// LOCKSTEP_PROFILE, one per kind of kernel that has run): total nanoseconds and number of
+// samples. An unknown name is an Error.
 int64_t timer_total_ns(const std::string& name);
 int64_t timer_count(const std::string& name);
 void reset();

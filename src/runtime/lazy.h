@@ -1,6 +1,6 @@
-// The runtime's view of tensors: the TensorImpl behind each handle, device buffers that fill
-// asynchronously, the pending-tensor registry, and the entry points the frontend calls to
-// record, mutate and read values. Not here: op semantics (ir/) and kernels (backends/).
+// The entry points the frontend calls to record, mutate and read values: new tensors, operand
+// nodes, in-place updates, gradients' handles, syncs and blocking reads. Not here: op semantics
+// (ir/), kernels (backends/), metrics (metrics.h), the step transaction (transaction.h).
 #pragma once
 
 #include <atomic>
@@ -15,76 +15,7 @@
 #include "backends/backend.h"
 #include "ir/ir.h"
 #include "lockstep/tensor.h"
-
-namespace lockstep::runtime {
-
-// A value on a device. Created empty when a program is enqueued and filled (or poisoned) by the
-// runtime thread when it has run; host uploads are filled at once.
-struct Buffer {
-  Device device;
-  size_t bytes = 0;
-  std::shared_ptr<backends::Storage> storage;  // valid once ready without error
-  std::exception_ptr error;                    // set when its program failed
-  std::atomic<bool> done{false};               // storage or error is set
-  // The module parameter or buffer it holds a value of ("layer1.0.conv1.weight"), for dumps.
-  std::shared_ptr<const std::string> name;
-  // Graph builder scratch (under the runtime's lock): the Data node that stands for this
-  // buffer in the graph being built, valid while build_epoch is current.
-  uint64_t build_epoch = 0;
-  int32_t build_id = -1;
-};
-
-// A buffer already filled with `bytes` copied from host memory.
-std::shared_ptr<Buffer> upload(Device device, const void* data, size_t bytes);
-
-}  // namespace lockstep::runtime
-
-namespace lockstep::runtime {
-struct Context;
-}
-
-namespace lockstep::detail {
-
-// The mutable fields below are read and written under `lock` (runtime::TensorLock), except by
-// a thread that just made the tensor and has not shared it yet.
-struct TensorImpl : std::enable_shared_from_this<TensorImpl> {
-  mutable std::atomic<bool> lock{false};
-  // The context (thread) that last gave the tensor a value; when pending, it is on that
-  // context's list of pending tensors.
-  runtime::Context* owner = nullptr;
-  // What every value of the tensor has (set_value checks; its device may change, Module::to), so
-  // Tensor::shape() may hand out a reference that stays valid across syncs.
-  const Shape shape;
-  const DType dtype;
-  // Current value: a Data node (materialized) or any other node (pending).
-  ir::NodePtr node;
-  // The node `node` stands for when a sync (or a read) computed it, or an annotation for autograd
-  // replaced it: the same value, so an update computed from it is not lost (context.h).
-  const ir::Node* same_value_as = nullptr;
-  // Set when the value was lost (rolled back, or its program failed): every use rethrows it.
-  std::exception_ptr poison;
-  // Step transaction bookkeeping (see runtime/step.cpp).
-  int64_t touched_in_step = 0;  // step id in which it was journaled or created
-  bool pending_registered = false;
-  // Links of the owner's list of pending tensors (valid while pending_registered).
-  TensorImpl* pending_prev = nullptr;
-  TensorImpl* pending_next = nullptr;
-  // Order of creation: sorts a sync's outputs the same way every time a loop body runs.
-  const uint64_t creation_index;
-  // Autograd: a leaf that collects gradients in `grad` (see autograd/backward.cpp).
-  bool requires_grad = false;
-  Tensor grad;
-  // A module's parameter or buffer: its path from the outermost module that holds it (set by
-  // nn::Module's registration); the buffers of its values carry it into graph dumps.
-  std::shared_ptr<const std::string> name;
-
-  explicit TensorImpl(ir::NodePtr n);
-  ~TensorImpl();
-  TensorImpl(const TensorImpl&) = delete;
-  TensorImpl& operator=(const TensorImpl&) = delete;
-};
-
-}  // namespace lockstep::detail
+#include "runtime/tensor_impl.h"
 
 namespace lockstep::runtime {
 
@@ -124,23 +55,12 @@ std::vector<unsigned char> read_bytes(const Tensor& t, const std::source_locatio
 std::shared_ptr<Buffer> materialize(const Tensor& t, const std::source_location& loc,
                                     const char* api = "read");
 
-// Registry (runtime.cpp).
+// Registry (tensors.cpp).
 void poison(TensorImpl& impl, std::exception_ptr error);
 void restore(TensorImpl& impl, ir::NodePtr node, std::exception_ptr poison_state, Tensor grad);
 bool has_pending();  // on the calling thread's context
-// What a step changed, kept while its programs run: if one fails, every tensor that still holds
-// the value the step gave it (`after`) goes back to its value at step entry (`before`), so a
-// step that fails while it runs leaves the model as one that fails while it is traced.
-struct StepRollback {
-  struct Entry {
-    std::weak_ptr<TensorImpl> tensor;
-    ir::NodePtr before;
-    std::exception_ptr before_poison;
-    Tensor before_grad;
-    ir::NodePtr after;
-  };
-  std::vector<Entry> entries;
-};
+// What a step changed, kept while its programs run (transaction.h).
+struct StepRollback;
 
 // Syncs every pending tensor of the calling thread; `closures` (may be null) run after the
 // program(s). With `keep_history`, a value that requires grad remembers the node it was computed
@@ -158,17 +78,5 @@ void set_cache_capacity(size_t capacity);
 void set_max_queued(size_t n);
 std::string last_graph_text();
 bool on_runtime_thread();
-
-// Step hooks (step.cpp): record a tensor's pre-step value before its first change in a step
-// (the caller holds the tensor's lock), and tensors created in a step.
-void journal(TensorImpl& impl);
-void note_created(TensorImpl& impl);
-
-// Metrics (metrics.cpp).
-void count(const char* name, int64_t delta = 1);
-// A gauge: `name` takes the value `v`, and `max_<name>` the largest value since the last reset.
-void gauge(const char* name, int64_t v);
-void time_ns(const char* name, int64_t ns);
-int64_t now_ns();
 
 }  // namespace lockstep::runtime

@@ -1,0 +1,222 @@
+// The runtime thread and its queue (executor.h).
+#include "runtime/executor.h"
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "lockstep/error.h"
+#include "runtime/metrics.h"
+#include "runtime/sites.h"
+#include "runtime/transaction.h"
+#include "util/check.h"
+
+namespace lockstep::runtime {
+namespace {
+
+using util::cat;
+
+struct Executor {
+  // `mu` also guards buffer completion and each context's outstanding programs, unreported
+  // error and failed steps.
+  std::mutex mu;
+  std::condition_variable work_cv;
+  std::condition_variable done_cv;
+  std::condition_variable space_cv;  // a program left the queue
+  size_t max_queued = 2;             // programs waiting behind the running one
+  std::deque<Job> queue;
+  std::thread worker;
+  std::thread::id worker_id;
+
+  void start_worker() {
+    worker = std::thread([this] { loop(); });
+    worker_id = worker.get_id();
+    worker.detach();  // lives as long as the process; the Executor is never destroyed
+  }
+
+  void loop() {
+    for (;;) {
+      Job job;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        work_cv.wait(lock, [&] { return !queue.empty(); });
+        job = std::move(queue.front());
+        queue.pop_front();
+      }
+      space_cv.notify_all();
+      Context* ctx = job.ctx;
+      run_job(job);
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        --ctx->outstanding;
+      }
+      done_cv.notify_all();
+    }
+  }
+
+  void run_job(Job& job);
+};
+
+Executor& ex() {
+  static Executor* e = new Executor;  // never destroyed: the runtime thread may outlive main()
+  return *e;
+}
+
+// `rolled_back`: a step's program, whose changes the runtime undoes (see settle_failures).
+std::exception_ptr wrap_error(const std::string& origin, std::exception_ptr e, bool rolled_back) {
+  const char* after = rolled_back
+                          ? "; the step was rolled back: every tensor it changed is back at its "
+                            "value before the step, and the tensors it made are poisoned"
+                          : "";
+  try {
+    std::rethrow_exception(e);
+  } catch (const BackendError& err) {
+    return std::make_exception_ptr(
+        BackendError(cat(origin, ": execution failed: ", err.what(), after)));
+  } catch (const std::exception& err) {
+    return std::make_exception_ptr(Error(cat(origin, ": execution failed: ", err.what(), after)));
+  } catch (...) {
+    return std::make_exception_ptr(
+        Error(cat(origin, ": execution failed: unknown exception", after)));
+  }
+}
+
+void Executor::run_job(Job& job) {
+  std::exception_ptr err;
+  std::vector<const Buffer*> lost;  // inputs a failed program overwrote
+  for (const auto& in : job.inputs)
+    if (in->error) {
+      err = in->error;  // an input lost to an earlier failure poisons this program too
+      break;
+    }
+  std::vector<std::shared_ptr<backends::Storage>> results;
+  if (!err && job.exe) {
+    std::vector<std::shared_ptr<backends::Storage>> storages;
+    storages.reserve(job.inputs.size());
+    const std::vector<bool> donatable = donatable_inputs(job.inputs, job.rollback.get());
+    for (const auto& in : job.inputs) storages.push_back(in->storage);
+    const int64_t t0 = now_ns();
+    try {
+      // Once the program is past its data checks, the step's record of values to restore goes:
+      // a later failure (a fault, not the data) poisons what the step changed instead.
+      results = job.exe->run(storages, job.scalars, donatable, [&job] { job.rollback.reset(); });
+      if (results.size() != job.outputs.size())
+        util::internal_fail(__FILE__, __LINE__, "executable returned the wrong number of outputs");
+    } catch (const backends::RunError& e) {
+      for (int32_t k : e.overwritten_inputs()) lost.push_back(job.inputs.at(k).get());
+      err = wrap_error(job.origin, std::current_exception(), job.rollback != nullptr);
+      count(Counter::ExecutionErrors);
+    } catch (...) {
+      err = wrap_error(job.origin, std::current_exception(), job.rollback != nullptr);
+      count(Counter::ExecutionErrors);
+    }
+    const int64_t took = now_ns() - t0;
+    time_ns(Timer::Execute, took);
+    site_time(job.site, SitePhase::Execute, took);
+    count(Counter::Executions);
+    count(Counter::ExecutedNodes, job.num_nodes);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (size_t i = 0; i < job.outputs.size(); ++i) {
+      if (err)
+        job.outputs[i]->error = err;
+      else
+        job.outputs[i]->storage = std::move(results[i]);
+      job.outputs[i]->done.store(true);
+    }
+    if (err && !job.ctx->unreported) job.ctx->unreported = err;
+    if (err && job.rollback) {  // undone on the step's thread (settle_failures)
+      auto& failed = job.ctx->failed;
+      if (failed.empty() || failed.back().rollback != job.rollback)
+        failed.push_back({job.rollback, {}, err});
+      failed.back().lost.insert(failed.back().lost.end(), lost.begin(), lost.end());
+    }
+  }
+  done_cv.notify_all();
+  if (err) return;  // the step's values are not there: its closures do not run
+  ActingFor acting(job.ctx);
+  for (auto& fn : job.closures) {
+    try {
+      fn();
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!job.ctx->unreported) job.ctx->unreported = std::current_exception();
+    }
+  }
+}
+
+}  // namespace
+
+void wait_for_room() {
+  Executor& e = ex();
+  std::unique_lock<std::mutex> lock(e.mu);
+  if (std::this_thread::get_id() != e.worker_id && e.queue.size() >= e.max_queued) {
+    count(Counter::QueueWaits);
+    e.space_cv.wait(lock, [&] { return e.queue.size() < e.max_queued; });
+  }
+}
+
+void enqueue(std::vector<Job>& jobs) {
+  if (jobs.empty()) return;
+  Executor& e = ex();
+  {
+    std::lock_guard<std::mutex> lock(e.mu);
+    if (!e.worker.joinable() && e.worker_id == std::thread::id()) e.start_worker();
+    for (Job& job : jobs) {
+      ++job.ctx->outstanding;
+      e.queue.push_back(std::move(job));
+    }
+  }
+  jobs.clear();
+  e.work_cv.notify_one();
+}
+
+void wait_buffer(Buffer& b) {
+  if (b.done.load()) return;
+  Executor& e = ex();
+  std::unique_lock<std::mutex> lock(e.mu);
+  e.done_cv.wait(lock, [&] { return b.done.load(); });
+}
+
+void wait_idle(Context& ctx) {
+  Executor& e = ex();
+  std::unique_lock<std::mutex> lock(e.mu);
+  e.done_cv.wait(lock, [&] { return ctx.outstanding == 0; });
+}
+
+std::vector<Context::FailedStep> take_failed_steps(Context& ctx) {
+  Executor& e = ex();
+  std::vector<Context::FailedStep> failed;
+  std::unique_lock<std::mutex> lock(e.mu);
+  if (ctx.failed.empty()) return failed;
+  e.done_cv.wait(lock, [&] { return ctx.outstanding == 0; });
+  failed.swap(ctx.failed);
+  return failed;
+}
+
+std::exception_ptr take_unreported(Context& ctx) {
+  std::exception_ptr err;
+  std::lock_guard<std::mutex> lock(ex().mu);
+  std::swap(err, ctx.unreported);
+  return err;
+}
+
+void forget_unreported(Context& ctx, const std::exception_ptr& error) {
+  std::lock_guard<std::mutex> lock(ex().mu);
+  if (ctx.unreported == error) ctx.unreported = nullptr;
+}
+
+void set_max_queued(size_t n) {
+  Executor& e = ex();
+  {
+    std::lock_guard<std::mutex> lock(e.mu);
+    e.max_queued = n;
+  }
+  e.space_cv.notify_all();
+}
+
+bool on_runtime_thread() { return std::this_thread::get_id() == ex().worker_id; }
+
+}  // namespace lockstep::runtime

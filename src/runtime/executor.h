@@ -1,0 +1,51 @@
+// The executor: the one runtime thread that runs every context's programs (jobs) in the order
+// they were built, its bounded queue, and the waits on it (a buffer filled, a context idle).
+// Not here: building and compiling programs (runtime.cpp, compile_cache.cpp), and what a failed
+// step's program leaves to undo (transaction.cpp).
+#pragma once
+
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/context.h"
+
+namespace lockstep::runtime {
+
+// A program to run, with what it reads and writes, and the closures that run after it.
+struct Job {
+  std::shared_ptr<backends::Executable> exe;  // null: only closures to run
+  std::vector<std::shared_ptr<Buffer>> inputs;
+  std::vector<ir::ScalarValue> scalars;
+  std::vector<std::shared_ptr<Buffer>> outputs;
+  Context* ctx = nullptr;                  // whose program: its errors are raised on that thread
+  std::shared_ptr<StepRollback> rollback;  // a step's: what to restore if the program fails
+  std::string origin;                      // "step 3" or "sync at file:line"
+  std::string site;                        // where it was built (sites.h)
+  int64_t num_nodes = 0;
+  std::vector<std::function<void()>> closures;
+};
+
+// Hands programs to the runtime thread (started on first use). Called under the graph lock, in
+// the order they were built: a program may read the outputs of one built just before it on
+// another thread, so the queue's order must be the order of building.
+void enqueue(std::vector<Job>& jobs);
+// Backpressure: with set_max_queued programs already waiting, waits for room (never on the
+// runtime thread itself), so a loop that traces faster than it runs does not pile up programs
+// and the inputs they hold.
+void wait_for_room();
+// Waits until the buffer's program has run (or failed).
+void wait_buffer(Buffer& b);
+// Waits until every program of `ctx` has run.
+void wait_idle(Context& ctx);
+// Once `ctx` is idle: its steps whose programs failed, oldest first (and forgets them).
+std::vector<Context::FailedStep> take_failed_steps(Context& ctx);
+// The first execution error not yet raised on `ctx`'s thread (and forgets it); null if none.
+std::exception_ptr take_unreported(Context& ctx);
+// Forgets `error` as `ctx`'s unreported error (a read raising it itself).
+void forget_unreported(Context& ctx, const std::exception_ptr& error);
+
+}  // namespace lockstep::runtime

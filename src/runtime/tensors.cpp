@@ -1,0 +1,203 @@
+// The tensor registry: TensorImpl's lifetime, the values tensors hold and their changes (each
+// journaled for the step transaction), gradients' handles, uploads, and the pending-graph guard
+// (a thread recording far past any compiled program without a sync gets one warning).
+// Not here: computing values (runtime.cpp), the contexts' pending lists (context.cpp).
+#include <algorithm>
+#include <atomic>
+#include <iostream>
+#include <map>
+#include <mutex>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "lockstep/runtime.h"
+#include "runtime/compile_cache.h"
+#include "runtime/context.h"
+#include "runtime/metrics.h"
+#include "runtime/transaction.h"
+#include "util/check.h"
+
+namespace {
+std::atomic<uint64_t> g_creation_counter{0};
+}
+
+lockstep::detail::TensorImpl::TensorImpl(ir::NodePtr n)
+    : shape(n->shape),
+      dtype(n->dtype),
+      node(std::move(n)),
+      creation_index(g_creation_counter.fetch_add(1)) {}
+
+lockstep::detail::TensorImpl::~TensorImpl() {
+  // No other thread holds this tensor any more; its owner's list still points at it.
+  if (pending_registered) {
+    std::lock_guard<std::recursive_mutex> lock(owner->mu);
+    owner->pending.erase(this);
+  }
+}
+
+namespace lockstep::runtime {
+namespace {
+
+using util::cat;
+
+std::atomic<int64_t> g_pending_limit{0};  // debug::set_pending_graph_limit (0: the rule)
+std::atomic<bool> g_growth_warned{false};
+
+int64_t pending_limit() {
+  const int64_t set = g_pending_limit.load(std::memory_order_relaxed);
+  return set > 0 ? set : std::max<int64_t>(100000, 10 * largest_program());
+}
+
+// Recording far past any compiled program without a sync: once per process, the warning names
+// the lines that recorded most of the pending nodes (a missing step boundary).
+void warn_growth(Context& me) {
+  if (g_growth_warned.exchange(true)) return;
+  std::map<std::string, int64_t> by_line;
+  {
+    std::lock_guard<std::recursive_mutex> lock(me.mu);
+    std::unordered_set<const ir::Node*> seen;
+    std::vector<const ir::Node*> stack;
+    for (TensorImpl* t = me.pending.head; t; t = t->pending_next)
+      if (t->node) stack.push_back(t->node.get());
+    while (!stack.empty()) {
+      const ir::Node* n = stack.back();
+      stack.pop_back();
+      if (n->op == ir::Op::Data || !seen.insert(n).second) continue;
+      ++by_line[util::where(n->origin.loc)];
+      for (const ir::NodePtr& o : n->operands) stack.push_back(o.get());
+    }
+  }
+  std::vector<std::pair<int64_t, std::string>> top;
+  for (const auto& [line, n] : by_line) top.emplace_back(-n, line);
+  std::sort(top.begin(), top.end());
+  std::string lines;
+  for (size_t k = 0; k < top.size() && k < 3; ++k)
+    lines += cat(k ? ", " : "", top[k].second, " (", -top[k].first, " nodes)");
+  count(Counter::PendingGraphWarnings);
+  std::cerr << "lockstep: warning: " << ir::recorded_nodes()
+            << " nodes recorded on this thread since its last sync, far past the largest program "
+               "compiled ("
+            << largest_program()
+            << " nodes): is a step boundary (ls::step, ls::sync) missing? Most pending nodes come "
+               "from "
+            << lines << "\n";
+}
+
+void check_growth(Context& me) {
+  if (ir::recorded_nodes() > pending_limit()) warn_growth(me);
+}
+
+}  // namespace
+
+Tensor new_tensor(ir::NodePtr node, bool of_step) {
+  check_growth(current_context());
+  auto impl = std::make_shared<TensorImpl>(std::move(node));
+  register_pending_locked(*impl, current_context());  // not shared yet: no lock needed
+  if (of_step) note_created(*impl);
+  return Tensor(std::move(impl));
+}
+
+ir::NodePtr node_of(const Tensor& t, const char* op, const std::source_location& loc) {
+  if (!t.defined())
+    util::fail(loc, op, "got an empty tensor handle (default-constructed ls::Tensor)",
+               "Assign it a value first, e.g. ls::zeros({2, 3})");
+  TensorImpl& impl = *t.impl();
+  TensorLock lock(impl);
+  check_use(impl, current_context(), op, loc);
+  if (impl.poison) std::rethrow_exception(impl.poison);
+  // A leaf that requires grad is seen by ops through a node marked as its own, so backward
+  // knows where to deliver the gradient. The value is unchanged: no journal entry.
+  if (impl.requires_grad && ir::grad_enabled() && impl.node->grad.leaf.lock().get() != &impl) {
+    impl.same_value_as = impl.node.get();
+    impl.node = ir::annotated(impl.node, {true, impl.weak_from_this(), nullptr, nullptr});
+  }
+  return impl.node;
+}
+
+ir::NodePtr current_node(const TensorImpl& impl) {
+  TensorLock lock(impl);
+  return impl.node;
+}
+
+void set_value(TensorImpl& impl, ir::NodePtr node, const char* op, const std::source_location& loc,
+               const ir::Node* base) {
+  LS_INTERNAL_CHECK(node->shape == impl.shape && node->dtype == impl.dtype,
+                    "a new value of another shape or dtype for ", op);
+  Context& me = current_context();
+  check_growth(me);
+  TensorLock lock(impl);
+  check_use(impl, me, op, loc);
+  check_base(impl, me, base, op, loc);
+  journal(impl);
+  std::swap(impl.node, node);  // the old value dies after the lock is released
+  impl.same_value_as = nullptr;
+  impl.poison = nullptr;
+  register_pending_locked(impl, me);
+}
+
+Tensor grad_of(const TensorImpl& impl) {
+  TensorLock lock(impl);
+  return impl.grad;
+}
+
+void set_grad_of(TensorImpl& impl, Tensor grad, const char* op, const std::source_location& loc) {
+  TensorLock lock(impl);
+  check_use(impl, current_context(), op, loc);
+  journal(impl);  // the step's rollback restores the previous grad handle too
+  std::swap(impl.grad, grad);
+}
+
+void update_grad_of(TensorImpl& impl, const std::function<Tensor(const Tensor&)>& update,
+                    const char* op, const std::source_location& loc) {
+  TensorLock lock(impl);
+  check_use(impl, current_context(), op, loc);
+  journal(impl);
+  impl.grad = update(impl.grad);
+}
+
+bool requires_grad_of(const TensorImpl& impl) {
+  TensorLock lock(impl);
+  return impl.requires_grad || impl.node->grad.requires_grad;
+}
+
+void set_requires_grad_of(TensorImpl& impl, bool requires_grad) {
+  TensorLock lock(impl);
+  impl.requires_grad = requires_grad;
+  if (!requires_grad && impl.node->grad.requires_grad) {
+    impl.same_value_as = impl.node.get();
+    impl.node = ir::annotated(impl.node, {});
+  }
+}
+
+void poison(TensorImpl& impl, std::exception_ptr error) {
+  TensorLock lock(impl);
+  impl.poison = std::move(error);
+  register_pending_locked(impl, current_context());
+}
+
+void restore(TensorImpl& impl, ir::NodePtr node, std::exception_ptr poison_state, Tensor grad) {
+  TensorLock lock(impl);  // released before the old node and grad (the parameters) die
+  restore_locked(impl, node, std::move(poison_state), grad, current_context());
+}
+
+std::shared_ptr<Buffer> upload(Device device, const void* data, size_t bytes) {
+  backends::Backend& be = backends::backend_for(device);
+  auto b = std::make_shared<Buffer>();
+  b->device = device;
+  b->bytes = bytes;
+  b->storage = be.alloc(bytes);
+  if (bytes) be.copy_in(*b->storage, data, bytes);
+  b->done.store(true);
+  count(Counter::BytesToDevice, static_cast<int64_t>(bytes));
+  return b;
+}
+
+}  // namespace lockstep::runtime
+
+namespace lockstep::debug {
+void set_pending_graph_limit(int64_t nodes) {
+  runtime::g_pending_limit.store(nodes < 0 ? 0 : nodes);
+  runtime::g_growth_warned.store(false);
+}
+}  // namespace lockstep::debug
