@@ -628,7 +628,9 @@ LOCKSTEP_TARGET_CLONES void apply(Op op, int64_t len, float* y, const float* a, 
     default:
       break;
   }
-  util::internal_fail(__FILE__, __LINE__, "op is not fusible");
+  util::internal_fail(__FILE__, __LINE__,
+                      util::cat("no fused kernel for ", ir::op_info(op).name,
+                                ": fusible() takes its family, so apply() must compute it"));
 }
 
 }  // namespace
