@@ -59,6 +59,10 @@ std::string shape_str(const Shape& shape) {
 }
 
 int64_t shape_numel(const Shape& shape) {
+  // Shapes are checked when recorded (ir::check_size): only an empty one may have sizes whose
+  // product would overflow.
+  for (int64_t d : shape)
+    if (d == 0) return 0;
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   return n;

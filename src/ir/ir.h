@@ -195,6 +195,12 @@ struct Node {
 void infer(Op op, const std::vector<NodePtr>& operands, const std::vector<int64_t>& attrs,
            Shape* shape, DType* dtype, const std::source_location& loc);
 
+// The most bytes one value may take: sizes, offsets and memory plans stay far from int64's limit.
+inline constexpr int64_t kMaxValueBytes = int64_t{1} << 60;
+// Throws Error at `loc`, naming `op`, when a value of `shape` and `dtype` has a negative size or
+// would take more than kMaxValueBytes (its element or byte count would overflow on the way).
+void check_size(const Shape& shape, DType dtype, const char* op, const std::source_location& loc);
+
 // Whether ops record gradient information on this thread (see ls::NoGrad).
 bool grad_enabled();
 // Nodes recorded on this thread since the runtime last reset the count (at each sync).

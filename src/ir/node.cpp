@@ -90,6 +90,23 @@ IndexBound index_bound(Op op, const std::vector<int64_t>& attrs, const Shape& op
   return {operand0[static_cast<size_t>(attrs[0])], attrs[0]};
 }
 
+void check_size(const Shape& shape, DType dtype, const char* op, const std::source_location& loc) {
+  int64_t bytes = static_cast<int64_t>(dtype_size(dtype));
+  bool too_large = false;
+  for (int64_t d : shape) {
+    if (d < 0)
+      util::fail(loc, op, util::cat("negative size in shape ", shape_str(shape)),
+                 "Sizes must be >= 0");
+    too_large = too_large || __builtin_mul_overflow(bytes, d, &bytes) || bytes > kMaxValueBytes;
+  }
+  // (A zero size anywhere makes the value empty, however large the others.)
+  if (too_large && std::find(shape.begin(), shape.end(), 0) == shape.end())
+    util::fail(loc, op,
+               util::cat("shape ", shape_str(shape), " of ", dtype_name(dtype),
+                         " is too large: its byte count overflows or exceeds 2^60 bytes"),
+               "Check the sizes (a negative or huge value computed by mistake?)");
+}
+
 bool may_fail(Op op, DType dtype) {
   const uint8_t props = op_info(op).props;
   return (props & (Fails | Indexed)) || ((props & FailsOnInt) && !is_floating(dtype));
@@ -148,6 +165,7 @@ namespace {
 NodePtr new_node(Op op, std::vector<NodePtr> operands, std::vector<int64_t> attrs, Shape shape,
                  DType dtype, Device device, const std::source_location& loc) {
   infer(op, operands, attrs, &shape, &dtype, loc);
+  check_size(shape, dtype, user_name(op), loc);
   ++recorded_nodes();
   auto node = std::make_shared<Node>();
   node->op = op;

@@ -19,16 +19,14 @@ using util::cat;
 
 namespace {
 
-void check_shape(const Shape& shape, const char* op, const Loc& loc) {
-  for (int64_t d : shape)
-    if (d < 0)
-      util::fail(loc, op, cat("negative size in shape ", shape_str(shape)), "Sizes must be >= 0");
+void check_shape(const Shape& shape, DType dtype, const char* op, const Loc& loc) {
+  ir::check_size(shape, dtype, op, loc);
 }
 
 }  // namespace
 
 Tensor full(const Shape& shape, Scalar value, TensorOptions options, Loc loc) {
-  check_shape(shape, "full", loc);
+  check_shape(shape, options.dtype, "full", loc);
   const Device device = frontend::device_of(options);
   backends::backend_for(device);
   ir::NodePtr s = frontend::scalar_node(value, options.dtype, device, "full", loc);
@@ -91,7 +89,7 @@ Tensor arange(Scalar start, Scalar end, Scalar step, TensorOptions options, Loc 
 }
 
 Tensor from_blob(const void* data, const Shape& shape, DType dtype, Device device, Loc loc) {
-  check_shape(shape, "from_blob", loc);
+  check_shape(shape, dtype, "from_blob", loc);
   const size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
   if (bytes && !data)
     util::fail(loc, "from_blob", "data is null", "Pass a pointer to the host values");
@@ -102,7 +100,7 @@ Tensor from_blob(const void* data, const Shape& shape, DType dtype, Device devic
 template <typename T>
 Tensor from_vector(const std::vector<T>& data, const Shape& shape, Device device, Loc loc) {
   const Shape s = shape.empty() ? Shape{static_cast<int64_t>(data.size())} : shape;
-  check_shape(s, "from_vector", loc);
+  check_shape(s, dtype_of<T>(), "from_vector", loc);
   if (shape_numel(s) != static_cast<int64_t>(data.size()))
     util::fail(loc, "from_vector",
                cat(data.size(), " values do not fill shape ", shape_str(s), " (", shape_numel(s),
@@ -160,7 +158,7 @@ Tensor& state_for(Device device) {
 // Draws uniform [0, 1) numbers of `shape` and advances the generator by their count.
 ir::NodePtr draw_uniform(const Shape& shape, DType dtype, Device device, const char* op,
                          const Loc& loc) {
-  check_shape(shape, op, loc);
+  check_shape(shape, dtype, op, loc);
   if (!is_floating(dtype))
     util::fail(loc, op, cat("random values must be floating-point, not ", dtype_name(dtype)),
                "Use ls::f32 or ls::f64 (ls::randint for integers)");
