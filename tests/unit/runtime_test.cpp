@@ -3,6 +3,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include <chrono>
 #include <future>
 #include <thread>
@@ -348,6 +350,30 @@ TEST(Graphs, DeepChainsDoNotOverflowTheStack) {
   for (int i = 0; i < 200000; ++i) y += 1;
   y = ls::Tensor();  // the whole pending chain dies at once
   SUCCEED();
+}
+
+// f32 chains fuse into one tree as deep as the chain: building it, planning it and running it
+// walk it without recursion. Plain, inside a step, and through backward. LOCKSTEP_DEEP_GRAPH_DEPTH
+// runs deeper chains by hand.
+TEST(Graphs, DeepFusedChainsCompileAndRun) {
+  const char* env = std::getenv("LOCKSTEP_DEEP_GRAPH_DEPTH");
+  const int depth = env ? std::atoi(env) : 30000;
+  ls::Tensor x = ls::zeros({4});
+  for (int i = 0; i < depth; ++i) x = x + 1.0;
+  EXPECT_EQ(x.to_vector<float>()[3], static_cast<float>(depth));
+  ls::Tensor y = ls::zeros({4});
+  ls::step([&] {
+    for (int i = 0; i < depth; ++i) y = y * 0.5 + 1.0;
+  });
+  EXPECT_NEAR(y.to_vector<float>()[0], 2.0f, 1e-6);
+  ls::Tensor w = ls::ones({4});
+  w.set_requires_grad();
+  ls::step([&] {
+    ls::Tensor h = w;
+    for (int i = 0; i < depth / 4; ++i) h = h * 1.0 + 0.0;
+    ls::sum(h).backward();
+  });
+  EXPECT_EQ(w.grad().to_vector<float>()[1], 1.0f);
 }
 
 TEST(Threads, TensorsFromOtherThreadsAreUsable) {

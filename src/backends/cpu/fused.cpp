@@ -101,7 +101,7 @@ FusedTree::FusedTree(const ir::Graph& g, int32_t root, const std::vector<bool>& 
                     "blocked order over an unblockable shape");
   numel_ = shape_numel(r.shape);
   out_dtype_ = r.dtype;
-  root_reg_ = visit(g, root, absorbed, true);
+  root_reg_ = visit(g, root, absorbed);
   blocked_ = nullptr;
   fold_scaled_sums();
   // A root `where` whose condition is one value: per side, the instructions it needs.
@@ -185,30 +185,41 @@ void FusedTree::fold_scaled_sums() {
   instrs_ = std::move(kept);
 }
 
-int FusedTree::visit(const ir::Graph& g, int32_t id, const std::vector<bool>& absorbed,
-                     bool is_root) {
-  auto it = reg_of_.find(id);
-  if (it != reg_of_.end()) return it->second;
-  const ir::GraphNode& n = g.nodes[id];
-  int reg;
-  if (!is_root && !absorbed[id]) {
-    reg = add_leaf(g, id, n.shape);
-  } else if (n.op == Op::Expand) {
-    reg = add_leaf(g, n.operands[0], n.shape);
-  } else {
+int FusedTree::visit(const ir::Graph& g, int32_t root, const std::vector<bool>& absorbed) {
+  // A post-order walk, operands in order, as a loop: a tree is as deep as the chain of
+  // elementwise ops it fuses, and 100,000 adds in a row must not overflow the stack. A value
+  // read from outside the tree (or a broadcast) is a leaf; a value met again reuses its register.
+  auto leaf = [&](int32_t id, bool is_root) -> int {  // its register, or -1: an instruction
+    const ir::GraphNode& n = g.nodes[id];
+    if (!is_root && !absorbed[id]) return reg_of_[id] = add_leaf(g, id, n.shape);
+    if (n.op == Op::Expand) return reg_of_[id] = add_leaf(g, n.operands[0], n.shape);
+    return -1;
+  };
+  if (auto it = reg_of_.find(root); it != reg_of_.end()) return it->second;
+  if (const int reg = leaf(root, true); reg >= 0) return reg;
+  std::vector<std::pair<int32_t, size_t>> stack{{root, 0}};  // a node, its next operand
+  while (!stack.empty()) {
+    const int32_t id = stack.back().first;
+    const ir::GraphNode& n = g.nodes[id];
+    const size_t arity = std::min<size_t>(n.operands.size(), 3);
+    if (stack.back().second < arity) {
+      const int32_t o = n.operands[stack.back().second++];
+      if (!reg_of_.count(o) && leaf(o, false) < 0) stack.push_back({o, 0});
+      continue;
+    }
     Instr in{n.op, -1, -1, -1, -1, 0, g.nodes[n.operands[0]].dtype, n.dtype};
-    if (n.operands.size() > 0) in.a = visit(g, n.operands[0], absorbed, false);
-    if (n.operands.size() > 1) in.b = visit(g, n.operands[1], absorbed, false);
-    if (n.operands.size() > 2) in.c = visit(g, n.operands[2], absorbed, false);
+    if (arity > 0) in.a = reg_of_.at(n.operands[0]);
+    if (arity > 1) in.b = reg_of_.at(n.operands[1]);
+    if (arity > 2) in.c = reg_of_.at(n.operands[2]);
     in.scalars = (in.a >= 0 && scalar_reg_[in.a] ? kScalarA : 0u) |
                  (in.b >= 0 && scalar_reg_[in.b] ? kScalarB : 0u);
     in.out = num_regs_++;
     scalar_reg_.push_back(0);
     instrs_.push_back(in);
-    reg = in.out;
+    reg_of_[id] = in.out;
+    stack.pop_back();
   }
-  reg_of_[id] = reg;
-  return reg;
+  return reg_of_.at(root);
 }
 
 int FusedTree::add_leaf(const ir::Graph& g, int32_t node, const Shape& out_shape) {

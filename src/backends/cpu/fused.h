@@ -102,7 +102,7 @@ class FusedTree {
     int sa = -1, sb = -1;
     bool relu = false;  // an Add or Sub that also applies the relu that read it
   };
-  int visit(const ir::Graph& g, int32_t id, const std::vector<bool>& absorbed, bool is_root);
+  int visit(const ir::Graph& g, int32_t root, const std::vector<bool>& absorbed);
   // Folds each multiply that only an Add or Sub reads (of a tile by one value or by another
   // tile) into that Add or Sub (Instr::sa, sb), and a Relu of such a sum into the sum
   // (Instr::relu): one pass over the tile instead of two to four.
