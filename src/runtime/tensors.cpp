@@ -50,10 +50,13 @@ int64_t pending_limit() {
 }
 
 // Recording far past any compiled program without a sync: once per process, the warning names
-// the lines that recorded most of the pending nodes (a missing step boundary).
+// the lines that recorded most of the pending nodes (a missing step boundary). The count of nodes
+// recorded since the last sync only triggers a look: what reads computed meanwhile (one value a
+// step, as a generation loop does) is no longer pending, and only what is pending counts.
 void warn_growth(Context& me) {
-  if (g_growth_warned.exchange(true)) return;
+  if (g_growth_warned.load()) return;
   std::map<std::string, int64_t> by_line;
+  int64_t pending = 0;
   {
     std::lock_guard<std::recursive_mutex> lock(me.mu);
     std::unordered_set<const ir::Node*> seen;
@@ -64,10 +67,16 @@ void warn_growth(Context& me) {
       const ir::Node* n = stack.back();
       stack.pop_back();
       if (n->op == ir::Op::Data || !seen.insert(n).second) continue;
+      ++pending;
       ++by_line[util::where(n->origin.loc)];
       for (const ir::NodePtr& o : n->operands) stack.push_back(o.get());
     }
   }
+  if (pending <= pending_limit()) {
+    ir::recorded_nodes() = pending;  // look again once as many more are recorded
+    return;
+  }
+  if (g_growth_warned.exchange(true)) return;
   std::vector<std::pair<int64_t, std::string>> top;
   for (const auto& [line, n] : by_line) top.emplace_back(-n, line);
   std::sort(top.begin(), top.end());
@@ -75,13 +84,14 @@ void warn_growth(Context& me) {
   for (size_t k = 0; k < top.size() && k < 3; ++k)
     lines += cat(k ? ", " : "", top[k].second, " (", -top[k].first, " nodes)");
   count(Counter::PendingGraphWarnings);
-  std::cerr << "lockstep: warning: " << ir::recorded_nodes()
-            << " nodes recorded on this thread since its last sync, far past the largest program "
-               "compiled ("
-            << largest_program()
-            << " nodes): is a step boundary (ls::step, ls::sync) missing? Most pending nodes come "
-               "from "
-            << lines << "\n";
+  std::cerr
+      << "lockstep: warning: " << pending
+      << " nodes pending on this thread (recorded and not yet computed), far past the largest "
+         "program compiled ("
+      << largest_program()
+      << " nodes): is a step boundary (ls::step, ls::sync) missing? Most pending nodes come "
+         "from "
+      << lines << "\n";
 }
 
 void check_growth(Context& me) {
