@@ -199,6 +199,11 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, in
 // Tensors of one shape joined along a new axis; the slices of x along an axis, that axis removed.
 Tensor stack(const std::vector<Tensor>& xs, int64_t axis = 0, Loc loc = Loc::current());
 std::vector<Tensor> unbind(const Tensor& x, int64_t axis = 0, Loc loc = Loc::current());
+// x[index] along `axis`, that axis removed (index may be negative), as torch.select.
+Tensor select(const Tensor& x, int64_t axis, int64_t index, Loc loc = Loc::current());
+// PyTorch's basic indexing: integers (select, negative from the end), slices, None (a new axis)
+// and at most one Ellipsis (the axes not named), left to right, as x[...] in PyTorch.
+Tensor index(const Tensor& x, const std::vector<TensorIndex>& indices, Loc loc = Loc::current());
 // x[start : start + length] along axis (start may be negative), as torch.narrow.
 Tensor narrow(const Tensor& x, int64_t axis, int64_t start, int64_t length,
               Loc loc = Loc::current());

@@ -6,10 +6,12 @@
 #include <concepts>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <source_location>
 #include <string>
 #include <type_traits>
+#include <variant>
 #include <vector>
 
 #include "lockstep/dtype.h"
@@ -55,6 +57,33 @@ struct TensorOptions {
 };
 
 class Tensor;
+
+// PyTorch's basic indexing, as libtorch spells it: x.index({ls::Slice(), -1}) is x[:, -1],
+// x.index({ls::Ellipsis, ls::Slice(1, 3)}) is x[..., 1:3], x.index({0, ls::None}) is x[0, None].
+// A slice's start and stop may be negative and are clamped, as Python's; its step is positive.
+struct Slice {
+  std::optional<int64_t> start, stop;
+  int64_t step = 1;
+  Slice(std::optional<int64_t> start_ = std::nullopt, std::optional<int64_t> stop_ = std::nullopt,
+        int64_t step_ = 1)
+      : start(start_), stop(stop_), step(step_) {}
+};
+struct EllipsisIndex {};
+inline constexpr EllipsisIndex Ellipsis{};
+struct NoneIndex {};  // a new axis of size 1
+inline constexpr NoneIndex None{};
+class TensorIndex {
+ public:
+  TensorIndex(int64_t i) : v_(i) {}        // NOLINT: implicit, as libtorch's
+  TensorIndex(int i) : v_(int64_t{i}) {}   // NOLINT
+  TensorIndex(Slice s) : v_(s) {}          // NOLINT
+  TensorIndex(EllipsisIndex e) : v_(e) {}  // NOLINT
+  TensorIndex(NoneIndex n) : v_(n) {}      // NOLINT
+  const std::variant<int64_t, Slice, EllipsisIndex, NoneIndex>& value() const { return v_; }
+
+ private:
+  std::variant<int64_t, Slice, EllipsisIndex, NoneIndex> v_;
+};
 
 // Carries the source location of the user's expression into operators, which cannot take a
 // defaulted location parameter themselves.
@@ -134,6 +163,8 @@ class Tensor {
 
   // Shorthands for the free functions in ops.h.
   Tensor reshape(const Shape& shape, Loc loc = Loc::current()) const;
+  // Basic indexing (TensorIndex above), as ls::index.
+  Tensor index(const std::vector<TensorIndex>& indices, Loc loc = Loc::current()) const;
   Tensor permute(const std::vector<int64_t>& perm, Loc loc = Loc::current()) const;
   Tensor sum(const std::vector<int64_t>& axes = {}, bool keepdim = false,
              Loc loc = Loc::current()) const;

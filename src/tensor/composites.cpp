@@ -8,6 +8,7 @@
 #include <limits>
 #include <map>
 #include <numeric>
+#include <variant>
 
 #include "tensor/frontend.h"
 #include "util/check.h"
@@ -457,6 +458,67 @@ Tensor narrow(const Tensor& x, int64_t axis, int64_t start, int64_t length, Loc 
                    shape_str(n->shape)),
                cat("Use -", size, " <= start <= ", size, " and start + length <= ", size));
   return record(Op::Slice, {n}, {a, s, s + length, 1}, loc);
+}
+
+namespace {
+Tensor select_as(const Tensor& x, int64_t axis, int64_t index, const char* op, const Loc& loc) {
+  const NodePtr& n = node(x, op, loc);
+  if (n->shape.empty())
+    util::fail(loc, op, "cannot index a 0-d tensor with an integer",
+               "Index tensors that have at least one axis");
+  const int64_t a = frontend::norm_axis(axis, rank_of(n), op, loc);
+  const int64_t size = n->shape[a];
+  if (index < -size || index >= size)
+    util::fail(loc, op,
+               cat("index ", index, " is out of range for axis ", a, " of size ", size, " in ",
+                   shape_str(n->shape)),
+               cat("Use -", size, " <= index < ", size));
+  const int64_t i = index < 0 ? index + size : index;
+  Shape out = n->shape;
+  out.erase(out.begin() + a);
+  return record(Op::Reshape, {make(Op::Slice, {n}, ir::SliceAttrs{a, i, i + 1, 1}.encode(), loc)},
+                {}, loc, out);
+}
+}  // namespace
+
+Tensor select(const Tensor& x, int64_t axis, int64_t index, Loc loc) {
+  return select_as(x, axis, index, "select", loc);
+}
+
+Tensor index(const Tensor& x, const std::vector<TensorIndex>& indices, Loc loc) {
+  const int64_t rank = rank_of(node(x, "index", loc));
+  int64_t named = 0, ellipses = 0;
+  for (const TensorIndex& t : indices) {
+    named += std::holds_alternative<int64_t>(t.value()) || std::holds_alternative<Slice>(t.value());
+    ellipses += std::holds_alternative<EllipsisIndex>(t.value());
+  }
+  if (ellipses > 1)
+    util::fail(loc, "index", cat(ellipses, " ellipses"), "Use at most one ls::Ellipsis");
+  if (named > rank)
+    util::fail(loc, "index",
+               cat("too many indices (", named, ") for a tensor of rank ", rank, " (",
+                   shape_str(x.shape()), ")"),
+               "Index at most one integer or slice per axis");
+  Tensor y = x;
+  int64_t axis = 0;  // the next axis of y the indices address
+  for (const TensorIndex& t : indices) {
+    if (const int64_t* i = std::get_if<int64_t>(&t.value())) {
+      y = select_as(y, axis, *i, "index", loc);
+    } else if (const Slice* s = std::get_if<Slice>(&t.value())) {
+      if (s->step <= 0)
+        util::fail(loc, "index", cat("slice step ", s->step, " must be positive"),
+                   "Use a step >= 1 (as PyTorch; ls::flip reverses)");
+      y = slice(y, axis, s->start.value_or(0),
+                s->stop.value_or(std::numeric_limits<int64_t>::max()), s->step, loc);
+      ++axis;
+    } else if (std::holds_alternative<NoneIndex>(t.value())) {
+      y = unsqueeze(y, axis, loc);
+      ++axis;
+    } else {
+      axis += rank - named;  // the axes no index names
+    }
+  }
+  return y;
 }
 
 Tensor movedim(const Tensor& x, const std::vector<int64_t>& source,

@@ -319,6 +319,9 @@ Tensor& Tensor::fill_(Scalar value, Loc loc) {
 Tensor& Tensor::zero_(Loc loc) { return fill_(0, loc); }
 
 Tensor Tensor::reshape(const Shape& s, Loc loc) const { return lockstep::reshape(*this, s, loc); }
+Tensor Tensor::index(const std::vector<TensorIndex>& indices, Loc loc) const {
+  return lockstep::index(*this, indices, loc);
+}
 Tensor Tensor::permute(const std::vector<int64_t>& p, Loc loc) const {
   return lockstep::permute(*this, p, loc);
 }
