@@ -59,12 +59,14 @@ std::string shape_str(const Shape& shape) {
 }
 
 int64_t shape_numel(const Shape& shape) {
-  // Shapes are checked when recorded (ir::check_size): only an empty one may have sizes whose
-  // product would overflow.
+  // Recorded shapes are checked (ir::check_size); a shape still being checked may overflow: its
+  // count saturates at INT64_MAX, which no real count matches. An empty shape is empty whatever
+  // its other sizes.
   for (int64_t d : shape)
     if (d == 0) return 0;
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  for (int64_t d : shape)
+    if (__builtin_mul_overflow(n, d, &n)) return INT64_MAX;
   return n;
 }
 

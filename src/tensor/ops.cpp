@@ -406,8 +406,10 @@ Tensor reshape(const Tensor& x, const Shape& shape, Loc loc) {
     } else if (s[i] < 0) {
       util::fail(loc, "reshape", cat("negative size ", s[i], " in ", shape_str(shape)),
                  "Sizes must be >= 0, or -1 for one inferred dimension");
-    } else {
-      known *= s[i];
+    } else if (__builtin_mul_overflow(known, s[i], &known)) {
+      util::fail(loc, "reshape",
+                 cat("shape ", shape_str(shape), " is too large: its count overflows"),
+                 "Check the sizes (a huge value computed by mistake?)");
     }
   }
   const int64_t total = shape_numel(n->shape);
