@@ -91,16 +91,18 @@ IndexBound index_bound(Op op, const std::vector<int64_t>& attrs, const Shape& op
 }
 
 void check_size(const Shape& shape, DType dtype, const char* op, const std::source_location& loc) {
+  // The product of the non-zero sizes counts even for an empty value: kernels and passes multiply
+  // sizes in any order, and none of those products may overflow.
   int64_t bytes = static_cast<int64_t>(dtype_size(dtype));
   bool too_large = false;
   for (int64_t d : shape) {
     if (d < 0)
       util::fail(loc, op, util::cat("negative size in shape ", shape_str(shape)),
                  "Sizes must be >= 0");
-    too_large = too_large || __builtin_mul_overflow(bytes, d, &bytes) || bytes > kMaxValueBytes;
+    too_large = too_large ||
+                (d != 0 && (__builtin_mul_overflow(bytes, d, &bytes) || bytes > kMaxValueBytes));
   }
-  // (A zero size anywhere makes the value empty, however large the others.)
-  if (too_large && std::find(shape.begin(), shape.end(), 0) == shape.end())
+  if (too_large)
     util::fail(loc, op,
                util::cat("shape ", shape_str(shape), " of ", dtype_name(dtype),
                          " is too large: its byte count overflows or exceeds 2^60 bytes"),

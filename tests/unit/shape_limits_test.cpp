@@ -21,14 +21,16 @@ namespace {
 
 constexpr int64_t kMaxBytes = int64_t{1} << 60;
 
-// The shape's byte count at `elem` bytes an element, or -1 when it passes the limit.
+// The shape's byte count at `elem` bytes an element, or -1 when it (or the product of its non-zero
+// sizes, for an empty shape) passes the limit.
 int64_t bytes_of(const ls::Shape& s, int64_t elem) {
-  for (int64_t d : s)
-    if (d == 0) return 0;
   int64_t b = elem;
-  for (int64_t d : s)
-    if (__builtin_mul_overflow(b, d, &b) || b > kMaxBytes) return -1;
-  return b;
+  bool empty = false;
+  for (int64_t d : s) {
+    empty = empty || d == 0;
+    if (d != 0 && (__builtin_mul_overflow(b, d, &b) || b > kMaxBytes)) return -1;
+  }
+  return empty ? 0 : b;
 }
 
 std::string message_of(const std::function<void()>& fn) {
@@ -60,8 +62,9 @@ TEST(ShapeLimits, OverflowingShapesAreRefusedWhereTheyAreRecorded) {
   EXPECT_THAT(m, HasSubstr("expand"));
   EXPECT_THAT(m, HasSubstr("too large"));
   EXPECT_THAT(message_of([&] { (void)ls::reshape(x, {big + 1, 4}); }), HasSubstr("reshape"));
-  // A size of zero empties the value whatever the others are.
-  EXPECT_EQ(ls::ones({0, big, big}).numel(), 0);
+  // An empty value's other sizes count too (kernels multiply them in any order).
+  EXPECT_THAT(message_of([&] { (void)ls::ones({0, big, big}); }), HasSubstr("too large"));
+  EXPECT_EQ(ls::ones({0, int64_t{1} << 40}).numel(), 0);
   // The largest allowed values are recorded (not allocated until something reads them).
   EXPECT_EQ(ls::ones({int64_t{1} << 30, int64_t{1} << 28}).numel(), int64_t{1} << 58);
 }
