@@ -276,11 +276,16 @@ struct Lowering {
 
 // Elementwise trees, fused into one pass over tiles (fused.cpp).
 bool fused_applies(const Lowering& l) {
-  const auto& [p, mask, id, n, step, cs, f32] = l;
+  const plan::Plan& p = l.p;
+  const int32_t id = l.id;
   return fusible(p.graph, id);
 }
 void lower_fused(Lowering& l) {
-  auto& [p, mask, id, n, step, cs, f32] = l;
+  plan::Plan& p = l.p;
+  const std::vector<bool>& mask = l.mask;
+  const int32_t id = l.id;
+  plan::Step& step = l.step;
+  CpuStep& cs = l.cs;
   auto tree = std::make_shared<FusedTree>(p.graph, id, p.absorbed, &mask, mask[id]);
   step.reads = tree->leaf_nodes();
   step.label = "fused";
@@ -293,12 +298,18 @@ void lower_fused(Lowering& l) {
 
 // f32 and bf16 matmuls through oneDNN; also the transpose of one, computed directly as B^T A^T.
 bool matmul_applies(const Lowering& l) {
-  const auto& [p, mask, id, n, step, cs, f32] = l;
+  const plan::Plan& p = l.p;
+  const int32_t id = l.id;
+  const ir::GraphNode& n = l.n;
   return (n.op == Op::MatMul && (all_f32(p.graph, id) || all_bf16(p.graph, id))) ||
          transposed_matmul(p, id);
 }
 void lower_matmul(Lowering& l) {
-  auto& [p, mask, id, n, step, cs, f32] = l;
+  plan::Plan& p = l.p;
+  const int32_t id = l.id;
+  const ir::GraphNode& n = l.n;
+  plan::Step& step = l.step;
+  CpuStep& cs = l.cs;
   // A matmul; or the transpose of one, computed directly as B^T A^T. Operands that are
   // transposes are read through swapped strides instead of being copied.
   const bool flip = n.op == Op::Permute;
@@ -337,11 +348,17 @@ void lower_matmul(Lowering& l) {
 
 // f32 and bf16 convolutions and their gradients through oneDNN, direct or Winograd.
 bool convolution_applies(const Lowering& l) {
-  const auto& [p, mask, id, n, step, cs, f32] = l;
+  const plan::Plan& p = l.p;
+  const int32_t id = l.id;
   return dnnl_conv(p.graph, id);
 }
 void lower_convolution(Lowering& l) {
-  auto& [p, mask, id, n, step, cs, f32] = l;
+  plan::Plan& p = l.p;
+  const std::vector<bool>& mask = l.mask;
+  const int32_t id = l.id;
+  const ir::GraphNode& n = l.n;
+  plan::Step& step = l.step;
+  CpuStep& cs = l.cs;
   const ir::GraphNode& a = p.graph.nodes[n.operands[0]];
   const ir::GraphNode& b = p.graph.nodes[n.operands[1]];
   std::shared_ptr<DnnlConv> conv;
@@ -365,12 +382,19 @@ void lower_convolution(Lowering& l) {
 
 // f32 reductions (and bf16 sums) that compute the elementwise tree they read as they go.
 bool tree_reduction_applies(const Lowering& l) {
-  const auto& [p, mask, id, n, step, cs, f32] = l;
+  const plan::Plan& p = l.p;
+  const ir::GraphNode& n = l.n;
+  const bool f32 = l.f32;
   return (n.op == Op::Sum || n.op == Op::Max || n.op == Op::Min) &&
          (f32 || (n.op == Op::Sum && n.dtype == DType::BF16)) && p.absorbed[n.operands[0]];
 }
 void lower_tree_reduction(Lowering& l) {
-  auto& [p, mask, id, n, step, cs, f32] = l;
+  plan::Plan& p = l.p;
+  const std::vector<bool>& mask = l.mask;
+  const int32_t id = l.id;
+  const ir::GraphNode& n = l.n;
+  plan::Step& step = l.step;
+  CpuStep& cs = l.cs;
   step.kind = plan::StepKind::Reduction;
   const bool walk_blocked = decisions(p).walk_blocked[id];
   auto tree = std::make_shared<FusedTree>(p.graph, n.operands[0], p.absorbed, &mask, walk_blocked);
@@ -401,12 +425,18 @@ void lower_tree_reduction(Lowering& l) {
 
 // f32 reductions and bf16 sums of a computed value.
 bool reduction_applies(const Lowering& l) {
-  const auto& [p, mask, id, n, step, cs, f32] = l;
+  const plan::Plan& p = l.p;
+  const int32_t id = l.id;
+  const ir::GraphNode& n = l.n;
   return (n.op == Op::Sum || n.op == Op::Max || n.op == Op::Min) &&
          (all_f32(p.graph, id) || bf16_sum(p.graph, id));
 }
 void lower_reduction(Lowering& l) {
-  auto& [p, mask, id, n, step, cs, f32] = l;
+  plan::Plan& p = l.p;
+  const int32_t id = l.id;
+  const ir::GraphNode& n = l.n;
+  plan::Step& step = l.step;
+  CpuStep& cs = l.cs;
   step.kind = plan::StepKind::Reduction;
   step.reads = n.operands;
   const int32_t x = n.operands[0];
@@ -432,13 +462,19 @@ void lower_reduction(Lowering& l) {
 
 // Max pooling: values and indices of the same pooling in one pass, plain or blocked.
 bool max_pooling_applies(const Lowering& l) {
-  const auto& [p, mask, id, n, step, cs, f32] = l;
+  const plan::Plan& p = l.p;
+  const ir::GraphNode& n = l.n;
   return (n.op == Op::MaxPool2d || n.op == Op::MaxPool2dIndices) &&
          (is_f32(p.graph, n.operands[0]) || p.graph.nodes[n.operands[0]].dtype == DType::BF16) &&
          shape_numel(n.shape) > 0;
 }
 void lower_max_pooling(Lowering& l) {
-  auto& [p, mask, id, n, step, cs, f32] = l;
+  plan::Plan& p = l.p;
+  const std::vector<bool>& mask = l.mask;
+  const int32_t id = l.id;
+  const ir::GraphNode& n = l.n;
+  plan::Step& step = l.step;
+  CpuStep& cs = l.cs;
   // Values and indices of the same pooling come from one pass.
   const int32_t x = n.operands[0];
   const Op other = n.op == Op::MaxPool2d ? Op::MaxPool2dIndices : Op::MaxPool2d;
@@ -483,13 +519,19 @@ void lower_max_pooling(Lowering& l) {
 
 // Average pooling and its gradient through oneDNN.
 bool avg_pooling_applies(const Lowering& l) {
-  const auto& [p, mask, id, n, step, cs, f32] = l;
+  const plan::Plan& p = l.p;
+  const int32_t id = l.id;
+  const ir::GraphNode& n = l.n;
   return (n.op == Op::AvgPool2d || n.op == Op::AvgPool2dBackward) &&
          (all_f32(p.graph, id) || all_bf16(p.graph, id)) &&
          DnnlAvgPool::fits(pool_input(p.graph, n), pool_output(p.graph, n), n.attrs);
 }
 void lower_avg_pooling(Lowering& l) {
-  auto& [p, mask, id, n, step, cs, f32] = l;
+  plan::Plan& p = l.p;
+  const int32_t id = l.id;
+  const ir::GraphNode& n = l.n;
+  plan::Step& step = l.step;
+  CpuStep& cs = l.cs;
   auto pool = std::make_shared<DnnlAvgPool>(n.op == Op::AvgPool2dBackward, pool_input(p.graph, n),
                                             pool_output(p.graph, n), n.attrs, n.dtype);
   step.scratch_bytes = pool->scratch_bytes();
@@ -500,12 +542,19 @@ void lower_avg_pooling(Lowering& l) {
 
 // The gradient of max pooling, plain or blocked.
 bool max_pooling_backward_applies(const Lowering& l) {
-  const auto& [p, mask, id, n, step, cs, f32] = l;
+  const plan::Plan& p = l.p;
+  const ir::GraphNode& n = l.n;
+  const bool f32 = l.f32;
   return n.op == Op::MaxPool2dBackward && (f32 || n.dtype == DType::BF16) &&
          p.graph.nodes[n.operands[0]].dtype == n.dtype && shape_numel(n.shape) > 0;
 }
 void lower_max_pooling_backward(Lowering& l) {
-  auto& [p, mask, id, n, step, cs, f32] = l;
+  plan::Plan& p = l.p;
+  const std::vector<bool>& mask = l.mask;
+  const int32_t id = l.id;
+  const ir::GraphNode& n = l.n;
+  plan::Step& step = l.step;
+  CpuStep& cs = l.cs;
   step.reads = n.operands;
   const int32_t gy = n.operands[0], idx = n.operands[1];
   const Shape gys = p.graph.nodes[gy].shape, in = n.shape;
@@ -539,12 +588,16 @@ void lower_max_pooling_backward(Lowering& l) {
 
 // Permutes and slices of 2- and 4-byte values as strided copies.
 bool strided_copy_applies(const Lowering& l) {
-  const auto& [p, mask, id, n, step, cs, f32] = l;
+  const ir::GraphNode& n = l.n;
   return (n.op == Op::Permute || n.op == Op::Slice) &&
          (dtype_size(n.dtype) == 4 || dtype_size(n.dtype) == 2);
 }
 void lower_strided_copy(Lowering& l) {
-  auto& [p, mask, id, n, step, cs, f32] = l;
+  plan::Plan& p = l.p;
+  const int32_t id = l.id;
+  const ir::GraphNode& n = l.n;
+  plan::Step& step = l.step;
+  CpuStep& cs = l.cs;
   step.reads = n.operands;
   const int32_t x = n.operands[0];
   const std::vector<int64_t> xs = ref::strides_of(p.graph.nodes[x].shape);
@@ -567,11 +620,14 @@ void lower_strided_copy(Lowering& l) {
 
 // Reshapes: an alias (no step runs), or a copy when the result must own its memory.
 bool reshape_applies(const Lowering& l) {
-  const auto& [p, mask, id, n, step, cs, f32] = l;
+  const ir::GraphNode& n = l.n;
   return n.op == Op::Reshape;
 }
 void lower_reshape(Lowering& l) {
-  auto& [p, mask, id, n, step, cs, f32] = l;
+  const int32_t id = l.id;
+  const ir::GraphNode& n = l.n;
+  plan::Step& step = l.step;
+  CpuStep& cs = l.cs;
   step.reads = n.operands;
   const int32_t x = n.operands[0];
   const size_t bytes = bytes_of(n);
@@ -583,7 +639,11 @@ void lower_reshape(Lowering& l) {
 
 // Everything else: the ref kernel, single-threaded.
 void lower_ref(Lowering& l) {
-  auto& [p, mask, id, n, step, cs, f32] = l;
+  plan::Plan& p = l.p;
+  const int32_t id = l.id;
+  const ir::GraphNode& n = l.n;
+  plan::Step& step = l.step;
+  CpuStep& cs = l.cs;
   // Everything else: the ref kernel, single-threaded.
   step.reads = n.operands;
   static const std::vector<std::string> ref_labels = [] {
