@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <lockstep/lockstep.h>
+#include "unit/ops_test_util.h"
 
 namespace ls = lockstep;
 using ::testing::HasSubstr;
@@ -81,12 +82,7 @@ TEST(Indexing, GradientsFlowBackThroughIndexing) {
 TEST(Indexing, BadIndicesNameTheProblem) {
   const ls::Tensor x = arange_234();
   auto message = [&](const std::vector<ls::TensorIndex>& index) {
-    try {
-      (void)x.index(index);
-    } catch (const ls::Error& e) {
-      return std::string(e.what());
-    }
-    return std::string();
+    return ops_test::error_of([&] { (void)x.index(index); });
   };
   EXPECT_THAT(message({ls::Slice(), 3}), HasSubstr("index 3 is out of range for axis 1 of size 3"));
   EXPECT_THAT(message({-3}), HasSubstr("index -3 is out of range for axis 0 of size 2"));

@@ -39,6 +39,16 @@ inline ls::Device test_device() {
   return ls::parse_device(env && *env ? env : "ref");
 }
 
+// The message of the ls::Error `fn` throws ("" if it throws none).
+inline std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const ls::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 // The bit patterns of an f32 tensor's values: "the same" meaning bit for bit.
 inline std::vector<uint32_t> bits(const ls::Tensor& t) {
   const std::vector<float> v = t.to_vector<float>();

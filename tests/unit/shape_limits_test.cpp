@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <lockstep/lockstep.h>
+#include "unit/ops_test_util.h"
 
 namespace ls = lockstep;
 using ::testing::HasSubstr;
@@ -33,37 +34,31 @@ int64_t bytes_of(const ls::Shape& s, int64_t elem) {
   return empty ? 0 : b;
 }
 
-std::string message_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const ls::Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 }  // namespace
 
 TEST(ShapeLimits, OverflowingShapesAreRefusedWhereTheyAreRecorded) {
   const int64_t big = int64_t{1} << 62;
   // Element counts that wrap around to small numbers.
-  std::string m = message_of([&] { (void)ls::ones({big + 1, 4}); });
+  std::string m = ops_test::error_of([&] { (void)ls::ones({big + 1, 4}); });
   EXPECT_THAT(m, HasSubstr("full"));
   EXPECT_THAT(m, HasSubstr("too large"));
-  EXPECT_THAT(message_of([&] {
+  EXPECT_THAT(ops_test::error_of([&] {
                 (void)ls::ones({int64_t{1} << 31, int64_t{1} << 31});
               }),
               HasSubstr("too large"));
-  EXPECT_THAT(message_of([&] { (void)ls::zeros({big}); }), HasSubstr("too large"));
-  EXPECT_THAT(message_of([&] { (void)ls::rand({big, big}); }), HasSubstr("too large"));
+  EXPECT_THAT(ops_test::error_of([&] { (void)ls::zeros({big}); }), HasSubstr("too large"));
+  EXPECT_THAT(ops_test::error_of([&] { (void)ls::rand({big, big}); }), HasSubstr("too large"));
   // Through ops: a broadcast or a reshape to a shape that overflows.
   const ls::Tensor x = ls::ones({4});
-  m = message_of([&] { (void)ls::expand(ls::reshape(x, {4, 1}), {4, big}); });
+  m = ops_test::error_of([&] { (void)ls::expand(ls::reshape(x, {4, 1}), {4, big}); });
   EXPECT_THAT(m, HasSubstr("expand"));
   EXPECT_THAT(m, HasSubstr("too large"));
-  EXPECT_THAT(message_of([&] { (void)ls::reshape(x, {big + 1, 4}); }), HasSubstr("reshape"));
+  EXPECT_THAT(ops_test::error_of([&] {
+                (void)ls::reshape(x, {big + 1, 4});
+              }),
+              HasSubstr("reshape"));
   // An empty value's other sizes count too (kernels multiply them in any order).
-  EXPECT_THAT(message_of([&] { (void)ls::ones({0, big, big}); }), HasSubstr("too large"));
+  EXPECT_THAT(ops_test::error_of([&] { (void)ls::ones({0, big, big}); }), HasSubstr("too large"));
   EXPECT_EQ(ls::ones({0, int64_t{1} << 40}).numel(), 0);
   // The largest allowed values are recorded (not allocated until something reads them).
   EXPECT_EQ(ls::ones({int64_t{1} << 30, int64_t{1} << 28}).numel(), int64_t{1} << 58);

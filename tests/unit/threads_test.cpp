@@ -26,6 +26,7 @@ using ::testing::HasSubstr;
 namespace {
 
 using ops_test::bits;
+using ops_test::error_of;
 
 struct Trained {
   std::vector<uint32_t> weight, bias;
@@ -93,15 +94,6 @@ class Latch {
   std::condition_variable cv_;
   bool open_ = false;
 };
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const ls::Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 }  // namespace
 
