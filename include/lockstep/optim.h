@@ -235,21 +235,42 @@ class Lion : public Optimizer {
 // clipping (a 0-d tensor). Recorded: no host round trip.
 Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm);
 
+// What a learning-rate scheduler keeps between steps, by PyTorch's names, as tensors of host
+// values (0-d i64 counts, f64 lrs), for checkpoints: save_checkpoint and load_checkpoint take a
+// scheduler, so a resumed run continues the schedule exactly.
+class Scheduler {
+ public:
+  virtual ~Scheduler() = default;
+  // Its class, as checkpoints record it ("CosineWarmupLR"): a state loads only into its kind.
+  virtual std::string kind() const = 0;
+  virtual nn::NamedTensors state_dict() const = 0;
+  // Throws Error naming the entry (and changes nothing) when `state` is not a state of this
+  // scheduler for this optimizer: other names, dtypes or sizes, a negative count, a bad lr.
+  virtual void check_state_dict(const nn::NamedTensors& state) const = 0;
+  void load_state_dict(const nn::NamedTensors& state);
+
+ protected:
+  virtual void load_checked(const nn::NamedTensors& state) = 0;
+};
+
 // Learning-rate schedules: call step() once per optimizer step (or per epoch for the
 // epoch-based ones, as you choose); it sets each parameter group's lr from the group's lr when
-// the scheduler was made (its base lr) and the count of steps so far.
-class LRScheduler {
+// the scheduler was made (its base lr) and the count of steps so far. State: "last_epoch" (the
+// count) and "base_lrs" (one per group).
+class LRScheduler : public Scheduler {
  public:
   explicit LRScheduler(Optimizer& opt);
-  virtual ~LRScheduler() = default;
   void step() { set_count(count_ + 1); }
   int64_t count() const { return count_; }
   void set_count(int64_t c);
   // The lr after `count` steps of a group whose base lr is `base_lr` (group 0's by default).
   virtual double lr_at(int64_t count, double base_lr) const = 0;
   double lr_at(int64_t count) const { return lr_at(count, base_lrs_[0]); }
+  nn::NamedTensors state_dict() const override;
+  void check_state_dict(const nn::NamedTensors& state) const override;
 
  protected:
+  void load_checked(const nn::NamedTensors& state) override;
   // Called after each count change, once the lrs are set (OneCycleLR moves the momentum).
   virtual void on_count(int64_t) {}
   Optimizer& opt_;
@@ -259,6 +280,7 @@ class LRScheduler {
 
 class StepLR : public LRScheduler {
  public:
+  std::string kind() const override { return "StepLR"; }
   StepLR(Optimizer& opt, int64_t step_size, double gamma = 0.1);
   using LRScheduler::lr_at;
   double lr_at(int64_t count, double base_lr) const override;
@@ -270,6 +292,7 @@ class StepLR : public LRScheduler {
 
 class MultiStepLR : public LRScheduler {
  public:
+  std::string kind() const override { return "MultiStepLR"; }
   MultiStepLR(Optimizer& opt, std::vector<int64_t> milestones, double gamma = 0.1);
   using LRScheduler::lr_at;
   double lr_at(int64_t count, double base_lr) const override;
@@ -282,6 +305,7 @@ class MultiStepLR : public LRScheduler {
 // base_lr * gamma^count (torch.optim.lr_scheduler.ExponentialLR).
 class ExponentialLR : public LRScheduler {
  public:
+  std::string kind() const override { return "ExponentialLR"; }
   ExponentialLR(Optimizer& opt, double gamma);
   using LRScheduler::lr_at;
   double lr_at(int64_t count, double base_lr) const override;
@@ -294,6 +318,7 @@ class ExponentialLR : public LRScheduler {
 // then end_factor (torch.optim.lr_scheduler.LinearLR, its defaults).
 class LinearLR : public LRScheduler {
  public:
+  std::string kind() const override { return "LinearLR"; }
   explicit LinearLR(Optimizer& opt, double start_factor = 1.0 / 3, double end_factor = 1.0,
                     int64_t total_iters = 5);
   using LRScheduler::lr_at;
@@ -308,6 +333,7 @@ class LinearLR : public LRScheduler {
 // total steps (and min_lr after): Hugging Face's get_cosine_schedule_with_warmup.
 class CosineWarmupLR : public LRScheduler {
  public:
+  std::string kind() const override { return "CosineWarmupLR"; }
   CosineWarmupLR(Optimizer& opt, int64_t warmup_steps, int64_t total_steps, double min_lr = 0);
   using LRScheduler::lr_at;
   double lr_at(int64_t count, double base_lr) const override;
@@ -335,6 +361,7 @@ struct OneCycleOptions {
 // way between max_momentum and base_momentum. Every group gets the same max_lr.
 class OneCycleLR : public LRScheduler {
  public:
+  std::string kind() const override { return "OneCycleLR"; }
   OneCycleLR(Optimizer& opt, const OneCycleOptions& options);
   using LRScheduler::lr_at;
   double lr_at(int64_t count, double base_lr) const override;
@@ -363,18 +390,26 @@ struct PlateauOptions {
 // (e.g. the validation loss read with item(): an epoch-level host read, a sync, as it is in
 // PyTorch); after `patience` epochs without improvement every group's lr is multiplied by
 // factor (not below min_lr).
-class ReduceLROnPlateau {
+// State: "best", "num_bad_epochs", "cooldown_counter", "last_epoch" (step calls) and "_last_lr"
+// (each group's lr, which it lowered).
+class ReduceLROnPlateau : public Scheduler {
  public:
   explicit ReduceLROnPlateau(Optimizer& opt, const PlateauOptions& options = {});
   void step(double metric);
   int64_t num_bad_epochs() const { return bad_; }
+  std::string kind() const override { return "ReduceLROnPlateau"; }
+  nn::NamedTensors state_dict() const override;
+  void check_state_dict(const nn::NamedTensors& state) const override;
+
+ protected:
+  void load_checked(const nn::NamedTensors& state) override;
 
  private:
   bool better(double a, double best) const;
   Optimizer& opt_;
   PlateauOptions options_;
   double best_;
-  int64_t bad_ = 0, cooldown_ = 0;
+  int64_t bad_ = 0, cooldown_ = 0, epochs_ = 0;
 };
 
 }  // namespace lockstep::optim

@@ -26,7 +26,9 @@ class RunError : public BackendError {
   std::vector<int32_t> overwritten_;
 };
 
-// "<what> (at <file:line>)" for a failure of graph node `n`, as a RunError.
+// A failure of graph node `n`, as a RunError naming what the user called first: "<user op> at
+// <file:line> in <module path>: <primitive's error>" for a node recorded by a user-facing
+// function (ir::Origin::user_op), else "<primitive's error> (at <file:line> in <module path>)".
 [[noreturn]] void fail_at(const ir::GraphNode& n, const std::exception& e,
                           std::vector<int32_t> overwritten_inputs = {});
 

@@ -145,8 +145,14 @@ void register_backend(Device device, Backend* backend) {
 
 void fail_at(const ir::GraphNode& n, const std::exception& e,
              std::vector<int32_t> overwritten_inputs) {
-  throw RunError(util::cat(e.what(), " (at ", util::where(n.origin.loc), ")"),
-                 std::move(overwritten_inputs));
+  const std::string where = util::where(n.origin.loc);
+  const std::string in = n.origin.module && !n.origin.module->empty()
+                             ? util::cat(" in ", *n.origin.module)
+                             : std::string();
+  std::string what = n.origin.user_op
+                         ? util::cat(n.origin.user_op, " at ", where, in, ": ", e.what())
+                         : util::cat(e.what(), " (at ", where, in, ")");
+  throw RunError(std::move(what), std::move(overwritten_inputs));
 }
 
 }  // namespace lockstep::backends

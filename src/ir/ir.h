@@ -138,6 +138,9 @@ struct Origin {
   // outside modules): util/frames.h.
   std::source_location loc;
   std::shared_ptr<const std::string> module;
+  // The user-facing function that recorded it from primitives (util::UserOp; null: the user
+  // called the op itself).
+  const char* user_op = nullptr;
   int16_t backward_of = -1;  // a gradient node: the Op of the node whose gradient it computes
 };
 

@@ -178,9 +178,11 @@ NodePtr new_node(Op op, std::vector<NodePtr> operands, std::vector<int64_t> attr
   node->dtype = dtype;
   node->origin.loc = util::user_loc(loc);
   node->origin.module = util::current_module_path();
+  node->origin.user_op = util::current_user_op();
   if (const Node* f = t_backward_of) {
     node->origin.backward_of = static_cast<int16_t>(f->op);
     node->origin.module = f->origin.module;
+    node->origin.user_op = f->origin.user_op;
     if (util::in_library(loc)) node->origin.loc = f->origin.loc;
   }
   if (t_grad_enabled && op_info(op).differentiable)

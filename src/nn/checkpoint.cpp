@@ -12,23 +12,34 @@ using util::cat;
 namespace {
 const std::string kModel = "model.";
 const std::string kOptimizer = "optimizer.";
+const std::string kScheduler = "scheduler.";
 const std::string kGenerator = "generator.state";
 const std::string kVersion = "1";
 }  // namespace
 
 void save_checkpoint(const std::string& path, const nn::Module& model,
                      const optim::Optimizer* optimizer, const io::Metadata& metadata, Loc loc) {
+  save_checkpoint(path, model, optimizer, nullptr, metadata, loc);
+}
+
+void save_checkpoint(const std::string& path, const nn::Module& model,
+                     const optim::Optimizer* optimizer, const optim::Scheduler* scheduler,
+                     const io::Metadata& metadata, Loc loc) {
   io::TensorMap tensors;
   for (auto& [name, t] : model.state_dict()) tensors.emplace_back(cat(kModel, name), t);
   if (optimizer)
     for (auto& [name, t] : optimizer->state_dict()) tensors.emplace_back(cat(kOptimizer, name), t);
+  if (scheduler)
+    for (auto& [name, t] : scheduler->state_dict()) tensors.emplace_back(cat(kScheduler, name), t);
   tensors.emplace_back(kGenerator, generator_state());
   io::Metadata meta{{"format", "lockstep-checkpoint"}, {"version", kVersion}};
   for (const auto& [key, value] : metadata)
-    if (meta.count(key))
+    if (meta.count(key) || key == "scheduler")
       util::fail(loc, "save_checkpoint",
-                 cat("metadata key '", key, "' is the checkpoint's own (its format and version)"),
+                 cat("metadata key '", key,
+                     "' is the checkpoint's own (its format, version and scheduler kind)"),
                  "Name it otherwise, e.g. 'run_" + key + "'");
+  if (scheduler) meta.emplace("scheduler", scheduler->kind());
   meta.insert(metadata.begin(), metadata.end());
   sync(loc);  // one program for every pending value, not one read each
   io::save_safetensors(path, tensors, meta, loc);
@@ -36,6 +47,11 @@ void save_checkpoint(const std::string& path, const nn::Module& model,
 
 io::Metadata load_checkpoint(const std::string& path, nn::Module& model,
                              optim::Optimizer* optimizer, Loc loc) {
+  return load_checkpoint(path, model, optimizer, nullptr, loc);
+}
+
+io::Metadata load_checkpoint(const std::string& path, nn::Module& model,
+                             optim::Optimizer* optimizer, optim::Scheduler* scheduler, Loc loc) {
   io::Loaded file = io::load_safetensors(path, default_device(), loc);
   auto it = file.metadata.find("format");
   if (it == file.metadata.end() || it->second != "lockstep-checkpoint")
@@ -49,13 +65,15 @@ io::Metadata load_checkpoint(const std::string& path, nn::Module& model,
                    version == file.metadata.end() ? std::string("(none)") : version->second,
                    "', this build reads version ", kVersion),
                "Load it with the lockstep version that wrote it");
-  nn::NamedTensors model_state, optimizer_state;
+  nn::NamedTensors model_state, optimizer_state, scheduler_state;
   Tensor generator;
   for (auto& [name, t] : file.tensors) {
     if (name.rfind(kModel, 0) == 0)
       model_state.emplace_back(name.substr(kModel.size()), t);
     else if (name.rfind(kOptimizer, 0) == 0)
       optimizer_state.emplace_back(name.substr(kOptimizer.size()), t);
+    else if (name.rfind(kScheduler, 0) == 0)
+      scheduler_state.emplace_back(name.substr(kScheduler.size()), t);
     else if (name == kGenerator)
       generator = t;
     else
@@ -69,15 +87,30 @@ io::Metadata load_checkpoint(const std::string& path, nn::Module& model,
   if (optimizer && optimizer_state.empty())
     util::fail(loc, "load_checkpoint", cat("'", path, "' holds no optimizer state"),
                "Load it without an optimizer, or use a checkpoint saved with one");
+  if (scheduler) {
+    auto kind = file.metadata.find("scheduler");
+    if (kind == file.metadata.end() || scheduler_state.empty())
+      util::fail(loc, "load_checkpoint", cat("'", path, "' holds no scheduler state"),
+                 "Load it without a scheduler and set the scheduler's count "
+                 "(LRScheduler::set_count), or use a checkpoint saved with one");
+    if (kind->second != scheduler->kind())
+      util::fail(loc, "load_checkpoint",
+                 cat("'", path, "' holds the state of a ", kind->second, ", not of a ",
+                     scheduler->kind()),
+                 "Make the same kind of scheduler as the run that saved it");
+  }
   // Everything is checked before anything changes.
   try {
     model.check_state_dict(model_state, true);
     if (optimizer) optimizer->check_state_dict(optimizer_state);
+    if (scheduler) scheduler->check_state_dict(scheduler_state);
   } catch (const Error& e) {
     util::fail(loc, "load_checkpoint", cat("'", path, "' does not fit: ", e.what()), "");
   }
   model.load_state_dict(model_state, true);
   if (optimizer) optimizer->load_state_dict(optimizer_state);
+  // After the optimizer's: the scheduler sets the groups' lrs.
+  if (scheduler) scheduler->load_state_dict(scheduler_state);
   NoGrad no_grad;
   Tensor g = generator_state();
   g.copy_(generator);

@@ -10,6 +10,7 @@
 #include "lockstep/autograd.h"
 #include "lockstep/nn.h"
 #include "util/check.h"
+#include "util/frames.h"
 
 namespace lockstep::nn {
 
@@ -323,6 +324,7 @@ Tensor f32_under_autocast(const Tensor& t, const Loc& loc) {
 
 Tensor nll_loss(const Tensor& log_probs_in, const Tensor& targets, const CrossEntropyOptions& o,
                 Loc loc) {
+  const util::UserOp user_op("nll_loss");
   const Tensor log_probs = f32_under_autocast(log_probs_in, loc);
   check_class_targets("nll_loss", log_probs, targets, loc);
   // Ignored rows pick class 0 and are masked out; the mean is over the rest.
@@ -342,6 +344,7 @@ Tensor nll_loss(const Tensor& log_probs_in, const Tensor& targets, const CrossEn
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, const CrossEntropyOptions& o,
                      Loc loc) {
+  const util::UserOp user_op("cross_entropy");
   check_class_targets("cross_entropy", logits, targets, loc);
   if (o.label_smoothing < 0 || o.label_smoothing > 1)
     util::fail(loc, "cross_entropy",

@@ -5,6 +5,7 @@
 #include "lockstep/autograd.h"
 #include "lockstep/nn.h"
 #include "util/check.h"
+#include "util/frames.h"
 
 namespace lockstep::nn {
 
@@ -115,6 +116,7 @@ Embedding::Embedding(int64_t num, int64_t dim) {
 }
 
 Tensor Embedding::forward(const Tensor& indices) {
+  const util::UserOp user_op("Embedding");
   if (indices.dtype() != DType::I64)
     util::fail(Loc::current(), "Embedding",
                cat("indices must be i64, got ", dtype_name(indices.dtype())),

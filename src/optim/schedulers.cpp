@@ -2,14 +2,71 @@
 // group's lr, which enters the step's program as a runtime scalar (no recompiles).
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <numbers>
 
+#include "lockstep/ops.h"
 #include "lockstep/optim.h"
 #include "util/check.h"
 
 namespace lockstep::optim {
 
 using util::cat;
+
+namespace {
+
+// The entry `name` of a scheduler's state, checked to be `dtype` of `shape`.
+const Tensor& entry(const nn::NamedTensors& state, const std::string& name, DType dtype,
+                    const Shape& shape, const std::string& who) {
+  for (const auto& [n, t] : state) {
+    if (n != name) continue;
+    if (!t.defined() || t.dtype() != dtype || t.shape() != shape)
+      throw Error(cat(who, ": state entry '", name, "' is ",
+                      t.defined() ? cat(dtype_name(t.dtype()), shape_str(t.shape())) : "empty",
+                      ", expected ", dtype_name(dtype), shape_str(shape)));
+    return t;
+  }
+  throw Error(cat(who, ": the state has no entry '", name, "' (a state of another scheduler?)"));
+}
+
+// Every entry of `state` is one of `names`.
+void only(const nn::NamedTensors& state, std::initializer_list<const char*> names,
+          const std::string& who) {
+  for (const auto& [n, t] : state)
+    if (std::find_if(names.begin(), names.end(), [&](const char* k) { return n == k; }) ==
+        names.end())
+      throw Error(cat(who, ": the state has an unknown entry '", n, "' (a state of another scheduler?)"));
+}
+
+int64_t count_entry(const nn::NamedTensors& state, const std::string& name,
+                    const std::string& who) {
+  const int64_t v = entry(state, name, DType::I64, {}, who).to_vector<int64_t>()[0];
+  if (v < 0) throw Error(cat(who, ": state entry '", name, "' = ", v, " is negative"));
+  return v;
+}
+
+std::vector<double> lrs_entry(const nn::NamedTensors& state, const std::string& name,
+                              size_t groups, const std::string& who) {
+  std::vector<double> lrs =
+      entry(state, name, DType::F64, {static_cast<int64_t>(groups)}, who).to_vector<double>();
+  for (size_t g = 0; g < lrs.size(); ++g)
+    if (!std::isfinite(lrs[g]) || lrs[g] < 0)
+      throw Error(cat(who, ": state entry '", name, "' has lr ", lrs[g], " for group ", g,
+                      " (an lr is finite and >= 0)"));
+  return lrs;
+}
+
+Tensor host_count(int64_t v) { return from_vector<int64_t>({v}, {}); }
+Tensor host_lrs(const std::vector<double>& lrs) {
+  return from_vector<double>(lrs, {static_cast<int64_t>(lrs.size())});
+}
+
+}  // namespace
+
+void Scheduler::load_state_dict(const nn::NamedTensors& state) {
+  check_state_dict(state);
+  load_checked(state);
+}
 
 LRScheduler::LRScheduler(Optimizer& opt) : opt_(opt) {
   for (size_t g = 0; g < opt.num_param_groups(); ++g) base_lrs_.push_back(opt.group_lr(g));
@@ -20,6 +77,23 @@ void LRScheduler::set_count(int64_t c) {
   for (size_t g = 0; g < base_lrs_.size() && g < opt_.num_param_groups(); ++g)
     opt_.set_group_lr(g, lr_at(count_, base_lrs_[g]));
   on_count(count_);
+}
+
+nn::NamedTensors LRScheduler::state_dict() const {
+  return {{"last_epoch", host_count(count_)}, {"base_lrs", host_lrs(base_lrs_)}};
+}
+
+void LRScheduler::check_state_dict(const nn::NamedTensors& state) const {
+  const std::string who = kind() + "::load_state_dict";
+  only(state, {"last_epoch", "base_lrs"}, who);
+  count_entry(state, "last_epoch", who);
+  lrs_entry(state, "base_lrs", base_lrs_.size(), who);
+}
+
+void LRScheduler::load_checked(const nn::NamedTensors& state) {
+  const std::string who = kind() + "::load_state_dict";
+  base_lrs_ = lrs_entry(state, "base_lrs", base_lrs_.size(), who);
+  set_count(count_entry(state, "last_epoch", who));
 }
 
 StepLR::StepLR(Optimizer& opt, int64_t step_size, double gamma)
@@ -157,6 +231,7 @@ bool ReduceLROnPlateau::better(double a, double best) const {
 
 void ReduceLROnPlateau::step(double metric) {
   if (std::isnan(metric)) throw Error("ReduceLROnPlateau: the metric is NaN");
+  ++epochs_;
   if (better(metric, best_)) {
     best_ = metric;
     bad_ = 0;
@@ -176,6 +251,36 @@ void ReduceLROnPlateau::step(double metric) {
     cooldown_ = options_.cooldown;
     bad_ = 0;
   }
+}
+
+nn::NamedTensors ReduceLROnPlateau::state_dict() const {
+  std::vector<double> lrs;
+  for (size_t g = 0; g < opt_.num_param_groups(); ++g) lrs.push_back(opt_.group_lr(g));
+  return {{"best", from_vector<double>({best_}, {})},
+          {"num_bad_epochs", host_count(bad_)},
+          {"cooldown_counter", host_count(cooldown_)},
+          {"last_epoch", host_count(epochs_)},
+          {"_last_lr", host_lrs(lrs)}};
+}
+
+void ReduceLROnPlateau::check_state_dict(const nn::NamedTensors& state) const {
+  const std::string who = "ReduceLROnPlateau::load_state_dict";
+  only(state, {"best", "num_bad_epochs", "cooldown_counter", "last_epoch", "_last_lr"}, who);
+  if (std::isnan(entry(state, "best", DType::F64, {}, who).to_vector<double>()[0]))
+    throw Error(cat(who, ": state entry 'best' is NaN"));
+  for (const char* name : {"num_bad_epochs", "cooldown_counter", "last_epoch"})
+    count_entry(state, name, who);
+  lrs_entry(state, "_last_lr", opt_.num_param_groups(), who);
+}
+
+void ReduceLROnPlateau::load_checked(const nn::NamedTensors& state) {
+  const std::string who = "ReduceLROnPlateau::load_state_dict";
+  best_ = entry(state, "best", DType::F64, {}, who).to_vector<double>()[0];
+  bad_ = count_entry(state, "num_bad_epochs", who);
+  cooldown_ = count_entry(state, "cooldown_counter", who);
+  epochs_ = count_entry(state, "last_epoch", who);
+  const std::vector<double> lrs = lrs_entry(state, "_last_lr", opt_.num_param_groups(), who);
+  for (size_t g = 0; g < lrs.size(); ++g) opt_.set_group_lr(g, lrs[g]);
 }
 
 }  // namespace lockstep::optim

@@ -3,6 +3,7 @@
 #include "runtime/explain.h"
 
 #include <algorithm>
+#include <map>
 
 #include "util/check.h"
 
@@ -55,6 +56,37 @@ std::string compare(const ir::GraphNode& a, const ir::GraphNode& b, std::string*
     return "input";
   }
   return "";
+}
+
+// What an output is to the user: the op and the line (and module) that made it. Shapes are left
+// out, so that a batch size change is explained node by node, not as other outputs.
+std::string output_key(const ir::GraphNode& n) {
+  std::string key = n.op == ir::Op::Data ? std::string("an input") : ir::user_name(n.op);
+  key += cat(" at ", util::where(n.origin.loc));
+  if (n.origin.module && !n.origin.module->empty()) key += cat(" in ", *n.origin.module);
+  return key;
+}
+
+std::map<std::string, int64_t> output_keys(const ir::Graph& g) {
+  std::map<std::string, int64_t> keys;
+  for (int32_t o : g.outputs) ++keys[output_key(g.nodes[static_cast<size_t>(o)])];
+  return keys;
+}
+
+// "the sum at train.cpp:57, the mean at train.cpp:60 and 3 more" for the keys counted positive.
+std::string describe(const std::map<std::string, int64_t>& keys) {
+  std::string out;
+  int64_t listed = 0, rest = 0;
+  for (const auto& [key, n] : keys) {
+    if (n <= 0) continue;
+    if (listed == 3) {
+      rest += n;
+      continue;
+    }
+    out += cat(listed++ ? ", " : "", n == 1 ? std::string("the ") : cat(n, " x the "), key);
+  }
+  if (rest > 0) out += cat(" and ", rest, " more");
+  return out.empty() ? std::string("nothing") : out;
 }
 
 }  // namespace
@@ -115,11 +147,49 @@ debug::CacheMiss explain_miss(const std::string& site, int64_t compiles_before,
   m.site = site;
   m.compiles_at_site = compiles_before + 1;
   GraphDifference d;
-  if (nearest(candidates, now, &d) < 0) {
+  const int best = nearest(candidates, now, &d);
+  if (best < 0) {
     m.first = true;
     m.text = cat(site, ": first compile at this site (", now.nodes.size(), " nodes)");
     return m;
   }
+  // Another set of outputs (a value kept after the step on some steps only) renumbers the whole
+  // graph: said as such, by the lines that made the outputs, unless an earlier graph had the same
+  // outputs (then the nearest of those is compared node by node).
+  const std::map<std::string, int64_t> now_keys = output_keys(now);
+  std::vector<std::shared_ptr<const ir::Graph>> same_outputs;
+  for (const auto& c : candidates)
+    if (output_keys(*c) == now_keys) same_outputs.push_back(c);
+  if (same_outputs.empty()) {
+    std::map<std::string, int64_t> added = now_keys, dropped = output_keys(*candidates[best]);
+    for (auto& [key, n] : added) {
+      auto it = dropped.find(key);
+      if (it == dropped.end()) continue;
+      const int64_t common = std::min(n, it->second);
+      n -= common;
+      it->second -= common;
+    }
+    m.field = "outputs";
+    m.before = describe(dropped);
+    m.after = describe(added);
+    // The first output added (else dropped): its op and line.
+    for (const std::map<std::string, int64_t>* side : {&added, &dropped})
+      for (const auto& [key, n] : *side)
+        if (n > 0 && m.where.empty()) {
+          const size_t at = key.find(" at ");
+          m.op = key.substr(0, at);
+          m.where = key.substr(at + 4);
+          m.where = m.where.substr(0, m.where.find(" in "));
+        }
+    m.text = cat(site, ": compile #", m.compiles_at_site,
+                 " at this site: the step keeps other values than before: added ", m.after,
+                 "; dropped ", m.before,
+                 ". A value kept after the step on some steps only (held by a closure or a "
+                 "variable) makes another program: keep the same values every step (e.g. hold "
+                 "the loss every step and read it only when logging)");
+    return m;
+  }
+  if (same_outputs.size() < candidates.size()) nearest(same_outputs, now, &d);
   if (d.node < 0 && !setting_change.empty()) {
     m.field = "setting";
     m.text = cat(site, ": compile #", m.compiles_at_site,

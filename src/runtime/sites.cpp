@@ -7,7 +7,9 @@
 #include <mutex>
 
 #include "runtime/explain.h"
+#include "runtime/metrics.h"
 #include "util/check.h"
+#include "util/frames.h"
 
 namespace lockstep {
 namespace runtime {
@@ -19,6 +21,9 @@ using util::cat;
 constexpr size_t kKeptGraphs = 16;
 // Misses in a row that differ in the same node's same field before the churn hint.
 constexpr int kChurnRepeats = 3;
+// Compiles in a row at one site, each larger than the one before with the same outputs, before
+// the warning of a loop without a step boundary.
+constexpr size_t kGrowingCompiles = 4;
 
 struct Site {
   debug::SiteStats stats;
@@ -26,7 +31,9 @@ struct Site {
   std::string last_key;  // the last miss's node, field and line
   int repeats = 0;
   std::vector<std::string> hinted;  // keys already given a hint
-  int64_t steady_base = 0;          // syncs when expect_steady was called
+  std::vector<int64_t> growing;     // node counts of the last compiles, each larger than the last
+  bool growth_warned = false;
+  int64_t steady_base = 0;  // syncs when expect_steady was called
   // Per phase: the last kTimingSamples durations (a ring), and how many were taken.
   std::array<std::vector<int64_t>, kSitePhases> samples;
   std::array<int64_t, kSitePhases> taken{};
@@ -83,6 +90,41 @@ std::string hint_for(const debug::CacheMiss& m) {
              "): record the same ops every step");
 }
 
+// A loop without a step boundary: values updated in place each iteration (parameters,
+// optimizer state) stay pending, so each read at the site computes every iteration so far and
+// compiles a program larger than the last. Once per site, after kGrowingCompiles such compiles
+// in a row, the warning's text (empty otherwise).
+std::string growth_warning(Site& st, const ir::Graph& now, const std::string& name) {
+  const auto nodes = static_cast<int64_t>(now.nodes.size());
+  const bool grew = !st.graphs.empty() &&
+                    nodes > static_cast<int64_t>(st.graphs.back()->nodes.size()) &&
+                    now.outputs.size() == st.graphs.back()->outputs.size();
+  if (!grew) st.growing.clear();
+  st.growing.push_back(nodes);
+  if (st.growth_warned || st.growing.size() < kGrowingCompiles) return "";
+  st.growth_warned = true;
+  std::string sizes;
+  for (size_t i = st.growing.size() - kGrowingCompiles; i < st.growing.size(); ++i)
+    sizes += cat(i + kGrowingCompiles == st.growing.size() ? "" : ", ", st.growing[i]);
+  std::map<std::string, int64_t> by_line;
+  for (const ir::GraphNode& n : now.nodes)
+    if (n.op != ir::Op::Data && n.op != ir::Op::Scalar && !util::in_library(n.origin.loc))
+      ++by_line[util::where(n.origin.loc)];
+  std::vector<std::pair<int64_t, std::string>> top;
+  for (const auto& [line, n] : by_line) top.emplace_back(-n, line);
+  std::sort(top.begin(), top.end());
+  std::string lines;
+  for (size_t k = 0; k < top.size() && k < 3; ++k)
+    lines += cat(k ? ", " : "", top[k].second, " (", -top[k].first, " nodes)");
+  return cat(name, " compiled a larger program at each of its last ", kGrowingCompiles, " syncs (",
+             sizes,
+             " nodes): values updated in place each iteration (parameters, optimizer state) "
+             "are never computed on their own, so each sync here computes every iteration so "
+             "far again and compiles anew. Wrap each iteration in ls::step (or end it with "
+             "ls::sync()). Most nodes come from ",
+             lines);
+}
+
 }  // namespace
 
 void site_sync(const std::string& name, int64_t nodes, bool hit, int64_t graph_ns) {
@@ -132,10 +174,15 @@ debug::CacheMiss site_miss(const std::string& name, const ir::Graph& now, bool p
   }
   ++st.stats.misses[m.first ? "first" : m.field];
   s.last = m;
+  const std::string growth = growth_warning(st, now, name);
   const bool broken = s.steady && st.stats.syncs - st.steady_base > s.steady_after;
   const debug::OnRecompile policy = s.policy;
   lock.unlock();
   if (print && !quiet) std::cerr << "lockstep: " << m.text << "\n";
+  if (!growth.empty()) {
+    count(Counter::GrowingProgramWarnings);
+    std::cerr << "lockstep: warning: " << growth << "\n";
+  }
   if (broken) {
     const std::string what = cat("expect_steady: a compile past the steady state: ", m.text,
                                  ". Nothing was compiled or run");

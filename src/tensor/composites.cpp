@@ -12,6 +12,7 @@
 
 #include "tensor/frontend.h"
 #include "util/check.h"
+#include "util/frames.h"
 
 namespace lockstep {
 
@@ -645,6 +646,7 @@ Tensor triu(const Tensor& x, int64_t diagonal, Loc loc) {
 
 // ---- indexing ------------------------------------------------------------------------------
 Tensor index_select(const Tensor& x, int64_t axis, const Tensor& index, Loc loc) {
+  const util::UserOp user_op("index_select");
   const NodePtr& n = node(x, "index_select", loc);
   const NodePtr& in = node(index, "index_select", loc);
   if (in->dtype != DType::I64 && in->dtype != DType::I32)
@@ -668,6 +670,7 @@ Tensor index_select(const Tensor& x, int64_t axis, const Tensor& index, Loc loc)
 }
 
 Tensor take_along_dim(const Tensor& x, const Tensor& index, int64_t axis, Loc loc) {
+  const util::UserOp user_op("take_along_dim");
   const NodePtr& n = node(x, "take_along_dim", loc);
   const NodePtr& in = node(index, "take_along_dim", loc);
   if (in->shape.size() != n->shape.size())
@@ -687,6 +690,7 @@ Tensor take_along_dim(const Tensor& x, const Tensor& index, int64_t axis, Loc lo
 }
 
 Tensor one_hot(const Tensor& index, int64_t num_classes, Loc loc) {
+  const util::UserOp user_op("one_hot");
   const NodePtr& in = node(index, "one_hot", loc);
   if (in->dtype != DType::I64)
     util::fail(loc, "one_hot", cat("index must be i64, got ", dtype_name(in->dtype)),

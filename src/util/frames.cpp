@@ -14,6 +14,7 @@ struct Frame {
 };
 
 thread_local std::vector<Frame> t_frames;
+thread_local const char* t_user_op = nullptr;
 
 // lockstep's src/ directory, from this file's own path (src/util/frames.cpp).
 const std::string& library_dir() {
@@ -40,6 +41,16 @@ const std::shared_ptr<const std::string>& current_module_path() {
   static const std::shared_ptr<const std::string> none;
   return t_frames.empty() ? none : t_frames.back().path;
 }
+
+UserOp::UserOp(const char* name) : outermost_(t_user_op == nullptr) {
+  if (outermost_) t_user_op = name;
+}
+
+UserOp::~UserOp() {
+  if (outermost_) t_user_op = nullptr;
+}
+
+const char* current_user_op() { return t_user_op; }
 
 bool in_library(const std::source_location& loc) {
   // Consecutive ops mostly come from one file, whose name is one string literal: remember the

@@ -27,6 +27,23 @@ class ModuleFrame {
 const void* current_module();
 const std::shared_ptr<const std::string>& current_module_path();
 
+// Pushed by a user-facing function built from primitives (cross_entropy, Embedding, index_select,
+// ...) for its duration: the nodes it records carry its name (ir::Origin::user_op), so a run-time
+// error in one of its primitives names what the user called first. The outermost one wins (a
+// loss built on another names the loss the user called). `name` must be a string literal.
+class UserOp {
+ public:
+  explicit UserOp(const char* name);
+  ~UserOp();
+  UserOp(const UserOp&) = delete;
+  UserOp& operator=(const UserOp&) = delete;
+
+ private:
+  bool outermost_;
+};
+// The outermost user-facing function under way on this thread (null when none).
+const char* current_user_op();
+
 // Whether `loc` lies in lockstep's own sources (src/).
 bool in_library(const std::source_location& loc);
 // `loc`, or, when it lies in lockstep's sources inside a module call, the line of the innermost
