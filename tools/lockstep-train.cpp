@@ -509,7 +509,7 @@ int run(const Options& o) {
 
   auto save = [&](int64_t at_epoch, int64_t at_step, bool epoch_done) {
     if (o.checkpoint.empty() || rank != 0) return;  // replicas are identical: rank 0 writes
-    ls::save_checkpoint(o.checkpoint, *model, opt.get(),
+    ls::save_checkpoint(o.checkpoint, *model, opt.get(), schedule.get(),
                         {{"epoch", std::to_string(at_epoch)},
                          {"step", std::to_string(at_step)},
                          {"epoch_done", epoch_done ? "1" : "0"},

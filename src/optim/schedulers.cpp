@@ -56,7 +56,7 @@ std::vector<double> lrs_entry(const nn::NamedTensors& state, const std::string& 
   return lrs;
 }
 
-Tensor host_count(int64_t v) { return from_vector<int64_t>({v}, {}); }
+Tensor host_count(int64_t v) { return scalar_tensor(v, TensorOptions(DType::I64)); }
 Tensor host_lrs(const std::vector<double>& lrs) {
   return from_vector<double>(lrs, {static_cast<int64_t>(lrs.size())});
 }
@@ -256,7 +256,7 @@ void ReduceLROnPlateau::step(double metric) {
 nn::NamedTensors ReduceLROnPlateau::state_dict() const {
   std::vector<double> lrs;
   for (size_t g = 0; g < opt_.num_param_groups(); ++g) lrs.push_back(opt_.group_lr(g));
-  return {{"best", from_vector<double>({best_}, {})},
+  return {{"best", scalar_tensor(best_, TensorOptions(DType::F64))},
           {"num_bad_epochs", host_count(bad_)},
           {"cooldown_counter", host_count(cooldown_)},
           {"last_epoch", host_count(epochs_)},

@@ -5,7 +5,10 @@
 #include <iostream>
 #include <map>
 #include <mutex>
+#include <string_view>
+#include <unordered_map>
 
+#include "ir/random_bits.h"
 #include "runtime/explain.h"
 #include "runtime/metrics.h"
 #include "util/check.h"
@@ -90,6 +93,22 @@ std::string hint_for(const debug::CacheMiss& m) {
              "): record the same ops every step");
 }
 
+// Whether every node of `before` has one in `now` with its op, dtype, shape and line (as
+// multisets): `now` computes what `before` did and more.
+bool contains(const ir::Graph& now, const ir::Graph& before) {
+  auto signature = [](const ir::GraphNode& n) {
+    uint64_t h = ir::mix64(static_cast<uint64_t>(n.op) * 131 + static_cast<uint64_t>(n.dtype));
+    for (int64_t d : n.shape) h = ir::mix64(h ^ static_cast<uint64_t>(d));
+    h = ir::mix64(h ^ std::hash<std::string_view>{}(n.origin.loc.file_name()));
+    return ir::mix64(h ^ n.origin.loc.line());
+  };
+  std::unordered_map<uint64_t, int64_t> have;
+  for (const ir::GraphNode& n : now.nodes) ++have[signature(n)];
+  for (const ir::GraphNode& n : before.nodes)
+    if (--have[signature(n)] < 0) return false;
+  return true;
+}
+
 // A loop without a step boundary: values updated in place each iteration (parameters,
 // optimizer state) stay pending, so each read at the site computes every iteration so far and
 // compiles a program larger than the last. Once per site, after kGrowingCompiles such compiles
@@ -98,7 +117,8 @@ std::string growth_warning(Site& st, const ir::Graph& now, const std::string& na
   const auto nodes = static_cast<int64_t>(now.nodes.size());
   const bool grew = !st.graphs.empty() &&
                     nodes > static_cast<int64_t>(st.graphs.back()->nodes.size()) &&
-                    now.outputs.size() == st.graphs.back()->outputs.size();
+                    now.outputs.size() == st.graphs.back()->outputs.size() &&
+                    contains(now, *st.graphs.back());
   if (!grew) st.growing.clear();
   st.growing.push_back(nodes);
   if (st.growth_warned || st.growing.size() < kGrowingCompiles) return "";
@@ -107,9 +127,13 @@ std::string growth_warning(Site& st, const ir::Graph& now, const std::string& na
   for (size_t i = st.growing.size() - kGrowingCompiles; i < st.growing.size(); ++i)
     sizes += cat(i + kGrowingCompiles == st.growing.size() ? "" : ", ", st.growing[i]);
   std::map<std::string, int64_t> by_line;
-  for (const ir::GraphNode& n : now.nodes)
-    if (n.op != ir::Op::Data && n.op != ir::Op::Scalar && !util::in_library(n.origin.loc))
-      ++by_line[util::where(n.origin.loc)];
+  for (bool library : {false, true}) {  // the user's lines; lockstep's only when none is
+    for (const ir::GraphNode& n : now.nodes)
+      if (n.op != ir::Op::Data && n.op != ir::Op::Scalar &&
+          (library || !util::in_library(n.origin.loc)))
+        ++by_line[util::where(n.origin.loc)];
+    if (!by_line.empty()) break;
+  }
   std::vector<std::pair<int64_t, std::string>> top;
   for (const auto& [line, n] : by_line) top.emplace_back(-n, line);
   std::sort(top.begin(), top.end());

@@ -296,3 +296,101 @@ TEST(Checkpoint, PlainSafetensorsAndOtherVersionsAreRefused) {
   expect_load_fails(path, m, &opt, {path, "generator"});
   std::remove(path.c_str());
 }
+
+// A schedule resumed from a checkpoint continues exactly where it was: the same lrs and losses as
+// an uninterrupted run (issue 32, item 3), for a count-based schedule with two parameter groups
+// and for ReduceLROnPlateau, which keeps its own counters and the lrs it lowered.
+TEST(Checkpoint, ResumedSchedulesContinueExactly) {
+  const std::string path = temp_path("schedule.safetensors");
+  auto groups = [](ls::models::FashionCNN& m) {
+    std::vector<ls::Tensor> decayed, rest;
+    for (auto& [name, p] : m.named_parameters())
+      (name.find("bias") == std::string::npos ? decayed : rest).push_back(p);
+    auto opt = std::make_unique<ls::optim::AdamW>(decayed, ls::optim::AdamOptions{.lr = 2e-3});
+    opt->add_param_group({rest, 1e-3, 0.0});
+    return opt;
+  };
+  ls::manual_seed(5);
+  ls::models::FashionCNN a(10, 1, 8);
+  auto opt_a = groups(a);
+  ls::optim::CosineWarmupLR sched_a(*opt_a, 3, 12, 1e-5);
+  for (int i = 0; i < 4; ++i) train_step(a, *opt_a), sched_a.step();
+  ls::save_checkpoint(path, a, opt_a.get(), &sched_a);
+  std::vector<uint32_t> uninterrupted;
+  std::vector<double> lrs_a;
+  for (int i = 0; i < 5; ++i) {
+    uninterrupted.push_back(train_step(a, *opt_a));
+    sched_a.step();
+    lrs_a.push_back(opt_a->group_lr(0)), lrs_a.push_back(opt_a->group_lr(1));
+  }
+
+  ls::manual_seed(77);
+  ls::models::FashionCNN b(10, 1, 8);
+  auto opt_b = groups(b);
+  ls::optim::CosineWarmupLR sched_b(*opt_b, 3, 12, 1e-5);
+  ls::load_checkpoint(path, b, opt_b.get(), &sched_b);
+  EXPECT_EQ(sched_b.count(), 4);
+  std::vector<uint32_t> resumed;
+  std::vector<double> lrs_b;
+  for (int i = 0; i < 5; ++i) {
+    resumed.push_back(train_step(b, *opt_b));
+    sched_b.step();
+    lrs_b.push_back(opt_b->group_lr(0)), lrs_b.push_back(opt_b->group_lr(1));
+  }
+  EXPECT_EQ(resumed, uninterrupted);
+  EXPECT_EQ(lrs_b, lrs_a);
+  // The file names it by PyTorch's names.
+  const ls::io::Loaded file = ls::io::load_safetensors(path);
+  EXPECT_EQ(file.metadata.at("scheduler"), "CosineWarmupLR");
+  std::vector<std::string> names;
+  for (const auto& [n, t] : file.tensors) names.push_back(n);
+  EXPECT_THAT(names, ::testing::Contains(std::string("scheduler.last_epoch")));
+  EXPECT_THAT(names, ::testing::Contains(std::string("scheduler.base_lrs")));
+
+  // Another kind of scheduler, or none saved: refused before anything changes.
+  ls::optim::StepLR step_lr(*opt_b, 2);
+  const Snapshot before = full_snapshot(b, opt_b.get());
+  try {
+    ls::load_checkpoint(path, b, opt_b.get(), &step_lr);
+    ADD_FAILURE() << "loaded a CosineWarmupLR's state into a StepLR";
+  } catch (const ls::Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("holds the state of a CosineWarmupLR, not of a StepLR"));
+  }
+  ls::save_checkpoint(path, b, opt_b.get());
+  try {
+    ls::load_checkpoint(path, b, opt_b.get(), &sched_b);
+    ADD_FAILURE() << "loaded a scheduler from a file without one";
+  } catch (const ls::Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("holds no scheduler state"));
+  }
+  EXPECT_EQ(differences(before, full_snapshot(b, opt_b.get())), std::vector<std::string>{});
+
+  // A state with a bad entry is refused by name.
+  ls::nn::NamedTensors bad = sched_b.state_dict();
+  bad[0].second = ls::scalar_tensor(-3, ls::i64);
+  try {
+    sched_b.load_state_dict(bad);
+    ADD_FAILURE() << "loaded a negative count";
+  } catch (const ls::Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("'last_epoch' = -3 is negative"));
+  }
+  EXPECT_EQ(sched_b.count(), 9);
+
+  // ReduceLROnPlateau: its counters and the lr it lowered come back.
+  ls::optim::SGD sgd_a(a.parameters(), {.lr = 0.1});
+  ls::optim::ReduceLROnPlateau plateau_a(sgd_a, {.factor = 0.5, .patience = 1, .cooldown = 1});
+  for (double metric : {1.0, 1.0, 1.0, 0.5}) plateau_a.step(metric);
+  ls::save_checkpoint(path, a, &sgd_a, &plateau_a);
+  ls::optim::SGD sgd_b(b.parameters(), {.lr = 0.1});
+  ls::optim::ReduceLROnPlateau plateau_b(sgd_b, {.factor = 0.5, .patience = 1, .cooldown = 1});
+  ls::load_checkpoint(path, b, &sgd_b, &plateau_b);
+  EXPECT_EQ(sgd_b.group_lr(0), 0.05);
+  for (double metric : {0.6, 0.7, 0.8, 0.9, 1.0}) {
+    plateau_a.step(metric);
+    plateau_b.step(metric);
+    EXPECT_EQ(sgd_b.group_lr(0), sgd_a.group_lr(0));
+    EXPECT_EQ(plateau_b.num_bad_epochs(), plateau_a.num_bad_epochs());
+  }
+  EXPECT_LT(sgd_b.group_lr(0), 0.05);
+  std::remove(path.c_str());
+}
