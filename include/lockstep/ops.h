@@ -46,6 +46,19 @@ Tensor randn(const Shape& shape, TensorOptions options = {}, Loc loc = Loc::curr
 // Integers uniform in [low, high).
 Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions options = {DType::I64},
                Loc loc = Loc::current());
+// 1 with probability p, else 0, in p's (floating) dtype: torch.bernoulli(p). The second form
+// draws with one probability for every element of x's shape and dtype (x.bernoulli(p)).
+Tensor bernoulli(const Tensor& p, Loc loc = Loc::current());
+Tensor bernoulli(const Tensor& x, double p, Loc loc = Loc::current());
+// torch.multinomial: num_samples category indices (i64) per row of `weights` ([K] or [B, K],
+// non-negative, any positive sum), drawn with probability proportional to the weights, with or
+// without replacement (then no category twice in a row, and num_samples <= K; categories of
+// weight 0 come only once the others are drawn, as PyTorch's). Costs O(B * num_samples * K)
+// with replacement, a sort of each row without. The weights are not read to be checked (that
+// would be a sync): a row with a negative, NaN or infinite weight, or all zero, gives categories
+// in [0, K) that follow no distribution.
+Tensor multinomial(const Tensor& weights, int64_t num_samples, bool replacement = false,
+                   Loc loc = Loc::current());
 // The calling thread's generator state (i64[2]: seed, counter), e.g. to save it in a checkpoint.
 Tensor& generator_state();
 

@@ -94,10 +94,10 @@ io::Metadata load_checkpoint(const std::string& path, nn::Module& model,
                  "Load it without a scheduler and set the scheduler's count "
                  "(LRScheduler::set_count), or use a checkpoint saved with one");
     if (kind->second != scheduler->kind())
-      util::fail(loc, "load_checkpoint",
-                 cat("'", path, "' holds the state of a ", kind->second, ", not of a ",
-                     scheduler->kind()),
-                 "Make the same kind of scheduler as the run that saved it");
+      util::fail(
+          loc, "load_checkpoint",
+          cat("'", path, "' holds the state of a ", kind->second, ", not of a ", scheduler->kind()),
+          "Make the same kind of scheduler as the run that saved it");
   }
   // Everything is checked before anything changes.
   try {

@@ -35,7 +35,8 @@ void only(const nn::NamedTensors& state, std::initializer_list<const char*> name
   for (const auto& [n, t] : state)
     if (std::find_if(names.begin(), names.end(), [&](const char* k) { return n == k; }) ==
         names.end())
-      throw Error(cat(who, ": the state has an unknown entry '", n, "' (a state of another scheduler?)"));
+      throw Error(
+          cat(who, ": the state has an unknown entry '", n, "' (a state of another scheduler?)"));
 }
 
 int64_t count_entry(const nn::NamedTensors& state, const std::string& name,
@@ -45,8 +46,8 @@ int64_t count_entry(const nn::NamedTensors& state, const std::string& name,
   return v;
 }
 
-std::vector<double> lrs_entry(const nn::NamedTensors& state, const std::string& name,
-                              size_t groups, const std::string& who) {
+std::vector<double> lrs_entry(const nn::NamedTensors& state, const std::string& name, size_t groups,
+                              const std::string& who) {
   std::vector<double> lrs =
       entry(state, name, DType::F64, {static_cast<int64_t>(groups)}, who).to_vector<double>();
   for (size_t g = 0; g < lrs.size(); ++g)

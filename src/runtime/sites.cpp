@@ -115,10 +115,9 @@ bool contains(const ir::Graph& now, const ir::Graph& before) {
 // in a row, the warning's text (empty otherwise).
 std::string growth_warning(Site& st, const ir::Graph& now, const std::string& name) {
   const auto nodes = static_cast<int64_t>(now.nodes.size());
-  const bool grew = !st.graphs.empty() &&
-                    nodes > static_cast<int64_t>(st.graphs.back()->nodes.size()) &&
-                    now.outputs.size() == st.graphs.back()->outputs.size() &&
-                    contains(now, *st.graphs.back());
+  const bool grew =
+      !st.graphs.empty() && nodes > static_cast<int64_t>(st.graphs.back()->nodes.size()) &&
+      now.outputs.size() == st.graphs.back()->outputs.size() && contains(now, *st.graphs.back());
   if (!grew) st.growing.clear();
   st.growing.push_back(nodes);
   if (st.growth_warned || st.growing.size() < kGrowingCompiles) return "";

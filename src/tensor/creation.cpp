@@ -236,4 +236,69 @@ Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opti
   return cast(r, options.dtype, loc);
 }
 
+Tensor bernoulli(const Tensor& p, Loc loc) {
+  const ir::NodePtr& n = node(p, "bernoulli", loc);
+  if (!is_floating(n->dtype))
+    util::fail(loc, "bernoulli",
+               cat("probabilities must be floating-point, got ", dtype_name(n->dtype)),
+               "Cast them with .to(ls::f32)");
+  Tensor u = runtime::new_tensor(draw_uniform(n->shape, DType::F64, n->device, "bernoulli", loc));
+  return cast(lt(u, cast(p, DType::F64, loc), loc), n->dtype, loc);
+}
+
+Tensor bernoulli(const Tensor& x, double p, Loc loc) {
+  const ir::NodePtr& n = node(x, "bernoulli", loc);
+  if (!(p >= 0 && p <= 1))
+    util::fail(loc, "bernoulli", cat("p = ", p, " is not a probability"), "Pass 0 <= p <= 1");
+  const DType dtype = is_floating(n->dtype) ? n->dtype : DType::F32;
+  Tensor u = runtime::new_tensor(draw_uniform(n->shape, DType::F64, n->device, "bernoulli", loc));
+  return cast(lt(u, p, loc), dtype, loc);
+}
+
+Tensor multinomial(const Tensor& weights, int64_t num_samples, bool replacement, Loc loc) {
+  const ir::NodePtr& n = node(weights, "multinomial", loc);
+  if (!is_floating(n->dtype))
+    util::fail(loc, "multinomial",
+               cat("weights must be floating-point, got ", dtype_name(n->dtype)),
+               "Cast them with .to(ls::f32)");
+  if (n->shape.size() != 1 && n->shape.size() != 2)
+    util::fail(loc, "multinomial", cat("weights must be [K] or [B, K], got ", shape_str(n->shape)),
+               "Flatten the leading axes into one");
+  const int64_t k = n->shape.back();
+  if (k == 0)
+    util::fail(loc, "multinomial", "weights have no category (K = 0)", "Pass K >= 1 weights");
+  if (num_samples <= 0)
+    util::fail(loc, "multinomial", cat("num_samples = ", num_samples, " must be positive"), "");
+  if (!replacement && num_samples > k)
+    util::fail(
+        loc, "multinomial",
+        cat("cannot draw ", num_samples, " samples without replacement from ", k, " categories"),
+        "Draw at most K, or pass replacement = true");
+  const bool one_row = n->shape.size() == 1;
+  const int64_t rows = one_row ? 1 : n->shape[0];
+  const Tensor w = reshape(cast(weights, DType::F64, loc), {rows, k}, loc);
+  Tensor out;
+  if (replacement) {
+    // Inverse transform: the category is how many cumulative weights lie at or below
+    // u * total (zero-weight categories share their predecessor's sum and are skipped).
+    const Tensor cdf = cumsum(w, 1, loc);
+    const Tensor total = slice(cdf, 1, k - 1, k, 1, loc);
+    Tensor u = runtime::new_tensor(
+        draw_uniform({rows, num_samples}, DType::F64, n->device, "multinomial", loc));
+    u = mul(u, expand(total, {rows, num_samples}, loc), loc);
+    const Tensor below = le(expand(unsqueeze(cdf, 1, loc), {rows, num_samples, k}, loc),
+                            expand(unsqueeze(u, 2, loc), {rows, num_samples, k}, loc), loc);
+    out = minimum(sum(cast(below, DType::I64, loc), {2}, false, loc), k - 1, loc);
+  } else {
+    // PyTorch's way: the largest weight / E with E ~ Exp(1) per category is a draw, the next
+    // largest the draw after it without replacement, and so on.
+    Tensor u =
+        runtime::new_tensor(draw_uniform({rows, k}, DType::F64, n->device, "multinomial", loc));
+    const Tensor keys = div(w, neg(log1p(neg(u, loc), loc), loc), loc);
+    out = num_samples == 1 ? argmax(keys, {1}, true, loc)
+                           : slice(argsort(keys, 1, true, loc), 1, 0, num_samples, 1, loc);
+  }
+  return one_row ? reshape(out, {num_samples}, loc) : out;
+}
+
 }  // namespace lockstep
