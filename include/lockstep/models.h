@@ -69,6 +69,15 @@ class GPT : public nn::Module {
  public:
   explicit GPT(const GPTOptions& options = {});
   Tensor forward(const Tensor& tokens) override;  // i64 [N, T] -> logits [N, T, vocab_size]
+  // Samples `n` tokens after `prompt` (i64 [N, T0], T0 >= 1): i64 [N, T0 + n]. Each token is
+  // drawn (ls::multinomial) from the softmax of the last position's logits / temperature, among
+  // the top_k most likely (0: all); the context is the last block_size tokens. Padded form: the
+  // model always sees a window of one size, placed and read at positions that are host scalars,
+  // so the whole generation compiles one program, whatever n (a context that grows one token a
+  // time would compile one per length). One ls::step per token, with no read until the end: call
+  // it outside a step. Runs in eval mode without gradients, and restores the mode.
+  Tensor generate(const Tensor& prompt, int64_t n, double temperature = 1.0, int64_t top_k = 0,
+                  Loc loc = Loc::current());
   GPTOptions options;
   std::shared_ptr<nn::Embedding> tok_emb, pos_emb;
   std::shared_ptr<nn::ModuleList> layers;

@@ -1,8 +1,10 @@
 // The MLP, the Fashion-MNIST CNN and torchvision's ResNets.
+#include <algorithm>
 #include <cmath>
 
 #include "lockstep/autograd.h"
 #include "lockstep/models.h"
+#include "lockstep/runtime.h"
 #include "util/check.h"
 
 namespace lockstep::models {
@@ -175,6 +177,62 @@ Tensor GPT::forward(const Tensor& tokens) {
   for (const auto& layer : *layers)
     x = (*std::static_pointer_cast<nn::TransformerEncoderLayer>(layer))(x, causal);
   return (*head)((*ln_f)(x));
+}
+
+Tensor GPT::generate(const Tensor& prompt, int64_t n, double temperature, int64_t top_k, Loc loc) {
+  if (!prompt.defined() || prompt.dim() != 2 || prompt.dtype() != DType::I64 || prompt.size(1) < 1)
+    util::fail(loc, "GPT::generate",
+               cat("the prompt must be i64 [N, T] with T >= 1, got ",
+                   prompt.defined() ? cat(dtype_name(prompt.dtype()), shape_str(prompt.shape()))
+                                    : std::string("an empty handle")),
+               "Pass at least one token per sequence");
+  if (n < 0) util::fail(loc, "GPT::generate", cat("n = ", n, " is negative"), "");
+  if (!(temperature > 0) || !std::isfinite(temperature))
+    util::fail(loc, "GPT::generate", cat("temperature ", temperature, " must be finite and > 0"),
+               "Use a small temperature (e.g. 0.01) for nearly greedy sampling");
+  if (top_k < 0 || top_k > options.vocab_size)
+    util::fail(loc, "GPT::generate",
+               cat("top_k = ", top_k, " is outside [0, ", options.vocab_size, "]"),
+               "Pass 0 for all tokens");
+  const int64_t batch = prompt.size(0), given = prompt.size(1), total = given + n;
+  const int64_t window = std::min(options.block_size, total), vocab = options.vocab_size;
+  const bool was_training = is_training();
+  eval();
+  struct Restore {
+    GPT& m;
+    bool training;
+    ~Restore() { m.train(training); }
+  } restore{*this, was_training};
+  NoGrad no_grad;
+  const TensorOptions i64(DType::I64, prompt.device());
+  Tensor all = pad(prompt, {{0, 0}, {0, n}}, 0, loc);
+  const Tensor ramp = arange(window, i64, loc), positions = arange(total, i64, loc);
+  for (int64_t len = given; len < total; ++len) {
+    step(
+        [&] {
+          // The window ends at the last token so far; before it fills, it starts at 0 and the
+          // causal mask keeps the padding after the last token from mattering.
+          const int64_t start = std::max<int64_t>(0, len - window);
+          const int64_t last = std::min(len, window) - 1;
+          const Tensor index =
+              expand(unsqueeze(add(ramp, start, loc), 0, loc), {batch, window}, loc);
+          const Tensor logits = forward(gather(all, 1, index, loc));
+          Tensor next = reshape(gather(logits, 1, full({batch, 1, vocab}, last, i64, loc), loc),
+                                {batch, vocab}, loc);
+          next = mul(next, 1.0 / temperature, loc);
+          if (top_k > 0 && top_k < vocab) {
+            const Tensor kth =
+                slice(topk(next, top_k, -1, true, loc).values, 1, top_k - 1, top_k, 1, loc);
+            next =
+                masked_fill(next, lt(next, expand(kth, {batch, vocab}, loc), loc), -INFINITY, loc);
+          }
+          const Tensor token = multinomial(softmax(next, -1, loc), 1, false, loc);
+          all = where(expand(unsqueeze(eq(positions, len, loc), 0, loc), {batch, total}, loc),
+                      expand(token, {batch, total}, loc), all, loc);
+        },
+        loc);
+  }
+  return all;
 }
 
 }  // namespace lockstep::models

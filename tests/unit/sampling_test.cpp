@@ -5,7 +5,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <set>
 #include <vector>
 
@@ -141,4 +143,72 @@ TEST(Sampling, AFailedStepRestoresTheGeneratorItDrewFrom) {
                std::runtime_error);
   EXPECT_EQ(ls::multinomial(w, 8).to_vector<int64_t>(), first);
   EXPECT_EQ(ls::bernoulli(ls::full({16}, 0.5)).to_vector<float>(), coin);
+}
+
+// models::GPT::generate (issue 32, item 8): the padded form compiles one program for the whole
+// generation, past block_size too (the window slides), and draws what the naive form (a context
+// growing one token a time, one compile per length) draws: greedy with top_k = 1, and within
+// the top k otherwise.
+TEST(Sampling, GptGenerateCompilesOnceAndAgreesWithTheGrowingContext) {
+  ls::manual_seed(31);
+  ls::models::GPT model({.vocab_size = 13,
+                         .block_size = 12,
+                         .d_model = 32,
+                         .nhead = 4,
+                         .num_layers = 2,
+                         .dim_feedforward = 64});
+  const ls::Tensor prompt = ls::from_vector<int64_t>({1, 2, 3, 4, 5, 6}, {2, 3});
+  constexpr int64_t kNew = 20;  // past block_size: the window slides
+  // The naive form's next token for a context: the last position's logits.
+  auto logits_after = [&](const std::vector<int64_t>& seq2, int64_t len) {
+    ls::NoGrad no_grad;
+    const int64_t start = std::max<int64_t>(0, len - 12);
+    std::vector<int64_t> ctx;
+    for (int64_t r = 0; r < 2; ++r)
+      for (int64_t t = start; t < len; ++t)
+        ctx.push_back(seq2[static_cast<size_t>(r * (3 + kNew) + t)]);
+    ls::Tensor logits = model(ls::from_vector(ctx, {2, len - start}));
+    return ls::select(logits, 1, -1).to_vector<float>();  // [2, 13]
+  };
+
+  ops_test::Delta compiles("compiles");
+  const ls::Tensor greedy = model.generate(prompt, kNew, 1.0, 1);
+  EXPECT_EQ(greedy.shape(), (ls::Shape{2, 3 + kNew}));
+  const std::vector<int64_t> g = greedy.to_vector<int64_t>();
+  EXPECT_LE(compiles.get(), 3);      // the prompt's padding, the token step, and the read at most
+  EXPECT_TRUE(model.is_training());  // the mode is restored
+  for (int64_t r = 0; r < 2; ++r)
+    for (int64_t t = 0; t < 3; ++t)
+      EXPECT_EQ(g[static_cast<size_t>(r * (3 + kNew) + t)], r * 3 + t + 1);  // the prompt is kept
+  model.eval();
+  for (int64_t len = 3; len < 3 + kNew; ++len) {
+    const std::vector<float> l = logits_after(g, len);
+    for (int64_t r = 0; r < 2; ++r) {
+      const auto row = l.begin() + r * 13;
+      const int64_t best = std::max_element(row, row + 13) - row;
+      EXPECT_EQ(g[static_cast<size_t>(r * (3 + kNew) + len)], best) << "row " << r << " at " << len;
+    }
+  }
+  model.train();
+
+  // Sampling among the top 3 at temperature 2: each token is one of the three likeliest.
+  compiles = ops_test::Delta("compiles");
+  const std::vector<int64_t> s = model.generate(prompt, kNew, 2.0, 3).to_vector<int64_t>();
+  EXPECT_LE(compiles.get(), 3);
+  model.eval();
+  for (int64_t len = 3; len < 3 + kNew; ++len) {
+    const std::vector<float> l = logits_after(s, len);
+    for (int64_t r = 0; r < 2; ++r) {
+      std::vector<float> row(l.begin() + r * 13, l.begin() + r * 13 + 13);
+      const float token_logit =
+          row[static_cast<size_t>(s[static_cast<size_t>(r * (3 + kNew) + len)])];
+      std::sort(row.begin(), row.end(), std::greater<float>());
+      EXPECT_GE(token_logit, row[2]) << "row " << r << " at " << len;
+    }
+  }
+  model.train();
+  EXPECT_THAT(error_of([&] { model.generate(prompt, 4, 0.0); }),
+              HasSubstr("temperature 0 must be finite and > 0"));
+  EXPECT_THAT(error_of([&] { model.generate(prompt, 4, 1.0, 14); }),
+              HasSubstr("top_k = 14 is outside [0, 13]"));
 }
