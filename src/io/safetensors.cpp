@@ -14,11 +14,14 @@
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
 #include <system_error>
 #include <vector>
+
+#include <zlib.h>
 
 #include "io/json.h"
 #include "lockstep/io.h"
@@ -79,6 +82,24 @@ uint64_t decode_u64(const unsigned char* p) {
   return v;
 }
 
+uint32_t checksum(const unsigned char* data, size_t bytes) {
+  uLong crc = ::crc32(0L, Z_NULL, 0);
+  while (bytes > 0) {  // zlib takes uInt lengths
+    const auto n = static_cast<uInt>(std::min<size_t>(bytes, size_t{1} << 30));
+    crc = ::crc32(crc, data, n);
+    data += n;
+    bytes -= n;
+  }
+  return static_cast<uint32_t>(crc);
+}
+
+std::string hex8(uint32_t v) {
+  static const char* digits = "0123456789abcdef";
+  std::string s(8, '0');
+  for (int i = 7; i >= 0; --i, v >>= 4) s[static_cast<size_t>(i)] = digits[v & 15];
+  return s;
+}
+
 std::string encode_u64(uint64_t v) {
   std::string s(8, '\0');
   for (int i = 0; i < 8; ++i) s[i] = static_cast<char>((v >> (8 * i)) & 0xFF);
@@ -95,6 +116,7 @@ class AtomicFile {
  public:
   AtomicFile(const std::string& path, const Loc& loc)
       : path_(path), temp_(cat(path, ".tmp-", ::getpid())), loc_(loc) {
+    remove_stale_temporaries();  // before writing: on a nearly full disk they may be the room
     fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0666);
     if (fd_ < 0)
       fail_os("cannot create the temporary file", temp_, "",
@@ -113,7 +135,16 @@ class AtomicFile {
       const ssize_t n = ::write(fd_, p, std::min<size_t>(bytes, size_t{1} << 30));
       if (n < 0 && errno == EINTR) continue;
       if (n == 0) errno = EIO;
-      if (n <= 0) fail_os("cannot write", temp_, "", "Check free disk space and quotas");
+      if (n <= 0) {
+        const int err = n == 0 ? EIO : errno;
+        const std::string others = live_temporaries();
+        errno = err;
+        fail_os("cannot write", temp_, "",
+                others.empty() ? "Check free disk space and quotas"
+                               : cat("Check free disk space and quotas; the directory also holds ",
+                                     others, " of saves still running")
+                                     .c_str());
+      }
       p += n;
       bytes -= static_cast<size_t>(n);
     }
@@ -146,6 +177,34 @@ class AtomicFile {
   }
 
  private:
+  // Temporary files of this path of other processes that still run (or cannot be checked):
+  // "2 temporary files (1.5 GiB: a.tmp-123, a.tmp-456)", empty when there are none.
+  std::string live_temporaries() const {
+    const std::string dir = directory_of(path_);
+    const std::string prefix = cat(base_name(), ".tmp-");
+    DIR* d = ::opendir(dir.c_str());
+    if (!d) return "";
+    std::string names;
+    int64_t count = 0;
+    uint64_t bytes = 0;
+    while (const dirent* e = ::readdir(d)) {
+      const std::string name = e->d_name;
+      if (name.compare(0, prefix.size(), prefix) != 0 || cat(dir, "/", name) == temp_) continue;
+      struct stat st {};
+      if (::stat(cat(dir, "/", name).c_str(), &st) == 0) bytes += static_cast<uint64_t>(st.st_size);
+      names += cat(count++ ? ", " : "", name);
+    }
+    ::closedir(d);
+    if (count == 0) return "";
+    return cat(count, " temporary file", count == 1 ? "" : "s", " (",
+               static_cast<double>(bytes) / (1 << 20), " MiB: ", names, ")");
+  }
+
+  std::string base_name() const {
+    const size_t slash = path_.find_last_of('/');
+    return slash == std::string::npos ? path_ : path_.substr(slash + 1);
+  }
+
   // Temporary files of this path left by processes that are gone (killed while saving).
   void remove_stale_temporaries() const {
     const std::string dir = directory_of(path_);
@@ -255,7 +314,7 @@ class Loader {
  public:
   Loader(const std::string& path, const Loc& loc) : path_(path), loc_(loc) {}
 
-  Loaded load(Device device) {
+  Loaded load(Device device, const Vet& vet) {
     open_file();
     const std::string header = read_header();
     json::Value root;
@@ -268,9 +327,41 @@ class Loader {
     Loaded out;
     const std::vector<Entry> entries = check_header(root, out.metadata);
     check_layout(entries);
+    const std::map<std::string, uint32_t> checksums = read_checksums(out.metadata, entries);
+    out.metadata.erase(kChecksumKey);
+    out.checksummed = !checksums.empty() || entries.empty();
+    std::set<std::string> wanted;
+    if (vet) {
+      std::vector<TensorInfo> infos;
+      for (const Entry& e : entries) infos.push_back({e.name, e.dtype, e.shape});
+      wanted = vet(out.metadata, infos);
+    }
+    // What is read must fit in memory: a bad_alloc would name nothing.
+    uint64_t total = 0;
+    for (const Entry& e : entries)
+      if (!vet || wanted.count(e.name)) total += e.end - e.begin;
+    const uint64_t memory = static_cast<uint64_t>(::sysconf(_SC_PHYS_PAGES)) *
+                            static_cast<uint64_t>(::sysconf(_SC_PAGE_SIZE));
+    if (memory > 0 && total > memory)
+      fail(cat("its tensors need ", total, " bytes, more than this machine's memory (", memory,
+               " bytes): the header claims sizes the data cannot have"));
     for (const Entry& e : entries) {
-      std::vector<unsigned char> data(e.end - e.begin);
+      if (vet && !wanted.count(e.name)) continue;
+      std::vector<unsigned char> data;
+      try {
+        data.resize(e.end - e.begin);
+      } catch (const std::bad_alloc&) {
+        fail_tensor(e.name, cat("needs ", e.end - e.begin, " bytes, which cannot be allocated"));
+      }
       read_at(data.data(), data.size(), data_start_ + e.begin, e.name);
+      if (auto c = checksums.find(e.name); c != checksums.end()) {
+        const uint32_t crc = checksum(data.data(), data.size());
+        if (crc != c->second)
+          fail_tensor(e.name,
+                      cat("has data whose CRC-32 is ", hex8(crc), ", not the ", hex8(c->second),
+                          " recorded when it was written: the file is "
+                          "corrupted (bit flips, or a write that did not complete)"));
+      }
       // Only 0 and 1 are valid bools; any other byte is taken as true rather than left to become
       // undefined behaviour in a kernel.
       if (e.dtype == DType::Bool)
@@ -447,21 +538,63 @@ class Loader {
     return e;
   }
 
-  // No two tensors may share a byte of the data buffer.
+  // The tensors cover the data buffer exactly, in offset order: no two share a byte, no byte
+  // lies between two or after the last (the reference reader's rule; a header length changed
+  // by a few bytes of its padding shifts every tensor, and is caught here).
   void check_layout(const std::vector<Entry>& entries) const {
     std::vector<const Entry*> by_begin;
-    for (const Entry& e : entries)
-      if (e.end > e.begin) by_begin.push_back(&e);
-    std::sort(by_begin.begin(), by_begin.end(),
-              [](const Entry* a, const Entry* b) { return a->begin < b->begin; });
-    for (size_t i = 1; i < by_begin.size(); ++i) {
-      const Entry& prev = *by_begin[i - 1];
-      const Entry& next = *by_begin[i];
-      if (next.begin < prev.end)
-        fail(cat("tensors '", prev.name, "' (data_offsets [", prev.begin, ", ", prev.end,
-                 "]) and '", next.name, "' (data_offsets [", next.begin, ", ", next.end,
+    for (const Entry& e : entries) by_begin.push_back(&e);
+    std::stable_sort(by_begin.begin(), by_begin.end(), [](const Entry* a, const Entry* b) {
+      return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
+    });
+    uint64_t covered = 0;
+    const Entry* prev = nullptr;
+    for (const Entry* next : by_begin) {
+      if (next->begin < covered)
+        fail(cat("tensors '", prev->name, "' (data_offsets [", prev->begin, ", ", prev->end,
+                 "]) and '", next->name, "' (data_offsets [", next->begin, ", ", next->end,
                  "]) overlap"));
+      if (next->begin > covered)
+        fail(cat("bytes [", covered, ", ", next->begin, ") of the data belong to no tensor (",
+                 prev ? cat("between '", prev->name, "' and '", next->name, "'")
+                      : cat("before '", next->name, "'"),
+                 "): safetensors data is contiguous, so the header or its length is wrong"));
+      covered = next->end;
+      prev = next;
     }
+    const uint64_t data_size = size_ - data_start_;
+    if (covered != data_size)
+      fail(cat("the data area has ", data_size, " bytes but its tensors cover ", covered,
+               ": the header length is wrong (every tensor would be read shifted) or the file "
+               "has bytes after its last tensor"));
+  }
+
+  // The checksums the writer recorded (kChecksumKey), by tensor; none when the file has none.
+  std::map<std::string, uint32_t> read_checksums(const Metadata& metadata,
+                                                 const std::vector<Entry>& entries) const {
+    std::map<std::string, uint32_t> out;
+    auto it = metadata.find(kChecksumKey);
+    if (it == metadata.end()) return out;
+    json::Value v;
+    try {
+      v = json::parse(it->second);
+    } catch (const json::ParseError& e) {
+      fail(cat("its checksums (metadata \"", kChecksumKey, "\") are not JSON: ", e.what()));
+    }
+    if (v.kind != json::Value::Kind::Object)
+      fail(cat("its checksums (metadata \"", kChecksumKey, "\") are not a JSON object"));
+    for (const auto& [name, crc] : v.object) {
+      char* end = nullptr;
+      const unsigned long value =
+          crc.kind == json::Value::Kind::String ? std::strtoul(crc.text.c_str(), &end, 16) : 0;
+      if (crc.kind != json::Value::Kind::String || crc.text.size() != 8 || *end != '\0')
+        fail(cat("its checksum of '", name, "' is not 8 hex digits"));
+      out[name] = static_cast<uint32_t>(value);
+    }
+    for (const Entry& e : entries)
+      if (!out.count(e.name)) fail_tensor(e.name, "has no checksum, though the file records them");
+    if (out.size() != entries.size()) fail("its checksums name tensors the file does not have");
+    return out;
   }
 
   std::string path_;
@@ -494,25 +627,50 @@ void save_safetensors(const std::string& path, const TensorMap& tensors, const M
   for (const auto& [key, value] : metadata) {
     check_text(key, cat("metadata key '", key, "'"), path, loc);
     check_text(value, cat("metadata value of '", key, "'"), path, loc);
+    if (key == kChecksumKey)
+      util::fail(loc, "save_safetensors",
+                 cat("saving '", path, "': metadata key '", key, "' is the writer's own"),
+                 "Name it otherwise");
   }
-  const std::string header = make_header(tensors, metadata);
-
-  AtomicFile file(path, loc);
-  file.write(encode_u64(header.size()).data(), 8);
-  file.write(header.data(), header.size());
-  for (const auto& [name, t] : tensors) {
+  // Each tensor's bytes as they go to the file (bools as 0/1).
+  auto bytes_of = [&](const std::string& name, const Tensor& t) {
     std::vector<unsigned char> bytes = runtime::read_bytes(t, loc, "save");
     LS_INTERNAL_CHECK(bytes.size() == static_cast<size_t>(t.numel()) * dtype_size(t.dtype()),
                       "tensor '", name, "' read ", bytes.size(), " bytes");
     if (t.dtype() == DType::Bool)
       for (unsigned char& b : bytes) b = b != 0;
+    return bytes;
+  };
+  // The checksums go in the header, before the data: a first pass computes them (one tensor's
+  // bytes in memory at a time).
+  std::string checksums = "{";
+  for (const auto& [name, t] : tensors) {
+    const std::vector<unsigned char> bytes = bytes_of(name, t);
+    if (checksums.size() > 1) checksums += ',';
+    json::append_string(checksums, name);
+    checksums += cat(":\"", hex8(checksum(bytes.data(), bytes.size())), "\"");
+  }
+  checksums += '}';
+  Metadata with_checksums = metadata;
+  with_checksums.emplace(kChecksumKey, checksums);
+  const std::string header = make_header(tensors, with_checksums);
+
+  AtomicFile file(path, loc);
+  file.write(encode_u64(header.size()).data(), 8);
+  file.write(header.data(), header.size());
+  for (const auto& [name, t] : tensors) {
+    const std::vector<unsigned char> bytes = bytes_of(name, t);
     file.write(bytes.data(), bytes.size());
   }
   file.commit();
 }
 
 Loaded load_safetensors(const std::string& path, Device device, Loc loc) {
-  return Loader(path, loc).load(device);
+  return Loader(path, loc).load(device, nullptr);
+}
+
+Loaded load_safetensors(const std::string& path, Device device, const Vet& vet, Loc loc) {
+  return Loader(path, loc).load(device, vet);
 }
 
 }  // namespace lockstep::io

@@ -1,6 +1,9 @@
 // Checkpoints on top of the safetensors reader and writer: naming, and loading all or nothing.
 #include "lockstep/checkpoint.h"
 
+#include <map>
+#include <set>
+
 #include "lockstep/autograd.h"
 #include "lockstep/runtime.h"
 #include "util/check.h"
@@ -14,7 +17,9 @@ const std::string kModel = "model.";
 const std::string kOptimizer = "optimizer.";
 const std::string kScheduler = "scheduler.";
 const std::string kGenerator = "generator.state";
-const std::string kVersion = "1";
+// Version 2 records checksums of the data (io::kChecksumKey), which loading then requires;
+// version 1 files (before them) still load.
+const std::string kVersion = "2";
 }  // namespace
 
 void save_checkpoint(const std::string& path, const nn::Module& model,
@@ -52,19 +57,72 @@ io::Metadata load_checkpoint(const std::string& path, nn::Module& model,
 
 io::Metadata load_checkpoint(const std::string& path, nn::Module& model,
                              optim::Optimizer* optimizer, optim::Scheduler* scheduler, Loc loc) {
-  io::Loaded file = io::load_safetensors(path, default_device(), loc);
+  // What the file may hold: the header is compared with it before any data is read, so a file
+  // claiming sizes the model does not have is refused without reading them.
+  std::map<std::string, std::pair<DType, Shape>> expected;
+  uint64_t expected_bytes = 0;
+  auto expect = [&](const std::string& prefix, const nn::NamedTensors& state) {
+    for (const auto& [name, t] : state) {
+      expected[prefix + name] = {t.dtype(), t.shape()};
+      expected_bytes += static_cast<uint64_t>(t.numel()) * dtype_size(t.dtype());
+    }
+  };
+  expect(kModel, model.state_dict());
+  if (optimizer) expect(kOptimizer, optimizer->state_dict());
+  if (scheduler) expect(kScheduler, scheduler->state_dict());
+  expect(kGenerator, {{"", generator_state()}});
+  // The file is read only when its tensors take no more than the ones expected (and 1 MiB):
+  // within that, the checks below name every difference; a header claiming more is refused
+  // unread, naming the tensors that do not fit.
+  auto vet = [&](const io::Metadata&, const std::vector<io::TensorInfo>& infos) {
+    std::set<std::string> read;
+    uint64_t bytes = 0;
+    std::vector<std::string> differ;
+    for (const io::TensorInfo& info : infos) {
+      if ((!optimizer && info.name.rfind(kOptimizer, 0) == 0) ||
+          (!scheduler && info.name.rfind(kScheduler, 0) == 0))
+        continue;  // not asked for: not read
+      read.insert(info.name);
+      bytes += static_cast<uint64_t>(shape_numel(info.shape)) * dtype_size(info.dtype);
+      auto it = expected.find(info.name);
+      if (it == expected.end())
+        differ.push_back(cat(info.name, " (not here)"));
+      else if (it->second.first != info.dtype || it->second.second != info.shape)
+        differ.push_back(cat(info.name, " (", dtype_name(info.dtype), shape_str(info.shape),
+                             " in the file, ", dtype_name(it->second.first),
+                             shape_str(it->second.second), " here)"));
+    }
+    if (bytes > expected_bytes + (uint64_t{1} << 20)) {
+      std::string list;
+      for (size_t i = 0; i < differ.size() && i < 5; ++i) list += cat(i ? ", " : "", differ[i]);
+      if (differ.size() > 5) list += cat(" and ", differ.size() - 5, " more");
+      util::fail(loc, "load_checkpoint",
+                 cat("'", path, "' does not fit: its tensors take ", bytes,
+                     " bytes, the model's (and optimizer's) ", expected_bytes, ": ", list),
+                 "Load it into the model (and optimizer) that saved it");
+    }
+    return read;
+  };
+  io::Loaded file = io::load_safetensors(path, default_device(), vet, loc);
   auto it = file.metadata.find("format");
   if (it == file.metadata.end() || it->second != "lockstep-checkpoint")
     util::fail(loc, "load_checkpoint",
                cat("'", path, "' is a safetensors file but not a lockstep checkpoint"),
                "Load plain tensors with ls::io::load_safetensors and Module::load_state_dict");
   auto version = file.metadata.find("version");
-  if (version == file.metadata.end() || version->second != kVersion)
+  const bool known_version =
+      version != file.metadata.end() && (version->second == kVersion || version->second == "1");
+  if (!known_version)
     util::fail(loc, "load_checkpoint",
                cat("'", path, "' is a lockstep checkpoint of version '",
                    version == file.metadata.end() ? std::string("(none)") : version->second,
-                   "', this build reads version ", kVersion),
+                   "', this build reads versions 1 and ", kVersion),
                "Load it with the lockstep version that wrote it");
+  if (version->second == kVersion && !file.checksummed)
+    util::fail(loc, "load_checkpoint",
+               cat("'", path, "' is a version ", kVersion,
+                   " checkpoint without the checksums of its data: its header was damaged"),
+               "Use another copy of the checkpoint");
   nn::NamedTensors model_state, optimizer_state, scheduler_state;
   Tensor generator;
   for (auto& [name, t] : file.tensors) {

@@ -6,10 +6,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 
 #include "unit/train_test_util.h"
@@ -280,7 +282,7 @@ TEST(Checkpoint, PlainSafetensorsAndOtherVersionsAreRefused) {
   for (auto& [n, t] : m.state_dict()) tensors.emplace_back("model." + n, t);
   for (auto& [n, t] : opt.state_dict()) tensors.emplace_back("optimizer." + n, t);
   tensors.emplace_back("generator.state", ls::generator_state());
-  ls::io::save_safetensors(path, tensors, {{"format", "lockstep-checkpoint"}, {"version", "2"}});
+  ls::io::save_safetensors(path, tensors, {{"format", "lockstep-checkpoint"}, {"version", "3"}});
   expect_load_fails(path, m, &opt, {path, "version"});
   ls::io::save_safetensors(path, tensors, {{"format", "lockstep-checkpoint"}});
   expect_load_fails(path, m, &opt, {path, "version"});
@@ -392,5 +394,104 @@ TEST(Checkpoint, ResumedSchedulesContinueExactly) {
     EXPECT_EQ(plateau_b.num_bad_epochs(), plateau_a.num_bad_epochs());
   }
   EXPECT_LT(sgd_b.group_lr(0), 0.05);
+  std::remove(path.c_str());
+}
+
+namespace {
+
+// The file at `path` rewritten with `edit` applied to its header's JSON text (re-padded), its
+// data as it was.
+void rewrite_header(const std::string& path, const std::function<void(std::string&)>& edit) {
+  const std::string bytes = read_file(path);
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[i]);
+  std::string header = bytes.substr(8, n);
+  header.erase(header.find_last_not_of(' ') + 1);
+  edit(header);
+  header.append((8 - header.size() % 8) % 8, ' ');
+  std::string out;
+  for (int i = 0; i < 8; ++i) out += static_cast<char>((header.size() >> (8 * i)) & 0xFF);
+  write_file(path, out + header + bytes.substr(8 + n));
+}
+
+}  // namespace
+
+// Checkpoints written before checksums (version 1, no "lockstep.crc32") still load; a version 2
+// file whose checksums were lost from its header does not; flipped data bits are refused by the
+// checksum, naming the tensor, with nothing changed (issue 30, item 9).
+TEST(Checkpoint, ChecksumsGuardTheDataAndOlderCheckpointsStillLoad) {
+  const std::string path = temp_path("v1.safetensors");
+  ls::manual_seed(4);
+  ls::models::MLP a({6, 8, 3});
+  ls::optim::SGD opt_a(a.parameters(), {.lr = 0.1, .momentum = 0.9});
+  ls::save_checkpoint(path, a, &opt_a);
+  const std::string v2 = read_file(path);
+  // Version 1 as the previous release wrote it.
+  rewrite_header(path, [](std::string& h) {
+    const size_t at = h.find("\"lockstep.crc32\"");
+    ASSERT_NE(at, std::string::npos);
+    const size_t end = h.find("}\"", at);
+    h.erase(at - 1, end + 2 - (at - 1));  // with the comma before it
+    h.replace(h.find("\"version\":\"2\""), 13, "\"version\":\"1\"");
+  });
+  ls::models::MLP b({6, 8, 3});
+  ls::optim::SGD opt_b(b.parameters(), {.lr = 0.1, .momentum = 0.9});
+  ls::load_checkpoint(path, b, &opt_b);
+  EXPECT_EQ(differences(full_snapshot(a, &opt_a), full_snapshot(b, &opt_b)),
+            std::vector<std::string>{});
+  // Version 2 without its checksums: refused.
+  write_file(path, v2);
+  rewrite_header(path, [](std::string& h) {
+    h.replace(h.find("\"lockstep.crc32\""), 16, "\"lockstep.crc33\"");
+  });
+  ls::models::MLP c({6, 8, 3});
+  ls::optim::SGD opt_c(c.parameters(), {.lr = 0.1, .momentum = 0.9});
+  expect_load_fails(path, c, &opt_c, {path, "without the checksums"});
+  // A flipped bit in the last tensor's data (the generator state): refused by name.
+  std::string flipped = v2;
+  flipped[flipped.size() - 3] = static_cast<char>(flipped[flipped.size() - 3] ^ 4);
+  write_file(path, flipped);
+  expect_load_fails(path, c, &opt_c, {path, "generator.state", "CRC-32"});
+  std::remove(path.c_str());
+}
+
+// A checkpoint whose header claims a 4 GiB tensor (a sparse file) where the model has a small
+// one is refused from its header, without reading the data (issue 30, item 10).
+TEST(Checkpoint, AClaimedHugeTensorIsRefusedUnread) {
+  const std::string path = temp_path("huge.safetensors");
+  ls::manual_seed(4);
+  ls::models::MLP a({6, 8, 3});
+  ls::save_checkpoint(path, a);
+  const uint64_t huge = uint64_t{4} << 30;
+  uint64_t old_end = 0;
+  rewrite_header(path, [&](std::string& h) {
+    // layers.0.weight is f32[8, 6] at [0, 192]: make it [2^28, 4] and move the others after it.
+    const size_t at = h.find("\"model.layers.0.weight\"");
+    ASSERT_NE(at, std::string::npos);
+    const size_t shape = h.find("\"shape\":[8,6]", at);
+    ASSERT_NE(shape, std::string::npos);
+    h.replace(shape, 13, "\"shape\":[268435456,4]");
+    const size_t offsets = h.find("\"data_offsets\":[0,192]", at);
+    ASSERT_NE(offsets, std::string::npos);
+    h.replace(offsets, 22, "\"data_offsets\":[0," + std::to_string(huge) + "]");
+    // Every later offset moves by huge - 192.
+    for (size_t p = h.find("\"data_offsets\":["); p != std::string::npos;
+         p = h.find("\"data_offsets\":[", p + 1)) {
+      if (p == offsets) continue;
+      const size_t open = p + 16, comma = h.find(',', open), close = h.find(']', comma);
+      const uint64_t b = std::stoull(h.substr(open, comma - open));
+      const uint64_t e = std::stoull(h.substr(comma + 1, close - comma - 1));
+      old_end = std::max(old_end, e);
+      h.replace(open, close - open,
+                std::to_string(b + huge - 192) + "," + std::to_string(e + huge - 192));
+    }
+  });
+  std::filesystem::resize_file(path, std::filesystem::file_size(path) + huge - 192);
+  ls::models::MLP b({6, 8, 3});
+  const auto start = std::chrono::steady_clock::now();
+  expect_load_fails(path, b, nullptr,
+                    {path, "does not fit", "model.layers.0.weight (f32[268435456, 4] in the file"});
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 5.0)
+      << "the data was read";
   std::remove(path.c_str());
 }
