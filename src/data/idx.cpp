@@ -1,5 +1,6 @@
 // The IDX format of MNIST and Fashion-MNIST (big-endian header, then unsigned bytes) and the
 // MnistDataset built on it. Not for other IDX element types (only ubyte, as those datasets use).
+#include <cstdint>
 #include <utility>
 
 #include "data/io.h"
@@ -56,10 +57,30 @@ void check_length(const std::string& path, const std::vector<uint8_t>& bytes, si
     io::fail(path, cat(have - need, " unexpected bytes at byte ", header + need, " after ", what));
 }
 
+// The content of an IDX file whose header (`header` bytes, checked) says how many data bytes
+// follow: read no further than that (a gzip bomb is not inflated past it).
+template <typename Need>
+std::vector<uint8_t> read_idx(const std::string& path, size_t header, uint32_t magic,
+                              const char* kind, Need need) {
+  const std::vector<uint8_t> prefix = io::read_prefix(path, header);
+  check_header(path, prefix, header, magic, kind);
+  // A few bytes of slack, so that a small excess is reported as such by check_length.
+  const uint64_t data = need(prefix);
+  return io::read_file(path, data > UINT64_MAX - header - 4096 ? UINT64_MAX : header + data + 4096);
+}
+
+// count * per_image, saturated (a header that claims that much fails as truncated).
+uint64_t saturating_mul(uint64_t a, uint64_t b) {
+  uint64_t r = 0;
+  return __builtin_mul_overflow(a, b, &r) ? UINT64_MAX : r;
+}
+
 }  // namespace
 
 IdxImages read_idx_images(const std::string& path) {
-  std::vector<uint8_t> bytes = io::read_file(path);
+  std::vector<uint8_t> bytes = read_idx(path, 16, kImagesMagic, "image", [](const auto& h) {
+    return saturating_mul(io::be32(h, 4), static_cast<uint64_t>(io::be32(h, 8)) * io::be32(h, 12));
+  });
   check_header(path, bytes, 16, kImagesMagic, "image");
   IdxImages out;
   out.count = io::be32(bytes, 4);
@@ -82,7 +103,8 @@ IdxImages read_idx_images(const std::string& path) {
 }
 
 std::vector<uint8_t> read_idx_labels(const std::string& path) {
-  std::vector<uint8_t> bytes = io::read_file(path);
+  std::vector<uint8_t> bytes = read_idx(path, 8, kLabelsMagic, "label",
+                                        [](const auto& h) { return uint64_t{io::be32(h, 4)}; });
   check_header(path, bytes, 8, kLabelsMagic, "label");
   const uint32_t count = io::be32(bytes, 4);
   check_length(path, bytes, 8, count, cat(count, " labels"));

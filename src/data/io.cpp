@@ -80,20 +80,36 @@ FILE* open_or_fail(const std::string& path) {
 
 // Reads `f` to its end into `out`, in chunks that start at `first` bytes and double (a small
 // file costs a small buffer, a large one a few reallocations).
+// Stops, with an Error naming `path`, once more than `max_bytes` have come.
 template <typename Read>
-void read_all(std::vector<uint8_t>& out, size_t first, Read read) {
+void read_all(std::vector<uint8_t>& out, size_t first, Read read, const std::string& path,
+              uint64_t max_bytes) {
   size_t chunk = std::max<size_t>(first, 4096);
   for (;;) {
     const size_t at = out.size();
+    // One byte past the limit is enough to know it is passed.
+    chunk = static_cast<size_t>(
+        std::min<uint64_t>(chunk, max_bytes - std::min<uint64_t>(at, max_bytes) + 1));
     out.resize(at + chunk);
     const size_t got = read(out.data() + at, chunk);
     out.resize(at + got);
+    if (out.size() > max_bytes)
+      fail(path, cat("holds more than ", max_bytes,
+                     " bytes, more than its header allows (or this machine's memory): a damaged "
+                     "file or a decompression bomb; nothing past that was read"));
     if (got < chunk) return;
     chunk = std::min<size_t>(chunk * 2, size_t{1} << 26);
   }
 }
 
-std::vector<uint8_t> read_plain(const std::string& path) {
+// The machine's memory: no content larger than it can be read.
+uint64_t memory_bytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES), size = ::sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && size > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(size)
+                               : UINT64_MAX;
+}
+
+std::vector<uint8_t> read_plain(const std::string& path, uint64_t max_bytes) {
   FileCloser file{open_or_fail(path)};
   struct stat st {};
   // The size is a hint (the file may change while it is read): one byte more, so that reading
@@ -102,12 +118,25 @@ std::vector<uint8_t> read_plain(const std::string& path) {
                           ? static_cast<size_t>(st.st_size) + 1
                           : 0;
   std::vector<uint8_t> out;
-  read_all(out, hint, [&](uint8_t* p, size_t n) { return std::fread(p, 1, n, file.f); });
+  read_all(
+      out, static_cast<size_t>(std::min<uint64_t>(hint, max_bytes + 1)),
+      [&](uint8_t* p, size_t n) { return std::fread(p, 1, n, file.f); }, path, max_bytes);
   if (std::ferror(file.f)) fail(path, cat("read error at byte ", out.size()));
   return out;
 }
 
-std::vector<uint8_t> read_gz(const std::string& path) {
+// Throws the stream's error, if any, as "corrupt gzip data at byte <at> ..." naming `path`.
+void check_gz(const std::string& path, gzFile f, size_t at) {
+  int err = Z_OK;
+  const char* msg = gzerror(f, &err);
+  if (err != Z_OK) {
+    const std::string why = err == Z_BUF_ERROR ? "gzip data ends early" : "corrupt gzip data";
+    fail(path, cat(why, " at byte ", at, " of the uncompressed data (compressed byte ",
+                   static_cast<long long>(gzoffset(f)), "): zlib: ", msg ? msg : "?"));
+  }
+}
+
+std::vector<uint8_t> read_gz(const std::string& path, uint64_t max_bytes, bool magic_only = false) {
   // gzread reads non-gzip data as-is ("transparent" mode); a ".gz" name promises gzip, so check
   // its magic first and report a mislabeled or damaged file as such.
   {
@@ -118,29 +147,44 @@ std::vector<uint8_t> read_gz(const std::string& path) {
     if (got < 2 || magic[0] != 0x1f || magic[1] != 0x8b)
       fail(path, "not gzip data: bad gzip magic at byte 0 (expected 1f 8b)");
   }
+  if (magic_only) return {};
   errno = 0;
   GzCloser file{gzopen(path.c_str(), "rb")};
   if (!file.f) fail(path, cat("cannot open: ", errno ? std::strerror(errno) : "out of memory"));
   std::vector<uint8_t> out;
-  read_all(out, size_t{1} << 16, [&](uint8_t* p, size_t n) -> size_t {
-    const int got = gzread(file.f, p, static_cast<unsigned>(n));
-    return got < 0 ? 0 : static_cast<size_t>(got);
-  });
-  int err = Z_OK;
-  const char* msg = gzerror(file.f, &err);
-  if (err != Z_OK) {
-    const std::string why = err == Z_BUF_ERROR ? "gzip data ends early" : "corrupt gzip data";
-    fail(path, cat(why, " at byte ", out.size(), " of the uncompressed data (compressed byte ",
-                   static_cast<long long>(gzoffset(file.f)), "): zlib: ", msg ? msg : "?"));
-  }
+  read_all(
+      out, size_t{1} << 16,
+      [&](uint8_t* p, size_t n) -> size_t {
+        const int got = gzread(file.f, p, static_cast<unsigned>(n));
+        return got < 0 ? 0 : static_cast<size_t>(got);
+      },
+      path, max_bytes);
+  check_gz(path, file.f, out.size());
   return out;
 }
 
 }  // namespace
 
-std::vector<uint8_t> read_file(const std::string& path) {
-  if (ends_with(path, ".gz")) return read_gz(path);
-  return read_plain(path);
+std::vector<uint8_t> read_file(const std::string& path, uint64_t max_bytes) {
+  max_bytes = std::min(max_bytes, memory_bytes());
+  if (ends_with(path, ".gz")) return read_gz(path, max_bytes);
+  return read_plain(path, max_bytes);
+}
+
+std::vector<uint8_t> read_prefix(const std::string& path, size_t bytes) {
+  std::vector<uint8_t> out(bytes);
+  if (ends_with(path, ".gz")) {
+    read_gz(path, 0, /*magic_only=*/true);  // a missing, empty or non-gzip file, said as such
+    GzCloser file{gzopen(path.c_str(), "rb")};
+    if (!file.f) fail(path, "cannot open");
+    const int got = gzread(file.f, out.data(), static_cast<unsigned>(bytes));
+    if (got < 0) check_gz(path, file.f, 0);
+    out.resize(got < 0 ? 0 : static_cast<size_t>(got));
+  } else {
+    FileCloser file{open_or_fail(path)};
+    out.resize(std::fread(out.data(), 1, bytes, file.f));
+  }
+  return out;
 }
 
 }  // namespace lockstep::data::io

@@ -9,8 +9,12 @@
 namespace lockstep::data::io {
 
 // The whole content of `path`; gunzipped (zlib) when the name ends in ".gz". Throws Error naming
-// the file for a missing or unreadable file, and the byte offset for corrupt gzip data.
-std::vector<uint8_t> read_file(const std::string& path);
+// the file for a missing or unreadable file, and the byte offset for corrupt gzip data. Content
+// longer than `max_bytes` (what the format's header allows; the machine's memory at most) is
+// an Error as soon as it is seen: a gzip bomb is never inflated past it.
+std::vector<uint8_t> read_file(const std::string& path, uint64_t max_bytes = UINT64_MAX);
+// The first `bytes` bytes of the content (fewer when it is shorter), gunzipped the same way.
+std::vector<uint8_t> read_prefix(const std::string& path, size_t bytes);
 
 bool is_file(const std::string& path);
 bool is_directory(const std::string& path);

@@ -474,3 +474,19 @@ TEST(DataFashionMnist, RealTrainSplitCount) {
   EXPECT_EQ(ds.size(), 60000);
   EXPECT_EQ(ds.get(0).label, 9);
 }
+
+// A gzip bomb in place of an IDX file: its header claims 10 labels, the stream inflates to 64 MiB.
+// Reading stops a few KiB past what the header allows, naming the file (issue 30, item 10).
+TEST(DataIdx, AGzipBombIsNotInflatedPastWhatTheHeaderAllows) {
+  TempDir dir;
+  Bytes bomb = idx_labels({1, 2, 3, 4, 5, 6, 7, 8, 9, 0});
+  bomb.resize(size_t{64} << 20, 0);
+  write_gz(dir.file("bomb.gz"), bomb);
+  expect_error([&] { lsd::read_idx_labels(dir.file("bomb.gz")); },
+               {"bomb.gz", "more than its header allows", "decompression bomb"});
+  Bytes images = idx_images(2, 3, 3, iota_bytes(18));
+  images.resize(size_t{64} << 20, 0);
+  write_gz(dir.file("images.gz"), images);
+  expect_error([&] { lsd::read_idx_images(dir.file("images.gz")); },
+               {"images.gz", "decompression bomb"});
+}
