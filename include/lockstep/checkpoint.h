@@ -14,6 +14,9 @@
 namespace lockstep {
 
 // Writes atomically (a crash leaves the previous checkpoint intact). Computes pending values.
+// Inside a step, the state as of the call is written once the step commits (from a step
+// closure): if the step fails, nothing is written, and a failed write is raised at the next
+// blocking point.
 void save_checkpoint(const std::string& path, const nn::Module& model,
                      const optim::Optimizer* optimizer = nullptr, const io::Metadata& metadata = {},
                      Loc loc = Loc::current());

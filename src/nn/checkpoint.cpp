@@ -46,6 +46,14 @@ void save_checkpoint(const std::string& path, const nn::Module& model,
                  "Name it otherwise, e.g. 'run_" + key + "'");
   if (scheduler) meta.emplace("scheduler", scheduler->kind());
   meta.insert(metadata.begin(), metadata.end());
+  if (in_step()) {
+    // The state as of this call, written once the step commits: a step that fails afterwards
+    // (as it traces or as it runs) must not leave its never-committed state in a file.
+    for (auto& [name, t] : tensors) t = t.detach(loc);
+    add_step_closure([path, tensors, meta, loc] { io::save_safetensors(path, tensors, meta, loc); },
+                     loc);
+    return;
+  }
   sync(loc);  // one program for every pending value, not one read each
   io::save_safetensors(path, tensors, meta, loc);
 }

@@ -23,6 +23,18 @@ ContextPool& pool() {
   return *p;
 }
 
+}  // namespace
+
+std::vector<Context*> all_contexts() {
+  ContextPool& p = pool();
+  std::lock_guard<std::mutex> lock(p.mu);
+  std::vector<Context*> out;
+  for (const auto& c : p.all) out.push_back(c.get());
+  return out;
+}
+
+namespace {
+
 Context* acquire_context() {
   ContextPool& p = pool();
   std::lock_guard<std::mutex> lock(p.mu);

@@ -13,6 +13,7 @@
 #include <source_location>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "runtime/lazy.h"
 
@@ -60,6 +61,8 @@ struct Context {
 // The calling thread's context (made on first use; returned to a pool when the thread ends), or
 // the context the runtime thread is acting for (ActingFor).
 Context& current_context();
+// Every context made so far (they are never freed).
+std::vector<Context*> all_contexts();
 
 // While it lives, the calling thread (the runtime thread, running a step's closures) acts for
 // `ctx`: closures read the values of their own step as the step's thread would.

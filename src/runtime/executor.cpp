@@ -2,9 +2,13 @@
 #include "runtime/executor.h"
 
 #include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <deque>
 #include <mutex>
 #include <thread>
+#include <unordered_set>
+#include <utility>
 
 #include "lockstep/error.h"
 #include "runtime/metrics.h"
@@ -26,14 +30,25 @@ struct Executor {
   std::condition_variable space_cv;  // a program left the queue
   size_t max_queued = 2;             // programs waiting behind the running one
   std::deque<Job> queue;
+  size_t in_flight = 0;  // jobs queued or running (their closures included)
   std::thread worker;
   std::thread::id worker_id;
+  // Programs that have run once: the first run of each may create static state in the
+  // libraries it calls (oneDNN's kernels), to be destroyed at exit before the drain that
+  // registers after it.
+  std::unordered_set<const backends::Executable*> ran;
 
   void start_worker() {
+    // Registered before the first program is compiled and run, and again after each program's
+    // first run (so that it runs before the static state that running it created is destroyed:
+    // exit runs handlers and static destructors in reverse order of registration).
+    std::atexit(drain_at_exit);
     worker = std::thread([this] { loop(); });
     worker_id = worker.get_id();
     worker.detach();  // lives as long as the process; the Executor is never destroyed
   }
+
+  static void drain_at_exit();
 
   void loop() {
     for (;;) {
@@ -47,10 +62,14 @@ struct Executor {
       space_cv.notify_all();
       Context* ctx = job.ctx;
       run_job(job);
+      bool register_drain = false;
       {
         std::lock_guard<std::mutex> lock(mu);
         --ctx->outstanding;
+        --in_flight;
+        register_drain = job.exe && ran.insert(job.exe.get()).second;
       }
+      if (register_drain) std::atexit(drain_at_exit);
       done_cv.notify_all();
     }
   }
@@ -61,6 +80,42 @@ struct Executor {
 Executor& ex() {
   static Executor* e = new Executor;  // never destroyed: the runtime thread may outlive main()
   return *e;
+}
+
+// The process is exiting (main returned, or exit was called): the queued programs and closures
+// run now, while the libraries they use still exist (a step's log line or checkpoint is not
+// lost, and no program runs into torn-down state). Then an error that nothing raised (a closure
+// or a program that failed after its thread's last blocking point) is printed and the process
+// exits with status 1 instead of reporting success. From the runtime thread itself (exit called
+// in a closure) nothing can be waited for.
+void Executor::drain_at_exit() {
+  Executor& e = ex();
+  if (std::this_thread::get_id() == e.worker_id) return;
+  std::vector<std::string> errors;
+  {
+    std::unique_lock<std::mutex> lock(e.mu);
+    e.done_cv.wait(lock, [&] { return e.in_flight == 0; });
+    for (Context* c : all_contexts()) {
+      if (!c->unreported) continue;
+      try {
+        std::rethrow_exception(std::exchange(c->unreported, nullptr));
+      } catch (const std::exception& x) {
+        errors.push_back(cat(c->name(), ": ", x.what()));
+      } catch (...) {
+        errors.push_back(cat(c->name(), ": an exception that is not a std::exception"));
+      }
+    }
+  }
+  if (errors.empty()) return;
+  std::fflush(stdout);
+  for (const std::string& what : errors)
+    std::fprintf(stderr,
+                 "lockstep: error: %s\nlockstep: raised after the last blocking point of its "
+                 "thread (a read, ls::wait, a sync), so nothing reported it: the process exits "
+                 "with status 1\n",
+                 what.c_str());
+  std::fflush(stderr);
+  std::_Exit(1);
 }
 
 // `rolled_back`: a step's program, whose changes the runtime undoes (see settle_failures).
@@ -166,6 +221,7 @@ void enqueue(std::vector<Job>& jobs) {
     if (!e.worker.joinable() && e.worker_id == std::thread::id()) e.start_worker();
     for (Job& job : jobs) {
       ++job.ctx->outstanding;
+      ++e.in_flight;
       e.queue.push_back(std::move(job));
     }
   }

@@ -4,6 +4,8 @@
 //   dist_worker train MODEL OPTIM STEPS BATCH OUT   MODEL mlp|cnn, OPTIM sgd|adamw; rank 0
 //                                                   writes the final parameters to OUT
 //   dist_worker diverge-op|diverge-batch STEPS      rank 1 records another graph at step 3
+//   dist_worker diverge-queued STEPS                 the same without a read per step: the error
+//                                                   leaves programs queued when main returns
 //   dist_worker sleep STEPS SECONDS                 rank 1 sleeps before step 3
 //   dist_worker kill STEPS                          rank 1 kills itself (SIGKILL) in step 3
 //   dist_worker exchange-cost N                     N barriers (the exchange the graph check makes
@@ -116,9 +118,12 @@ int run(int argc, char** argv) {
     ls::step([&] {
       opt->zero_grad();
       ls::Tensor logits = (*model)(b.x);
-      if (mode == "diverge-op" && rank == 1 && s == 3) logits = ls::mul(logits, 2.0);
+      if ((mode == "diverge-op" || mode == "diverge-queued") && rank == 1 && s == 3)
+        logits = ls::mul(logits, 2.0);
       loss = ls::nn::cross_entropy(logits, b.y);
       loss.backward();
+      if (mode == "diverge-queued" && s == 1)  // the runtime thread lags: step 2 stays queued
+        ls::add_step_closure([] { std::this_thread::sleep_for(std::chrono::seconds(2)); });
       if (mode == "kill" && rank == 1 && s == 3) std::raise(SIGKILL);
       if (mode == "stall" && rank == 1 && s == 3) {
         const double seconds = std::atof(argv[3]);
@@ -129,6 +134,7 @@ int run(int argc, char** argv) {
       opt->step();
       loss = ls::dist::all_reduce(loss, 1.0 / world);
     });
+    if (mode == "diverge-queued") continue;  // no read: the steps' programs stay queued
     std::printf("rank %d step %d loss %.9g\n", rank, s, loss.item<float>());
     std::fflush(stdout);
   }

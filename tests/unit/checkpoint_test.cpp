@@ -495,3 +495,49 @@ TEST(Checkpoint, AClaimedHugeTensorIsRefusedUnread) {
       << "the data was read";
   std::remove(path.c_str());
 }
+
+// save_checkpoint inside a step writes the state as of the call once the step commits; a step
+// that fails afterwards, as it traces or as it runs, writes nothing (issue 30, item 13).
+TEST(Checkpoint, ASaveInsideAStepIsWrittenOnlyIfTheStepCommits) {
+  const std::string path = temp_path("in_step.safetensors");
+  std::remove(path.c_str());
+  ls::manual_seed(6);
+  ls::models::MLP m({4, 3});
+  ls::Tensor w = m.named_parameters().front().second;
+  const std::vector<float> before = w.to_vector<float>();
+  // Fails while tracing, after the save.
+  EXPECT_THROW(ls::step([&] {
+                 ls::NoGrad no_grad;
+                 w.add_(1.0);
+                 ls::save_checkpoint(path, m);
+                 throw std::runtime_error("later in the step");
+               }),
+               std::runtime_error);
+  EXPECT_FALSE(std::filesystem::exists(path));
+  // Fails as it runs, after the save: an index out of range.
+  ls::Tensor bad;
+  ls::step([&] {
+    ls::NoGrad no_grad;
+    w.add_(1.0);
+    ls::save_checkpoint(path, m);
+    bad = ls::gather(w, 0, ls::full({1, 4}, 99, ls::i64));
+    w.add_(bad);
+  });
+  EXPECT_THROW(ls::wait(), ls::Error);
+  EXPECT_FALSE(std::filesystem::exists(path));
+  EXPECT_EQ(w.to_vector<float>(), before);
+  // Commits: the file holds the values as of the save (the update after it is not in it).
+  ls::step([&] {
+    ls::NoGrad no_grad;
+    w.add_(1.0);
+    ls::save_checkpoint(path, m);
+    w.add_(5.0);
+  });
+  ls::wait();
+  ls::models::MLP loaded({4, 3});
+  ls::load_checkpoint(path, loaded);
+  const std::vector<float> saved = loaded.named_parameters().front().second.to_vector<float>();
+  ASSERT_EQ(saved.size(), before.size());
+  for (size_t i = 0; i < saved.size(); ++i) EXPECT_EQ(saved[i], before[i] + 1.0f);
+  std::remove(path.c_str());
+}
