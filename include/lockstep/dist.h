@@ -80,6 +80,10 @@ struct DataParallelOptions {
   // produces them (the reverse of the parameters'): PyTorch DDP's defaults.
   int64_t bucket_bytes = int64_t{25} << 20;
   int64_t first_bucket_bytes = int64_t{1} << 20;
+  // Each step, every rank takes rank 0's buffers (batch norm's running statistics), as PyTorch
+  // DDP's broadcast_buffers: the replicas stay whole copies, buffers included. Off: each keeps
+  // the statistics of its own batches, and check_replicas_agree compares parameters only.
+  bool broadcast_buffers = true;
 };
 
 // Data parallel training of `model`: at construction, every rank takes rank 0's parameters and
@@ -88,11 +92,13 @@ class DataParallel {
  public:
   explicit DataParallel(nn::Module& model, DataParallelOptions options = {},
                         Loc loc = Loc::current());
-  // Call after backward and before the optimizer's step, inside the step.
+  // Call after backward and before the optimizer's step, inside the step (it also takes rank
+  // 0's buffers, with broadcast_buffers).
   void average_gradients(Loc loc = Loc::current());
   // hash_values of the parameters and buffers (replicas stay bit-identical: compare these).
   uint64_t state_hash(Loc loc = Loc::current()) const;
-  // check_same_on_all_ranks over the parameters and buffers.
+  // check_same_on_all_ranks over the parameters, then the buffers (unless broadcast_buffers is
+  // off): the Error says which of them differ and what makes replicas part.
   void check_replicas_agree(Loc loc = Loc::current()) const;
 
  private:

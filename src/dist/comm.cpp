@@ -5,15 +5,18 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <sstream>
 #include <thread>
 #include <vector>
 
+#include "ir/random_bits.h"
 #include "lockstep/dist.h"
 #include "lockstep/runtime.h"
 #include "runtime/explain.h"
@@ -503,7 +506,8 @@ struct Record {
   uint64_t hash = 0;
   int64_t round = 0;
   int64_t nodes = 0;
-  int64_t kind = 0;  // what the exchange is for: agreement 1, barrier 2, values 3
+  int64_t kind = 0;      // what the exchange is for: agreement 1, barrier 2, values 3
+  uint64_t scalars = 0;  // agreement: a hash of the program's host scalar values
 };
 
 // Sends `mine` to every other rank and receives theirs (point to point on the recording threads'
@@ -599,7 +603,8 @@ std::string hex(uint64_t h) {
 }  // namespace
 #endif
 
-void agree(uint64_t hash, const ir::Graph& graph, const std::string& origin) {
+void agree(uint64_t hash, const ir::Graph& graph, const std::string& origin,
+           const std::vector<ir::ScalarValue>& scalars, const std::string& setting) {
 #if LOCKSTEP_WITH_MPI
   World& w = world();
   if (w.size <= 1) return;
@@ -609,14 +614,54 @@ void agree(uint64_t hash, const ir::Graph& graph, const std::string& origin) {
   mine.round = ++w.rounds;
   mine.nodes = static_cast<int64_t>(graph.nodes.size());
   mine.kind = 1;
+  mine.scalars = 1469598103934665603ull;
+  for (const ir::ScalarValue& v : scalars) {
+    mine.scalars = ir::mix64(mine.scalars ^ std::bit_cast<uint64_t>(v.f));
+    mine.scalars = ir::mix64(mine.scalars ^ static_cast<uint64_t>(v.i));
+  }
   const std::string what = cat(origin, " (program #", mine.round, " with collectives)");
   const std::vector<Record> all = exchange(mine, what);
-  bool same = true, all_here = true;
+  bool same = true, all_here = true, same_scalars = true;
   for (const Record& r : all) {
     same = same && r.hash == hash && r.round == mine.round && r.kind == 1;
     all_here = all_here && r.kind == 1;
+    same_scalars = same_scalars && r.scalars == mine.scalars;
   }
-  if (same) return;
+  if (same && same_scalars) return;
+  if (same) {  // one program, other host values: which scalar, and the values
+    std::string values;
+    for (const ir::ScalarValue& v : scalars) values += cat(v.f, " ", v.i, "\n");
+    const std::vector<std::string> theirs = exchange_texts(values, what);
+    int other = 0;
+    for (int r = 0; r < w.size; ++r)
+      if (all[static_cast<size_t>(r)].scalars != mine.scalars) {
+        other = r;
+        break;
+      }
+    std::string where = "a host scalar";
+    std::istringstream in(theirs[static_cast<size_t>(other)]);
+    for (size_t k = 0; k < scalars.size(); ++k) {
+      double f = 0;
+      int64_t i = 0;
+      in >> f >> i;
+      if (f == scalars[k].f && i == scalars[k].i) continue;
+      for (const ir::GraphNode& n : graph.nodes)
+        if (n.op == ir::Op::Scalar && n.input == static_cast<int64_t>(k)) {
+          const bool integral = !is_floating(n.dtype);
+          where = cat("the host scalar made at ", util::where(n.origin.loc), ": rank ", other,
+                      " has ", integral ? cat(i) : cat(f), ", rank ", w.rank, " has ",
+                      integral ? cat(scalars[k].i) : cat(scalars[k].f));
+          break;
+        }
+      break;
+    }
+    throw Error(cat("dist: the ranks are about to run the same program at ", what,
+                    " with other host values: ", where,
+                    ". A hyper-parameter (an lr, a weight decay, a loss scale) that differs "
+                    "between the ranks trains different models: give every rank the same value "
+                    "(a value that must differ per rank goes in a tensor). Nothing of this "
+                    "program ran"));
+  }
   // Different programs: every rank sees every record, so all of them fail here, before any
   // collective of the program is entered. The texts say where the graphs part.
   const std::string text = ir::to_text(graph, true);
@@ -636,7 +681,7 @@ void agree(uint64_t hash, const ir::Graph& graph, const std::string& origin) {
         other = r;
         break;
       }
-  std::string where;
+  std::string where, other_setting;
   if (!all_here) {
     where = ". Some ranks are at a barrier or a value check instead of this program";
   } else
@@ -644,13 +689,23 @@ void agree(uint64_t hash, const ir::Graph& graph, const std::string& origin) {
       const std::vector<std::string> texts = exchange_texts(text, what);
       const ir::Graph theirs = ir::from_text(texts[static_cast<size_t>(other)]);
       const runtime::GraphDifference d = runtime::difference(theirs, graph);
-      if (d.node >= 0)
+      if (d.node >= 0) {
         where = cat(". First difference (", d.field, "), node %", d.node, ": rank ", other,
                     " has `", node_line(texts[static_cast<size_t>(other)], d.node), "`, rank ",
                     w.rank, " has `", node_line(text, d.node), "`");
+      } else {  // the same graph compiled for other settings: the thread count
+        other_setting = exchange_texts(setting, what)[static_cast<size_t>(other)];
+      }
     } catch (const Error&) {
       where = cat(". Rank ", other, "'s graph could not be compared");
     }
+  if (!other_setting.empty())
+    throw Error(cat("dist: the ranks are about to run the same graph at ", what,
+                    " compiled for other backend settings: rank ", other, " has '", other_setting,
+                    "', rank ", w.rank, " has '", setting,
+                    "'. Give every rank the same thread count (OMP_NUM_THREADS, "
+                    "ls::set_num_threads): a program's reductions follow it, so replicas would "
+                    "drift apart. Nothing of this program ran"));
   throw Error(cat("dist: the ranks are about to run different programs at ", what, ": ", holders,
                   where,
                   ". Every rank must record the same ops on the same shapes (the same batch "

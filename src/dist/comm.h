@@ -40,7 +40,12 @@ void broadcast(void* data, size_t bytes, int root, const std::string& what);
 // Before a program with collectives runs (on the recording thread, at its sync): every rank
 // must hold the same graph. Throws Error on a mismatch (naming the ranks, their hashes and the
 // first differing node) or when ranks do not arrive in time (naming them). `origin`: the sync.
-void agree(uint64_t hash, const ir::Graph& graph, const std::string& origin);
+// `scalars`: the program's host scalar values (hyper-parameters such as the lr): ranks whose
+// values differ would train different models from the same program, so they fail here too,
+// naming the scalar's line and both values. `setting`: the backend's compile setting (its
+// thread count), named when the graphs are the same and only it differs.
+void agree(uint64_t hash, const ir::Graph& graph, const std::string& origin,
+           const std::vector<ir::ScalarValue>& scalars = {}, const std::string& setting = "");
 
 // Whether `graph` has collectives (ops of the table's Collective family).
 bool has_collectives(const ir::Graph& graph);

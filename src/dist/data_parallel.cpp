@@ -95,12 +95,31 @@ void DataParallel::average_gradients(Loc loc) {
                                  options_.first_bucket_bytes, "dist::DataParallel", loc),
                loc);
   }
+  if (options_.broadcast_buffers) {
+    NoGrad no_grad;
+    for (Tensor b : model_->buffers()) b.copy_(broadcast(b, 0, loc), loc);
+  }
 }
 
 uint64_t DataParallel::state_hash(Loc loc) const { return hash_values(state_of(*model_), loc); }
 
 void DataParallel::check_replicas_agree(Loc loc) const {
-  check_same_on_all_ranks(state_of(*model_), "the model's parameters and buffers", loc);
+  try {
+    check_same_on_all_ranks(model_->parameters(), "the model's parameters", loc);
+  } catch (const Error& e) {
+    throw Error(cat(e.what(),
+                    ". After training through DataParallel they part when the ranks' updates "
+                    "differ: a hyper-parameter or host decision that differs per rank (an lr, a "
+                    "step skipped on one rank), or parameters changed outside the steps"));
+  }
+  if (!options_.broadcast_buffers) return;
+  try {
+    check_same_on_all_ranks(model_->buffers(), "the model's buffers", loc);
+  } catch (const Error& e) {
+    throw Error(cat(e.what(),
+                    ". DataParallel gives every rank rank 0's buffers in each step's "
+                    "average_gradients: buffers changed after it (or outside the steps) part"));
+  }
 }
 
 }  // namespace lockstep::dist

@@ -71,7 +71,7 @@ void sync_impls(const std::vector<std::shared_ptr<TensorImpl>>& targets, const s
     }
     // Replicas must agree before any of them enters the program's collectives.
     if (entry.collectives && dist::detail::active())
-      dist::detail::agree(entry.hash, *entry.graph, origin);
+      dist::detail::agree(entry.hash, *entry.graph, origin, built.scalars, entry.setting);
     Job job;
     job.ctx = &me;
     job.exe = entry.exe;

@@ -210,3 +210,36 @@ TEST(DataParallel, LockstepTrainNprocs) {
     ++totals;
   EXPECT_EQ(totals, 2u) << out;
 }
+
+// A model with batch norm: every step the ranks take rank 0's running statistics
+// (broadcast_buffers), so the replicas stay whole copies and check_replicas_agree passes at the
+// end of training (issue 30, item 15).
+TEST(DataParallel, BatchNormReplicasAgreeAfterTraining) {
+  const std::string out = tmp("bn2.safetensors");
+  const Job r = mpirun(2, "train bn sgd 4 8 " + out);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const std::vector<std::string> h = hashes(r.out);
+  ASSERT_EQ(h.size(), 2u) << r.out;
+  EXPECT_EQ(h[0], h[1]) << r.out;
+  std::remove(out.c_str());
+}
+
+// Ranks started with another learning rate run the same program with other host values: every
+// rank fails before the program runs, naming the scalar's values (issue 30, item 16).
+TEST(DataParallel, RanksWithAnotherLearningRateFailNamingTheValues) {
+  const Job r = mpirun(2, "diverge-lr 3", "LOCKSTEP_DIST_TIMEOUT=20");
+  EXPECT_NE(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("with other host values"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("has 0.2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("has 0.1"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("rank 0 step 1 loss"), std::string::npos) << r.out;
+}
+
+// Ranks with other thread counts: the message names the thread counts, not the batch size.
+TEST(DataParallel, RanksWithOtherThreadCountsFailNamingThem) {
+  const Job r = mpirun(2, "threads 3", "LOCKSTEP_DIST_TIMEOUT=20");
+  EXPECT_NE(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("compiled for other backend settings"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("thread count"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("same batch size"), std::string::npos) << r.out;
+}

@@ -1,11 +1,13 @@
 // One rank of the data parallel tests (dist_test.cpp starts it under mpirun). Trains a small
 // model on deterministic synthetic data, rank r taking samples [r*B, (r+1)*B) of each global
 // batch of N*B, so that N ranks with batch B see what one process with batch N*B sees:
-//   dist_worker train MODEL OPTIM STEPS BATCH OUT   MODEL mlp|cnn, OPTIM sgd|adamw; rank 0
+//   dist_worker train MODEL OPTIM STEPS BATCH OUT   MODEL mlp|cnn|bn, OPTIM sgd|adamw; rank 0
 //                                                   writes the final parameters to OUT
 //   dist_worker diverge-op|diverge-batch STEPS      rank 1 records another graph at step 3
 //   dist_worker diverge-queued STEPS                 the same without a read per step: the error
 //                                                   leaves programs queued when main returns
+//   dist_worker diverge-lr|threads STEPS            rank 1 has lr 0.2 (the others 0.1), or runs 2
+//                                                   threads (the others OMP_NUM_THREADS=1)
 //   dist_worker sleep STEPS SECONDS                 rank 1 sleeps before step 3
 //   dist_worker kill STEPS                          rank 1 kills itself (SIGKILL) in step 3
 //   dist_worker exchange-cost N                     N barriers (the exchange the graph check makes
@@ -67,6 +69,7 @@ std::shared_ptr<ls::nn::Module> make_model(const std::string& name) {
   } else {
     m->emplace<ls::nn::Conv2d>(ls::nn::Conv2dSpec{
         .in_channels = 1, .out_channels = 8, .kernel = {3, 3}, .padding = {1, 1}});
+    if (name == "bn") m->emplace<ls::nn::BatchNorm>(8);  // running statistics per rank's batch
     m->emplace<ls::nn::ReLU>();
     m->emplace<ls::nn::MaxPool2d>(ls::Pool2dOptions{});
     m->emplace<ls::nn::Flatten>();
@@ -101,13 +104,16 @@ int run(int argc, char** argv) {
   std::shared_ptr<ls::nn::Module> model = make_model(model_name);
   ls::dist::DataParallel dp(*model);
   std::unique_ptr<ls::optim::Optimizer> opt;
+  // diverge-lr: rank 1 was started with another learning rate.
+  const double lr = mode == "diverge-lr" && rank == 1 ? 0.2 : 0.1;
+  if (mode == "threads" && rank == 1) ls::set_num_threads(2);  // the others run 1
   if (optim_name == "sgd")
     opt = std::make_unique<ls::optim::SGD>(model->parameters(),
-                                           ls::optim::SGDOptions{.lr = 0.1, .momentum = 0.9});
+                                           ls::optim::SGDOptions{.lr = lr, .momentum = 0.9});
   else
     opt =
         std::make_unique<ls::optim::AdamW>(model->parameters(), ls::optim::AdamOptions{.lr = 0.01});
-  const bool image = model_name == "cnn";
+  const bool image = model_name != "mlp";
   for (int s = 1; s <= steps; ++s) {
     int64_t n = per_rank;
     if (mode == "diverge-batch" && rank == 1 && s == 3) n = per_rank / 2;
