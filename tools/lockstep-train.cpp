@@ -392,6 +392,17 @@ int run(const Options& o) {
   auto train_set = ls::data::make_dataset(o.data, /*train=*/true, fake_options);
   std::shared_ptr<ls::data::Dataset> test_set;
   if (!fake) test_set = ls::data::make_dataset(o.data, /*train=*/false, fake_options);
+  // The test split is evaluated by the model the train split shapes: a mismatch is refused now,
+  // naming both, not after an epoch of training (whose checkpoint would never be written).
+  if (test_set && (test_set->example_shape() != train_set->example_shape() ||
+                   test_set->num_classes() != train_set->num_classes()))
+    throw ls::Error(format(
+        "the test split %s has examples of shape %s and %lld classes, the train split %s has %s "
+        "and %lld: both splits must have the same image size and classes (check --data)",
+        test_set->name().c_str(), ls::shape_str(test_set->example_shape()).c_str(),
+        static_cast<long long>(test_set->num_classes()), train_set->name().c_str(),
+        ls::shape_str(train_set->example_shape()).c_str(),
+        static_cast<long long>(train_set->num_classes())));
 
   ls::data::DeviceLoader train_loader(
       ls::data::DataLoader(train_set, {.batch_size = o.batch_size,

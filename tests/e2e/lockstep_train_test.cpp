@@ -558,6 +558,19 @@ TEST(LockstepTrain, BadDataExitsOneWithAMessageNamingTheFile) {
   // The directory does not exist.
   cases.push_back({"nodir", dir / "does-not-exist", dir / "does-not-exist"});
 
+  // A test split of another image size: refused before training (issue 30, item 12).
+  fs::create_directories(dir / "testsize");
+  write_plain(dir / "testsize/train-images-idx3-ubyte", images);
+  write_plain(dir / "testsize/train-labels-idx1-ubyte", labels);
+  std::string small, small_labels;
+  for (uint32_t v : {2051u, 10u, 14u, 14u}) put_be32(small, v);
+  small.append(10 * 14 * 14, '\0');
+  for (uint32_t v : {2049u, 10u}) put_be32(small_labels, v);
+  small_labels.append(10, '\1');
+  write_plain(dir / "testsize/t10k-images-idx3-ubyte", small);
+  write_plain(dir / "testsize/t10k-labels-idx1-ubyte", small_labels);
+  cases.push_back({"testsize", dir / "testsize", "the test split"});
+
   for (const Case& c : cases) {
     Result r = run(with_common({"--model", "mlp", "--data", "mnist:" + c.data_dir}), dir, c.name);
     EXPECT_EQ(r.exit_code, 1) << c.name << "\n" << describe(r);
