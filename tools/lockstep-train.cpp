@@ -324,9 +324,14 @@ int64_t metadata_int(const ls::io::Metadata& meta, const std::string& key,
     auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
     if (ec != std::errc() || p != s.data() + s.size()) v = -1;
   }
-  if (v < 0)
+  if (it == meta.end() || v < 0)
     throw ls::Error("checkpoint '" + path + "' has no valid '" + key +
                     "' in its metadata (was it written by lockstep-train?)");
+  // Epochs and steps far past any run (an edited or damaged file) would overflow as it goes on.
+  if (v > (int64_t{1} << 40))
+    throw ls::Error("checkpoint '" + path + "' has '" + key + "' = " + it->second +
+                    " in its metadata, past any real run (at most 2^40): the file was edited or "
+                    "damaged");
   return v;
 }
 
@@ -547,6 +552,21 @@ int run(const Options& o) {
   int64_t images = 0;  // images trained on in this run
   double train_seconds = 0;
   bool unsaved = false;  // steps trained since the last checkpoint
+  // The first non-finite loss a step closure saw ("epoch E, step S: nan"): the model is no longer
+  // finite, so the run stops there and never saves it over a good checkpoint.
+  std::mutex nonfinite_mu;
+  std::string nonfinite;
+  auto check_finite = [&] {
+    std::lock_guard<std::mutex> lock(nonfinite_mu);
+    if (nonfinite.empty()) return;
+    throw ls::Error(
+        "the loss is not finite at " + nonfinite +
+        ": the model's weights are no longer finite, so training stops here" +
+        (o.checkpoint.empty()
+             ? std::string()
+             : " without saving (" + o.checkpoint + " keeps the last good state)") +
+        ". Lower the learning rate (--lr), add warm-up (--warmup-steps), or check the data");
+  };
 
   const int64_t first_epoch = epoch;
   for (; epoch <= o.num_epochs && !interrupted(); ++epoch, step = 0) {
@@ -564,6 +584,7 @@ int run(const Options& o) {
     int64_t epoch_images = 0;
     tracker.reset();
     for (; step < steps_per_epoch && !interrupted(); ++step) {
+      check_finite();
       std::optional<ls::data::Batch> batch = train_loader.next();
       if (!batch) break;
       pacer.wait_for_room();
@@ -581,6 +602,12 @@ int run(const Options& o) {
             // so reading it waits for nothing and is no implicit sync.
             const bool log = step % o.log_steps == 0;
             pacer.track([&, log, e = epoch, s = step, l = loss, images_after] {
+              if (const float v = l.item<float>(); !std::isfinite(v)) {
+                std::lock_guard<std::mutex> lock(nonfinite_mu);
+                if (nonfinite.empty())
+                  nonfinite = format("epoch %lld, step %lld (%g)", static_cast<long long>(e),
+                                     static_cast<long long>(s), static_cast<double>(v));
+              }
               if (log)
                 progress.line(format("epoch: %lld, step: %lld, loss: %.4f, rate: %.2f",
                                      static_cast<long long>(e), static_cast<long long>(s),
@@ -597,6 +624,7 @@ int run(const Options& o) {
     }
     ls::wait();
     progress.clear();
+    check_finite();
     images += epoch_images;
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_start).count();
@@ -616,6 +644,7 @@ int run(const Options& o) {
     unsaved = false;
   }
   ls::wait();
+  check_finite();
 
   if (interrupted()) {
     // `step` steps of `epoch` are done (every traced step ran: ls::wait above).

@@ -1,6 +1,7 @@
 // Checkpoints on top of the safetensors reader and writer: naming, and loading all or nothing.
 #include "lockstep/checkpoint.h"
 
+#include <cmath>
 #include <map>
 #include <set>
 
@@ -20,6 +21,45 @@ const std::string kGenerator = "generator.state";
 // Version 2 records checksums of the data (io::kChecksumKey), which loading then requires;
 // version 1 files (before them) still load.
 const std::string kVersion = "2";
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// What a training state can hold: finite floats; second moments, variances and sums of squares
+// that are not negative; counts (steps, batches tracked, a scheduler's epoch) in [0, 2^53]. A
+// file that passes its checksum may still hold them (written from a diverged run, or edited):
+// refused naming the tensor, the element and the file, so that a resume never starts from NaN.
+void check_values(const std::string& path, const std::string& name, const Tensor& t,
+                  const Loc& loc) {
+  auto refuse = [&](size_t at, const std::string& value, const std::string& why) {
+    util::fail(
+        loc, "load_checkpoint",
+        cat("'", path, "': tensor '", name, "' holds ", value, " at element ", at, ": ", why),
+        "The file was written from a diverged run or edited: resume from an earlier "
+        "checkpoint");
+  };
+  if (is_floating(t.dtype())) {
+    const std::vector<double> v = cast(t, DType::F64, loc).to_vector<double>(loc);
+    const bool non_negative = ends_with(name, "running_var") || ends_with(name, "exp_avg_sq") ||
+                              ends_with(name, "square_avg") || ends_with(name, ".sum") ||
+                              ends_with(name, "base_lrs") || ends_with(name, "_last_lr");
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (std::isnan(v[i]) || (std::isinf(v[i]) && !ends_with(name, "best")))
+        refuse(i, cat(v[i]), "a training state is finite");
+      if (non_negative && v[i] < 0) refuse(i, cat(v[i]), "this quantity is never negative");
+    }
+  } else if (t.dtype() == DType::I64 &&
+             (name == "optimizer.step" || ends_with(name, ".step") ||
+              ends_with(name, "num_batches_tracked") || ends_with(name, "skipped_updates") ||
+              ends_with(name, "last_epoch") || ends_with(name, "num_bad_epochs") ||
+              ends_with(name, "cooldown_counter"))) {
+    const std::vector<int64_t> v = t.to_vector<int64_t>(loc);
+    for (size_t i = 0; i < v.size(); ++i)
+      if (v[i] < 0 || v[i] > (int64_t{1} << 53)) refuse(i, cat(v[i]), "a count lies in [0, 2^53]");
+  }
+}
+
 }  // namespace
 
 void save_checkpoint(const std::string& path, const nn::Module& model,
@@ -165,7 +205,8 @@ io::Metadata load_checkpoint(const std::string& path, nn::Module& model,
           cat("'", path, "' holds the state of a ", kind->second, ", not of a ", scheduler->kind()),
           "Make the same kind of scheduler as the run that saved it");
   }
-  // Everything is checked before anything changes.
+  // Everything is checked before anything changes: the values too.
+  for (const auto& [name, t] : file.tensors) check_values(path, name, t, loc);
   try {
     model.check_state_dict(model_state, true);
     if (optimizer) optimizer->check_state_dict(optimizer_state);

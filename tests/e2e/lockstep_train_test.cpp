@@ -604,3 +604,29 @@ TEST(LockstepTrain, CorruptCheckpointExitsOne) {
 }
 
 }  // namespace
+
+// A run whose loss becomes NaN (the learning rate of 10 makes it diverge) stops with exit 1 and a
+// message naming the step, and never writes the non-finite model over the last good checkpoint
+// (issue 30, item 11).
+TEST(LockstepTrain, ANonFiniteLossStopsTheRunWithoutOverwritingTheCheckpoint) {
+  TempDir dir;
+  Result good = run(small_cnn({"--num-epochs", "1", "--num-steps", "4", "--optimizer", "sgd",
+                               "--checkpoint", dir / "c.ckpt"}),
+                    dir, "good");
+  ASSERT_EQ(good.exit_code, 0) << describe(good);
+  const std::string saved = read_file(dir / "c.ckpt");
+  Result bad = run(small_cnn({"--num-epochs", "3", "--num-steps", "40", "--optimizer", "sgd",
+                              "--lr", "10", "--momentum", "0.99", "--lr-schedule", "constant",
+                              "--checkpoint", dir / "c.ckpt", "--resume"}),
+                   dir, "bad");
+  EXPECT_EQ(bad.exit_code, 1) << describe(bad);
+  EXPECT_NE(bad.err.find("the loss is not finite at epoch 2, step "), std::string::npos)
+      << describe(bad);
+  EXPECT_NE(bad.err.find("keeps the last good state"), std::string::npos) << describe(bad);
+  EXPECT_EQ(read_file(dir / "c.ckpt"), saved) << "the checkpoint was overwritten";
+  // It still resumes.
+  Result again = run(small_cnn({"--num-epochs", "2", "--num-steps", "4", "--optimizer", "sgd",
+                                "--checkpoint", dir / "c.ckpt", "--resume"}),
+                     dir, "again");
+  EXPECT_EQ(again.exit_code, 0) << describe(again);
+}

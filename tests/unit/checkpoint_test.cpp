@@ -541,3 +541,59 @@ TEST(Checkpoint, ASaveInsideAStepIsWrittenOnlyIfTheStepCommits) {
   for (size_t i = 0; i < saved.size(); ++i) EXPECT_EQ(saved[i], before[i] + 1.0f);
   std::remove(path.c_str());
 }
+
+// Values a training state cannot hold are refused on load, naming the tensor, the element and
+// the file, with nothing changed: NaN or infinite weights, a negative variance or second moment,
+// a negative or absurd step count (issue 30, item 11).
+TEST(Checkpoint, ImpossibleValuesAreRefusedNamingTheTensor) {
+  const std::string path = temp_path("values.safetensors");
+  ls::manual_seed(8);
+  ls::models::FashionCNN a(10, 1, 8);
+  ls::optim::Adam opt_a(a.parameters(), {});
+  train_step(a, opt_a);
+  struct Case {
+    std::string tensor;
+    std::function<void()> spoil, restore;
+    std::string says;
+  };
+  auto find = [](const ls::nn::NamedTensors& ts, const std::string& name) {
+    for (const auto& [n, t] : ts)
+      if (n == name) return t;
+    return ls::Tensor();
+  };
+  ls::NoGrad no_grad;
+  ls::Tensor w = find(a.state_dict(), "fc2.weight"), var = find(a.state_dict(), "bn1.running_var");
+  ls::Tensor sq = find(opt_a.state_dict(), "0.exp_avg_sq"), step = find(opt_a.state_dict(), "step");
+  ASSERT_TRUE(w.defined() && var.defined() && sq.defined() && step.defined());
+  const ls::Tensor w0 = w.detach(), var0 = var.detach(), sq0 = sq.detach(), step0 = step.detach();
+  auto set_first = [](ls::Tensor& t, double v) {
+    ls::Tensor flat = ls::reshape(t, {-1});
+    ls::Tensor mask = ls::reshape(ls::eq(ls::arange(flat.numel()), 0), t.shape());
+    t.copy_(ls::where(mask, ls::full_like(t, v), t));
+  };
+  const std::vector<Case> cases = {
+      {"model.fc2.weight", [&] { set_first(w, NAN); }, [&] { w.copy_(w0); }, "nan at element 0"},
+      {"model.fc2.weight", [&] { set_first(w, INFINITY); }, [&] { w.copy_(w0); }, "inf"},
+      {"model.bn1.running_var", [&] { set_first(var, -1.0); }, [&] { var.copy_(var0); },
+       "never negative"},
+      {"optimizer.0.exp_avg_sq", [&] { set_first(sq, -0.5); }, [&] { sq.copy_(sq0); },
+       "never negative"},
+      {"optimizer.step", [&] { step.copy_(ls::full_like(step, -1)); }, [&] { step.copy_(step0); },
+       "a count lies in [0, 2^53]"},
+      {"optimizer.step", [&] { step.copy_(ls::full_like(step, INT64_MAX)); },
+       [&] { step.copy_(step0); }, "a count lies in [0, 2^53]"},
+  };
+  for (const Case& c : cases) {
+    c.spoil();
+    ls::save_checkpoint(path, a, &opt_a);
+    c.restore();
+    ls::models::FashionCNN b(10, 1, 8);
+    ls::optim::Adam opt_b(b.parameters(), {});
+    expect_load_fails(path, b, &opt_b, {path, "'" + c.tensor + "'", c.says});
+  }
+  ls::save_checkpoint(path, a, &opt_a);  // restored: loads
+  ls::models::FashionCNN b(10, 1, 8);
+  ls::optim::Adam opt_b(b.parameters(), {});
+  ls::load_checkpoint(path, b, &opt_b);
+  std::remove(path.c_str());
+}
