@@ -191,10 +191,16 @@ class RateTracker {
 class Pacer {
  public:
   static constexpr int64_t kMaxInFlight = 2;
-  // Outside a step: waits for room.
+  // Outside a step: waits for room. A step that failed (a peer missed a collective's deadline)
+  // never runs its closure: the library's error is raised here instead of waiting for good.
   void wait_for_room() {
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return issued_ - done_ < kMaxInFlight; });
+    while (!cv_.wait_for(lock, std::chrono::milliseconds(50),
+                         [&] { return issued_ - done_ < kMaxInFlight; })) {
+      lock.unlock();
+      ls::check_errors();
+      lock.lock();
+    }
   }
   // Inside the step: counts it, and calls `then` (on the runtime thread) once it has run.
   void track(std::function<void()> then = {}) {

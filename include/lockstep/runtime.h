@@ -66,7 +66,13 @@ bool in_step();
 
 // Runs `fn` after the current step's program has run, with its values ready. Closures run on
 // the runtime thread in step order; an exception from one is raised at the next blocking point.
+// A step whose program fails runs none of its closures: a loop that waits for a closure's
+// signal must not wait forever, and asks check_errors() while it waits.
 void add_step_closure(std::function<void()> fn, Loc loc = Loc::current());
+// Raises, without waiting for programs still running, the first error of this thread's programs
+// and closures not raised yet (after undoing its failed steps), as the next blocking point
+// would; returns when there is none.
+void check_errors();
 
 // Threads the cpu backend uses (default: OpenMP's, OMP_NUM_THREADS or every core; 0 restores
 // that). A program runs with the count in force when it was synced; a new count compiles a

@@ -37,6 +37,11 @@ void sync(Loc loc) {
 
 void wait() { runtime::wait_all(); }
 
+void check_errors() {
+  if (runtime::on_runtime_thread()) return;  // a closure: its thread raises them
+  runtime::throw_unreported(runtime::current_context());
+}
+
 void step(const std::function<void()>& fn, Loc loc) {
   runtime::StepState s;
   runtime::begin_step(s, loc);

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <regex>
 #include <sstream>
@@ -242,4 +243,34 @@ TEST(DataParallel, RanksWithOtherThreadCountsFailNamingThem) {
   EXPECT_NE(r.out.find("compiled for other backend settings"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("thread count"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("same batch size"), std::string::npos) << r.out;
+}
+
+// lockstep-train --nprocs 2 with rank 1 stopped (SIGSTOP) mid-run: the step whose collective
+// misses its deadline fails and runs no closure; the tool raises the library's error instead of
+// waiting for that closure for good, and the job ends (issue 30, item 5).
+TEST(DataParallel, LockstepTrainWithAStoppedRankEndsNamingIt) {
+  const std::string script =
+      std::string("env OMP_NUM_THREADS=1 LOCKSTEP_DIST_TIMEOUT=3 timeout 120 ") +
+      LOCKSTEP_TRAIN_EXE +
+      " --nprocs 2 --model cnn --data fake --image-size 8 --batch-size 16 --num-epochs 20 "
+      "--log-steps 100 --workers 0 & "
+      // Once training runs, stop the rank whose environment says it is rank 1.
+      "sleep 3; for p in $(pgrep -f 'lockstep-train.*--num-epochs 20'); do "
+      "if tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | grep -q '^OMPI_COMM_WORLD_RANK=1$'; "
+      "then kill -STOP $p; fi; done; wait $!; status=$?; "
+      "pkill -CONT -f 'lockstep-train.*--num-epochs 20'; "
+      "pkill -KILL -f 'lockstep-train.*--num-epochs 20'; "
+      "exit $status";
+  const std::string file = tmp("stopped_rank.sh");
+  {
+    std::ofstream out(file);
+    out << script << "\n";
+  }
+  const Job r = run("sh " + file);
+  std::remove(file.c_str());
+  EXPECT_NE(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.exit_code, 124) << "hung until the timeout:\n" << r.out;
+  EXPECT_LT(r.seconds, 60) << r.out;
+  EXPECT_NE(r.out.find("lockstep-train: error: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("within 3 s"), std::string::npos) << r.out;  // names the deadline
 }

@@ -5,6 +5,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -181,4 +184,36 @@ TEST(Messages, AStepKeepingOtherValuesIsExplainedByTheirLines) {
   EXPECT_LT(m.text.size(), 400u) << m.text;
   // Steps 3 and 4 are steps 1 and 2 again: no more compiles.
   EXPECT_EQ(misses[3].compiles_at_site, 2);
+}
+
+// A loop that waits for a closure's signal (as lockstep-train's pacing does) must not wait
+// forever on a step whose program failed, which runs no closure: check_errors raises the
+// library's error while it waits (issue 30, item 5).
+TEST(Messages, ALoopWaitingOnAFailedStepsClosureGetsTheError) {
+  ls::Tensor w = ls::zeros({4});
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  ls::step([&] {
+    w.add_(ls::gather(w, 0, ls::full({4}, 9, ls::i64)));  // fails as it runs
+    ls::add_step_closure([&] {
+      std::lock_guard<std::mutex> lock(mu);
+      done = true;
+      cv.notify_all();
+    });
+  });
+  const std::string m = error_of([&] {
+    std::unique_lock<std::mutex> lock(mu);
+    for (int i = 0;
+         i < 200 && !cv.wait_for(lock, std::chrono::milliseconds(50), [&] { return done; }); ++i) {
+      lock.unlock();
+      ls::check_errors();
+      lock.lock();
+    }
+  });
+  EXPECT_FALSE(done);
+  EXPECT_THAT(m, HasSubstr("index 9 is out of range")) << m;
+  EXPECT_THAT(m, HasSubstr("rolled back")) << m;
+  ls::check_errors();  // raised once: nothing left
+  EXPECT_EQ(w.to_vector<float>(), std::vector<float>(4, 0.0f));
 }
