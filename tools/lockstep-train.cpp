@@ -10,7 +10,8 @@
 // written every epoch (and on Ctrl-C) and --resume continues one exactly.
 //
 // Exit codes: 0 done, 1 an error (a missing or corrupt data file, a bad checkpoint, ...), 2 a bad
-// command line, 130 interrupted (SIGINT).
+// command line, 128 + the signal when stopped by one (130 SIGINT, 143 SIGTERM, 129 SIGHUP, 141
+// SIGPIPE), after saving the checkpoint.
 #include <sched.h>
 #include <signal.h>
 #include <unistd.h>
@@ -49,25 +50,33 @@ namespace {
 
 constexpr int kExitError = 1;
 constexpr int kExitUsage = 2;
-constexpr int kExitInterrupted = 130;  // 128 + SIGINT, as a shell reports it
 
-// ---- Ctrl-C ---------------------------------------------------------------------------------
-// The handler only sets this flag; the loop checks it between steps. SA_RESETHAND makes a second
-// Ctrl-C kill the process at once, should a step hang.
-std::atomic<bool> g_interrupted{false};
-static_assert(std::atomic<bool>::is_always_lock_free);
+// ---- signals --------------------------------------------------------------------------------
+// Ctrl-C (SIGINT), SIGTERM (what schedulers, systemd and container runtimes send), SIGHUP (the
+// terminal went away) and SIGPIPE (stdout's reader left, as `| head` does) all stop the run the
+// same way: the handler only records the signal; the loop checks it between steps, saves the
+// checkpoint and exits with 128 + the signal. SA_RESETHAND makes a second one kill the process at
+// once, should a step hang; SIGPIPE keeps its handler (every later write to the closed pipe
+// raises it again), and those writes fail quietly instead.
+std::atomic<int> g_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free);
 
-void on_sigint(int) { g_interrupted.store(true, std::memory_order_relaxed); }
-
-void install_sigint_handler() {
-  struct sigaction sa = {};
-  sa.sa_handler = on_sigint;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESETHAND | SA_RESTART;
-  sigaction(SIGINT, &sa, nullptr);
+void on_signal(int sig) {
+  int none = 0;
+  g_signal.compare_exchange_strong(none, sig, std::memory_order_relaxed);
 }
 
-bool interrupted() { return g_interrupted.load(std::memory_order_relaxed); }
+void install_sigint_handler() {
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE}) {
+    struct sigaction sa = {};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART | (sig == SIGPIPE ? 0 : SA_RESETHAND);
+    sigaction(sig, &sa, nullptr);
+  }
+}
+
+bool interrupted() { return g_signal.load(std::memory_order_relaxed) != 0; }
 
 // ---- output ---------------------------------------------------------------------------------
 // Log lines come from step closures (the runtime thread) and from the main thread; one mutex
@@ -655,7 +664,8 @@ int run(const Options& o) {
   if (interrupted()) {
     // `step` steps of `epoch` are done (every traced step ran: ls::wait above).
     if (unsaved) save(epoch, step, /*epoch_done=*/false);
-    std::fprintf(stderr, "lockstep-train: interrupted at epoch %lld, step %lld%s\n",
+    std::fprintf(stderr, "lockstep-train: interrupted (%s) at epoch %lld, step %lld%s\n",
+                 (std::string("SIG") + sigabbrev_np(g_signal.load())).c_str(),
                  static_cast<long long>(epoch), static_cast<long long>(step),
                  o.checkpoint.empty() ? "" : ("; checkpoint saved to " + o.checkpoint).c_str());
   }
@@ -672,7 +682,7 @@ int run(const Options& o) {
       throw ls::Error("--metrics-json: cannot write '" + o.metrics_json + "'");
   }
   std::fflush(stdout);
-  return interrupted() ? kExitInterrupted : 0;
+  return interrupted() ? 128 + g_signal.load() : 0;
 }
 
 }  // namespace

@@ -56,8 +56,9 @@ options:
   --help             print this help and exit
 
 Fake data: random 3xNxN images with 1000 classes for resnets (10 otherwise), 60000 per epoch,
-as the seed's ResNet example; no test split. Ctrl-C stops after the current step (saving the
-checkpoint first) and exits with 130.
+as the seed's ResNet example; no test split. Ctrl-C (SIGINT), SIGTERM, SIGHUP and SIGPIPE stop
+after the current step (saving the checkpoint first) and exit with 128 + the signal (130 for
+Ctrl-C).
 )";
 
 bool is_resnet(const std::string& model) { return model.rfind("resnet", 0) == 0; }

@@ -440,7 +440,7 @@ TEST(LockstepTrain, CtrlCSavesAndResumeContinuesMidEpoch) {
     cut = p.wait();
   }
   ASSERT_EQ(cut.exit_code, 130) << describe(cut);
-  EXPECT_NE(cut.err.find("interrupted at epoch"), std::string::npos) << describe(cut);
+  EXPECT_NE(cut.err.find("interrupted (SIGINT) at epoch"), std::string::npos) << describe(cut);
   ASSERT_TRUE(fs::exists(dir / "cut.ckpt")) << describe(cut);
   const auto a = step_losses(cut.out);
   ASSERT_GE(a.size(), 4u);
@@ -629,4 +629,29 @@ TEST(LockstepTrain, ANonFiniteLossStopsTheRunWithoutOverwritingTheCheckpoint) {
                                 "--checkpoint", dir / "c.ckpt", "--resume"}),
                      dir, "again");
   EXPECT_EQ(again.exit_code, 0) << describe(again);
+}
+
+// SIGTERM (schedulers, systemd, containers), SIGHUP and SIGPIPE (`| head`) stop the run as Ctrl-C
+// does: after the current step, the checkpoint saved, exit 128 + the signal (issue 30, item 7).
+TEST(LockstepTrain, TermHupAndPipeSaveAndExitLikeCtrlC) {
+  TempDir dir;
+  for (int sig : {SIGTERM, SIGHUP, SIGPIPE}) {
+    const std::string ckpt = dir / ("sig" + std::to_string(sig) + ".ckpt");
+    Result cut;
+    {
+      Process p(small_cnn({"--num-epochs", "2", "--num-steps", "400", "--log-steps", "1",
+                           "--checkpoint", ckpt}),
+                dir, "sig" + std::to_string(sig));
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+      while (p.out_so_far().find("epoch: 1, step: 3,") == std::string::npos &&
+             std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      kill(p.pid(), sig);
+      cut = p.wait();
+    }
+    EXPECT_EQ(cut.exit_code, 128 + sig) << describe(cut);
+    EXPECT_NE(cut.err.find("interrupted (SIG"), std::string::npos) << describe(cut);
+    EXPECT_TRUE(fs::exists(ckpt)) << describe(cut);
+    EXPECT_LT(step_losses(cut.out).size(), 800u) << "the run was not interrupted";
+  }
 }
