@@ -166,7 +166,11 @@ std::shared_ptr<Buffer> materialize(const Tensor& t, const std::source_location&
   std::shared_ptr<TensorImpl> impl = t.impl_ptr();
   Context& me = current_context();
   std::vector<Job> jobs;
-  if (current_node(*impl)->op != ir::Op::Data) {
+  // The value as of this read, taken once: another thread's step may give the tensor a new
+  // (pending) value at any moment after the ownership check, and the read must not then chase
+  // a value that has no buffer.
+  ir::NodePtr value = current_node(*impl);
+  if (value->op != ir::Op::Data) {
     if (on_runtime_thread())
       util::fail(loc, "read",
                  "a step closure read a value that is not computed yet (closures run on the "
@@ -184,8 +188,14 @@ std::shared_ptr<Buffer> materialize(const Tensor& t, const std::source_location&
     }
     sync_impls({impl}, cat("implicit sync at ", at), site, nullptr, true, &jobs, me);
     enqueue(jobs);
+    value = current_node(*impl);
   }
-  std::shared_ptr<Buffer> b = current_node(*impl)->binding.buffer;
+  std::shared_ptr<Buffer> b = value->binding.buffer;
+  if (!b)  // computed by this sync, then given another value by a step on another thread
+    util::fail(loc, api,
+               "another thread's step gave this tensor a new value while this thread read it",
+               "A tensor belongs to one thread's step at a time: give each thread its own "
+               "tensors, or read it once the other thread's step has ended");
   wait_buffer(*b);
   if (b->error) {
     settle_failures(me);

@@ -332,3 +332,51 @@ TEST(Threads, EachThreadHasItsOwnGenerator) {
   ls::manual_seed(7);
   EXPECT_EQ(ls::rand({5}).to_vector<float>(), a);
 }
+
+// Stress: one thread's steps update a tensor in place while another thread reads it in a loop
+// (issue 30, item 1). Every read returns a whole value (all elements equal: each step adds 1 to
+// every element, so a torn read would mix two) or throws ls::Error naming the two threads;
+// nothing crashes. LOCKSTEP_RACE_STEPS runs it longer by hand (default 60 steps).
+TEST(Threads, ReadsRacingAnotherThreadsInPlaceUpdatesNeverCrash) {
+  const char* env = std::getenv("LOCKSTEP_RACE_STEPS");
+  const int steps = env && *env ? std::atoi(env) : 60;
+  ls::Tensor w = ls::zeros({64, 64});
+  ls::sync();
+  std::atomic<bool> stop{false};
+  std::atomic<int> reads{0}, refused{0}, torn{0}, other{0};
+  std::thread reader([&] {
+    while (!stop.load()) {
+      try {
+        const std::vector<float> v = w.to_vector<float>();
+        for (float x : v)
+          if (x != v[0]) {
+            ++torn;
+            break;
+          }
+        ++reads;
+      } catch (const ls::Error& e) {
+        const std::string m = e.what();
+        if (m.find("thread #") != std::string::npos)
+          ++refused;
+        else
+          ++other;
+      }
+    }
+  });
+  int step_errors = 0;
+  for (int i = 0; i < steps; ++i) {
+    try {
+      ls::step([&] { w.add_(ls::matmul(w, w) * 0.0 + 1.0); });
+    } catch (const ls::Error&) {
+      ++step_errors;  // the reader held it: refused the same way
+    }
+  }
+  ls::wait();
+  stop = true;
+  reader.join();
+  EXPECT_EQ(torn.load(), 0);
+  EXPECT_EQ(other.load(), 0);
+  EXPECT_GT(reads.load() + refused.load(), 0);
+  const std::vector<float> v = w.to_vector<float>();
+  EXPECT_EQ(v[0], static_cast<float>(steps - step_errors));
+}
