@@ -133,12 +133,7 @@ std::string growth_warning(Site& st, const ir::Graph& now, const std::string& na
         ++by_line[util::where(n.origin.loc)];
     if (!by_line.empty()) break;
   }
-  std::vector<std::pair<int64_t, std::string>> top;
-  for (const auto& [line, n] : by_line) top.emplace_back(-n, line);
-  std::sort(top.begin(), top.end());
-  std::string lines;
-  for (size_t k = 0; k < top.size() && k < 3; ++k)
-    lines += cat(k ? ", " : "", top[k].second, " (", -top[k].first, " nodes)");
+  const std::string lines = most_nodes_text(by_line);
   return cat(name, " compiled a larger program at each of its last ", kGrowingCompiles, " syncs (",
              sizes,
              " nodes): values updated in place each iteration (parameters, optimizer state) "
@@ -149,6 +144,16 @@ std::string growth_warning(Site& st, const ir::Graph& now, const std::string& na
 }
 
 }  // namespace
+
+std::string most_nodes_text(const std::map<std::string, int64_t>& by_line) {
+  std::vector<std::pair<int64_t, std::string>> top;
+  for (const auto& [line, n] : by_line) top.emplace_back(-n, line);
+  std::sort(top.begin(), top.end());
+  std::string lines;
+  for (size_t k = 0; k < top.size() && k < 3; ++k)
+    lines += cat(k ? ", " : "", top[k].second, " (", -top[k].first, " nodes)");
+  return lines;
+}
 
 void site_sync(const std::string& name, int64_t nodes, bool hit, int64_t graph_ns) {
   Sites& s = sites();

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <array>
+#include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -40,6 +42,9 @@ struct PhaseTiming {
   double median_ms = 0, p90_ms = 0;  // over the last kTimingSamples
 };
 std::array<PhaseTiming, kSitePhases> site_timings(const std::string& site);
+
+// "train.cpp:42 (120 nodes), ...": the three lines that recorded the most nodes, most first.
+std::string most_nodes_text(const std::map<std::string, int64_t>& by_line);
 
 // metrics::reset(): counts restart; compiled graphs are kept (the cache keeps its programs).
 void reset_sites();

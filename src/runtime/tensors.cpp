@@ -15,6 +15,7 @@
 #include "runtime/compile_cache.h"
 #include "runtime/context.h"
 #include "runtime/metrics.h"
+#include "runtime/sites.h"
 #include "runtime/transaction.h"
 #include "util/check.h"
 
@@ -77,12 +78,7 @@ void warn_growth(Context& me) {
     return;
   }
   if (g_growth_warned.exchange(true)) return;
-  std::vector<std::pair<int64_t, std::string>> top;
-  for (const auto& [line, n] : by_line) top.emplace_back(-n, line);
-  std::sort(top.begin(), top.end());
-  std::string lines;
-  for (size_t k = 0; k < top.size() && k < 3; ++k)
-    lines += cat(k ? ", " : "", top[k].second, " (", -top[k].first, " nodes)");
+  const std::string lines = most_nodes_text(by_line);
   count(Counter::PendingGraphWarnings);
   std::cerr
       << "lockstep: warning: " << pending
