@@ -32,11 +32,14 @@ const Tensor& entry(const nn::NamedTensors& state, const std::string& name, DTyp
 // Every entry of `state` is one of `names`.
 void only(const nn::NamedTensors& state, std::initializer_list<const char*> names,
           const std::string& who) {
-  for (const auto& [n, t] : state)
+  for (const auto& entry : state) {
+    // Not a structured binding: clang's OpenMP cannot capture one in the lambda.
+    const std::string& n = entry.first;
     if (std::find_if(names.begin(), names.end(), [&](const char* k) { return n == k; }) ==
         names.end())
       throw Error(
           cat(who, ": the state has an unknown entry '", n, "' (a state of another scheduler?)"));
+  }
 }
 
 int64_t count_entry(const nn::NamedTensors& state, const std::string& name,
