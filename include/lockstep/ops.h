@@ -76,6 +76,8 @@ Tensor sigmoid(const Tensor& x, Loc loc = Loc::current());
 Tensor relu(const Tensor& x, Loc loc = Loc::current());
 Tensor sin(const Tensor& x, Loc loc = Loc::current());
 Tensor cos(const Tensor& x, Loc loc = Loc::current());
+// The error function (torch.erf); its gradient 2/sqrt(pi) exp(-x^2) is recomputed from x.
+Tensor erf(const Tensor& x, Loc loc = Loc::current());
 Tensor floor(const Tensor& x, Loc loc = Loc::current());
 Tensor ceil(const Tensor& x, Loc loc = Loc::current());
 Tensor sign(const Tensor& x, Loc loc = Loc::current());

@@ -2,6 +2,8 @@
 // a new op must say here how it differentiates. Rules are written with recorded ops.
 #include "autograd/grad_rules.h"
 
+#include <cmath>
+#include <numbers>
 #include <numeric>
 
 #include "lockstep/dist.h"
@@ -110,6 +112,11 @@ std::vector<Tensor> operand_grads(const ir::NodePtr& np, const Tensor& g) {
       return {mul(g, cos(in(0), loc), loc)};
     case Op::Cos:
       return {neg(mul(g, sin(in(0), loc), loc), loc)};
+    case Op::Erf: {  // 2/sqrt(pi) exp(-x^2), from the input: cheap to recompute, nothing stored
+      const Tensor& x = in(0);
+      return {mul(
+          g, mul(exp(neg(mul(x, x, loc), loc), loc), 2.0 / std::sqrt(std::numbers::pi), loc), loc)};
+    }
     case Op::Floor:
     case Op::Ceil:
     case Op::Sign:

@@ -193,6 +193,7 @@ void infer(Op op, const std::vector<NodePtr>& in, const std::vector<int64_t>& at
     case Op::Sigmoid:
     case Op::Sin:
     case Op::Cos:
+    case Op::Erf:
       c.floating(0);
       *shape = in[0]->shape;
       *dtype = in[0]->dtype;

@@ -129,90 +129,8 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
   return autograd::with_grad_fn(y, inputs, grad, loc);
 }
 
-namespace {
-
-// c[0] + s (c[1] + s (c[2] + ...)), by Horner's rule.
-Tensor poly(const Tensor& s, std::initializer_list<double> coeffs, const Loc& loc) {
-  const std::vector<double> c(coeffs);
-  Tensor acc = add(mul(s, c[c.size() - 1], loc), c[c.size() - 2], loc);
-  for (size_t k = c.size() - 2; k-- > 0;) acc = add(mul(s, acc, loc), c[k], loc);
-  return acc;
-}
-
-}  // namespace
-
-Tensor erf(const Tensor& x, Loc loc) {
-  // The rational approximations of fdlibm's s_erf.c (Sun Microsystems, freely distributable;
-  // under 1 ulp in float64): x + x P(x^2)/Q(x^2) for |x| < 0.84375; erx + P(s)/Q(s), s = |x| - 1,
-  // below 1.25; 1 - exp(-x^2 - 0.5625 + R(1/x^2)/S(1/x^2)) / |x| below 6; 1 beyond. Each piece is
-  // fed only inputs of its own range (others get a harmless stand-in), so the pieces not selected
-  // stay finite and pass no NaN to the gradient.
-  Tensor ax = abs(x, loc);
-  Tensor small = lt(ax, 0.84375, loc);
-  Tensor x1 = where(small, x, 0.0, loc);
-  Tensor z1 = mul(x1, x1, loc);
-  Tensor p1 =
-      poly(z1,
-           {1.28379167095512558561e-01, -3.25042107247001499370e-01, -2.84817495755985104766e-02,
-            -5.77027029648944159157e-03, -2.37630166566501626084e-05},
-           loc);
-  Tensor q1 =
-      poly(z1,
-           {1.0, 3.97917223959155352819e-01, 6.50222499887672944485e-02, 5.08130628187576562776e-03,
-            1.32494738004321644526e-04, -3.96022827877536812320e-06},
-           loc);
-  Tensor e1 = add(x1, mul(x1, div(p1, q1, loc), loc), loc);
-
-  Tensor mid = lt(ax, 1.25, loc);
-  Tensor s2 = sub(where(mid, ax, 1.0, loc), 1.0, loc);
-  Tensor p2 =
-      poly(s2,
-           {-2.36211856075265944077e-03, 4.14856118683748331666e-01, -3.72207876035701323847e-01,
-            3.18346619901161753674e-01, -1.10894694282396677476e-01, 3.54783043256182359371e-02,
-            -2.16637559486879084300e-03},
-           loc);
-  Tensor q2 =
-      poly(s2,
-           {1.0, 1.06420880400844228286e-01, 5.40397917702171048937e-01, 7.18286544141962662868e-02,
-            1.26171219808761642112e-01, 1.36370839120290507362e-02, 1.19844998467991074170e-02},
-           loc);
-  Tensor e2 = add(div(p2, q2, loc), 8.45062911510467529297e-01, loc);
-
-  Tensor below6 = lt(ax, 6.0, loc);
-  Tensor a3 = where(mid, 2.0, where(below6, ax, 6.0, loc), loc);
-  Tensor t = div(1.0, mul(a3, a3, loc), loc);
-  Tensor ra =
-      poly(t,
-           {-9.86494403484714822705e-03, -6.93858572707181764372e-01, -1.05586262253232909814e+01,
-            -6.23753324503260060396e+01, -1.62396669462573470355e+02, -1.84605092906711035994e+02,
-            -8.12874355063065934246e+01, -9.81432934416914548592e+00},
-           loc);
-  Tensor sa =
-      poly(t,
-           {1.0, 1.96512716674392571292e+01, 1.37657754143519042600e+02, 4.34565877475229228821e+02,
-            6.45387271733267880336e+02, 4.29008140027567833386e+02, 1.08635005541779435134e+02,
-            6.57024977031928170135e+00, -6.04244152148580987438e-02},
-           loc);
-  Tensor rb =
-      poly(t,
-           {-9.86494292470009928597e-03, -7.99283237680523006574e-01, -1.77579549177547519889e+01,
-            -1.60636384855821916062e+02, -6.37566443368389627722e+02, -1.02509513161107724954e+03,
-            -4.83519191608651397019e+02},
-           loc);
-  Tensor sb =
-      poly(t,
-           {1.0, 3.03380607434824582924e+01, 3.25792512996573918826e+02, 1.53672958608443695994e+03,
-            3.19985821950859553908e+03, 2.55305040643316442583e+03, 4.74528541206955367215e+02,
-            -2.24409524465858183362e+01},
-           loc);
-  Tensor rs = where(lt(a3, 1 / 0.35, loc), div(ra, sa, loc), div(rb, sb, loc), loc);
-  Tensor erfc3 = div(exp(add(sub(neg(mul(a3, a3, loc), loc), 0.5625, loc), rs, loc), loc), a3, loc);
-  Tensor e3 = sub(1.0, erfc3, loc);
-
-  Tensor mag = where(mid, e2, where(below6, e3, 1.0, loc), loc);
-  Tensor r = where(small, e1, where(lt(x, 0.0, loc), neg(mag, loc), mag, loc), loc);
-  return where(ne(x, x, loc), x, r, loc);  // NaN stays NaN
-}
+// The primitive (ls::erf), under F.erf's name.
+Tensor erf(const Tensor& x, Loc loc) { return lockstep::erf(x, loc); }
 
 Tensor gelu(const Tensor& x, GeluApproximation approximate, Loc loc) {
   if (approximate == GeluApproximation::Tanh) {
@@ -221,8 +139,8 @@ Tensor gelu(const Tensor& x, GeluApproximation approximate, Loc loc) {
     const Tensor inner = mul(add(x, mul(mul(mul(x, x, loc), x, loc), 0.044715, loc), loc), k, loc);
     return mul(mul(x, 0.5, loc), add(tanh(inner, loc), 1.0, loc), loc);
   }
-  return mul(mul(x, 0.5, loc), add(erf(mul(x, 1.0 / std::numbers::sqrt2, loc), loc), 1.0, loc),
-             loc);
+  return mul(mul(x, 0.5, loc),
+             add(lockstep::erf(mul(x, 1.0 / std::numbers::sqrt2, loc), loc), 1.0, loc), loc);
 }
 
 namespace {

@@ -33,15 +33,17 @@ struct Executor {
   size_t in_flight = 0;  // jobs queued or running (their closures included)
   std::thread worker;
   std::thread::id worker_id;
-  // Programs that have run once: the first run of each may create static state in the
-  // libraries it calls (oneDNN's kernels), to be destroyed at exit before the drain that
-  // registers after it.
-  std::unordered_set<const backends::Executable*> ran;
+  // Programs queued once, and run once: compiling each (before its first queueing) and its
+  // first run may create static state in the libraries it calls (oneDNN's kernels, its CPU
+  // dispatch), to be destroyed at exit before a drain registered earlier would run it.
+  std::unordered_set<const backends::Executable*> queued, ran;
 
   void start_worker() {
-    // Registered before the first program is compiled and run, and again after each program's
-    // first run (so that it runs before the static state that running it created is destroyed:
-    // exit runs handlers and static destructors in reverse order of registration).
+    // Registered before the first program runs, again as each program is first queued (after
+    // its compilation) and after its first run: so that it runs before the static state that
+    // compiling or running it created is destroyed (exit runs handlers and static destructors in
+    // reverse order of registration; a program queued at exit and never run before would
+    // otherwise run into oneDNN's torn-down kernels).
     std::atexit(drain_at_exit);
     worker = std::thread([this] { loop(); });
     worker_id = worker.get_id();
@@ -216,15 +218,18 @@ void wait_for_room() {
 void enqueue(std::vector<Job>& jobs) {
   if (jobs.empty()) return;
   Executor& e = ex();
+  bool register_drain = false;
   {
     std::lock_guard<std::mutex> lock(e.mu);
     if (!e.worker.joinable() && e.worker_id == std::thread::id()) e.start_worker();
     for (Job& job : jobs) {
       ++job.ctx->outstanding;
       ++e.in_flight;
+      if (job.exe && e.queued.insert(job.exe.get()).second) register_drain = true;
       e.queue.push_back(std::move(job));
     }
   }
+  if (register_drain) std::atexit(Executor::drain_at_exit);
   jobs.clear();
   e.work_cv.notify_one();
 }

@@ -199,6 +199,7 @@ Tensor sigmoid(const Tensor& x, Loc loc) { return unary(Op::Sigmoid, x, loc); }
 Tensor relu(const Tensor& x, Loc loc) { return unary(Op::Relu, x, loc); }
 Tensor sin(const Tensor& x, Loc loc) { return unary(Op::Sin, x, loc); }
 Tensor cos(const Tensor& x, Loc loc) { return unary(Op::Cos, x, loc); }
+Tensor erf(const Tensor& x, Loc loc) { return unary(Op::Erf, x, loc); }
 Tensor floor(const Tensor& x, Loc loc) { return unary(Op::Floor, x, loc); }
 Tensor ceil(const Tensor& x, Loc loc) { return unary(Op::Ceil, x, loc); }
 Tensor sign(const Tensor& x, Loc loc) { return unary(Op::Sign, x, loc); }

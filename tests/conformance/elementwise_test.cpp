@@ -43,7 +43,7 @@ void unary_cases(const std::vector<NamedUnary>& ops, const std::vector<ls::DType
 }
 
 LS_COVERS(Elementwise, FloatUnary, Op::Exp, Op::Log, Op::Sqrt, Op::Rsqrt, Op::Tanh, Op::Sigmoid,
-          Op::Sin, Op::Cos, Op::Slice, Op::Permute);
+          Op::Sin, Op::Cos, Op::Erf, Op::Slice, Op::Permute);
 TEST_F(Elementwise, FloatUnary) {
   unary_cases({{"exp", ls::exp},
                {"log", ls::log},
@@ -52,7 +52,8 @@ TEST_F(Elementwise, FloatUnary) {
                {"tanh", ls::tanh},
                {"sigmoid", ls::sigmoid},
                {"sin", ls::sin},
-               {"cos", ls::cos}},
+               {"cos", ls::cos},
+               {"erf", ls::erf}},
               kFloats);
 }
 

@@ -57,6 +57,7 @@ std::map<Op, Case> cases() {
   c[Op::Relu] = {{{3, 4}}, -1, 1, [](V x) { return ls::relu(x[0]); }};
   c[Op::Sin] = {{{3, 4}}, -2, 2, [](V x) { return ls::sin(x[0]); }};
   c[Op::Cos] = {{{3, 4}}, -2, 2, [](V x) { return ls::cos(x[0]); }};
+  c[Op::Erf] = {{{3, 4}}, -2, 2, [](V x) { return ls::erf(x[0]); }};
   c[Op::Floor] = {{{3, 4}}, -2, 2, [](V x) { return ls::floor(x[0]); }};
   c[Op::Ceil] = {{{3, 4}}, -2, 2, [](V x) { return ls::ceil(x[0]); }};
   c[Op::Sign] = {{{3, 4}}, -2, 2, [](V x) { return ls::sign(x[0]); }};

@@ -33,7 +33,16 @@ using tag = memory::format_tag;
 using dt = memory::data_type;
 
 dnnl::engine& engine() {
-  static dnnl::engine* e = new dnnl::engine(dnnl::engine::kind::cpu, 0);
+  static dnnl::engine* e = [] {
+    auto* made = new dnnl::engine(dnnl::engine::kind::cpu, 0);
+    // oneDNN builds its gemm kernels once per process, in function-local statics, at the first
+    // gemm (matmuls, and convolutions, on CPUs without brgemm kernels: AVX2). Built here, where
+    // the first program is compiled, they are destroyed at exit after the runtime's drain (which
+    // registers as that program is queued) instead of under a program the drain waits for.
+    std::vector<float> a(64 * 64, 0.0f), c(64 * 64);
+    dnnl::sgemm('N', 'N', 64, 64, 64, 1.0f, a.data(), 64, a.data(), 64, 0.0f, c.data(), 64);
+    return made;
+  }();
   return *e;
 }
 

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "backends/cpu/kernels.h"
+#include "backends/cpu/vector_math.h"
 #include "util/check.h"
 
 namespace lockstep::backends::cpu {
@@ -525,10 +526,10 @@ LOCKSTEP_TARGET_CLONES void apply(Op op, int64_t len, float* y, const float* a, 
       for (int64_t i = 0; i < len; ++i) y[i] = std::fabs(a[i]);
       return;
     case Op::Exp:
-      for (int64_t i = 0; i < len; ++i) y[i] = std::exp(a[i]);
+      vector_math(MathFn::Exp, len, a, y);
       return;
     case Op::Log:
-      for (int64_t i = 0; i < len; ++i) y[i] = std::log(a[i]);
+      vector_math(MathFn::Log, len, a, y);
       return;
     case Op::Sqrt:
       for (int64_t i = 0; i < len; ++i) y[i] = std::sqrt(a[i]);
@@ -537,19 +538,24 @@ LOCKSTEP_TARGET_CLONES void apply(Op op, int64_t len, float* y, const float* a, 
       for (int64_t i = 0; i < len; ++i) y[i] = 1.0f / std::sqrt(a[i]);
       return;
     case Op::Tanh:
-      for (int64_t i = 0; i < len; ++i) y[i] = std::tanh(a[i]);
+      vector_math(MathFn::Tanh, len, a, y);
       return;
     case Op::Sigmoid:
-      for (int64_t i = 0; i < len; ++i) y[i] = 1.0f / (1.0f + std::exp(-a[i]));
+      for (int64_t i = 0; i < len; ++i) y[i] = -a[i];
+      vector_math(MathFn::Exp, len, y, y);
+      for (int64_t i = 0; i < len; ++i) y[i] = 1.0f / (1.0f + y[i]);
       return;
     case Op::Relu:
       for (int64_t i = 0; i < len; ++i) y[i] = a[i] < 0.0f ? 0.0f : a[i];
       return;
     case Op::Sin:
-      for (int64_t i = 0; i < len; ++i) y[i] = std::sin(a[i]);
+      vector_math(MathFn::Sin, len, a, y);
       return;
     case Op::Cos:
-      for (int64_t i = 0; i < len; ++i) y[i] = std::cos(a[i]);
+      vector_math(MathFn::Cos, len, a, y);
+      return;
+    case Op::Erf:
+      vector_math(MathFn::Erf, len, a, y);
       return;
     case Op::Floor:
       for (int64_t i = 0; i < len; ++i) y[i] = std::floor(a[i]);

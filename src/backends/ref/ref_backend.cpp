@@ -69,6 +69,8 @@ T unary(Op op, T x) {
         return std::sin(x);
       case Op::Cos:
         return std::cos(x);
+      case Op::Erf:
+        return std::erf(x);
       case Op::Floor:
         return std::floor(x);
       case Op::Ceil:
@@ -510,6 +512,7 @@ void eval_exact(const ir::GraphNode& n, const std::vector<Arr>& a,
     case Op::Relu:
     case Op::Sin:
     case Op::Cos:
+    case Op::Erf:
     case Op::Floor:
     case Op::Ceil:
     case Op::Sign:

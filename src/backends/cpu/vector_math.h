@@ -1,0 +1,26 @@
+// Transcendental functions over f32 runs, from glibc's vector math library (libmvec, glibc 2.35
+// and later: 8 lanes with AVX2 and FMA, 16 with AVX-512), picked by the CPU this process runs on.
+// libmvec's documented bound for these (glibc manual, "Known Maximum Errors in Math Functions",
+// x86_64 vector variants) is at most 4 ulp; tests/unit/vector_math_test.cpp checks every ISA this
+// CPU runs against double precision with that bound, and the special values (NaN, +-inf, 0, -0,
+// overflow and underflow) against the scalar libm. Without AVX2 the scalar libm computes them.
+#pragma once
+
+#include <cstdint>
+
+namespace lockstep::backends::cpu {
+
+enum class MathFn : uint8_t { Exp, Log, Tanh, Erf, Sin, Cos };
+enum class MathIsa : uint8_t { Scalar, Avx2, Avx512 };
+
+// The widest ISA this CPU runs (AVX-512F, else AVX2 with FMA, else scalar).
+MathIsa math_isa();
+const char* math_isa_name(MathIsa isa);
+
+// y[i] = f(x[i]) for i < n, with the best ISA; y may be x. Values do not depend on where an
+// element lies in the run (a tail is computed in a full vector of its own).
+void vector_math(MathFn f, int64_t n, const float* x, float* y);
+// The same with a given ISA (tests); `isa` must be one this CPU runs.
+void vector_math(MathFn f, MathIsa isa, int64_t n, const float* x, float* y);
+
+}  // namespace lockstep::backends::cpu
