@@ -143,7 +143,9 @@ TEST_F(Movement, Pad) {
       {{0, 3}, {{1, 1}, {0, 2}}},
       {{2, 3, 5}, {{1, 0}, {0, 1}, {2, 2}}},
       {{1, 3, 7, 9}, {{0, 0}, {0, 0}, {1, 1}, {3, 0}}},
-      {{1031, 131}, {{1, 2}, {3, 4}}}};
+      {{1031, 131}, {{1, 2}, {3, 4}}},
+      {{4, 0}, {{1, 1}, {2, 3}}},                      // an empty input, padded
+      {{16, 64, 384}, {{0, 0}, {0, 0}, {128, 128}}}};  // a split's gradient
   for (ls::DType dt : kAll)
     for (const auto& [s, pads] : cases) {
       check1("pad " + str(dt), {{s, dt}},
@@ -170,6 +172,21 @@ TEST_F(Indexing, Gather) {
            [](const Tensors& x) { return ls::gather(x[0], 1, x[1]); });
     check1("gather large " + str(dt), {{{1031, 131}, dt}, index({1031, 150}, 131)},
            [](const Tensors& x) { return ls::gather(x[0], 1, x[1]); });
+  }
+  // An index broadcast from a smaller one (index_select's, an embedding's): the cpu kernel reads
+  // it through the Expand, a row at a time.
+  for (ls::DType dt : kAll) {
+    check1("index_select rows " + str(dt), {{{1031, 131}, dt}, index({700}, 1031)},
+           [](const Tensors& x) { return ls::index_select(x[0], 0, x[1]); });
+    check1("index_select columns " + str(dt), {{{67, 131}, dt}, index({300}, 131)},
+           [](const Tensors& x) { return ls::index_select(x[0], 1, x[1]); });
+    check1("index_select middle axis " + str(dt), {{{5, 40, 33}, dt}, index({9}, 40)},
+           [](const Tensors& x) { return ls::index_select(x[0], 1, x[1]); });
+    check("broadcast index kept too " + str(dt), {{{9, 5}, dt}, index({4, 1}, 9)},
+          [](const Tensors& x) {
+            const ls::Tensor i = ls::expand(x[1], {4, 5});
+            return Tensors{ls::gather(x[0], 0, i), i};
+          });
   }
   check1("gather of computed values", {{{4, 7}}, index({4, 2}, 7)},
          [](const Tensors& x) { return ls::gather(ls::exp(x[0]) * 2.0f, 1, x[1]) + 1.0f; });
@@ -220,7 +237,26 @@ TEST_F(Indexing, ScatterAdd) {
   check1(
       "scatter_add of computed values", {{{4, 7}}, index({4, 9}, 7), {{4, 9}}},
       [](const Tensors& x) { return ls::scatter_add(x[0] * 0.5f, 1, x[1], ls::exp(x[2])); }, 9);
-  // Out-of-range indices fail on both backends.
+  // An embedding's gradient: rows of src added into the rows an index broadcast over the
+  // columns names, repeats included; large enough to split over threads by columns, and by rows
+  // when the axis is not the first. bf16 sums in f32 and rounds once on both sides.
+  for (ls::DType dt : {ls::f32, ls::bf16, ls::f64}) {
+    check1(
+        "scatter_add rows " + str(dt), {{{61, 384}, dt}, index({3000, 1}, 61), {{3000, 384}, dt}},
+        [](const Tensors& x) {
+          return ls::scatter_add(x[0], 0, ls::expand(x[1], {3000, 384}), x[2]);
+        },
+        64);
+    check1(
+        "scatter_add by rows " + str(dt),
+        {{{300, 129}, dt}, index({300, 200}, 129), {{300, 200}, dt}},
+        [](const Tensors& x) { return ls::scatter_add(x[0], 1, x[1], x[2]); }, 16);
+  }
+  // Out-of-range indices fail on both backends, also through a broadcast index.
+  check1("scatter_add out of range through a broadcast",
+         {{{3, 4}}, {{3, 1}, ls::i64, Fill::Range, 4, 9}, {{3, 4}}}, [](const Tensors& x) {
+           return ls::scatter_add(x[0], 0, ls::expand(x[1], {3, 4}), x[2]);
+         });
   check1("scatter_add out of range", {{{3, 4}}, {{3, 2}, ls::i64, Fill::Range, 4, 9}, {{3, 2}}},
          [](const Tensors& x) { return ls::scatter_add(x[0], 1, x[1], x[2]); });
 }

@@ -161,9 +161,9 @@ TEST(ChecksAndDonations, AnIndexCheckRunsBeforeTheInPlaceUpdate) {
             "arena 64 bytes, 4 steps, last check at step 0, 1 steps before outputs\n");
   EXPECT_EQ(lines(p, "%"),
             "%8 check f32[4] <- %6[4]  check of gather %8\n"
-            "%2 ref:scalar f32[] <-  \n"
+            "%2 scalar f32[] <-  \n"
             "%5 fused f32[1024] <- %0[1024] %1[1024] %2[]  sub(r0,r1*r2)->r4 \n"
-            "%8 ref:gather f32[4] <- %7[8] %6[4]  \n");
+            "%8 gather f32[4] <- %7[8] %6[4]  \n");
   EXPECT_EQ(lines(p, "output"), "output 0 may overwrite input 0 at step 2\n");
   EXPECT_LT(p.last_can_fail, p.donor_step[0]);
 }

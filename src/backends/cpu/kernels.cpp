@@ -247,6 +247,32 @@ void strided_copy_2(const void* src, const Shape& out_shape, const std::vector<i
                     int64_t src_offset, void* out) {
   strided_copy<uint16_t>(src, out_shape, strides, src_offset, out);
 }
+void strided_copy(size_t elem, const void* src, const Shape& out_shape,
+                  const std::vector<int64_t>& strides, int64_t src_offset, void* out) {
+  switch (elem) {
+    case 1:
+      return strided_copy<uint8_t>(src, out_shape, strides, src_offset, out);
+    case 2:
+      return strided_copy<uint16_t>(src, out_shape, strides, src_offset, out);
+    case 4:
+      return strided_copy<uint32_t>(src, out_shape, strides, src_offset, out);
+    case 8:
+      return strided_copy<uint64_t>(src, out_shape, strides, src_offset, out);
+    default:
+      util::internal_fail(__FILE__, __LINE__, "strided_copy: no element of that size");
+  }
+}
+
+std::vector<int64_t> expand_strides(const Shape& in, const Shape& out) {
+  std::vector<int64_t> st(out.size(), 0);
+  int64_t acc = 1;
+  for (size_t i = 0; i < in.size(); ++i) {
+    const size_t din = in.size() - 1 - i, dout = out.size() - 1 - i;
+    st[dout] = in[din] == 1 && out[dout] != 1 ? 0 : acc;
+    acc *= in[din];
+  }
+  return st;
+}
 
 namespace {
 

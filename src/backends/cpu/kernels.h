@@ -109,6 +109,12 @@ void strided_copy_4(const void* src, const Shape& out_shape, const std::vector<i
 // The same for 2-byte elements (bf16).
 void strided_copy_2(const void* src, const Shape& out_shape, const std::vector<int64_t>& strides,
                     int64_t src_offset, void* out);
+// The same for elements of `elem` bytes (1, 2, 4 or 8).
+void strided_copy(size_t elem, const void* src, const Shape& out_shape,
+                  const std::vector<int64_t>& strides, int64_t src_offset, void* out);
+// The strides that read a contiguous `in` as its broadcast to `out` (Expand: dims aligned at the
+// right, 0 where a dim is new or stretched from 1).
+std::vector<int64_t> expand_strides(const Shape& in, const Shape& out);
 
 // attrs as ir::Node's pooling attrs. Indices (if not null) are into each input plane's H*W.
 void max_pool2d_f32(const float* x, const Shape& in, const Shape& out,

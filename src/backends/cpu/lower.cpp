@@ -6,6 +6,7 @@
 #include <cstring>
 #include <string>
 
+#include "backends/cpu/index_kernels.h"
 #include "backends/cpu/kernels.h"
 #include "backends/cpu/passes.h"
 #include "backends/ref/ref_kernels.h"
@@ -271,7 +272,8 @@ struct Lowering {
   const ir::GraphNode& n;
   plan::Step& step;
   CpuStep& cs;
-  const bool f32;  // the node computes f32 values
+  const bool f32;      // the node computes f32 values
+  int32_t index = -1;  // the value an indexed op's kernel reads its indices from (its check's)
 };
 
 // Elementwise trees, fused into one pass over tiles (fused.cpp).
@@ -586,11 +588,10 @@ void lower_max_pooling_backward(Lowering& l) {
   };
 }
 
-// Permutes and slices of 2- and 4-byte values as strided copies.
+// Permutes, slices and broadcasts of any dtype as strided copies.
 bool strided_copy_applies(const Lowering& l) {
   const ir::GraphNode& n = l.n;
-  return (n.op == Op::Permute || n.op == Op::Slice) &&
-         (dtype_size(n.dtype) == 4 || dtype_size(n.dtype) == 2);
+  return n.op == Op::Permute || n.op == Op::Slice || n.op == Op::Expand;
 }
 void lower_strided_copy(Lowering& l) {
   plan::Plan& p = l.p;
@@ -605,6 +606,8 @@ void lower_strided_copy(Lowering& l) {
   int64_t offset = 0;
   if (n.op == Op::Permute) {
     for (int64_t a : n.attrs) st.push_back(xs[a]);
+  } else if (n.op == Op::Expand) {
+    st = expand_strides(p.graph.nodes[x].shape, n.shape);
   } else {
     const ir::SliceAttrs slice = ir::SliceAttrs::of(n.attrs);
     st = xs;
@@ -612,10 +615,139 @@ void lower_strided_copy(Lowering& l) {
     offset = slice.start * xs[slice.axis];
   }
   const Shape out = n.shape;
-  if (dtype_size(n.dtype) == 2)
-    cs.run = [=](Ctx& c) { strided_copy_2(c.ptr[x], out, st, offset, c.ptr[id]); };
-  else
-    cs.run = [=](Ctx& c) { strided_copy_4(c.ptr[x], out, st, offset, c.ptr[id]); };
+  const size_t elem = dtype_size(n.dtype);
+  cs.run = [=](Ctx& c) { strided_copy(elem, c.ptr[x], out, st, offset, c.ptr[id]); };
+}
+
+// An index operand as the kernels read it: through an Expand that broadcasts a smaller index
+// (embeddings' and index_select's), with zero strides, rather than from a materialized copy.
+std::pair<int32_t, std::vector<int64_t>> index_source(const plan::Plan& p, int32_t index) {
+  const ir::GraphNode& e = p.graph.nodes[index];
+  if (e.op == Op::Expand && p.run_time[index] && !p.is_output[index])
+    return {e.operands[0], expand_strides(p.graph.nodes[e.operands[0]].shape, e.shape)};
+  return {index, ref::strides_of(e.shape)};
+}
+
+// Gather, scatter-add, pad, concat, index ramps and random bits: the index kernels, any dtype.
+bool index_applies(const Lowering& l) {
+  const ir::GraphNode& n = l.n;
+  switch (n.op) {
+    case Op::Gather:
+    case Op::ScatterAdd:
+    case Op::Pad:
+    case Op::Concat:
+      return !n.shape.empty();
+    case Op::Iota:
+    case Op::RandomUniform:
+    case Op::Scalar:
+      return true;
+    default:
+      return false;
+  }
+}
+void lower_index(Lowering& l) {
+  plan::Plan& p = l.p;
+  const int32_t id = l.id;
+  const ir::GraphNode& n = l.n;
+  plan::Step& step = l.step;
+  CpuStep& cs = l.cs;
+  step.reads = n.operands;
+  const Shape out = n.shape;
+  const DType dtype = n.dtype;
+  const size_t elem = dtype_size(n.dtype);
+  const std::vector<int64_t> attrs = n.attrs;
+  switch (n.op) {
+    case Op::Gather:
+    case Op::ScatterAdd: {
+      const int32_t x = n.operands[0];
+      const std::pair<int32_t, std::vector<int64_t>> source = index_source(p, n.operands[1]);
+      const int32_t index = source.first;
+      const std::vector<int64_t> strides = source.second;
+      step.reads[1] = index;
+      l.index = index;
+      const Shape xs = p.graph.nodes[x].shape, is = p.graph.nodes[n.operands[1]].shape;
+      const int64_t axis = attrs[0];
+      if (n.op == Op::Gather) {
+        step.label = "gather";
+        cs.run = [=](Ctx& c) {
+          gather(elem, c.ptr[x], xs, {static_cast<const int64_t*>(c.ptr[index]), strides}, is, axis,
+                 c.ptr[id]);
+        };
+      } else {
+        step.label = "scatter_add";
+        const int32_t src = n.operands[2];
+        const Shape ss = p.graph.nodes[src].shape;
+        cs.run = [=](Ctx& c) {
+          scatter_add(dtype, c.ptr[x], xs, {static_cast<const int64_t*>(c.ptr[index]), strides}, is,
+                      c.ptr[src], ss, axis, c.ptr[id]);
+        };
+      }
+      return;
+    }
+    case Op::Pad: {
+      const int32_t x = n.operands[0], value = n.operands[1];
+      const Shape xs = p.graph.nodes[x].shape;
+      step.label = "pad";
+      cs.run = [=](Ctx& c) { pad(elem, c.ptr[x], xs, attrs, c.ptr[value], out, c.ptr[id]); };
+      return;
+    }
+    case Op::Concat: {
+      std::vector<Shape> shapes;
+      for (int32_t o : n.operands) shapes.push_back(p.graph.nodes[o].shape);
+      const std::vector<int32_t> ops = n.operands;
+      step.label = "concat";
+      cs.run = [=](Ctx& c) {
+        std::vector<const void*> xs;
+        for (int32_t o : ops) xs.push_back(c.ptr[o]);
+        concat(elem, xs, shapes, attrs[0], out, c.ptr[id]);
+      };
+      return;
+    }
+    case Op::Iota:
+      step.label = "iota";
+      cs.run = [=](Ctx& c) { iota(dtype, out, attrs[0], c.ptr[id]); };
+      return;
+    case Op::RandomUniform: {
+      const int32_t state = n.operands[0];
+      const int64_t count = shape_numel(out);
+      step.label = "rand";
+      cs.run = [=](Ctx& c) {
+        random_uniform(dtype, static_cast<const int64_t*>(c.ptr[state]), count, c.ptr[id]);
+      };
+      return;
+    }
+    case Op::Scalar: {  // a host scalar of this run, written as the node's dtype (as ref does)
+      const int64_t input = n.input;
+      step.label = "scalar";
+      cs.run = [=](Ctx& c) {
+        const ir::ScalarValue v = c.scalars->at(static_cast<size_t>(input));
+        void* out = c.ptr[id];
+        switch (dtype) {
+          case DType::F32:
+            *static_cast<float*>(out) = static_cast<float>(v.f);
+            return;
+          case DType::F64:
+            *static_cast<double*>(out) = v.f;
+            return;
+          case DType::BF16:
+            *static_cast<uint16_t*>(out) = bfloat16(static_cast<float>(v.f)).bits;
+            return;
+          case DType::I32:
+            *static_cast<int32_t*>(out) = static_cast<int32_t>(v.i);
+            return;
+          case DType::I64:
+            *static_cast<int64_t*>(out) = v.i;
+            return;
+          case DType::Bool:
+            *static_cast<bool*>(out) = static_cast<bool>(v.i);
+            return;
+        }
+      };
+      return;
+    }
+    default:
+      util::internal_fail(__FILE__, __LINE__, "lower_index: not an index op");
+  }
 }
 
 // Reshapes: an alias (no step runs), or a copy when the result must own its memory.
@@ -684,6 +816,7 @@ const LoweringRule kRules[] = {
     {max_pooling_backward_applies, lower_max_pooling_backward},
     {strided_copy_applies, lower_strided_copy},
     {reshape_applies, lower_reshape},
+    {index_applies, lower_index},
     {always, lower_ref},
 };
 
@@ -708,7 +841,7 @@ void add_step(plan::Plan& p, const std::vector<bool>& mask, int32_t id) {
   if (const int k = ir::index_operand(n.op); k >= 0) {
     step.can_fail = false;
     if (!pooling_indices(p.graph, n)) {
-      const int32_t index = n.operands[static_cast<size_t>(k)];
+      const int32_t index = l.index >= 0 ? l.index : n.operands[static_cast<size_t>(k)];
       const Shape index_shape = p.graph.nodes[index].shape;
       const ir::IndexBound bound =
           ir::index_bound(n.op, n.attrs, p.graph.nodes[n.operands[0]].shape, n.shape);

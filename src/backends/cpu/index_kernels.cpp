@@ -1,0 +1,315 @@
+#include "backends/cpu/index_kernels.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+
+#include "backends/cpu/kernels.h"
+#include "ir/random_bits.h"
+#include "lockstep/dtype.h"
+#include "util/check.h"
+
+namespace lockstep::backends::cpu {
+namespace {
+
+// Work below this many bytes moved runs on one thread.
+constexpr int64_t kParallelBytes = 1 << 18;
+
+std::vector<int64_t> contiguous_strides(const Shape& s) {
+  std::vector<int64_t> st(s.size());
+  int64_t acc = 1;
+  for (size_t d = s.size(); d-- > 0;) {
+    st[d] = acc;
+    acc *= s[d];
+  }
+  return st;
+}
+
+// Calls f with an unsigned type of `elem` bytes.
+template <typename F>
+void by_size(size_t elem, F&& f) {
+  switch (elem) {
+    case 1:
+      return f(uint8_t{});
+    case 2:
+      return f(uint16_t{});
+    case 4:
+      return f(uint32_t{});
+    case 8:
+      return f(uint64_t{});
+    default:
+      util::internal_fail(__FILE__, __LINE__, "no element of that size");
+  }
+}
+
+// Offsets over the dims [begin, end) of `shape` for flat position `pos` of those dims.
+inline void offsets(const Shape& shape, size_t begin, size_t end, int64_t pos,
+                    const std::vector<int64_t>& s1, int64_t& o1, const std::vector<int64_t>& s2,
+                    int64_t& o2) {
+  for (size_t d = end; d-- > begin;) {
+    const int64_t i = pos % shape[d];
+    pos /= shape[d];
+    o1 += i * s1[d];
+    o2 += i * s2[d];
+  }
+}
+
+}  // namespace
+
+void gather(size_t elem, const void* x, const Shape& xs, const IndexView& index, const Shape& is,
+            int64_t axis, void* out) {
+  const int64_t n = shape_numel(is);
+  if (n == 0) return;
+  const size_t r = is.size();
+  const std::vector<int64_t> xst = contiguous_strides(xs);
+  // Rows: every dim but the last; the last is walked as a run.
+  const int64_t last = is[r - 1];
+  const int64_t rows = n / last;
+  const bool axis_last = static_cast<size_t>(axis) == r - 1;
+  const int64_t ilast = index.strides[r - 1];
+  by_size(elem, [&](auto tag) {
+    using E = decltype(tag);
+    const E* X = static_cast<const E*>(x);
+    E* Y = static_cast<E*>(out);
+#pragma omp parallel for schedule(static) if (n * static_cast <int64_t>(elem) > kParallelBytes)
+    for (int64_t row = 0; row < rows; ++row) {
+      int64_t xo = 0, io = 0;
+      int64_t pos = row;
+      for (size_t d = r - 1; d-- > 0;) {
+        const int64_t i = pos % is[d];
+        pos /= is[d];
+        io += i * index.strides[d];
+        if (static_cast<int64_t>(d) != axis) xo += i * xst[d];
+      }
+      E* y = Y + row * last;
+      if (axis_last) {
+        for (int64_t j = 0; j < last; ++j) y[j] = X[xo + index.data[io + j * ilast]];
+      } else if (ilast == 0) {  // one index for the row: a contiguous run of x
+        const E* src = X + xo + index.data[io] * xst[axis];
+        std::memcpy(y, src, static_cast<size_t>(last) * sizeof(E));
+      } else {
+        const int64_t step = xst[axis];
+        for (int64_t j = 0; j < last; ++j) y[j] = X[xo + j + index.data[io + j * ilast] * step];
+      }
+    }
+  });
+}
+
+namespace {
+
+template <typename T, typename A>
+void scatter_add_typed(const T* x, const Shape& xs, const IndexView& index, const Shape& is,
+                       const T* src, const Shape& ss, int64_t axis, A* acc) {
+  // acc holds x (in the accumulation type); contributions are added in index order for each
+  // element. Threads split the work so that no two write one element: by the dims before the
+  // axis when there are enough of them (each owns its rows of x), else by the dims after it
+  // (each owns columns), walking the index in order within its part.
+  const size_t r = is.size();
+  const std::vector<int64_t> xst = contiguous_strides(xs), sst = contiguous_strides(ss);
+  int64_t outer = 1, inner = 1;
+  for (int64_t d = 0; d < axis; ++d) outer *= is[d];
+  for (size_t d = static_cast<size_t>(axis) + 1; d < r; ++d) inner *= is[d];
+  const int64_t len = is[axis];
+  const int64_t n = outer * len * inner;
+  if (n == 0) return;
+  auto add = [](A& a, T v) {
+    if constexpr (std::is_same_v<T, bool>)
+      a = a || v;
+    else if constexpr (std::is_integral_v<T>)
+      a = static_cast<A>(static_cast<std::make_unsigned_t<A>>(a) +
+                         static_cast<std::make_unsigned_t<A>>(v));
+    else
+      a = static_cast<A>(a + static_cast<A>(v));
+  };
+  (void)x;
+  const int threads = n > 32768 ? omp_get_max_threads() : 1;
+  const bool by_outer = outer >= threads;
+  auto run = [&](int64_t o0, int64_t o1, int64_t i0, int64_t i1) {
+    for (int64_t o = o0; o < o1; ++o) {
+      int64_t xo = 0, so = 0, io = 0;
+      int64_t pos = o;
+      for (int64_t d = axis; d-- > 0;) {
+        const int64_t i = pos % is[d];
+        pos /= is[d];
+        xo += i * xst[d];
+        so += i * sst[d];
+        io += i * index.strides[d];
+      }
+      for (int64_t k = 0; k < len; ++k)
+        for (int64_t c = i0; c < i1; ++c) {
+          int64_t xc = 0, sc = 0, ic = 0;
+          int64_t p = c;
+          for (size_t d = r; d-- > static_cast<size_t>(axis) + 1;) {
+            const int64_t i = p % is[d];
+            p /= is[d];
+            xc += i * xst[d];
+            sc += i * sst[d];
+            ic += i * index.strides[d];
+          }
+          const int64_t at = index.data[io + k * index.strides[axis] + ic];
+          add(acc[xo + at * xst[axis] + xc], src[so + k * sst[axis] + sc]);
+        }
+    }
+  };
+  if (threads == 1) {
+    run(0, outer, 0, inner);
+    return;
+  }
+#pragma omp parallel num_threads(threads)
+  {
+    const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const int64_t total = by_outer ? outer : inner;
+    const int64_t b = total * t / nt, e = total * (t + 1) / nt;
+    if (by_outer)
+      run(b, e, 0, inner);
+    else
+      run(0, outer, b, e);
+  }
+}
+
+}  // namespace
+
+void scatter_add(DType dtype, const void* x, const Shape& xs, const IndexView& index,
+                 const Shape& is, const void* src, const Shape& ss, int64_t axis, void* out) {
+  const int64_t n = shape_numel(xs);
+  auto same = [&](auto tag) {
+    using T = decltype(tag);
+    if (out != x && n) std::memcpy(out, x, static_cast<size_t>(n) * sizeof(T));
+    scatter_add_typed<T, T>(static_cast<const T*>(x), xs, index, is, static_cast<const T*>(src), ss,
+                            axis, static_cast<T*>(out));
+  };
+  switch (dtype) {
+    case DType::F32:
+      return same(float{});
+    case DType::F64:
+      return same(double{});
+    case DType::I32:
+      return same(int32_t{});
+    case DType::I64:
+      return same(int64_t{});
+    case DType::Bool:
+      return same(bool{});
+    case DType::BF16: {
+      // Widened to f32, summed, rounded once (ref's definition of a bf16 op).
+      std::vector<float> acc(static_cast<size_t>(n));
+      bf16_to_f32(static_cast<const uint16_t*>(x), n, acc.data());
+      std::vector<float> wide(static_cast<size_t>(shape_numel(ss)));
+      bf16_to_f32(static_cast<const uint16_t*>(src), shape_numel(ss), wide.data());
+      scatter_add_typed<float, float>(nullptr, xs, index, is, wide.data(), ss, axis, acc.data());
+      f32_to_bf16(acc.data(), n, static_cast<uint16_t*>(out));
+      return;
+    }
+  }
+}
+
+void pad(size_t elem, const void* x, const Shape& xs, const std::vector<int64_t>& attrs,
+         const void* value, const Shape& os, void* out) {
+  const int64_t n = shape_numel(os);
+  if (n == 0) return;
+  const size_t r = os.size();
+  const std::vector<int64_t> xst = contiguous_strides(xs);
+  const int64_t last = os[r - 1], rows = n / last;
+  const int64_t before = attrs[2 * (r - 1)];
+  // The run of the last dim that comes from x: [lo, hi) of the output row.
+  const int64_t lo = std::clamp<int64_t>(before, 0, last);
+  const int64_t hi = std::clamp<int64_t>(before + xs[r - 1], lo, last);
+  by_size(elem, [&](auto tag) {
+    using E = decltype(tag);
+    const E v = *static_cast<const E*>(value);
+    const E* X = static_cast<const E*>(x);
+    E* Y = static_cast<E*>(out);
+#pragma omp parallel for schedule(static) if (n * static_cast <int64_t>(elem) > kParallelBytes)
+    for (int64_t row = 0; row < rows; ++row) {
+      E* y = Y + row * last;
+      int64_t xo = 0, pos = row;
+      bool inside = true;
+      for (size_t d = r - 1; d-- > 0;) {
+        const int64_t i = pos % os[d] - attrs[2 * d];
+        pos /= os[d];
+        inside = inside && i >= 0 && i < xs[d];
+        xo += i * xst[d];
+      }
+      if (!inside || lo == hi) {
+        std::fill(y, y + last, v);
+        continue;
+      }
+      std::fill(y, y + lo, v);
+      std::memcpy(y + lo, X + xo + (lo - before), static_cast<size_t>(hi - lo) * sizeof(E));
+      std::fill(y + hi, y + last, v);
+    }
+  });
+}
+
+void concat(size_t elem, const std::vector<const void*>& xs, const std::vector<Shape>& shapes,
+            int64_t axis, const Shape& os, void* out) {
+  int64_t outer = 1, inner = 1;
+  for (int64_t d = 0; d < axis; ++d) outer *= os[d];
+  for (size_t d = static_cast<size_t>(axis) + 1; d < os.size(); ++d) inner *= os[d];
+  const int64_t out_row = os[axis] * inner * static_cast<int64_t>(elem);
+  std::vector<int64_t> at(xs.size()), row(xs.size());
+  int64_t acc = 0;
+  for (size_t k = 0; k < xs.size(); ++k) {
+    at[k] = acc;
+    row[k] = shapes[k][axis] * inner * static_cast<int64_t>(elem);
+    acc += row[k];
+  }
+  const int64_t parts = outer * static_cast<int64_t>(xs.size());
+  char* Y = static_cast<char*>(out);
+#pragma omp parallel for schedule(static) if (outer * out_row > kParallelBytes)
+  for (int64_t p = 0; p < parts; ++p) {
+    const int64_t o = p / static_cast<int64_t>(xs.size());
+    const size_t k = static_cast<size_t>(p % static_cast<int64_t>(xs.size()));
+    if (row[k])
+      std::memcpy(Y + o * out_row + at[k], static_cast<const char*>(xs[k]) + o * row[k],
+                  static_cast<size_t>(row[k]));
+  }
+}
+
+void iota(DType dtype, const Shape& shape, int64_t axis, void* out) {
+  const int64_t n = shape_numel(shape);
+  const int64_t stride = contiguous_strides(shape)[static_cast<size_t>(axis)];
+  const int64_t size = shape[static_cast<size_t>(axis)];
+  auto fill = [&](auto tag) {
+    using T = decltype(tag);
+    T* Y = static_cast<T*>(out);
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; ++i) Y[i] = static_cast<T>((i / stride) % size);
+  };
+  switch (dtype) {
+    case DType::F32:
+      return fill(float{});
+    case DType::F64:
+      return fill(double{});
+    case DType::I32:
+      return fill(int32_t{});
+    case DType::I64:
+      return fill(int64_t{});
+    case DType::Bool:
+      return fill(bool{});
+    case DType::BF16: {
+      uint16_t* Y = static_cast<uint16_t*>(out);
+#pragma omp parallel for schedule(static) if (n > 65536)
+      for (int64_t i = 0; i < n; ++i) Y[i] = bfloat16(static_cast<float>((i / stride) % size)).bits;
+      return;
+    }
+  }
+}
+
+void random_uniform(DType dtype, const int64_t* state, int64_t count, void* out) {
+  const uint64_t seed = static_cast<uint64_t>(state[0]);
+  const uint64_t counter = static_cast<uint64_t>(state[1]);
+#pragma omp parallel for schedule(static) if (count > 16384)
+  for (int64_t i = 0; i < count; ++i) {
+    const uint64_t c = counter + static_cast<uint64_t>(i);
+    if (dtype == DType::F32)
+      static_cast<float*>(out)[i] = ir::random_uniform_f32(seed, c);
+    else if (dtype == DType::BF16)
+      static_cast<uint16_t*>(out)[i] = bfloat16(ir::random_uniform_bf16(seed, c)).bits;
+    else
+      static_cast<double*>(out)[i] = ir::random_uniform_f64(seed, c);
+  }
+}
+
+}  // namespace lockstep::backends::cpu
