@@ -238,6 +238,20 @@ std::vector<Tensor> operand_grads(const ir::NodePtr& np, const Tensor& g) {
       Tensor a = in(0), b = in(1);
       const int64_t r = a.dim();
       Tensor ga = matmul(g, transpose(b, r - 2, r - 1, loc), loc);
+      // One right-hand matrix for a whole batch (a linear layer on [B, T, D]): its gradient is
+      // one product over the rows of every batch, [K, P M] x [P M, N], rather than P products
+      // summed afterwards (PyTorch's linear computes it so too).
+      bool shared_b = r >= 3;
+      for (int64_t d = 0; d + 2 < r && shared_b; ++d)
+        shared_b = b.shape()[d] == 1 && a.shape()[d] == g.shape()[d];
+      if (shared_b) {
+        const int64_t k = a.shape()[r - 1], cols = g.shape()[r - 1];
+        int64_t rows = 1;
+        for (int64_t d = 0; d + 1 < r; ++d) rows *= a.shape()[d];
+        const Tensor a2 = reshape(a, {rows, k}, loc), g2 = reshape(g, {rows, cols}, loc);
+        const Tensor gb = reshape(matmul(transpose(a2, 0, 1, loc), g2, loc), b.shape(), loc);
+        return {sum_to_shape(ga, a.shape(), loc), gb};
+      }
       Tensor gb = matmul(transpose(a, r - 2, r - 1, loc), g, loc);
       return {sum_to_shape(ga, a.shape(), loc), sum_to_shape(gb, b.shape(), loc)};
     }

@@ -38,7 +38,11 @@ TEST_F(MatMul, Shapes) {
                                    {{1, 4, 3}, {6, 3, 2}},
                                    {{2, 1, 3, 17, 9}, {4, 1, 9, 5}},
                                    {{256, 300}, {300, 129}},
-                                   {{0, 3, 4}, {4, 2}}};
+                                   {{0, 3, 4}, {4, 2}},
+                                   // one right-hand matrix for the batch: a single product
+                                   {{4, 5, 6}, {1, 6, 7}},
+                                   {{3, 4, 5, 6}, {1, 1, 6, 7}},
+                                   {{64, 32, 128}, {1, 128, 128}}};
   for (ls::DType dt : {ls::f32, ls::f64, ls::bf16, ls::i32, ls::i64})
     for (const Case& c : cases)
       check1(
@@ -81,6 +85,17 @@ TEST_F(MatMul, TransposedOperands) {
         },
         7);
   }
+  // One right-hand matrix for a batch, read transposed; a left operand that is not contiguous
+  // across the batch (a transpose of its last two axes, or a permute of its batch) stays batched.
+  check(
+      "batch over one matrix", {{{3, 5, 6}}, {{1, 7, 6}}, {{3, 6, 5}}, {{5, 3, 6}}},
+      [](const Tensors& x) {
+        return Tensors{ls::matmul(x[0], ls::transpose(x[1], -1, -2)),
+                       ls::matmul(ls::transpose(x[2], -1, -2), ls::transpose(x[1], -1, -2)),
+                       ls::matmul(ls::permute(x[3], {1, 0, 2}), ls::transpose(x[1], -1, -2)),
+                       ls::transpose(ls::matmul(x[0], ls::transpose(x[1], -1, -2)), -1, -2)};
+      },
+      6);
   // A permute that is not a last-two swap, and matmuls of the same transpose twice.
   check(
       "other permutes into matmul", {{{4, 5, 6}}, {{6, 3}}},
@@ -91,6 +106,31 @@ TEST_F(MatMul, TransposedOperands) {
                        ls::matmul(ls::transpose(t, 0, 1), t)};
       },
       6);
+  // Attention's layouts: heads split by permutes read in place ([T, N H, d] as [N H, T, d], the
+  // keys transposed on top), products written straight into a permuted layout, 4-d batches, a
+  // permute that moves the contiguous axis into the batch (copied: no matrix axis contiguous),
+  // and a permuted product read by something else too (computed, then permuted).
+  for (ls::DType dt : {ls::f32, ls::bf16})
+    check(
+        "attention layouts " + str(dt),
+        {{{7, 6, 5}, dt}, {{7, 6, 5}, dt}, {{2, 7, 3, 5}, dt}, {{5, 6, 7}, dt}},
+        [](const Tensors& x) {
+          const ls::Tensor q = ls::permute(x[0], {1, 0, 2});  // [6, 7, 5]
+          const ls::Tensor k = ls::permute(x[1], {1, 0, 2});
+          const ls::Tensor s = ls::matmul(q, ls::transpose(k, -2, -1));   // [6, 7, 7]
+          const ls::Tensor o = ls::matmul(s, k);                          // [6, 7, 5]
+          const ls::Tensor h = ls::permute(x[2], {0, 2, 1, 3});           // [2, 3, 7, 5]
+          const ls::Tensor hh = ls::matmul(h, ls::transpose(h, -1, -2));  // [2, 3, 7, 7]
+          const ls::Tensor m = ls::permute(x[3], {2, 1, 0});              // [7, 6, 5]
+          const ls::Tensor kept = ls::matmul(q, ls::transpose(q, -1, -2));
+          return Tensors{ls::permute(o, {1, 0, 2}),
+                         ls::permute(ls::matmul(hh, h), {0, 2, 1, 3}),
+                         ls::matmul(m, ls::transpose(x[0], 1, 2)),
+                         ls::permute(kept, {1, 0, 2}),
+                         kept * 2.0f,
+                         s};
+        },
+        7);
 }
 
 struct ConvCase {

@@ -258,14 +258,16 @@ struct DnnlMatMul::Impl {
 };
 
 DnnlMatMul::DnnlMatMul(const Shape& a, const std::vector<int64_t>& as, const Shape& b,
-                       const std::vector<int64_t>& bs, const Shape& out, DType in, DType out_dtype)
+                       const std::vector<int64_t>& bs, const Shape& out, DType in, DType out_dtype,
+                       const std::vector<int64_t>& out_strides)
     : impl_(std::make_unique<Impl>()) {
-  Shape cs(out.size());
+  Shape cs(out.size());  // contiguous unless given
   int64_t acc = 1;
   for (size_t i = out.size(); i-- > 0;) {
     cs[i] = acc;
     acc *= out[i];
   }
+  if (!out_strides.empty()) cs = Shape(out_strides.begin(), out_strides.end());
   auto build = [&](dt in_dt, dt out_dt) {
     impl_->a_md = memory::desc(dims_of(a), in_dt, memory::dims(as.begin(), as.end()));
     impl_->b_md = memory::desc(dims_of(b), in_dt, memory::dims(bs.begin(), bs.end()));

@@ -20,7 +20,7 @@ class DnnlMatMul {
  public:
   DnnlMatMul(const Shape& a, const std::vector<int64_t>& a_strides, const Shape& b,
              const std::vector<int64_t>& b_strides, const Shape& out, DType in = DType::F32,
-             DType out_dtype = DType::F32);
+             DType out_dtype = DType::F32, const std::vector<int64_t>& out_strides = {});
   ~DnnlMatMul();
   void run(const void* a, const void* b, void* out);
   // Bytes of the shared scratch a run takes (oneDNN's scratchpad).
