@@ -13,6 +13,8 @@ inline std::shared_ptr<lockstep::nn::Module> make_model(const Workload& w) {
   namespace models = lockstep::models;
   if (w.name == "mlp")
     return std::make_shared<models::MLP>(std::vector<int64_t>{784, 1024, 1024, 10});
+  if (w.name == "cnn" || w.name == "cnn256")
+    return std::make_shared<models::FashionCNN>(10, w.channels, w.image);
   if (w.name == "resnet18")
     return std::make_shared<models::ResNet>(
         models::resnet18({.num_classes = 10, .stem = models::ResNetStem::Small}));

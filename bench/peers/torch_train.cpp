@@ -1,6 +1,6 @@
 // libtorch (PyTorch 1.13's C++ API, eager, oneDNN enabled) running the same workloads as
 // bench/train_bench.cpp: same shapes, fake data, SGD momentum, thread count set explicitly.
-//   torch_train <mlp|resnet18|resnet50> [timed_steps] [threads]
+//   torch_train <mlp|cnn|cnn256|resnet18|resnet50> [timed_steps] [threads]
 #include <torch/torch.h>
 
 #include <chrono>
@@ -91,7 +91,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: torch_train <mlp|resnet18|resnet50> [timed_steps] [threads]\n");
+    std::fprintf(stderr,
+                 "usage: torch_train <mlp|cnn|cnn256|resnet18|resnet50> [timed_steps] [threads]\n");
     return 2;
   }
   const Workload w = workload_by_name(argv[1]);
@@ -108,6 +109,17 @@ int main(int argc, char** argv) {
     module = m.ptr();
     forward = [m](torch::Tensor x) mutable { return m->forward(x); };
     gflop = 3 * 2.0 * w.batch * (784 * 1024 + 1024 * 1024 + 1024 * 10) / 1e9;
+  } else if (w.name == "cnn" || w.name == "cnn256") {
+    namespace tnn = torch::nn;
+    auto conv = [](int64_t in, int64_t out) {
+      return tnn::Conv2d(tnn::Conv2dOptions(in, out, 3).padding(1).bias(false));
+    };
+    auto m = tnn::Sequential(
+        conv(1, 32), tnn::BatchNorm2d(32), tnn::ReLU(), tnn::MaxPool2d(tnn::MaxPool2dOptions(2)),
+        conv(32, 64), tnn::BatchNorm2d(64), tnn::ReLU(), tnn::MaxPool2d(tnn::MaxPool2dOptions(2)),
+        tnn::Flatten(), tnn::Linear(64 * 7 * 7, 128), tnn::ReLU(), tnn::Linear(128, 10));
+    module = m.ptr();
+    forward = [m](torch::Tensor x) mutable { return m->forward(x); };
   } else {
     ResNet m(
         w.name == "resnet50",
