@@ -123,7 +123,12 @@ TEST_F(Reduce, Large) {
   // Leading axes over rows of kept elements (a bias gradient: sum over the batch), with NaN,
   // infinities and signed zeros among the values.
   for (const auto& [s, axes] : std::vector<std::pair<ls::Shape, std::vector<int64_t>>>{
-           {{40, 33}, {0}}, {{3, 20, 17}, {1}}, {{5, 4, 300}, {0, 1}}})
+           {{40, 33}, {0}},
+           {{3, 20, 17}, {1}},
+           {{5, 4, 300}, {0, 1}},
+           // many rows: cut into bands combined in order
+           {{1031, 131}, {0}},
+           {{2, 700, 40}, {1}}})
     check(
         "rows with special values, axes " + str(axes), {{s, ls::f32, Fill::NonFinite}},
         [&](const Tensors& x) {

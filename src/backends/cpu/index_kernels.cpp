@@ -297,6 +297,114 @@ void iota(DType dtype, const Shape& shape, int64_t axis, void* out) {
   }
 }
 
+namespace {
+
+// Calls f(T{}) with the element type of `dtype`, bf16 as its bits (read by value_of).
+template <typename F>
+void by_dtype(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::F32:
+      return f(float{});
+    case DType::F64:
+      return f(double{});
+    case DType::I32:
+      return f(int32_t{});
+    case DType::I64:
+      return f(int64_t{});
+    case DType::Bool:
+      return f(bool{});
+    case DType::BF16:
+      return f(uint16_t{});
+  }
+}
+template <typename T>
+inline auto value_of(T v) {
+  if constexpr (std::is_same_v<T, uint16_t>)
+    return bf16_value(v);
+  else
+    return v;
+}
+template <typename V>
+inline bool is_nan(V v) {
+  if constexpr (std::is_floating_point_v<V>)
+    return v != v;
+  else
+    return false;
+}
+
+}  // namespace
+
+void arg_reduce(bool is_max, DType dtype, const void* x, const Shape& xs,
+                const std::vector<int64_t>& attrs, int64_t* out) {
+  const ReduceLayout l = reduce_layout(xs, attrs);
+  int64_t block = l.inner;
+  for (int64_t d : l.rdim) block *= d;
+  by_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const T* X = static_cast<const T*>(x);
+#pragma omp parallel for schedule(static) if (l.outer * block > 32768)
+    for (int64_t o = 0; o < l.outer; ++o) {
+      int64_t base = 0, pos = o;
+      for (size_t d = l.kdim.size(); d-- > 0;) {
+        base += pos % l.kdim[d] * l.kstride[d];
+        pos /= l.kdim[d];
+      }
+      decltype(value_of(T{})) best{};
+      int64_t at = -1, count = 0;
+      const int64_t runs = block / l.inner;
+      for (int64_t r = 0; r < runs; ++r) {
+        int64_t off = base, rest = r;
+        for (size_t d = l.rdim.size(); d-- > 0;) {
+          off += rest % l.rdim[d] * l.rstride[d];
+          rest /= l.rdim[d];
+        }
+        for (int64_t j = 0; j < l.inner; ++j, ++count) {
+          const auto v = value_of(X[off + j]);
+          const bool take =
+              at < 0 || (!is_nan(best) && (is_nan(v) || (is_max ? v > best : v < best)));
+          if (take) {
+            best = v;
+            at = count;
+          }
+        }
+      }
+      out[o] = at;
+    }
+  });
+}
+
+void argsort(DType dtype, const void* x, const Shape& xs, int64_t axis, bool descending,
+             int64_t* out) {
+  const int64_t len = xs.empty() ? 1 : xs[static_cast<size_t>(axis)];
+  const int64_t inner = xs.empty() ? 1 : contiguous_strides(xs)[static_cast<size_t>(axis)];
+  const int64_t total = shape_numel(xs);
+  const int64_t outer = len * inner == 0 ? 0 : total / (len * inner);
+  by_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    const T* X = static_cast<const T*>(x);
+#pragma omp parallel if (total > 16384)
+    {
+      std::vector<int64_t> order(static_cast<size_t>(len));
+#pragma omp for schedule(static)
+      for (int64_t row = 0; row < outer * inner; ++row) {
+        const int64_t base = row / inner * len * inner + row % inner;
+        for (int64_t k = 0; k < len; ++k) order[static_cast<size_t>(k)] = k;
+        // NaN is the largest value (PyTorch's order); ties keep their order (stable).
+        auto above = [&](int64_t a, int64_t b) {
+          const auto va = value_of(X[base + a * inner]), vb = value_of(X[base + b * inner]);
+          if (is_nan(va)) return !is_nan(vb);
+          if (is_nan(vb)) return false;
+          return va > vb;
+        };
+        std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+          return descending ? above(a, b) : above(b, a);
+        });
+        for (int64_t k = 0; k < len; ++k) out[base + k * inner] = order[static_cast<size_t>(k)];
+      }
+    }
+  });
+}
+
 void random_uniform(DType dtype, const int64_t* state, int64_t count, void* out) {
   const uint64_t seed = static_cast<uint64_t>(state[0]);
   const uint64_t counter = static_cast<uint64_t>(state[1]);

@@ -38,6 +38,13 @@ void concat(size_t elem, const std::vector<const void*>& xs, const std::vector<S
             int64_t axis, const Shape& out_shape, void* out);
 // Values 0..n-1 along `axis`, in `dtype`.
 void iota(DType dtype, const Shape& shape, int64_t axis, void* out);
+// The position (row-major within the reduced axes) of the first largest (ArgMax) or smallest
+// value of x over the axes in attrs ([keepdim, axes...]); NaN wins and stays, as in PyTorch.
+void arg_reduce(bool is_max, DType dtype, const void* x, const Shape& xs,
+                const std::vector<int64_t>& attrs, int64_t* out);
+// The positions that sort x along `axis` (stable; NaN the largest value).
+void argsort(DType dtype, const void* x, const Shape& xs, int64_t axis, bool descending,
+             int64_t* out);
 // Uniform [0, 1) values from the counter-based generator at state {seed, counter}.
 void random_uniform(DType dtype, const int64_t* state, int64_t count, void* out);
 

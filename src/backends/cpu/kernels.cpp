@@ -83,31 +83,71 @@ bool reduce_columns(ir::Op op, const float* x, const Shape& in, const std::vecto
   if (k < 16 || r < 2) return false;
   constexpr int64_t kChunk = 256;
   const int64_t chunks = (k + kChunk - 1) / kChunk;
+  // Few columns over many rows (a bias's gradient: [B T, C] -> [C]) would leave threads idle:
+  // the rows are also cut into bands of a fixed height (so the values do not depend on the
+  // thread count), each band combined on its own, then the bands in order.
+  const int64_t band = std::max<int64_t>(64, kParallelMin / std::max<int64_t>(k, 1));
+  const int64_t bands = a * chunks >= 8 ? 1 : (r + band - 1) / band;
+  const int64_t rows = bands == 1 ? r : band;
   const bool is_sum = op == ir::Op::Sum, is_max = op == ir::Op::Max;
+  // Per band and column: the partial sum, or the extreme and whether a NaN was seen.
+  std::vector<double> part(bands == 1 ? 0 : static_cast<size_t>(a * bands * k));
+  std::vector<char> part_bad(bands == 1 || is_sum ? 0 : static_cast<size_t>(a * bands * k));
 #pragma omp parallel for schedule(static) if (a * r * k > 32768)
-  for (int64_t job = 0; job < a * chunks; ++job) {
-    const int64_t ai = job / chunks, k0 = job % chunks * kChunk;
-    const int64_t len = std::min(kChunk, k - k0);
+  for (int64_t job = 0; job < a * chunks * bands; ++job) {
+    const int64_t bi = job % bands, ci = job / bands % chunks, ai = job / bands / chunks;
+    const int64_t k0 = ci * kChunk, len = std::min(kChunk, k - k0);
+    const int64_t r0 = bi * rows, r1 = std::min(r, r0 + rows);
     const float* base = x + ai * r * k + k0;
+    double* p = bands == 1 ? nullptr : part.data() + (ai * bands + bi) * k + k0;
     float* o = out + ai * k + k0;
     if (is_sum) {
       double acc[kChunk] = {};
-      for (int64_t ri = 0; ri < r; ++ri)
+      for (int64_t ri = r0; ri < r1; ++ri)
         for (int64_t j = 0; j < len; ++j) acc[j] += base[ri * k + j];
-      for (int64_t j = 0; j < len; ++j) o[j] = static_cast<float>(acc[j]);
+      for (int64_t j = 0; j < len; ++j) {
+        if (p)
+          p[j] = acc[j];
+        else
+          o[j] = static_cast<float>(acc[j]);
+      }
     } else {
       float best[kChunk];
       int bad[kChunk] = {};
-      std::copy(base, base + len, best);
-      for (int64_t ri = 0; ri < r; ++ri)
+      std::copy(base + r0 * k, base + r0 * k + len, best);
+      for (int64_t ri = r0; ri < r1; ++ri)
         for (int64_t j = 0; j < len; ++j) {
           const float v = base[ri * k + j];
           bad[j] |= v != v;
           best[j] = is_max ? (v > best[j] ? v : best[j]) : (v < best[j] ? v : best[j]);
         }
-      for (int64_t j = 0; j < len; ++j) o[j] = bad[j] ? __builtin_nanf("") : best[j];
+      for (int64_t j = 0; j < len; ++j) {
+        if (p) {
+          p[j] = best[j];
+          part_bad[static_cast<size_t>(p - part.data()) + static_cast<size_t>(j)] = bad[j] != 0;
+        } else {
+          o[j] = bad[j] ? __builtin_nanf("") : best[j];
+        }
+      }
     }
   }
+  if (bands == 1) return true;
+  for (int64_t ai = 0; ai < a; ++ai)
+    for (int64_t j = 0; j < k; ++j) {
+      double acc = part[static_cast<size_t>(ai * bands * k + j)];
+      bool bad = !is_sum && part_bad[static_cast<size_t>(ai * bands * k + j)];
+      for (int64_t bi = 1; bi < bands; ++bi) {
+        const size_t at = static_cast<size_t>((ai * bands + bi) * k + j);
+        const double v = part[at];
+        if (is_sum) {
+          acc += v;
+        } else {
+          bad = bad || part_bad[at];
+          acc = is_max ? (v > acc ? v : acc) : (v < acc ? v : acc);
+        }
+      }
+      out[ai * k + j] = bad ? __builtin_nanf("") : static_cast<float>(acc);
+    }
   return true;
 }
 

@@ -711,6 +711,10 @@ bool index_applies(const Lowering& l) {
     case Op::RandomUniform:
     case Op::Scalar:
       return true;
+    case Op::ArgMax:
+    case Op::ArgMin:
+    case Op::Argsort:
+      return shape_numel(l.p.graph.nodes[n.operands[0]].shape) > 0;
     default:
       return false;
   }
@@ -783,6 +787,28 @@ void lower_index(Lowering& l) {
       step.label = "rand";
       cs.run = [=](Ctx& c) {
         random_uniform(dtype, static_cast<const int64_t*>(c.ptr[state]), count, c.ptr[id]);
+      };
+      return;
+    }
+    case Op::ArgMax:
+    case Op::ArgMin: {
+      const int32_t x = n.operands[0];
+      const Shape xs = p.graph.nodes[x].shape;
+      const DType xd = p.graph.nodes[x].dtype;
+      const bool is_max = n.op == Op::ArgMax;
+      step.label = is_max ? "argmax" : "argmin";
+      cs.run = [=](Ctx& c) {
+        arg_reduce(is_max, xd, c.ptr[x], xs, attrs, static_cast<int64_t*>(c.ptr[id]));
+      };
+      return;
+    }
+    case Op::Argsort: {
+      const int32_t x = n.operands[0];
+      const Shape xs = p.graph.nodes[x].shape;
+      const DType xd = p.graph.nodes[x].dtype;
+      step.label = "argsort";
+      cs.run = [=](Ctx& c) {
+        argsort(xd, c.ptr[x], xs, attrs[0], attrs[1] != 0, static_cast<int64_t*>(c.ptr[id]));
       };
       return;
     }
