@@ -44,18 +44,6 @@ void by_size(size_t elem, F&& f) {
   }
 }
 
-// Offsets over the dims [begin, end) of `shape` for flat position `pos` of those dims.
-inline void offsets(const Shape& shape, size_t begin, size_t end, int64_t pos,
-                    const std::vector<int64_t>& s1, int64_t& o1, const std::vector<int64_t>& s2,
-                    int64_t& o2) {
-  for (size_t d = end; d-- > begin;) {
-    const int64_t i = pos % shape[d];
-    pos /= shape[d];
-    o1 += i * s1[d];
-    o2 += i * s2[d];
-  }
-}
-
 }  // namespace
 
 void gather(size_t elem, const void* x, const Shape& xs, const IndexView& index, const Shape& is,
@@ -382,6 +370,7 @@ void argsort(DType dtype, const void* x, const Shape& xs, int64_t axis, bool des
   by_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     const T* X = static_cast<const T*>(x);
+    const bool down = descending;  // (clang's OpenMP: the sort's lambda captures this lambda's)
 #pragma omp parallel if (total > 16384)
     {
       std::vector<int64_t> order(static_cast<size_t>(len));
@@ -396,9 +385,8 @@ void argsort(DType dtype, const void* x, const Shape& xs, int64_t axis, bool des
           if (is_nan(vb)) return false;
           return va > vb;
         };
-        std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-          return descending ? above(a, b) : above(b, a);
-        });
+        std::stable_sort(order.begin(), order.end(),
+                         [&](int64_t a, int64_t b) { return down ? above(a, b) : above(b, a); });
         for (int64_t k = 0; k < len; ++k) out[base + k * inner] = order[static_cast<size_t>(k)];
       }
     }
