@@ -424,10 +424,19 @@ void FusedTree::load_source(const Leaf& leaf, const void* src, int64_t i0, int64
     int64_t off = 0;
     for (size_t d = 0; d < rank; ++d) off += (o / leaf.div[d]) % leaf.mod[d] * leaf.stride[d];
     if (inner_run) {
+      // A run along the source's innermost present dim (a bias over rows, a mask over a
+      // batch): copied, not read a value at a time through the dtype's switch.
       const int64_t c0 = o % leaf.mod[0];
       const int64_t n = std::min(len - i, leaf.mod[0] - c0);
       const int64_t st = leaf.stride[0];
-      for (int64_t j = 0; j < n; ++j) dst[i + j] = read_value(dt, src, off + j * st);
+      if (dt == DType::F32 && st == 1) {
+        std::memcpy(dst + i, static_cast<const float*>(src) + off, n * sizeof(float));
+      } else if (dt == DType::F32) {
+        const float* s = static_cast<const float*>(src) + off;
+        for (int64_t j = 0; j < n; ++j) dst[i + j] = s[j * st];
+      } else {
+        for (int64_t j = 0; j < n; ++j) dst[i + j] = read_value(dt, src, off + j * st);
+      }
       i += n;
     } else {
       const int64_t n = std::min(len - i, repeat - o % repeat);
