@@ -7,10 +7,10 @@
 #include <map>
 #include <optional>
 #include <ostream>
-#include <source_location>
 #include <string>
 #include <vector>
 
+#include "lockstep/loc.h"
 #include "lockstep/tensor.h"
 
 namespace lockstep {
@@ -53,6 +53,11 @@ class Step {
   Step& operator=(const Step&) = delete;
   // Ends the step now (sync on exit); the destructor then does nothing.
   void commit();
+  // Ends the step now as an exception leaving it would: every tensor it changed is restored,
+  // those it created are poisoned, and `reason` is what later uses of them are told. For
+  // bindings whose exceptions do not unwind C++ (Python's `with`); the destructor then does
+  // nothing.
+  void rollback(const std::string& reason);
 
  private:
   int uncaught_at_entry_;

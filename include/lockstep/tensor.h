@@ -8,17 +8,15 @@
 #include <memory>
 #include <optional>
 #include <ostream>
-#include <source_location>
 #include <string>
 #include <type_traits>
 #include <variant>
 #include <vector>
 
 #include "lockstep/dtype.h"
+#include "lockstep/loc.h"
 
 namespace lockstep {
-
-using Loc = std::source_location;
 
 namespace detail {
 struct TensorImpl;

@@ -26,12 +26,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <source_location>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "lockstep/dtype.h"
+#include "lockstep/loc.h"
 
 namespace lockstep::runtime {
 struct Buffer;
@@ -136,7 +136,7 @@ struct GradFn {
 struct Origin {
   // The user's line that recorded it, and the path of the module it was recorded in (null
   // outside modules): util/frames.h.
-  std::source_location loc;
+  Loc loc;
   std::shared_ptr<const std::string> module;
   // The user-facing function that recorded it from primitives (util::UserOp; null: the user
   // called the op itself).
@@ -196,13 +196,13 @@ struct Node {
 // whose result dtype is chosen by the caller (Cast, Iota, RandomUniform, Scalar, Data), and
 // `shape` likewise for ops whose result shape is chosen (Reshape, Expand, Iota, backward ops).
 void infer(Op op, const std::vector<NodePtr>& operands, const std::vector<int64_t>& attrs,
-           Shape* shape, DType* dtype, const std::source_location& loc);
+           Shape* shape, DType* dtype, const Loc& loc);
 
 // The most bytes one value may take: sizes, offsets and memory plans stay far from int64's limit.
 inline constexpr int64_t kMaxValueBytes = int64_t{1} << 60;
 // Throws Error at `loc`, naming `op`, when a value of `shape` and `dtype` has a negative size or
 // would take more than kMaxValueBytes (its element or byte count would overflow on the way).
-void check_size(const Shape& shape, DType dtype, const char* op, const std::source_location& loc);
+void check_size(const Shape& shape, DType dtype, const char* op, const Loc& loc);
 
 // Whether ops record gradient information on this thread (see ls::NoGrad).
 bool grad_enabled();
@@ -225,14 +225,14 @@ void set_grad_enabled(bool enabled);
 
 // Records a node: checks it (infer) and builds it. All operands must be on `device`.
 NodePtr make_node(Op op, std::vector<NodePtr> operands, std::vector<int64_t> attrs, Shape shape,
-                  DType dtype, const std::source_location& loc);
+                  DType dtype, const Loc& loc);
 // A node without operands (Iota) on `device`.
 NodePtr make_leaf(Op op, std::vector<int64_t> attrs, Shape shape, DType dtype, Device device,
-                  const std::source_location& loc);
+                  const Loc& loc);
 // `loc`: the line that made the value (the upload, or the op whose result it holds), for messages.
 NodePtr make_data(std::shared_ptr<runtime::Buffer> buffer, const Shape& shape, DType dtype,
-                  Device device, const std::source_location& loc = {});
-NodePtr make_scalar(ScalarValue value, DType dtype, Device device, const std::source_location& loc);
+                  Device device, const Loc& loc = {});
+NodePtr make_scalar(ScalarValue value, DType dtype, Device device, const Loc& loc);
 // A copy of `n` (the same IR, origin and binding) with other autograd annotations.
 NodePtr annotated(const NodePtr& n, GradInfo grad);
 

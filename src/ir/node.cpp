@@ -90,7 +90,7 @@ IndexBound index_bound(Op op, const std::vector<int64_t>& attrs, const Shape& op
   return {operand0[static_cast<size_t>(attrs[0])], attrs[0]};
 }
 
-void check_size(const Shape& shape, DType dtype, const char* op, const std::source_location& loc) {
+void check_size(const Shape& shape, DType dtype, const char* op, const Loc& loc) {
   // The product of the non-zero sizes counts even for an empty value: kernels and passes multiply
   // sizes in any order, and none of those products may overflow.
   int64_t bytes = static_cast<int64_t>(dtype_size(dtype));
@@ -165,7 +165,7 @@ Node::~Node() {
 namespace {
 
 NodePtr new_node(Op op, std::vector<NodePtr> operands, std::vector<int64_t> attrs, Shape shape,
-                 DType dtype, Device device, const std::source_location& loc) {
+                 DType dtype, Device device, const Loc& loc) {
   infer(op, operands, attrs, &shape, &dtype, loc);
   check_size(shape, dtype, user_name(op), loc);
   ++recorded_nodes();
@@ -194,7 +194,7 @@ NodePtr new_node(Op op, std::vector<NodePtr> operands, std::vector<int64_t> attr
 }  // namespace
 
 NodePtr make_node(Op op, std::vector<NodePtr> operands, std::vector<int64_t> attrs, Shape shape,
-                  DType dtype, const std::source_location& loc) {
+                  DType dtype, const Loc& loc) {
   for (size_t i = 0; i < operands.size(); ++i) {
     LS_INTERNAL_CHECK(operands[i] != nullptr, "null operand of ", op_info(op).name);
     if (!(operands[i]->device == operands[0]->device))
@@ -208,12 +208,12 @@ NodePtr make_node(Op op, std::vector<NodePtr> operands, std::vector<int64_t> att
 }
 
 NodePtr make_leaf(Op op, std::vector<int64_t> attrs, Shape shape, DType dtype, Device device,
-                  const std::source_location& loc) {
+                  const Loc& loc) {
   return new_node(op, {}, std::move(attrs), std::move(shape), dtype, device, loc);
 }
 
 NodePtr make_data(std::shared_ptr<runtime::Buffer> buffer, const Shape& shape, DType dtype,
-                  Device device, const std::source_location& loc) {
+                  Device device, const Loc& loc) {
   auto node = std::make_shared<Node>();
   node->op = Op::Data;
   node->origin.loc = loc;
@@ -224,8 +224,7 @@ NodePtr make_data(std::shared_ptr<runtime::Buffer> buffer, const Shape& shape, D
   return node;
 }
 
-NodePtr make_scalar(ScalarValue value, DType dtype, Device device,
-                    const std::source_location& loc) {
+NodePtr make_scalar(ScalarValue value, DType dtype, Device device, const Loc& loc) {
   auto node = std::make_shared<Node>();
   node->op = Op::Scalar;
   node->dtype = dtype;

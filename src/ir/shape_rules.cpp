@@ -16,7 +16,7 @@ using util::cat;
 struct Checker {
   Op op;
   const std::vector<NodePtr>& in;
-  const std::source_location& loc;
+  const Loc& loc;
 
   [[noreturn]] void fail(const std::string& what, const std::string& fix) const {
     util::fail(loc, user_name(op), what, fix);
@@ -159,7 +159,7 @@ void check_reduce(const Checker& c, const std::vector<int64_t>& attrs, const Sha
 }  // namespace
 
 void infer(Op op, const std::vector<NodePtr>& in, const std::vector<int64_t>& attrs, Shape* shape,
-           DType* dtype, const std::source_location& loc) {
+           DType* dtype, const Loc& loc) {
   const OpInfo& info = op_info(op);
   if (info.arity >= 0 && static_cast<int>(in.size()) != info.arity)
     util::internal_fail(__FILE__, __LINE__,

@@ -107,7 +107,7 @@ Context& current_context() {
   return t_context ? *t_context : attach_context();
 }
 
-void check_use(TensorImpl& t, Context& me, const char* op, const std::source_location& loc) {
+void check_use(TensorImpl& t, Context& me, const char* op, const Loc& loc) {
   Context* owner = t.owner;
   if (!owner || owner == &me) return;
   const int64_t step = owner->active_step.load();
@@ -126,8 +126,7 @@ void check_use(TensorImpl& t, Context& me, const char* op, const std::source_loc
   }
 }
 
-void check_base(TensorImpl& t, Context& me, const ir::Node* base, const char* op,
-                const std::source_location& loc) {
+void check_base(TensorImpl& t, Context& me, const ir::Node* base, const char* op, const Loc& loc) {
   if (!base || t.node.get() == base || t.same_value_as == base) return;
   util::fail(loc, op,
              cat("the tensor was changed by ", t.owner ? t.owner->name() : std::string("a thread"),

@@ -10,11 +10,11 @@
 #include <cstdint>
 #include <exception>
 #include <mutex>
-#include <source_location>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "lockstep/loc.h"
 #include "runtime/lazy.h"
 
 namespace lockstep::runtime {
@@ -37,7 +37,7 @@ struct Context {
   PendingList pending;
   // The step running on this context (0: none), readable by other threads without the lock.
   std::atomic<int64_t> active_step{0};
-  std::source_location step_loc;  // where it was entered (under mu)
+  Loc step_loc;  // where it was entered (under mu)
   // Implicit syncs made inside step `implicit_step` so far (this context's thread only).
   int64_t implicit_step = 0, implicit_in_step = 0;
   // "thread #2": contexts are numbered in the order threads first record.
@@ -96,12 +96,11 @@ class TensorLock {
 // Under the tensor's lock: throws Error when `t` may not be used by `me` now, because another
 // thread's step that is still running changed or created it; the message names the op, both
 // threads and the step, and `loc` (the user's line).
-void check_use(TensorImpl& t, Context& me, const char* op, const std::source_location& loc);
+void check_use(TensorImpl& t, Context& me, const char* op, const Loc& loc);
 // Under the tensor's lock, before `me` gives `t` a value computed from `base` (a node of t's
 // value): throws Error when t's value is no longer `base` because another thread changed it
 // meanwhile, so the update would be lost.
-void check_base(TensorImpl& t, Context& me, const ir::Node* base, const char* op,
-                const std::source_location& loc);
+void check_base(TensorImpl& t, Context& me, const ir::Node* base, const char* op, const Loc& loc);
 
 // Under the tensor's lock: puts `t` on its owner's pending list or takes it off, as its value is
 // pending or not; a pending tensor of another context moves to `me`.

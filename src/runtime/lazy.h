@@ -8,12 +8,12 @@
 #include <exception>
 #include <functional>
 #include <memory>
-#include <source_location>
 #include <string>
 #include <vector>
 
 #include "backends/backend.h"
 #include "ir/ir.h"
+#include "lockstep/loc.h"
 #include "lockstep/tensor.h"
 #include "runtime/tensor_impl.h"
 
@@ -26,7 +26,7 @@ using detail::TensorImpl;
 Tensor new_tensor(ir::NodePtr node, bool of_step = true);
 // The node to use as an operand for `t`; throws Error if t is empty or poisoned, or in use by
 // another thread's step (see context.h).
-ir::NodePtr node_of(const Tensor& t, const char* op, const std::source_location& loc);
+ir::NodePtr node_of(const Tensor& t, const char* op, const Loc& loc);
 // The node of a defined tensor's current value, for its metadata (no checks).
 ir::NodePtr current_node(const TensorImpl& impl);
 // In-place update of a tensor's value: journaled for rollback when inside a step. Throws Error
@@ -34,26 +34,23 @@ ir::NodePtr current_node(const TensorImpl& impl);
 // and another thread has replaced that value meanwhile (see context.h); `op` and `loc` name the
 // update.
 void set_value(TensorImpl& impl, ir::NodePtr node, const char* op = "in-place update",
-               const std::source_location& loc = std::source_location::current(),
-               const ir::Node* base = nullptr);
+               const Loc& loc = Loc::current(), const ir::Node* base = nullptr);
 // A tensor's gradient handle, and replacing it (journaled, with the same checks as set_value).
 Tensor grad_of(const TensorImpl& impl);
-void set_grad_of(TensorImpl& impl, Tensor grad, const char* op, const std::source_location& loc);
+void set_grad_of(TensorImpl& impl, Tensor grad, const char* op, const Loc& loc);
 // The same, but the new gradient is computed from the old one (read and written under one lock,
 // so a concurrent update cannot be lost): `update` gets the old handle (maybe undefined).
 void update_grad_of(TensorImpl& impl, const std::function<Tensor(const Tensor&)>& update,
-                    const char* op, const std::source_location& loc);
+                    const char* op, const Loc& loc);
 // Whether `impl` requires grad or its value does; setting the leaf flag (dropping the value's
 // own mark when turned off).
 bool requires_grad_of(const TensorImpl& impl);
 void set_requires_grad_of(TensorImpl& impl, bool requires_grad);
 // Blocks until `t` is materialized (an implicit sync if pending) and returns its host bytes.
 // `api` names the read at its site (debug::sites: "item at f.cpp:12").
-std::vector<unsigned char> read_bytes(const Tensor& t, const std::source_location& loc,
-                                      const char* api = "read");
+std::vector<unsigned char> read_bytes(const Tensor& t, const Loc& loc, const char* api = "read");
 // Materializes `t` (implicit sync if pending) and waits; returns its buffer.
-std::shared_ptr<Buffer> materialize(const Tensor& t, const std::source_location& loc,
-                                    const char* api = "read");
+std::shared_ptr<Buffer> materialize(const Tensor& t, const Loc& loc, const char* api = "read");
 
 // Registry (tensors.cpp).
 void poison(TensorImpl& impl, std::exception_ptr error);

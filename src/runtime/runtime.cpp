@@ -160,8 +160,7 @@ void sync_all(const std::string& origin, const std::string& site,
   enqueue(jobs);
 }
 
-std::shared_ptr<Buffer> materialize(const Tensor& t, const std::source_location& loc,
-                                    const char* api) {
+std::shared_ptr<Buffer> materialize(const Tensor& t, const Loc& loc, const char* api) {
   node_of(t, "read", loc);
   std::shared_ptr<TensorImpl> impl = t.impl_ptr();
   Context& me = current_context();
@@ -206,8 +205,7 @@ std::shared_ptr<Buffer> materialize(const Tensor& t, const std::source_location&
   return b;
 }
 
-std::vector<unsigned char> read_bytes(const Tensor& t, const std::source_location& loc,
-                                      const char* api) {
+std::vector<unsigned char> read_bytes(const Tensor& t, const Loc& loc, const char* api) {
   std::shared_ptr<Buffer> b = materialize(t, loc, api);
   std::vector<unsigned char> host(b->bytes);
   if (b->bytes) backends::backend_for(b->device).copy_out(*b->storage, host.data(), b->bytes);

@@ -112,6 +112,13 @@ void Step::commit() {
   runtime::commit_step(pop_guard_state()->step);
 }
 
+void Step::rollback(const std::string& reason) {
+  if (done_) return;
+  if (!on_entering_thread(context_)) fail_other_thread(context_);
+  done_ = true;
+  runtime::rollback_step(pop_guard_state()->step, reason);
+}
+
 Step::~Step() noexcept(false) {
   if (done_) return;
   if (std::uncaught_exceptions() > uncaught_at_entry_) {

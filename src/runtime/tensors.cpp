@@ -104,7 +104,7 @@ Tensor new_tensor(ir::NodePtr node, bool of_step) {
   return Tensor(std::move(impl));
 }
 
-ir::NodePtr node_of(const Tensor& t, const char* op, const std::source_location& loc) {
+ir::NodePtr node_of(const Tensor& t, const char* op, const Loc& loc) {
   if (!t.defined())
     util::fail(loc, op, "got an empty tensor handle (default-constructed ls::Tensor)",
                "Assign it a value first, e.g. ls::zeros({2, 3})");
@@ -126,7 +126,7 @@ ir::NodePtr current_node(const TensorImpl& impl) {
   return impl.node;
 }
 
-void set_value(TensorImpl& impl, ir::NodePtr node, const char* op, const std::source_location& loc,
+void set_value(TensorImpl& impl, ir::NodePtr node, const char* op, const Loc& loc,
                const ir::Node* base) {
   LS_INTERNAL_CHECK(node->shape == impl.shape && node->dtype == impl.dtype,
                     "a new value of another shape or dtype for ", op);
@@ -147,7 +147,7 @@ Tensor grad_of(const TensorImpl& impl) {
   return impl.grad;
 }
 
-void set_grad_of(TensorImpl& impl, Tensor grad, const char* op, const std::source_location& loc) {
+void set_grad_of(TensorImpl& impl, Tensor grad, const char* op, const Loc& loc) {
   TensorLock lock(impl);
   check_use(impl, current_context(), op, loc);
   journal(impl);  // the step's rollback restores the previous grad handle too
@@ -155,7 +155,7 @@ void set_grad_of(TensorImpl& impl, Tensor grad, const char* op, const std::sourc
 }
 
 void update_grad_of(TensorImpl& impl, const std::function<Tensor(const Tensor&)>& update,
-                    const char* op, const std::source_location& loc) {
+                    const char* op, const Loc& loc) {
   TensorLock lock(impl);
   check_use(impl, current_context(), op, loc);
   journal(impl);

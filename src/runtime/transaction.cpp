@@ -30,7 +30,7 @@ std::string step_origin(const StepState& s) {
   return cat("step ", s.id, " (entered at ", util::where(s.loc), ")");
 }
 
-void begin(StepState& s, const std::source_location& loc) {
+void begin(StepState& s, const Loc& loc) {
   if (t_active)
     util::fail(loc, "step", cat("steps do not nest: ", step_origin(*t_active), " is still running"),
                "End the outer step before starting another");
@@ -124,7 +124,7 @@ void commit(StepState& s) {
 
 }  // namespace
 
-void begin_step(StepState& s, const std::source_location& loc) { begin(s, loc); }
+void begin_step(StepState& s, const Loc& loc) { begin(s, loc); }
 void rollback_step(StepState& s, const std::string& reason) { rollback(s, reason); }
 void commit_step(StepState& s) { commit(s); }
 StepState* active_step() { return t_active; }

@@ -11,10 +11,10 @@
 #include <exception>
 #include <functional>
 #include <memory>
-#include <source_location>
 #include <string>
 #include <vector>
 
+#include "lockstep/loc.h"
 #include "runtime/context.h"
 
 namespace lockstep::runtime {
@@ -42,7 +42,7 @@ struct StepState {
     Tensor grad;
   };
   int64_t id = 0;
-  std::source_location loc;
+  Loc loc;
   std::vector<JournalEntry> journal;
   std::vector<std::weak_ptr<TensorImpl>> created;
   std::vector<std::function<void()>> closures;
@@ -51,7 +51,7 @@ struct StepState {
 
 // Enters a step: syncs the thread's pending work; throws Error if a step is already running on
 // this thread, or on the runtime thread.
-void begin_step(StepState& s, const std::source_location& loc);
+void begin_step(StepState& s, const Loc& loc);
 // Trace-time rollback: every tensor the step changed goes back to its value at entry; the tensors
 // it made are poisoned with `reason`.
 void rollback_step(StepState& s, const std::string& reason);

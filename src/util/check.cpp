@@ -7,14 +7,13 @@
 
 namespace lockstep::util {
 
-std::string where(const std::source_location& loc) {
+std::string where(const Loc& loc) {
   std::string file = loc.file_name();
   if (file.empty()) return "unknown location";
   return cat(file, ":", loc.line());
 }
 
-void fail(const std::source_location& loc, std::string_view op, const std::string& what,
-          const std::string& fix) {
+void fail(const Loc& loc, std::string_view op, const std::string& what, const std::string& fix) {
   // Inside a module call, the user's line and the module (util/frames.h).
   const std::shared_ptr<const std::string>& path = current_module_path();
   std::string msg = cat(op, ": ", what, " (at ", where(user_loc(loc)),

@@ -2,20 +2,20 @@
 // and how to fix it; internal checks name the broken invariant.
 #pragma once
 
-#include <source_location>
 #include <sstream>
 #include <string>
 #include <string_view>
 
 #include "lockstep/error.h"
+#include "lockstep/loc.h"
 
 namespace lockstep::util {
 
-std::string where(const std::source_location& loc);
+std::string where(const Loc& loc);
 
 // Throws Error("<op>: <what> (at <file:line>). <fix>").
-[[noreturn]] void fail(const std::source_location& loc, std::string_view op,
-                       const std::string& what, const std::string& fix);
+[[noreturn]] void fail(const Loc& loc, std::string_view op, const std::string& what,
+                       const std::string& fix);
 
 [[noreturn]] void internal_fail(const char* file, int line, const std::string& what);
 

@@ -10,7 +10,7 @@ namespace {
 struct Frame {
   const void* owner;
   std::shared_ptr<const std::string> path;
-  std::source_location loc;
+  Loc loc;
 };
 
 thread_local std::vector<Frame> t_frames;
@@ -19,7 +19,7 @@ thread_local const char* t_user_op = nullptr;
 // lockstep's src/ directory, from this file's own path (src/util/frames.cpp).
 const std::string& library_dir() {
   static const std::string dir = [] {
-    const std::string self = std::source_location::current().file_name();
+    const std::string self = Loc::current().file_name();
     const size_t at = self.rfind("util/frames.cpp");
     return at == std::string::npos ? std::string() : self.substr(0, at);
   }();
@@ -29,7 +29,7 @@ const std::string& library_dir() {
 }  // namespace
 
 ModuleFrame::ModuleFrame(const void* owner, std::shared_ptr<const std::string> path,
-                         const std::source_location& loc) {
+                         const Loc& loc) {
   t_frames.push_back({owner, std::move(path), loc});
 }
 
@@ -52,7 +52,7 @@ UserOp::~UserOp() {
 
 const char* current_user_op() { return t_user_op; }
 
-bool in_library(const std::source_location& loc) {
+bool in_library(const Loc& loc) {
   // Consecutive ops mostly come from one file, whose name is one string literal: remember the
   // last answer per pointer.
   thread_local const char* last_file = nullptr;
@@ -65,7 +65,7 @@ bool in_library(const std::source_location& loc) {
   return last_answer;
 }
 
-std::source_location user_loc(const std::source_location& loc) {
+Loc user_loc(const Loc& loc) {
   if (t_frames.empty() || !in_library(loc)) return loc;
   for (size_t i = t_frames.size(); i-- > 0;)
     if (!in_library(t_frames[i].loc)) return t_frames[i].loc;

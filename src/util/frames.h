@@ -6,8 +6,9 @@
 #pragma once
 
 #include <memory>
-#include <source_location>
 #include <string>
+
+#include "lockstep/loc.h"
 
 namespace lockstep::util {
 
@@ -15,8 +16,7 @@ namespace lockstep::util {
 // outermost module); `owner` identifies the module, for its children to find their names.
 class ModuleFrame {
  public:
-  ModuleFrame(const void* owner, std::shared_ptr<const std::string> path,
-              const std::source_location& loc);
+  ModuleFrame(const void* owner, std::shared_ptr<const std::string> path, const Loc& loc);
   ~ModuleFrame();
   ModuleFrame(const ModuleFrame&) = delete;
   ModuleFrame& operator=(const ModuleFrame&) = delete;
@@ -45,9 +45,9 @@ class UserOp {
 const char* current_user_op();
 
 // Whether `loc` lies in lockstep's own sources (src/).
-bool in_library(const std::source_location& loc);
+bool in_library(const Loc& loc);
 // `loc`, or, when it lies in lockstep's sources inside a module call, the line of the innermost
 // module call made from the user's code.
-std::source_location user_loc(const std::source_location& loc);
+Loc user_loc(const Loc& loc);
 
 }  // namespace lockstep::util

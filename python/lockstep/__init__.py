@@ -1,0 +1,185 @@
+"""lockstep: lazy tensors and explicit, transactional training steps.
+
+Ops only record a graph; at a step boundary the whole step (forward, backward, optimizer update)
+is compiled once, cached and run as one program::
+
+    import lockstep
+    for epoch in range(1, 3):
+        for step, (data, target) in enumerate(loader):
+            with lockstep.step():
+                optimizer.zero_grad()
+                loss = loss_fn(model(data), target)
+                loss.backward()
+                optimizer.step()
+
+The C++ library does the work; this package only gives it Python's idioms. Errors are
+lockstep.Error (a RuntimeError) and name the .py line that recorded the op.
+"""
+
+import atexit as _atexit
+import functools as _functools
+import os as _os
+import sys as _sys
+
+from . import _lockstep as _C
+
+# Frames in this package are not the user's: locations name the caller's line.
+_C._set_package_dir(_os.path.dirname(_os.path.abspath(__file__)) + _os.sep)
+
+from ._reexport import reexport as _reexport  # noqa: E402
+
+_skip = {"nn", "optim", "models", "metrics", "debug", "dist", "data"}
+for _name in dir(_C):
+    if not _name.startswith("_") and _name not in _skip:
+        globals()[_name] = getattr(_C, _name)
+
+Error = _C.Error
+Tensor = _C.Tensor
+_no_value = object()
+
+
+class step:
+    """A transactional training step, as a context manager or a decorator.
+
+    Pending work is synced on entry, so the step's program covers exactly what happens inside;
+    on normal exit the step is synced (enqueued to run while the caller goes on). If an exception
+    (KeyboardInterrupt included) leaves it, every tensor the step changed is restored bit for bit,
+    tensors it created are poisoned, and the exception propagates. ``autocast=lockstep.bfloat16``
+    records the step's ops under autocast.
+    """
+
+    def __new__(cls, fn=None, *, autocast=None):
+        self = super().__new__(cls)
+        self._autocast = autocast
+        self._active = []
+        if fn is not None:  # @lockstep.step without parentheses
+            return self(fn)
+        return self
+
+    def __enter__(self):
+        self._active.append(_C._Step(self._autocast))
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        s = self._active.pop()
+        if exc_type is None:
+            s.commit()
+        else:
+            s.rollback("%s left the step: %s" % (exc_type.__name__, exc))
+        return False
+
+    def __call__(self, fn):
+        autocast = self._autocast
+
+        @_functools.wraps(fn)
+        def in_step(*args, **kwargs):
+            with step(autocast=autocast):
+                return fn(*args, **kwargs)
+
+        return in_step
+
+
+class autocast:
+    """Records ops under bf16 autocast (matmuls and convolutions in bfloat16, as torch's)."""
+
+    def __init__(self, dtype=None):
+        self._dtype = bfloat16 if dtype is None else dtype  # noqa: F821 (from the extension)
+        self._scopes = []
+
+    def __enter__(self):
+        s = _C._Autocast(self._dtype)
+        s.enter()
+        self._scopes.append(s)
+        return self
+
+    def __exit__(self, *exc):
+        self._scopes.pop().exit()
+        return False
+
+
+class no_grad:
+    """Ops recorded inside record no gradient history (a context manager or a decorator)."""
+
+    def __init__(self):
+        self._scopes = []
+
+    def __enter__(self):
+        s = _C._NoGrad()
+        s.enter()
+        self._scopes.append(s)
+        return self
+
+    def __exit__(self, *exc):
+        self._scopes.pop().exit()
+        return False
+
+    def __call__(self, fn):
+        @_functools.wraps(fn)
+        def without_grad(*args, **kwargs):
+            with no_grad():
+                return fn(*args, **kwargs)
+
+        return without_grad
+
+
+# Ops that take a tensor first are also Tensor methods, as torch's.
+_METHODS = """abs exp log log1p sqrt rsqrt tanh sigmoid relu sin cos erf floor ceil sign square neg
+isfinite logical_not logical_and logical_or sum mean amax amin argmax argmin prod any all max min
+softmax log_softmax logsumexp var std norm cumsum cumprod sort argsort topk transpose unsqueeze
+squeeze flatten narrow select chunk split unbind flip roll movedim tril triu gather scatter_add
+index_select take_along_dim matmul masked_fill clamp add sub mul div pow maximum minimum eq ne lt
+le gt ge fmod remainder floor_divide""".split()
+for _name in _METHODS:
+    setattr(Tensor, _name, _C._as_method(getattr(_C, _name)))
+
+
+def _shape_args(args):
+    if len(args) == 1 and not isinstance(args[0], int):
+        return tuple(args[0])
+    return args
+
+
+def _reshape(self, *shape):
+    return _C.reshape(self, _shape_args(shape))
+
+
+def _permute(self, *dims):
+    return _C.permute(self, _shape_args(dims))
+
+
+def _expand(self, *sizes):
+    sizes = _shape_args(sizes)
+    sizes = tuple(s if s != -1 else self.shape[i - len(sizes) + self.dim()]
+                  for i, s in enumerate(sizes))
+    return _C.expand(self, sizes)
+
+
+def _repeat(self, *repeats):
+    return _C.repeat(self, _shape_args(repeats))
+
+
+Tensor.reshape = _reshape
+Tensor.view = _reshape
+Tensor.permute = _permute
+Tensor.expand = _expand
+Tensor.repeat = _repeat
+Tensor.t = lambda self: _C.transpose(self, 0, 1)
+Tensor.T = property(lambda self: _C.permute(self, tuple(reversed(range(self.dim())))))
+Tensor.mT = property(lambda self: _C.transpose(self, -2, -1))
+Tensor.contiguous = lambda self: self
+Tensor.type_as = lambda self, other: self.to(other.dtype)
+Tensor.clone = lambda self: self + 0 if self.dtype != bool else self.logical_or(False)  # noqa: F821
+
+from . import nn, optim, models, metrics, debug, dist, data  # noqa: E402,F401
+
+
+def _drain_at_exit():
+    # Queued programs and step closures run before Python finalizes: a closure needs the
+    # interpreter, and an error nobody read is shown instead of lost.
+    try:
+        _C.wait()
+    except BaseException as e:  # noqa: BLE001 - reported, the process is ending anyway
+        print("lockstep: at exit, queued work failed: %s" % e, file=_sys.stderr)
+
+
+_atexit.register(_drain_at_exit)

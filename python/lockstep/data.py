@@ -1,0 +1,5 @@
+"""lockstep.data (see help(lockstep._lockstep.data))."""
+from . import _lockstep as _C
+from ._reexport import reexport as _reexport
+
+_reexport(globals(), _C.data)

@@ -1,0 +1,5 @@
+"""lockstep.dist (see help(lockstep._lockstep.dist))."""
+from . import _lockstep as _C
+from ._reexport import reexport as _reexport
+
+_reexport(globals(), _C.dist)

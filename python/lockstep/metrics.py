@@ -1,0 +1,5 @@
+"""lockstep.metrics (see help(lockstep._lockstep.metrics))."""
+from . import _lockstep as _C
+from ._reexport import reexport as _reexport
+
+_reexport(globals(), _C.metrics)

@@ -1,0 +1,116 @@
+"""lockstep.nn: Module (subclass it, as torch.nn.Module), layers, losses, functional, init."""
+
+from .. import _lockstep as _C
+from .._reexport import reexport as _reexport
+
+_nn = _C.nn
+_reexport(globals(), _nn)
+functional = _nn.functional
+init = _nn.init
+_Base = _nn.Module
+
+
+class Parameter(_C.Tensor):
+    """A tensor that a Module registers as a parameter when assigned as its attribute."""
+
+    def __init__(self, data, requires_grad=True):
+        super().__init__(data.detach())
+        self.requires_grad_(requires_grad)
+
+
+class Module(_Base):
+    """Subclass it and define ``forward``. Attributes that are Parameters or modules register
+    themselves (by the attribute's name, as torch's), so parameters(), named_parameters(),
+    state_dict(), load_state_dict(), train()/eval(), apply(), optimizers, checkpoints and
+    lockstep.dist.DataParallel see them."""
+
+    def __init__(self):
+        super().__init__()
+
+    def __setattr__(self, name, value):
+        if isinstance(value, Parameter):
+            self._register_parameter(name, value)
+        elif isinstance(value, _Base):
+            self._register_module(name, value)
+        object.__setattr__(self, name, value)
+
+    def register_buffer(self, name, tensor):
+        self._register_buffer(name, tensor)
+        object.__setattr__(self, name, tensor)
+
+    def register_parameter(self, name, param):
+        self._register_parameter(name, param)
+        object.__setattr__(self, name, param)
+
+    def add_module(self, name, module):
+        self._register_module(name, module)
+        object.__setattr__(self, name, module)
+
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError(type(self).__name__ + " has no forward()")
+
+
+class Sequential(_nn.Sequential):
+    __doc__ = _nn.Sequential.__doc__
+
+    def __init__(self, *layers):
+        super().__init__(*layers)
+        self._layers = list(layers)  # the Python objects live as long as the container
+
+    def append(self, layer):
+        self._layers.append(layer)
+        return super().append(layer)
+
+
+class ModuleList(_nn.ModuleList):
+    __doc__ = _nn.ModuleList.__doc__
+
+    def __init__(self, modules=None):
+        modules = list(modules) if modules is not None else []
+        super().__init__(modules)
+        self._modules_kept = modules
+
+    def append(self, module):
+        self._modules_kept.append(module)
+        return super().append(module)
+
+
+class CrossEntropyLoss(Module):
+    def __init__(self, ignore_index=-100, reduction="mean", label_smoothing=0.0):
+        super().__init__()
+        self.ignore_index, self.reduction = ignore_index, reduction
+        self.label_smoothing = label_smoothing
+
+    def forward(self, input, target):
+        return functional.cross_entropy(input, target, ignore_index=self.ignore_index,
+                                        reduction=self.reduction,
+                                        label_smoothing=self.label_smoothing)
+
+
+class NLLLoss(Module):
+    def __init__(self, ignore_index=-100, reduction="mean"):
+        super().__init__()
+        self.ignore_index, self.reduction = ignore_index, reduction
+
+    def forward(self, input, target):
+        return functional.nll_loss(input, target, ignore_index=self.ignore_index,
+                                   reduction=self.reduction)
+
+
+class MSELoss(Module):
+    def __init__(self, reduction="mean"):
+        super().__init__()
+        self.reduction = reduction
+
+    def forward(self, input, target):
+        return functional.mse_loss(input, target, reduction=self.reduction)
+
+
+class BCEWithLogitsLoss(Module):
+    def __init__(self, reduction="mean"):
+        super().__init__()
+        self.reduction = reduction
+
+    def forward(self, input, target):
+        return functional.binary_cross_entropy_with_logits(input, target,
+                                                           reduction=self.reduction)

@@ -1,0 +1,183 @@
+// Checkpoints, safetensors files, data parallel training (lockstep.dist) and the data loaders
+// (lockstep.data). Loaders' next batch and every collective-bearing call release the GIL.
+#include <memory>
+
+#include "common.h"
+
+namespace lockstep::python {
+namespace {
+
+io::Metadata metadata_of(const py::object& o) {
+  io::Metadata m;
+  if (o.is_none()) return m;
+  for (const auto& kv : o.cast<py::dict>())
+    m[kv.first.cast<std::string>()] = py::str(kv.second).cast<std::string>();
+  return m;
+}
+
+template <typename T>
+T* ptr_of(const py::object& o) {
+  return o.is_none() ? nullptr : &o.cast<T&>();
+}
+
+// A loader as a Python iterator: each next() releases the GIL while it waits for the batch.
+template <typename Loader>
+py::object next_of(Loader& l) {
+  auto batch = [&] {
+    NoGil release;
+    return l.next();
+  }();
+  if (!batch) throw py::stop_iteration();
+  return py::cast(std::move(*batch));
+}
+
+}  // namespace
+
+void init_extras(py::module_& m) {
+  using py::arg;
+  const auto none = py::none();
+  m.def(
+      "save_checkpoint",
+      [](const std::string& path, const nn::Module& model, const py::object& optimizer,
+         const py::object& scheduler, const py::object& metadata) {
+        const Loc loc = caller();
+        const io::Metadata meta = metadata_of(metadata);
+        const optim::Optimizer* o = ptr_of<optim::Optimizer>(optimizer);
+        const optim::Scheduler* s = ptr_of<optim::Scheduler>(scheduler);
+        NoGil release;
+        save_checkpoint(path, model, o, s, meta, loc);
+      },
+      arg("path"), arg("model"), arg("optimizer") = none, arg("scheduler") = none,
+      arg("metadata") = none,
+      "Saves the model, optimizer and scheduler state in one safetensors file, atomically.");
+  m.def(
+      "load_checkpoint",
+      [](const std::string& path, nn::Module& model, const py::object& optimizer,
+         const py::object& scheduler) {
+        const Loc loc = caller();
+        optim::Optimizer* o = ptr_of<optim::Optimizer>(optimizer);
+        optim::Scheduler* s = ptr_of<optim::Scheduler>(scheduler);
+        io::Metadata meta;
+        {
+          NoGil release;
+          meta = load_checkpoint(path, model, o, s, loc);
+        }
+        return meta;
+      },
+      arg("path"), arg("model"), arg("optimizer") = none, arg("scheduler") = none,
+      "Loads a checkpoint into the model (and optimizer, scheduler); returns its metadata.");
+  m.def(
+      "save_file",
+      [](const py::dict& tensors, const std::string& path, const py::object& metadata) {
+        io::TensorMap named;
+        for (const auto& kv : tensors)
+          named.emplace_back(kv.first.cast<std::string>(), kv.second.cast<Tensor>());
+        const Loc loc = caller();
+        const io::Metadata meta = metadata_of(metadata);
+        NoGil release;
+        io::save_safetensors(path, named, meta, loc);
+      },
+      arg("tensors"), arg("path"), arg("metadata") = none);
+  m.def("load_file", [](const std::string& path) {
+    const Loc loc = caller();
+    io::Loaded loaded;
+    {
+      NoGil release;
+      loaded = io::load_safetensors(path, default_device(), loc);
+    }
+    py::dict out;
+    for (const auto& [name, t] : loaded.tensors) out[py::str(name)] = t;
+    return out;
+  });
+
+  py::module_ dist = m.def_submodule("dist", "Data parallel training over MPI (mpirun -np N).");
+  dist.def("init", [] {
+    NoGil release;
+    dist::init();
+  });
+  dist.def("is_initialized", &dist::initialized);
+  dist.def("rank", &dist::rank);
+  dist.def("world_size", &dist::world_size);
+  dist.def("local_rank", &dist::local_rank);
+  dist.def("barrier", [] {
+    NoGil release;
+    dist::barrier();
+  });
+  dist.def(
+      "all_reduce",
+      [](const Tensor& x, double scale) { return dist::all_reduce(x, scale, caller()); },
+      arg("tensor"), arg("scale") = 1.0);
+  dist.def(
+      "broadcast", [](const Tensor& x, int root) { return dist::broadcast(x, root, caller()); },
+      arg("tensor"), arg("src") = 0);
+  py::class_<dist::DataParallel>(dist, "DataParallel")
+      .def(py::init([](nn::Module& model) {
+             const Loc loc = caller();
+             NoGil release;
+             return std::make_unique<dist::DataParallel>(model, dist::DataParallelOptions{}, loc);
+           }),
+           arg("model"), py::keep_alive<1, 2>())
+      .def("average_gradients", [](dist::DataParallel& dp) { dp.average_gradients(caller()); })
+      .def("state_hash",
+           [](const dist::DataParallel& dp) {
+             const Loc loc = caller();
+             NoGil release;
+             return dp.state_hash(loc);
+           })
+      .def("check_replicas_agree", [](const dist::DataParallel& dp) {
+        const Loc loc = caller();
+        NoGil release;
+        dp.check_replicas_agree(loc);
+      });
+
+  py::module_ data = m.def_submodule("data", "Datasets and loaders.");
+  py::class_<data::Dataset, std::shared_ptr<data::Dataset>>(data, "Dataset")
+      .def("__len__", &data::Dataset::size)
+      .def_property_readonly("num_classes", &data::Dataset::num_classes)
+      .def_property_readonly("example_shape", &data::Dataset::example_shape)
+      .def_property_readonly("name", &data::Dataset::name);
+  data.def(
+      "dataset",
+      [](const std::string& spec, bool train, const Shape& shape, int64_t num_classes, int64_t size,
+         uint64_t seed) {
+        data::FakeDataOptions fake;
+        fake.shape = shape;
+        fake.num_classes = num_classes;
+        fake.size = size;
+        fake.seed = seed;
+        return data::make_dataset(spec, train, fake);
+      },
+      arg("spec"), arg("train") = true, arg("shape") = Shape{3, 224, 224},
+      arg("num_classes") = 1000, arg("size") = 1024, arg("seed") = 0,
+      "A dataset by name: 'fake', 'fashion-mnist[:DIR]', 'mnist:DIR', 'cifar10:DIR'.");
+  py::class_<data::Batch>(data, "Batch")
+      .def_readonly("images", &data::Batch::images)
+      .def_readonly("labels", &data::Batch::labels)
+      .def("__iter__",
+           [](const data::Batch& b) { return py::iter(py::make_tuple(b.images, b.labels)); });
+  py::class_<data::DeviceLoader>(data, "DataLoader",
+                                 "Batches of (images, labels) on the device, prepared by worker "
+                                 "threads and uploaded ahead of the step that uses them.")
+      .def(py::init([](std::shared_ptr<data::Dataset> ds, int64_t batch_size, bool shuffle,
+                       uint64_t seed, bool drop_last, int num_workers, bool shard) {
+             data::LoaderOptions o;
+             o.batch_size = batch_size;
+             o.shuffle = shuffle;
+             o.seed = seed;
+             o.drop_last = drop_last;
+             o.num_workers = num_workers;
+             if (shard) {
+               o.num_replicas = dist::world_size();
+               o.rank = dist::rank();
+             }
+             return std::make_unique<data::DeviceLoader>(data::DataLoader(std::move(ds), o));
+           }),
+           arg("dataset"), arg("batch_size") = 1, arg("shuffle") = false, arg("seed") = 0,
+           arg("drop_last") = false, arg("num_workers") = 0, arg("shard") = true)
+      .def("__iter__", [](py::object self) { return self; })
+      .def("__next__", [](data::DeviceLoader& l) { return next_of(l); })
+      .def("__len__", &data::DeviceLoader::batches_per_epoch)
+      .def_property("epoch", &data::DeviceLoader::epoch, &data::DeviceLoader::set_epoch);
+}
+
+}  // namespace lockstep::python

@@ -1,0 +1,33 @@
+// The extension module lockstep._lockstep; the package lockstep (python/lockstep/) adds what is
+// written best in Python (the step context manager, Module's attribute registration) on top.
+#include "common.h"
+
+PYBIND11_MODULE(_lockstep, m) {
+  namespace py = pybind11;
+  namespace lp = lockstep::python;
+  m.doc() = "lockstep: lazy tensors and explicit, transactional training steps";
+  // lockstep.Error subclasses RuntimeError; BackendError subclasses Error.
+  static py::exception<lockstep::Error> error(m, "Error", PyExc_RuntimeError);
+  static py::exception<lockstep::BackendError> backend_error(m, "BackendError", error.ptr());
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const lockstep::BackendError& e) {
+      PyErr_SetString(backend_error.ptr(), e.what());
+    } catch (const lockstep::Error& e) {
+      PyErr_SetString(error.ptr(), e.what());
+    }
+  });
+  m.def("_set_package_dir", &lp::set_package_dir);
+  // A function as a method (it binds its first argument to the instance): the ops that take a
+  // tensor first become Tensor methods without a Python frame in between.
+  m.def("_as_method", [](const py::object& fn) {
+    return py::reinterpret_steal<py::object>(PyInstanceMethod_New(fn.ptr()));
+  });
+  lp::init_tensor(m);
+  lp::init_ops(m);
+  lp::init_runtime(m);
+  lp::init_nn(m);
+  lp::init_optim(m);
+  lp::init_extras(m);
+}

@@ -1,0 +1,398 @@
+// The ops of ops.h as lockstep.<name>, with PyTorch's argument names (input, dim, keepdim); the
+// package's __init__.py also makes the ones that take a tensor first Tensor methods.
+#include "common.h"
+
+namespace lockstep::python {
+namespace {
+
+TensorOptions options_of(const std::optional<PyDType>& dtype, DType fallback = DType::F32) {
+  return TensorOptions(dtype ? dtype->value : fallback);
+}
+
+}  // namespace
+
+void init_ops(py::module_& m) {
+  using py::arg;
+  const auto none = py::none();
+  // Creation.
+  m.def(
+      "tensor",
+      [](const py::object& data, std::optional<PyDType> dtype, bool requires_grad) {
+        Tensor t = to_tensor(data, dtype ? std::optional(dtype->value) : std::nullopt, caller());
+        if (requires_grad) t.set_requires_grad(true, caller());
+        return t;
+      },
+      arg("data"), arg("dtype") = none, arg("requires_grad") = false,
+      "A tensor with a copy of `data` (nested lists, numbers, a NumPy array).");
+  m.def(
+      "from_numpy", [](const py::object& a) { return to_tensor(a, std::nullopt, caller()); },
+      arg("array"), "A tensor with a copy of a NumPy array's values (its dtype kept).");
+  m.def(
+      "as_tensor",
+      [](const py::object& data, std::optional<PyDType> dtype) {
+        return to_tensor(data, dtype ? std::optional(dtype->value) : std::nullopt, caller());
+      },
+      arg("data"), arg("dtype") = none);
+  for (auto [name, fn] :
+       {std::pair{"zeros", &zeros}, {"ones", &ones}, {"rand", &rand}, {"randn", &randn}}) {
+    auto f = fn;
+    m.def(
+        name,
+        [f](const py::args& size, std::optional<PyDType> dtype, bool requires_grad) {
+          Tensor t = f(shape_of(size), options_of(dtype), caller());
+          if (requires_grad) t.set_requires_grad(true, caller());
+          return t;
+        },
+        arg("dtype") = none, arg("requires_grad") = false);
+  }
+  m.def(
+      "full",
+      [](const Shape& size, Scalar v, std::optional<PyDType> dtype) {
+        DType d = dtype ? dtype->value
+                        : (v.is_bool()      ? DType::Bool
+                           : v.is_integer() ? DType::I64
+                                            : DType::F32);
+        return full(size, v, TensorOptions(d), caller());
+      },
+      arg("size"), arg("fill_value"), arg("dtype") = none);
+  m.def(
+      "zeros_like", [](const Tensor& x) { return zeros_like(x, caller()); }, arg("input"));
+  m.def(
+      "ones_like", [](const Tensor& x) { return ones_like(x, caller()); }, arg("input"));
+  m.def(
+      "full_like", [](const Tensor& x, Scalar v) { return full_like(x, v, caller()); },
+      arg("input"), arg("fill_value"));
+  m.def(
+      "arange",
+      [](Scalar a, std::optional<Scalar> b, Scalar step, std::optional<PyDType> dtype) {
+        const bool integral = a.is_integer() && (!b || b->is_integer()) && step.is_integer();
+        TensorOptions o = options_of(dtype, integral ? DType::I64 : DType::F32);
+        if (!b) return arange(Scalar(int64_t{0}), a, step, o, caller());
+        return arange(a, *b, step, o, caller());
+      },
+      arg("start"), arg("end") = none, arg("step") = 1, arg("dtype") = none);
+  m.def(
+      "linspace",
+      [](double a, double b, int64_t steps, std::optional<PyDType> dtype) {
+        return linspace(a, b, steps, options_of(dtype), caller());
+      },
+      arg("start"), arg("end"), arg("steps"), arg("dtype") = none);
+  m.def(
+      "randint",
+      [](int64_t low, int64_t high, const Shape& size) {
+        return randint(low, high, size, TensorOptions(DType::I64), caller());
+      },
+      arg("low"), arg("high"), arg("size"));
+  m.def("manual_seed", &manual_seed, arg("seed"));
+  m.def(
+      "bernoulli", [](const Tensor& p) { return bernoulli(p, caller()); }, arg("input"));
+  m.def(
+      "multinomial",
+      [](const Tensor& w, int64_t n, bool replacement) {
+        return multinomial(w, n, replacement, caller());
+      },
+      arg("input"), arg("num_samples"), arg("replacement") = false);
+
+  // Elementwise.
+#define LS_UNARY(name) \
+  m.def(               \
+      #name, [](const Tensor& x) { return name(x, caller()); }, arg("input"));
+  LS_UNARY(neg)
+  LS_UNARY(abs)
+  LS_UNARY(exp)
+  LS_UNARY(log)
+  LS_UNARY(log1p)
+  LS_UNARY(sqrt)
+  LS_UNARY(rsqrt)
+  LS_UNARY(tanh)
+  LS_UNARY(sigmoid)
+  LS_UNARY(relu)
+  LS_UNARY(sin)
+  LS_UNARY(cos)
+  LS_UNARY(erf)
+  LS_UNARY(floor)
+  LS_UNARY(ceil)
+  LS_UNARY(sign)
+  LS_UNARY(logical_not)
+  LS_UNARY(isfinite)
+  LS_UNARY(square)
+#undef LS_UNARY
+#define LS_BINARY(name)                                                                           \
+  m.def(                                                                                          \
+      #name, [](const Tensor& a, const Tensor& b) { return name(a, b, caller()); }, arg("input"), \
+      arg("other"));                                                                              \
+  m.def(                                                                                          \
+      #name, [](const Tensor& a, Scalar b) { return name(a, b, caller()); }, arg("input"),        \
+      arg("other"));                                                                              \
+  m.def(                                                                                          \
+      #name, [](Scalar a, const Tensor& b) { return name(a, b, caller()); }, arg("input"),        \
+      arg("other"));
+  LS_BINARY(add)
+  LS_BINARY(sub)
+  LS_BINARY(mul)
+  LS_BINARY(div)
+  LS_BINARY(pow)
+  LS_BINARY(maximum)
+  LS_BINARY(minimum)
+  LS_BINARY(eq)
+  LS_BINARY(ne)
+  LS_BINARY(lt)
+  LS_BINARY(le)
+  LS_BINARY(gt)
+  LS_BINARY(ge)
+  LS_BINARY(logical_and)
+  LS_BINARY(logical_or)
+  LS_BINARY(fmod)
+  LS_BINARY(remainder)
+  LS_BINARY(floor_divide)
+#undef LS_BINARY
+  m.def(
+      "where",
+      [](const Tensor& c, const Tensor& a, const Tensor& b) { return where(c, a, b, caller()); },
+      arg("condition"), arg("input"), arg("other"));
+  m.def(
+      "where", [](const Tensor& c, const Tensor& a, Scalar b) { return where(c, a, b, caller()); },
+      arg("condition"), arg("input"), arg("other"));
+  m.def(
+      "where", [](const Tensor& c, Scalar a, const Tensor& b) { return where(c, a, b, caller()); },
+      arg("condition"), arg("input"), arg("other"));
+  m.def(
+      "where", [](const Tensor& c, Scalar a, Scalar b) { return where(c, a, b, caller()); },
+      arg("condition"), arg("input"), arg("other"));
+  m.def(
+      "masked_fill",
+      [](const Tensor& x, const Tensor& mask, Scalar v) {
+        return masked_fill(x, mask, v, caller());
+      },
+      arg("input"), arg("mask"), arg("value"));
+  m.def(
+      "masked_fill",
+      [](const Tensor& x, const Tensor& mask, const Tensor& v) {
+        return masked_fill(x, mask, v, caller());
+      },
+      arg("input"), arg("mask"), arg("value"));
+  m.def(
+      "clamp",
+      [](const Tensor& x, std::optional<Scalar> lo, std::optional<Scalar> hi) {
+        const Loc loc = caller();
+        if (lo && hi) return clamp(x, *lo, *hi, loc);
+        if (lo) return clamp_min(x, *lo, loc);
+        if (hi) return clamp_max(x, *hi, loc);
+        throw Error("clamp: give min, max or both");
+      },
+      arg("input"), arg("min") = none, arg("max") = none);
+
+  // Reductions.
+#define LS_REDUCE_AS(py_name, name)                              \
+  m.def(                                                         \
+      py_name,                                                   \
+      [](const Tensor& x, const py::object& dim, bool keepdim) { \
+        return name(x, axes_of(dim), keepdim, caller());         \
+      },                                                         \
+      arg("input"), arg("dim") = none, arg("keepdim") = false);
+#define LS_REDUCE(name) LS_REDUCE_AS(#name, name)
+  LS_REDUCE(sum)
+  LS_REDUCE(mean)
+  LS_REDUCE_AS("amax", max)
+  LS_REDUCE_AS("amin", min)
+  LS_REDUCE(argmax)
+  LS_REDUCE(argmin)
+  LS_REDUCE(prod)
+  LS_REDUCE(any)
+  LS_REDUCE(all)
+#undef LS_REDUCE
+#undef LS_REDUCE_AS
+  m.def(
+      "max", [](const Tensor& x) { return max(x, {}, false, caller()); }, arg("input"));
+  m.def(
+      "max",
+      [](const Tensor& x, int64_t dim, bool keepdim) {
+        const Loc loc = caller();
+        return py::make_tuple(max(x, {dim}, keepdim, loc), argmax(x, {dim}, keepdim, loc));
+      },
+      arg("input"), arg("dim"), arg("keepdim") = false);
+  m.def(
+      "max", [](const Tensor& a, const Tensor& b) { return maximum(a, b, caller()); }, arg("input"),
+      arg("other"));
+  m.def(
+      "min", [](const Tensor& x) { return min(x, {}, false, caller()); }, arg("input"));
+  m.def(
+      "min",
+      [](const Tensor& x, int64_t dim, bool keepdim) {
+        const Loc loc = caller();
+        return py::make_tuple(min(x, {dim}, keepdim, loc), argmin(x, {dim}, keepdim, loc));
+      },
+      arg("input"), arg("dim"), arg("keepdim") = false);
+  m.def(
+      "min", [](const Tensor& a, const Tensor& b) { return minimum(a, b, caller()); }, arg("input"),
+      arg("other"));
+  m.def(
+      "softmax", [](const Tensor& x, int64_t dim) { return softmax(x, dim, caller()); },
+      arg("input"), arg("dim"));
+  m.def(
+      "log_softmax", [](const Tensor& x, int64_t dim) { return log_softmax(x, dim, caller()); },
+      arg("input"), arg("dim"));
+  m.def(
+      "logsumexp",
+      [](const Tensor& x, const py::object& dim, bool keepdim) {
+        return logsumexp(x, axes_of(dim), keepdim, caller());
+      },
+      arg("input"), arg("dim"), arg("keepdim") = false);
+  m.def(
+      "var",
+      [](const Tensor& x, const py::object& dim, int64_t correction, bool keepdim) {
+        return var(x, axes_of(dim), correction, keepdim, caller());
+      },
+      arg("input"), arg("dim") = none, arg("correction") = 1, arg("keepdim") = false);
+  m.def(
+      "std",
+      [](const Tensor& x, const py::object& dim, int64_t correction, bool keepdim) {
+        return std(x, axes_of(dim), correction, keepdim, caller());
+      },
+      arg("input"), arg("dim") = none, arg("correction") = 1, arg("keepdim") = false);
+  m.def(
+      "norm",
+      [](const Tensor& x, double p, const py::object& dim, bool keepdim) {
+        return norm(x, p, axes_of(dim), keepdim, caller());
+      },
+      arg("input"), arg("p") = 2.0, arg("dim") = none, arg("keepdim") = false);
+  m.def(
+      "cumsum", [](const Tensor& x, int64_t dim) { return cumsum(x, dim, caller()); }, arg("input"),
+      arg("dim"));
+  m.def(
+      "cumprod", [](const Tensor& x, int64_t dim) { return cumprod(x, dim, caller()); },
+      arg("input"), arg("dim"));
+  m.def(
+      "sort",
+      [](const Tensor& x, int64_t dim, bool descending) {
+        ValuesIndices r = sort(x, dim, descending, caller());
+        return py::make_tuple(r.values, r.indices);
+      },
+      arg("input"), arg("dim") = -1, arg("descending") = false);
+  m.def(
+      "argsort",
+      [](const Tensor& x, int64_t dim, bool descending) {
+        return argsort(x, dim, descending, caller());
+      },
+      arg("input"), arg("dim") = -1, arg("descending") = false);
+  m.def(
+      "topk",
+      [](const Tensor& x, int64_t k, int64_t dim, bool largest) {
+        ValuesIndices r = topk(x, k, dim, largest, caller());
+        return py::make_tuple(r.values, r.indices);
+      },
+      arg("input"), arg("k"), arg("dim") = -1, arg("largest") = true);
+
+  // Shapes and movement.
+  m.def(
+      "reshape", [](const Tensor& x, const Shape& s) { return reshape(x, s, caller()); },
+      arg("input"), arg("shape"));
+  m.def(
+      "permute", [](const Tensor& x, const Shape& p) { return permute(x, p, caller()); },
+      arg("input"), arg("dims"));
+  m.def(
+      "transpose",
+      [](const Tensor& x, int64_t a, int64_t b) { return transpose(x, a, b, caller()); },
+      arg("input"), arg("dim0"), arg("dim1"));
+  m.def(
+      "unsqueeze", [](const Tensor& x, int64_t d) { return unsqueeze(x, d, caller()); },
+      arg("input"), arg("dim"));
+  m.def(
+      "squeeze", [](const Tensor& x, int64_t d) { return squeeze(x, d, caller()); }, arg("input"),
+      arg("dim"));
+  m.def(
+      "flatten", [](const Tensor& x, int64_t s, int64_t e) { return flatten(x, s, e, caller()); },
+      arg("input"), arg("start_dim") = 0, arg("end_dim") = -1);
+  m.def(
+      "narrow",
+      [](const Tensor& x, int64_t d, int64_t s, int64_t n) { return narrow(x, d, s, n, caller()); },
+      arg("input"), arg("dim"), arg("start"), arg("length"));
+  m.def(
+      "select", [](const Tensor& x, int64_t d, int64_t i) { return select(x, d, i, caller()); },
+      arg("input"), arg("dim"), arg("index"));
+  m.def(
+      "cat", [](const std::vector<Tensor>& xs, int64_t dim) { return concat(xs, dim, caller()); },
+      arg("tensors"), arg("dim") = 0);
+  m.def(
+      "concat",
+      [](const std::vector<Tensor>& xs, int64_t dim) { return concat(xs, dim, caller()); },
+      arg("tensors"), arg("dim") = 0);
+  m.def(
+      "stack", [](const std::vector<Tensor>& xs, int64_t dim) { return stack(xs, dim, caller()); },
+      arg("tensors"), arg("dim") = 0);
+  m.def(
+      "chunk", [](const Tensor& x, int64_t n, int64_t dim) { return chunk(x, n, dim, caller()); },
+      arg("input"), arg("chunks"), arg("dim") = 0);
+  m.def(
+      "split",
+      [](const Tensor& x, const py::object& size, int64_t dim) {
+        if (py::isinstance<py::int_>(size)) return split(x, size.cast<int64_t>(), dim, caller());
+        return split(x, size.cast<std::vector<int64_t>>(), dim, caller());
+      },
+      arg("input"), arg("split_size_or_sections"), arg("dim") = 0);
+  m.def(
+      "unbind", [](const Tensor& x, int64_t dim) { return unbind(x, dim, caller()); }, arg("input"),
+      arg("dim") = 0);
+  m.def(
+      "expand", [](const Tensor& x, const Shape& s) { return expand(x, s, caller()); },
+      arg("input"), arg("size"));
+  m.def(
+      "repeat", [](const Tensor& x, const Shape& r) { return repeat(x, r, caller()); },
+      arg("input"), arg("repeats"));
+  m.def(
+      "flip", [](const Tensor& x, const Shape& d) { return flip(x, d, caller()); }, arg("input"),
+      arg("dims"));
+  m.def(
+      "roll",
+      [](const Tensor& x, const Shape& s, const Shape& d) { return roll(x, s, d, caller()); },
+      arg("input"), arg("shifts"), arg("dims") = Shape{});
+  m.def(
+      "movedim", [](const Tensor& x, int64_t s, int64_t d) { return movedim(x, s, d, caller()); },
+      arg("input"), arg("source"), arg("destination"));
+  m.def(
+      "tril", [](const Tensor& x, int64_t d) { return tril(x, d, caller()); }, arg("input"),
+      arg("diagonal") = 0);
+  m.def(
+      "triu", [](const Tensor& x, int64_t d) { return triu(x, d, caller()); }, arg("input"),
+      arg("diagonal") = 0);
+  m.def(
+      "gather",
+      [](const Tensor& x, int64_t d, const Tensor& i) { return gather(x, d, i, caller()); },
+      arg("input"), arg("dim"), arg("index"));
+  m.def(
+      "scatter_add",
+      [](const Tensor& x, int64_t d, const Tensor& i, const Tensor& s) {
+        return scatter_add(x, d, i, s, caller());
+      },
+      arg("input"), arg("dim"), arg("index"), arg("src"));
+  m.def(
+      "index_select",
+      [](const Tensor& x, int64_t d, const Tensor& i) { return index_select(x, d, i, caller()); },
+      arg("input"), arg("dim"), arg("index"));
+  m.def(
+      "take_along_dim",
+      [](const Tensor& x, const Tensor& i, int64_t d) { return take_along_dim(x, i, d, caller()); },
+      arg("input"), arg("indices"), arg("dim"));
+  m.def(
+      "einsum",
+      [](const std::string& eq, const py::args& xs) {
+        std::vector<Tensor> ops;
+        if (xs.size() == 1 && !py::isinstance<Tensor>(xs[0]))
+          ops = xs[0].cast<std::vector<Tensor>>();
+        else
+          ops = xs.cast<std::vector<Tensor>>();
+        return einsum(eq, ops, caller());
+      },
+      arg("equation"));
+  m.def(
+      "matmul", [](const Tensor& a, const Tensor& b) { return matmul(a, b, caller()); },
+      arg("input"), arg("other"));
+  m.def(
+      "mm", [](const Tensor& a, const Tensor& b) { return matmul(a, b, caller()); }, arg("input"),
+      arg("mat2"));
+  m.def(
+      "bmm", [](const Tensor& a, const Tensor& b) { return matmul(a, b, caller()); }, arg("input"),
+      arg("mat2"));
+}
+
+}  // namespace lockstep::python

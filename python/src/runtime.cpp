@@ -1,0 +1,198 @@
+// Steps, syncs, closures, metrics, debug, autocast and no_grad. Every call that may block (a
+// step's entry and exit sync, sync, wait, check_errors) releases the GIL while it runs, so step
+// closures, which take it on the runtime thread, never deadlock against the caller.
+#include <memory>
+
+#include "common.h"
+
+namespace lockstep::python {
+namespace {
+
+// The state of one `with lockstep.step():` between __enter__ and __exit__.
+class PyStep {
+ public:
+  PyStep(std::optional<PyDType> autocast, const Loc& loc) {
+    StepOptions options;
+    if (autocast) options.autocast = autocast->value;
+    NoGil release;
+    step_ = std::make_unique<Step>(options, loc);
+  }
+  void commit() {
+    if (!step_) return;
+    std::unique_ptr<Step> s = std::move(step_);
+    NoGil release;
+    s->commit();
+  }
+  void rollback(const std::string& reason) {
+    if (!step_) return;
+    std::unique_ptr<Step> s = std::move(step_);
+    NoGil release;
+    s->rollback(reason);
+  }
+
+ private:
+  std::unique_ptr<Step> step_;
+};
+
+// A Python object kept by C++ (a closure queued on the runtime thread): released with the GIL
+// held, whichever thread drops the last reference.
+std::shared_ptr<py::object> keep(py::object o) {
+  return std::shared_ptr<py::object>(new py::object(std::move(o)), [](py::object* p) {
+    py::gil_scoped_acquire gil;
+    delete p;
+  });
+}
+
+py::dict cache_miss_dict(const debug::CacheMiss& m) {
+  py::dict d;
+  d["site"] = m.site;
+  d["first"] = m.first;
+  d["compiles_at_site"] = m.compiles_at_site;
+  d["node"] = m.node;
+  d["op"] = m.op;
+  d["field"] = m.field;
+  d["before"] = m.before;
+  d["after"] = m.after;
+  d["where"] = m.where;
+  d["module"] = m.module;
+  d["backward_of"] = m.backward_of;
+  d["more"] = m.more;
+  d["hint"] = m.hint;
+  d["text"] = m.text;
+  return d;
+}
+
+template <typename Guard, typename... Args>
+class PyScope {
+ public:
+  explicit PyScope(Args... args) : args_(args...) {}
+  void enter() {
+    guard_ = std::apply([](auto... a) { return std::make_unique<Guard>(a...); }, args_);
+  }
+  void exit() { guard_.reset(); }
+
+ private:
+  std::tuple<Args...> args_;
+  std::unique_ptr<Guard> guard_;
+};
+
+}  // namespace
+
+void init_runtime(py::module_& m) {
+  using py::arg;
+  py::class_<PyStep>(m, "_Step")
+      .def(py::init([](std::optional<PyDType> autocast) {
+             return std::make_unique<PyStep>(autocast, caller());
+           }),
+           arg("autocast") = py::none())
+      .def("commit", &PyStep::commit)
+      .def("rollback", &PyStep::rollback, arg("reason"));
+
+  m.def(
+      "sync",
+      [] {
+        const Loc loc = caller();
+        NoGil release;
+        sync(loc);
+      },
+      "Materializes every live pending tensor (enqueued; returns without waiting).");
+  m.def(
+      "wait",
+      [] {
+        NoGil release;
+        wait();
+      },
+      "Blocks until every enqueued program has run; raises an execution error not yet raised.");
+  m.def("check_errors", [] {
+    NoGil release;
+    check_errors();
+  });
+  m.def("current_step", &current_step);
+  m.def("in_step", &in_step);
+  m.def(
+      "add_step_closure",
+      [](const py::function& fn, const py::tuple& args) {
+        std::shared_ptr<py::object> call = keep(py::make_tuple(fn, args));
+        add_step_closure(
+            [call] {
+              py::gil_scoped_acquire gil;
+              py::tuple c = *call;
+              c[0](*c[1]);
+            },
+            caller());
+      },
+      arg("closure"), arg("args") = py::tuple(),
+      "Runs closure(*args) on the runtime thread after the current step's program has run.");
+  m.def("set_num_threads", &set_num_threads, arg("n"));
+  m.def("get_num_threads", &num_threads);
+  m.def(
+      "cpu_kernels", [](const PyDType& d) { return cpu_kernels(d.value); },
+      arg("dtype") = PyDType{DType::F32});
+  m.def("set_memory_limit", &set_memory_limit, arg("bytes"));
+  m.def("memory_limit", &memory_limit);
+  m.def("set_compile_cache_capacity", &set_compile_cache_capacity, arg("capacity"));
+  m.def("set_max_queued_programs", &set_max_queued_programs, arg("n"));
+  m.def("is_grad_enabled", &is_grad_enabled);
+
+  py::class_<PyScope<AutocastScope, DType, Loc>>(m, "_Autocast")
+      .def(py::init([](const PyDType& d) {
+             return std::make_unique<PyScope<AutocastScope, DType, Loc>>(d.value, caller());
+           }),
+           arg("dtype"))
+      .def("enter", &PyScope<AutocastScope, DType, Loc>::enter)
+      .def("exit", &PyScope<AutocastScope, DType, Loc>::exit);
+  py::class_<PyScope<NoGrad>>(m, "_NoGrad")
+      .def(py::init<>())
+      .def("enter", &PyScope<NoGrad>::enter)
+      .def("exit", &PyScope<NoGrad>::exit);
+  m.def("autocast_dtype", []() -> py::object {
+    std::optional<DType> d = autocast_dtype();
+    return d ? py::cast(PyDType{*d}) : py::none();
+  });
+
+  py::module_ metrics = m.def_submodule("metrics", "Counters, timers and per-site statistics.");
+  metrics.def("counter", &metrics::counter, arg("name"));
+  metrics.def("timer_total_ns", &metrics::timer_total_ns, arg("name"));
+  metrics.def("timer_count", &metrics::timer_count, arg("name"));
+  metrics.def("reset", &metrics::reset);
+  metrics.def("report", &metrics::report);
+  metrics.def("report_json", &metrics::report_json);
+
+  py::module_ dbg = m.def_submodule("debug", "Why programs compiled, and steady-state contracts.");
+  dbg.def("last_graph_text", &debug::last_graph_text);
+  dbg.def("diff", &debug::diff, arg("a"), arg("b"));
+  dbg.def("last_cache_miss", [] { return cache_miss_dict(debug::last_cache_miss()); });
+  dbg.def("sites", [] {
+    py::list out;
+    for (const debug::SiteStats& s : debug::sites()) {
+      py::dict d;
+      d["site"] = s.site;
+      d["syncs"] = s.syncs;
+      d["compiles"] = s.compiles;
+      d["cache_hits"] = s.cache_hits;
+      d["nodes"] = s.nodes;
+      d["graphs"] = s.graphs;
+      d["in_step"] = s.in_step;
+      d["planned_bytes"] = s.planned_bytes;
+      d["misses"] = s.misses;
+      out.append(d);
+    }
+    return out;
+  });
+  dbg.def(
+      "expect_steady",
+      [](int64_t after_syncs, const std::string& on_recompile, int64_t implicit) {
+        if (on_recompile != "throw" && on_recompile != "warn")
+          throw Error("expect_steady: on_recompile is 'throw' or 'warn', not '" + on_recompile +
+                      "'");
+        debug::expect_steady(
+            after_syncs,
+            on_recompile == "throw" ? debug::OnRecompile::Throw : debug::OnRecompile::Warn,
+            implicit);
+      },
+      arg("after_syncs") = 0, arg("on_recompile") = "throw", arg("implicit_syncs_per_step") = -1);
+  dbg.def("stop_expecting_steady", &debug::stop_expecting_steady);
+  dbg.def("set_pending_graph_limit", &debug::set_pending_graph_limit, arg("nodes"));
+}
+
+}  // namespace lockstep::python

@@ -1,0 +1,329 @@
+// lockstep.Tensor and lockstep.dtype: shape, dtype, reads into Python and NumPy (blocking: the
+// GIL is released while they wait), autograd, operators and basic indexing.
+#include <pybind11/numpy.h>
+#include <pybind11/operators.h>
+
+#include <cstring>
+#include <sstream>
+
+#include "common.h"
+
+namespace lockstep::python {
+namespace {
+
+const char* py_dtype_name(DType d) {
+  switch (d) {
+    case DType::F32:
+      return "float32";
+    case DType::F64:
+      return "float64";
+    case DType::I32:
+      return "int32";
+    case DType::I64:
+      return "int64";
+    case DType::Bool:
+      return "bool";
+    case DType::BF16:
+      return "bfloat16";
+  }
+  return "?";
+}
+
+template <typename T>
+py::array to_numpy_as(const Tensor& t, const Loc& loc) {
+  std::vector<T> values;
+  {
+    NoGil release;
+    values = t.to_vector<T>(loc);
+  }
+  py::array_t<T> out(t.shape());
+  if (!values.empty()) std::memcpy(out.mutable_data(), values.data(), values.size() * sizeof(T));
+  return out;
+}
+
+py::array to_numpy(const Tensor& t, const Loc& loc) {
+  switch (t.dtype()) {
+    case DType::F32:
+      return to_numpy_as<float>(t, loc);
+    case DType::F64:
+      return to_numpy_as<double>(t, loc);
+    case DType::I32:
+      return to_numpy_as<int32_t>(t, loc);
+    case DType::I64:
+      return to_numpy_as<int64_t>(t, loc);
+    case DType::Bool: {
+      std::vector<bool> values;
+      {
+        NoGil release;
+        values = t.to_vector<bool>(loc);
+      }
+      py::array_t<bool> out(t.shape());
+      bool* p = out.mutable_data();
+      for (size_t i = 0; i < values.size(); ++i) p[i] = values[i];
+      return out;
+    }
+    case DType::BF16:
+      break;
+  }
+  throw Error(
+      "Tensor.numpy(): NumPy has no bfloat16; read it as float32 with "
+      "t.to(lockstep.float32).numpy(), or share it without a copy through DLPack "
+      "(torch.from_dlpack(t))");
+}
+
+py::object item(const Tensor& t) {
+  const Loc loc = caller();
+  if (t.dtype() == DType::Bool) {
+    bool v = false;
+    {
+      NoGil release;
+      v = t.item<bool>(loc);
+    }
+    return py::bool_(v);
+  }
+  if (is_integral(t.dtype())) {
+    int64_t v = 0;
+    {
+      NoGil release;
+      v = t.item<int64_t>(loc);
+    }
+    return py::int_(v);
+  }
+  double v = 0;
+  {
+    NoGil release;
+    v = t.item<double>(loc);
+  }
+  return py::float_(v);
+}
+
+// Python's index expression (an int, slice, Ellipsis, None, or a tuple of them) as TensorIndex.
+std::vector<TensorIndex> indices_of(const py::handle& key) {
+  std::vector<TensorIndex> out;
+  auto one = [&](const py::handle& k) {
+    if (k.is_none()) {
+      out.emplace_back(None);
+    } else if (k.ptr() == Py_Ellipsis) {
+      out.emplace_back(Ellipsis);
+    } else if (py::isinstance<py::slice>(k)) {
+      auto part = [&](const char* name) -> std::optional<int64_t> {
+        py::object v = k.attr(name);
+        if (v.is_none()) return std::nullopt;
+        return v.cast<int64_t>();
+      };
+      const std::optional<int64_t> step = part("step");
+      out.emplace_back(Slice(part("start"), part("stop"), step.value_or(1)));
+    } else if (py::isinstance<py::bool_>(k) || !PyIndex_Check(k.ptr())) {
+      throw Error("Tensor indexing: " + py::repr(k).cast<std::string>() +
+                  " is not a basic index (int, slice, ..., None); for indices in a tensor use "
+                  "lockstep.index_select or lockstep.gather");
+    } else {
+      out.emplace_back(
+          py::cast<int64_t>(py::reinterpret_steal<py::object>(PyNumber_Index(k.ptr()))));
+    }
+  };
+  if (py::isinstance<py::tuple>(key)) {
+    for (const py::handle& k : key) one(k);
+  } else {
+    one(key);
+  }
+  return out;
+}
+
+}  // namespace
+
+void init_tensor(py::module_& m) {
+  py::class_<PyDType>(m, "dtype", "An element type: lockstep.float32, int64, bfloat16, ...")
+      .def_property_readonly("is_floating_point",
+                             [](const PyDType& d) { return is_floating(d.value); })
+      .def_property_readonly("itemsize",
+                             [](const PyDType& d) { return static_cast<int>(dtype_size(d.value)); })
+      .def("__repr__",
+           [](const PyDType& d) { return std::string("lockstep.") + py_dtype_name(d.value); })
+      .def("__eq__", [](const PyDType& a, const PyDType& b) { return a.value == b.value; })
+      .def("__hash__", [](const PyDType& d) { return static_cast<int>(d.value); });
+  for (auto [name, d] : {std::pair{"float32", DType::F32},
+                         {"float", DType::F32},
+                         {"float64", DType::F64},
+                         {"double", DType::F64},
+                         {"int32", DType::I32},
+                         {"int", DType::I32},
+                         {"int64", DType::I64},
+                         {"long", DType::I64},
+                         {"bool", DType::Bool},
+                         {"bfloat16", DType::BF16}})
+    m.attr(name) = PyDType{d};
+
+  py::class_<Tensor> t(m, "Tensor",
+                       "A lazy tensor: ops record; reads (item, tolist, numpy) run what they "
+                       "need and block, releasing the GIL while they wait.");
+  t.def(py::init([](const Tensor& other) { return other; }), py::arg("other"),
+        "Another handle to the same tensor.")
+      .def_property_readonly("shape",
+                             [](const Tensor& x) { return py::tuple(py::cast(x.shape())); })
+      .def(
+          "size",
+          [](const Tensor& x, const py::object& dim) -> py::object {
+            if (dim.is_none()) return py::tuple(py::cast(x.shape()));
+            return py::int_(x.size(dim.cast<int64_t>()));
+          },
+          py::arg("dim") = py::none())
+      .def("dim", &Tensor::dim)
+      .def_property_readonly("ndim", &Tensor::dim)
+      .def("numel", &Tensor::numel)
+      .def_property_readonly("dtype", [](const Tensor& x) { return PyDType{x.dtype()}; })
+      .def_property_readonly("device", [](const Tensor& x) { return device_name(x.device()); })
+      .def_property_readonly("is_pending", &Tensor::is_pending)
+      .def_property_readonly("is_poisoned", &Tensor::is_poisoned)
+      .def("__len__",
+           [](const Tensor& x) {
+             if (x.dim() == 0) throw py::type_error("len() of a 0-d tensor");
+             return x.size(0);
+           })
+      .def("item", &item, "The one element as a Python number (a blocking read).")
+      .def(
+          "numpy", [](const Tensor& x) { return to_numpy(x, caller()); },
+          "A NumPy copy of the values (a blocking read).")
+      .def("tolist", [](const Tensor& x) { return to_numpy(x, caller()).attr("tolist")(); })
+      .def(
+          "__array__",
+          [](const Tensor& x, const py::object& dtype) {
+            py::array a = to_numpy(x, caller());
+            return dtype.is_none() ? py::object(a) : a.attr("astype")(dtype);
+          },
+          py::arg("dtype") = py::none())
+      .def("__float__", [](const Tensor& x) { return item(x).cast<double>(); })
+      .def("__int__", [](const Tensor& x) { return item(x).cast<int64_t>(); })
+      .def("__bool__",
+           [](const Tensor& x) {
+             if (x.numel() != 1)
+               throw Error("the truth value of a tensor of " + std::to_string(x.numel()) +
+                           " elements is ambiguous; use .any() or .all()");
+             return item(x).cast<bool>();
+           })
+      .def("__index__",
+           [](const Tensor& x) {
+             if (!is_integral(x.dtype()) || x.numel() != 1)
+               throw py::type_error("only integer tensors of one element can be an index");
+             return item(x).cast<int64_t>();
+           })
+      .def("__repr__",
+           [](const Tensor& x) {
+             const Loc loc = caller();
+             std::ostringstream os;
+             os << "tensor(" << dtype_name(x.dtype()) << shape_str(x.shape()) << ", "
+                << device_name(x.device());
+             if (x.is_poisoned()) return os.str() + ", poisoned)";
+             std::string values;
+             {
+               NoGil release;
+               values = x.to_string(loc);
+             }
+             os << ") " << values;
+             return os.str();
+           })
+      .def("__hash__", [](const Tensor& x) { return reinterpret_cast<intptr_t>(x.impl()); })
+      .def("is_same", &Tensor::is_same)
+      // Autograd.
+      .def_property("requires_grad", &Tensor::requires_grad,
+                    [](Tensor& x, bool on) { x.set_requires_grad(on, caller()); })
+      .def(
+          "requires_grad_",
+          [](Tensor& x, bool on) -> Tensor& { return x.set_requires_grad(on, caller()); },
+          py::arg("requires_grad") = true, py::return_value_policy::reference_internal)
+      .def_property(
+          "grad",
+          [](const Tensor& x) -> py::object {
+            Tensor g = x.grad();
+            return g.defined() ? py::cast(g) : py::none();
+          },
+          [](Tensor& x, const py::object& g) {
+            x.set_grad(g.is_none() ? Tensor() : g.cast<Tensor>(), caller());
+          })
+      .def(
+          "backward",
+          [](const Tensor& x, const py::object& gradient) {
+            backward(x, gradient.is_none() ? Tensor() : gradient.cast<Tensor>(), caller());
+          },
+          py::arg("gradient") = py::none())
+      .def("detach", [](const Tensor& x) { return x.detach(caller()); })
+      .def(
+          "to",
+          [](const Tensor& x, const py::object& where) {
+            if (py::isinstance<PyDType>(where)) return x.to(where.cast<PyDType>().value, caller());
+            return x.to(parse_device(where.cast<std::string>()), caller());
+          },
+          py::arg("dtype_or_device"))
+      .def("float", [](const Tensor& x) { return x.to(DType::F32, caller()); })
+      .def("double", [](const Tensor& x) { return x.to(DType::F64, caller()); })
+      .def("long", [](const Tensor& x) { return x.to(DType::I64, caller()); })
+      .def("int", [](const Tensor& x) { return x.to(DType::I32, caller()); })
+      .def("bfloat16", [](const Tensor& x) { return x.to(DType::BF16, caller()); })
+      .def("is_floating_point", [](const Tensor& x) { return is_floating(x.dtype()); })
+      .def("__getitem__", [](const Tensor& x,
+                             const py::object& key) { return x.index(indices_of(key), caller()); })
+      .def("__setitem__",
+           [](Tensor&, const py::object&, const py::object&) {
+             throw Error(
+                 "Tensor.__setitem__: lockstep tensors are not views; assign with "
+                 "masked_fill, where or copy_ on the whole tensor");
+           })
+      // In place: every handle to the tensor sees the new value.
+      .def(
+          "copy_", [](Tensor& x, const Tensor& src) -> Tensor& { return x.copy_(src, caller()); },
+          py::return_value_policy::reference_internal)
+      .def(
+          "fill_", [](Tensor& x, Scalar v) -> Tensor& { return x.fill_(v, caller()); },
+          py::return_value_policy::reference_internal)
+      .def(
+          "zero_", [](Tensor& x) -> Tensor& { return x.zero_(caller()); },
+          py::return_value_policy::reference_internal);
+
+  // Operators, each recorded at the caller's line.
+#define LS_BINARY(py_name, py_rname, fn)                                               \
+  t.def(py_name, [](const Tensor& a, const Tensor& b) { return fn(a, b, caller()); }); \
+  t.def(py_name, [](const Tensor& a, Scalar b) { return fn(a, b, caller()); });        \
+  t.def(py_rname, [](const Tensor& a, Scalar b) { return fn(b, a, caller()); });
+  LS_BINARY("__add__", "__radd__", add)
+  LS_BINARY("__sub__", "__rsub__", sub)
+  LS_BINARY("__mul__", "__rmul__", mul)
+  LS_BINARY("__truediv__", "__rtruediv__", div)
+  LS_BINARY("__pow__", "__rpow__", pow)
+  LS_BINARY("__mod__", "__rmod__", remainder)
+  LS_BINARY("__floordiv__", "__rfloordiv__", floor_divide)
+  LS_BINARY("__and__", "__rand__", logical_and)
+  LS_BINARY("__or__", "__ror__", logical_or)
+#undef LS_BINARY
+#define LS_COMPARE(py_name, fn)                                                        \
+  t.def(py_name, [](const Tensor& a, const Tensor& b) { return fn(a, b, caller()); }); \
+  t.def(py_name, [](const Tensor& a, Scalar b) { return fn(a, b, caller()); });
+  LS_COMPARE("__eq__", eq)
+  LS_COMPARE("__ne__", ne)
+  LS_COMPARE("__lt__", lt)
+  LS_COMPARE("__le__", le)
+  LS_COMPARE("__gt__", gt)
+  LS_COMPARE("__ge__", ge)
+#undef LS_COMPARE
+  t.def("__matmul__", [](const Tensor& a, const Tensor& b) { return matmul(a, b, caller()); });
+  t.def("__neg__", [](const Tensor& a) { return neg(a, caller()); });
+  t.def("__abs__", [](const Tensor& a) { return abs(a, caller()); });
+  t.def("__invert__", [](const Tensor& a) { return logical_not(a, caller()); });
+#define LS_INPLACE(py_name, method)                                                         \
+  t.def(                                                                                    \
+      py_name, [](Tensor& a, const Tensor& b) -> Tensor& { return a.method(b, caller()); }, \
+      py::return_value_policy::reference_internal);                                         \
+  t.def(                                                                                    \
+      py_name, [](Tensor& a, Scalar b) -> Tensor& { return a.method(b, caller()); },        \
+      py::return_value_policy::reference_internal);
+  LS_INPLACE("__iadd__", add_)
+  LS_INPLACE("__isub__", sub_)
+  LS_INPLACE("__imul__", mul_)
+  LS_INPLACE("__itruediv__", div_)
+  LS_INPLACE("add_", add_)
+  LS_INPLACE("sub_", sub_)
+  LS_INPLACE("mul_", mul_)
+  LS_INPLACE("div_", div_)
+#undef LS_INPLACE
+}
+
+}  // namespace lockstep::python
