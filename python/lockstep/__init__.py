@@ -17,6 +17,7 @@ lockstep.Error (a RuntimeError) and name the .py line that recorded the op.
 """
 
 import atexit as _atexit
+import builtins as _builtins
 import functools as _functools
 import os as _os
 import sys as _sys
@@ -134,7 +135,7 @@ for _name in _METHODS:
 
 
 def _shape_args(args):
-    if len(args) == 1 and not isinstance(args[0], int):
+    if len(args) == 1 and not isinstance(args[0], _builtins.int):
         return tuple(args[0])
     return args
 
@@ -168,7 +169,7 @@ Tensor.T = property(lambda self: _C.permute(self, tuple(reversed(range(self.dim(
 Tensor.mT = property(lambda self: _C.transpose(self, -2, -1))
 Tensor.contiguous = lambda self: self
 Tensor.type_as = lambda self, other: self.to(other.dtype)
-Tensor.clone = lambda self: self + 0 if self.dtype != bool else self.logical_or(False)  # noqa: F821
+Tensor.clone = lambda self: self.logical_or(False) if self.dtype == _C.bool else self + 0
 
 from . import nn, optim, models, metrics, debug, dist, data  # noqa: E402,F401
 
@@ -180,6 +181,9 @@ def _drain_at_exit():
         _C.wait()
     except BaseException as e:  # noqa: BLE001 - reported, the process is ending anyway
         print("lockstep: at exit, queued work failed: %s" % e, file=_sys.stderr)
+    # MPI ends here, while the interpreter and the module's threads are still whole.
+    if _C.dist.is_initialized():
+        _C.dist.finalize()
 
 
 _atexit.register(_drain_at_exit)

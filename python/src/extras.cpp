@@ -96,6 +96,10 @@ void init_extras(py::module_& m) {
     dist::init();
   });
   dist.def("is_initialized", &dist::initialized);
+  dist.def("finalize", [] {
+    NoGil release;
+    dist::finalize();
+  });
   dist.def("rank", &dist::rank);
   dist.def("world_size", &dist::world_size);
   dist.def("local_rank", &dist::local_rank);

@@ -579,7 +579,15 @@ void init_nn(py::module_& m) {
              return std::make_shared<models::GPT>(o);
            }),
            arg("vocab_size") = 16, arg("block_size") = 32, arg("d_model") = 64, arg("nhead") = 4,
-           arg("num_layers") = 2, arg("dim_feedforward") = 256, arg("dropout") = 0.0);
+           arg("num_layers") = 2, arg("dim_feedforward") = 256, arg("dropout") = 0.0)
+      .def(
+          "generate",
+          [](models::GPT& g, const Tensor& prompt, int64_t n, double temperature, int64_t top_k) {
+            return g.generate(prompt, n, temperature, top_k, caller());
+          },
+          arg("prompt"), arg("max_new_tokens"), arg("temperature") = 1.0, arg("top_k") = 0)
+      .def_property_readonly("vocab_size",
+                             [](const models::GPT& g) { return g.options.vocab_size; });
   py::class_<models::MLP, Module, std::shared_ptr<models::MLP>>(models, "MLP")
       .def(py::init<const std::vector<int64_t>&>(), arg("sizes"));
   py::class_<models::FashionCNN, Module, std::shared_ptr<models::FashionCNN>>(models, "FashionCNN")

@@ -34,12 +34,19 @@ class PyStep {
   std::unique_ptr<Step> step_;
 };
 
-// A Python object kept by C++ (a closure queued on the runtime thread): released with the GIL
-// held, whichever thread drops the last reference.
+// A Python object kept by C++ (a closure queued on the runtime thread). A closure lets go of it
+// while it still holds the GIL (see add_step_closure below), so that nothing touches Python
+// after its program is done: at exit the interpreter may be finalizing by then, and a thread
+// that takes the GIL during finalization is ended on the spot. One never run (its step rolled
+// back or failed) is released here, with the GIL.
 std::shared_ptr<py::object> keep(py::object o) {
   return std::shared_ptr<py::object>(new py::object(std::move(o)), [](py::object* p) {
-    py::gil_scoped_acquire gil;
-    delete p;
+    if (*p) {
+      py::gil_scoped_acquire gil;
+      delete p;
+    } else {
+      delete p;
+    }
   });
 }
 
@@ -115,8 +122,17 @@ void init_runtime(py::module_& m) {
         std::shared_ptr<py::object> call = keep(py::make_tuple(fn, args));
         add_step_closure(
             [call] {
-              py::gil_scoped_acquire gil;
-              py::tuple c = *call;
+              py::gil_scoped_acquire gil;  // released last: after c below
+              // No garbage collection on the runtime thread: it would run the destructors of
+              // whatever cycles it finds (a data loader, a model), which belong to the threads
+              // that made them. Collection resumes on theirs.
+              struct NoCollection {
+                int was = PyGC_Disable();
+                ~NoCollection() {
+                  if (was) PyGC_Enable();
+                }
+              } no_collection;
+              py::tuple c = py::reinterpret_steal<py::tuple>(call->release());
               c[0](*c[1]);
             },
             caller());

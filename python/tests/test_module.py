@@ -1,0 +1,117 @@
+"""Modules subclassed in Python, state dicts by PyTorch's names, optimizers and checkpoints."""
+import os
+
+import numpy as np
+import pytest
+
+import lockstep
+import lockstep.nn as nn
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+        self.scale = nn.Parameter(lockstep.ones(1))
+        self.register_buffer("seen", lockstep.zeros(1))
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(4 * 8 * 8, 10))
+
+    def forward(self, x):
+        return self.head(lockstep.relu(self.bn(self.conv(x))) * self.scale)
+
+
+def test_registration_by_attribute_names_as_torch():
+    m = Block()
+    names = [n for n, _ in m.named_parameters()]
+    assert names == ["scale", "conv.weight", "conv.bias", "bn.weight", "bn.bias",
+                     "head.1.weight", "head.1.bias"]
+    keys = list(m.state_dict().keys())
+    assert "bn.running_mean" in keys and "seen" in keys and "bn.num_batches_tracked" in keys
+    assert m.training
+    m.eval()
+    assert not m.training and not m.bn.training
+    kinds = []
+    m.apply(lambda mod: kinds.append(type(mod).__name__))
+    assert kinds[0] == "Block" and "Conv2d" in kinds
+
+
+def test_load_state_dict_round_trip_and_strictness():
+    a, b = Block(), Block()
+    b.load_state_dict(a.state_dict())
+    x = lockstep.randn(2, 3, 8, 8)
+    a.eval()
+    b.eval()
+    np.testing.assert_array_equal(a(x).numpy(), b(x).numpy())
+    bad = dict(a.state_dict())
+    bad.pop("scale")
+    with pytest.raises(lockstep.Error, match="scale"):
+        b.load_state_dict(bad)
+
+
+def test_resnet18_state_dict_has_torchvisions_names():
+    torchvision = pytest.importorskip("torchvision")
+    ours = list(lockstep.models.resnet18(num_classes=10).state_dict().keys())
+    theirs = list(torchvision.models.resnet18(num_classes=10).state_dict().keys())
+    assert sorted(ours) == sorted(theirs)
+
+
+def test_checkpoint_with_optimizer_and_scheduler(tmp_path):
+    m = Block()
+    opt = lockstep.optim.SGD([{"params": m.parameters(), "lr": 0.05}], lr=0.1, momentum=0.9)
+    sched = lockstep.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    x, t = lockstep.randn(2, 3, 8, 8), lockstep.tensor([1, 2])
+    for _ in range(3):
+        with lockstep.step():
+            opt.zero_grad()
+            lockstep.nn.functional.cross_entropy(m(x), t).backward()
+            opt.step()
+        sched.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.025)
+    path = os.path.join(tmp_path, "ck.safetensors")
+    lockstep.save_checkpoint(path, m, opt, sched, metadata={"epoch": 3})
+    m2 = Block()
+    opt2 = lockstep.optim.SGD(m2.parameters(), lr=0.1, momentum=0.9)
+    sched2 = lockstep.optim.lr_scheduler.StepLR(opt2, step_size=2, gamma=0.5)
+    meta = lockstep.load_checkpoint(path, m2, opt2, sched2)
+    assert meta["epoch"] == "3"
+    assert sched2.last_epoch == 3
+    for (n, p), (_, q) in zip(m.state_dict().items(), m2.state_dict().items()):
+        assert p.numpy().tobytes() == q.numpy().tobytes(), n
+
+
+def test_training_matches_pytorch():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    w0 = rng.standard_normal((3, 4)).astype(np.float32) * 0.3
+    b0 = np.zeros(3, np.float32)
+    xs = rng.standard_normal((8, 4)).astype(np.float32)
+    ts = np.array([0, 1, 2, 0, 1, 2, 0, 1])
+
+    lin = nn.Linear(4, 3)
+    with lockstep.no_grad():
+        lin.weight.copy_(lockstep.tensor(w0))
+        lin.bias.copy_(lockstep.tensor(b0))
+    opt = lockstep.optim.SGD(lin.parameters(), lr=0.5, momentum=0.9)
+    ours = []
+    for _ in range(5):
+        with lockstep.step():
+            opt.zero_grad()
+            loss = lockstep.nn.functional.cross_entropy(lin(lockstep.tensor(xs)), lockstep.tensor(ts))
+            loss.backward()
+            opt.step()
+        ours.append(loss.item())
+
+    tl = torch.nn.Linear(4, 3)
+    with torch.no_grad():
+        tl.weight.copy_(torch.from_numpy(w0))
+        tl.bias.copy_(torch.from_numpy(b0))
+    topt = torch.optim.SGD(tl.parameters(), lr=0.5, momentum=0.9)
+    theirs = []
+    for _ in range(5):
+        topt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(tl(torch.from_numpy(xs)), torch.from_numpy(ts))
+        loss.backward()
+        topt.step()
+        theirs.append(loss.item())
+    np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5)

@@ -1,0 +1,77 @@
+"""Tensors from Python: values against NumPy, indexing, dtypes, reads, errors."""
+import numpy as np
+import pytest
+
+import lockstep
+
+
+def test_ops_match_numpy():
+    a = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    b = np.random.default_rng(1).standard_normal((4, 5)).astype(np.float32)
+    x, y = lockstep.tensor(a), lockstep.from_numpy(b)
+    np.testing.assert_allclose((x @ y).numpy(), a @ b, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose((x * 2 - 1).exp().numpy(), np.exp(a * 2 - 1), rtol=1e-5)
+    np.testing.assert_allclose(x.sum(1, keepdim=True).numpy(), a.sum(1, keepdims=True), rtol=1e-5)
+    np.testing.assert_allclose(lockstep.softmax(x, -1).numpy(),
+                               np.exp(a) / np.exp(a).sum(-1, keepdims=True), rtol=1e-5)
+    np.testing.assert_allclose((1 - x).numpy(), 1 - a, rtol=1e-6)
+    np.testing.assert_allclose((x ** 2).numpy(), a ** 2, rtol=1e-6)
+    np.testing.assert_allclose(x.max().item(), a.max(), rtol=1e-6)
+    values, indices = x.max(1)
+    np.testing.assert_array_equal(indices.numpy(), a.argmax(1))
+    assert (x > 0).dtype == lockstep.bool
+    assert np.array_equal(np.asarray(x > 0), a > 0)
+
+
+def test_basic_indexing_as_numpy():
+    a = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    x = lockstep.tensor(a)
+    for key in [(slice(None), -1), (Ellipsis, slice(1, 3)), 0, (1, None, slice(None, None, 2)),
+                (slice(-2, None), 1, slice(None, -1))]:
+        np.testing.assert_array_equal(x[key].numpy(), a[key])
+    with pytest.raises(lockstep.Error, match="basic index"):
+        x[[0, 1]]
+
+
+def test_dtypes_and_reads():
+    assert lockstep.tensor([1, 2]).dtype == lockstep.int64
+    assert lockstep.tensor([1.5]).dtype == lockstep.float32
+    assert lockstep.tensor(np.zeros(2, np.float64)).dtype == lockstep.float64
+    assert lockstep.tensor([True]).dtype == lockstep.bool
+    t = lockstep.tensor([[1, 2], [3, 4]])
+    assert t.tolist() == [[1, 2], [3, 4]]
+    assert t.shape == (2, 2) and t.size(1) == 2 and t.ndim == 2 and t.numel() == 4
+    assert isinstance(t.sum().item(), int) and t.sum().item() == 10
+    assert lockstep.tensor(2.5).item() == 2.5
+    h = lockstep.ones(3).to(lockstep.bfloat16)
+    with pytest.raises(lockstep.Error, match="bfloat16"):
+        h.numpy()
+    assert h.float().tolist() == [1.0, 1.0, 1.0]
+
+
+def test_in_place_updates_every_handle():
+    x = lockstep.zeros(3)
+    y = lockstep.Tensor(x)
+    x += 2
+    x.mul_(3)
+    assert y.tolist() == [6.0, 6.0, 6.0]
+
+
+def test_errors_are_lockstep_errors_naming_the_python_line():
+    assert issubclass(lockstep.Error, RuntimeError)
+    with pytest.raises(lockstep.Error) as e:
+        lockstep.ones(2, 3) @ lockstep.ones(4, 5)  # THE LINE
+    assert "test_tensor.py:" in str(e.value)
+    line = [i for i, s in enumerate(open(__file__), 1) if s.rstrip().endswith("# THE LINE")][0]
+    assert f"test_tensor.py:{line}" in str(e.value)
+
+
+def test_autograd_against_finite_differences():
+    a = np.random.default_rng(3).standard_normal(5)
+    x = lockstep.tensor(a, dtype=lockstep.float64, requires_grad=True)
+    y = (x.tanh() * x).sum()
+    y.backward()
+    eps = 1e-6
+    f = lambda v: (np.tanh(v) * v).sum()  # noqa: E731
+    fd = [(f(a + eps * np.eye(5)[i]) - f(a - eps * np.eye(5)[i])) / (2 * eps) for i in range(5)]
+    np.testing.assert_allclose(x.grad.numpy(), fd, rtol=1e-6)
