@@ -65,6 +65,19 @@ class Step {
   const void* context_;  // the entering thread's recording context
 };
 
+// Zero-copy exchange (DLPack, NumPy): the host memory holding the tensor's current value
+// (computed first if pending: a blocking read), row-major and contiguous, and an owner that keeps
+// that memory alive. While any owner lives, lockstep never updates that memory in place: an
+// in-place update of the tensor (an optimizer step on a parameter) then writes new memory, so
+// what was exported keeps the values it had, never half of an update, and the update is not
+// lost. Writes through `data` are seen by the next program that reads the tensor (not by one
+// already running). An Error for a tensor on a device without host memory.
+struct HostMemory {
+  void* data = nullptr;  // null for a tensor of no elements
+  std::shared_ptr<void> owner;
+};
+HostMemory host_memory(const Tensor& t, Loc loc = Loc::current());
+
 // Number of the current (or, outside a step, the last) step; the first step is 1.
 int64_t current_step();
 bool in_step();

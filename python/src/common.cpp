@@ -89,13 +89,15 @@ Loc caller() {
     PyCodeObject* code = PyFrame_GetCode(f);  // new reference
     const CodeInfo& info = info_of(code);
     if (!info.internal) {
-      const int line = PyFrame_GetLineNumber(f);
+      // Keyed by the instruction, whose line is computed once (PyCode_Addr2Line walks a table).
       auto& table = locs();
-      auto key = std::make_pair(static_cast<const void*>(code), line);
+      auto key = std::make_pair(static_cast<const void*>(code), PyFrame_GetLasti(f));
       auto it = table.find(key);
-      if (it == table.end())
+      if (it == table.end()) {
+        const int line = PyFrame_GetLineNumber(f);
         it = table.emplace(key, Loc::intern(info.file, static_cast<uint32_t>(line), info.function))
                  .first;
+      }
       Py_DECREF(code);
       Py_DECREF(f);
       return it->second;

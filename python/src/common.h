@@ -18,7 +18,7 @@ namespace py = pybind11;
 
 // The innermost Python frame outside the lockstep package (its file, line and function), so that
 // errors, cache-miss explanations, graph dumps and per-site metrics name the user's .py line.
-// Interned per (code object, line): recording an op from Python stays cheap. Needs the GIL.
+// Interned per (code object, instruction): recording an op from Python stays cheap. Needs the GIL.
 Loc caller();
 // The directory of the lockstep package's .py files (frames there are skipped by caller()).
 void set_package_dir(const std::string& dir);
@@ -38,6 +38,7 @@ void init_runtime(py::module_& m);
 void init_nn(py::module_& m);
 void init_optim(py::module_& m);
 void init_extras(py::module_& m);
+void init_dlpack(py::module_& m);  // after init_tensor
 
 // Axes given as an int, a sequence of ints, or None (every axis).
 std::vector<int64_t> axes_of(const py::object& dim);
@@ -79,6 +80,8 @@ struct type_caster<lockstep::Scalar> {
       return true;
     }
     if (!convert) return false;
+    // A tensor is not a host number, although it has __index__ and __float__ (reads).
+    if (isinstance<lockstep::Tensor>(src)) return false;
     // NumPy scalars and other numbers: integers by __index__, the rest by __float__.
     if (PyIndex_Check(o)) {
       object i = reinterpret_steal<object>(PyNumber_Index(o));

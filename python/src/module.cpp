@@ -30,4 +30,5 @@ PYBIND11_MODULE(_lockstep, m) {
   lp::init_nn(m);
   lp::init_optim(m);
   lp::init_extras(m);
+  lp::init_dlpack(m);
 }

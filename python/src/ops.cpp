@@ -117,15 +117,16 @@ void init_ops(py::module_& m) {
   LS_UNARY(isfinite)
   LS_UNARY(square)
 #undef LS_UNARY
+// (Scalar, Tensor) and (Tensor, Scalar) before (Tensor, Tensor): see tensor.cpp's operators.
 #define LS_BINARY(name)                                                                           \
   m.def(                                                                                          \
-      #name, [](const Tensor& a, const Tensor& b) { return name(a, b, caller()); }, arg("input"), \
+      #name, [](Scalar a, const Tensor& b) { return name(a, b, caller()); }, arg("input"),        \
       arg("other"));                                                                              \
   m.def(                                                                                          \
       #name, [](const Tensor& a, Scalar b) { return name(a, b, caller()); }, arg("input"),        \
       arg("other"));                                                                              \
   m.def(                                                                                          \
-      #name, [](Scalar a, const Tensor& b) { return name(a, b, caller()); }, arg("input"),        \
+      #name, [](const Tensor& a, const Tensor& b) { return name(a, b, caller()); }, arg("input"), \
       arg("other"));
   LS_BINARY(add)
   LS_BINARY(sub)

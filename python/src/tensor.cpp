@@ -279,10 +279,12 @@ void init_tensor(py::module_& m) {
           "zero_", [](Tensor& x) -> Tensor& { return x.zero_(caller()); },
           py::return_value_policy::reference_internal);
 
-  // Operators, each recorded at the caller's line.
+  // Operators, each recorded at the caller's line. Overloads taking a number come first: pybind11
+  // tries them in order, and a number fails the Scalar check at once, while a number offered as
+  // a Tensor fails only after a costly lookup (a recorded op would pay it every time).
 #define LS_BINARY(py_name, py_rname, fn)                                               \
-  t.def(py_name, [](const Tensor& a, const Tensor& b) { return fn(a, b, caller()); }); \
   t.def(py_name, [](const Tensor& a, Scalar b) { return fn(a, b, caller()); });        \
+  t.def(py_name, [](const Tensor& a, const Tensor& b) { return fn(a, b, caller()); }); \
   t.def(py_rname, [](const Tensor& a, Scalar b) { return fn(b, a, caller()); });
   LS_BINARY("__add__", "__radd__", add)
   LS_BINARY("__sub__", "__rsub__", sub)
@@ -294,9 +296,9 @@ void init_tensor(py::module_& m) {
   LS_BINARY("__and__", "__rand__", logical_and)
   LS_BINARY("__or__", "__ror__", logical_or)
 #undef LS_BINARY
-#define LS_COMPARE(py_name, fn)                                                        \
-  t.def(py_name, [](const Tensor& a, const Tensor& b) { return fn(a, b, caller()); }); \
-  t.def(py_name, [](const Tensor& a, Scalar b) { return fn(a, b, caller()); });
+#define LS_COMPARE(py_name, fn)                                                 \
+  t.def(py_name, [](const Tensor& a, Scalar b) { return fn(a, b, caller()); }); \
+  t.def(py_name, [](const Tensor& a, const Tensor& b) { return fn(a, b, caller()); });
   LS_COMPARE("__eq__", eq)
   LS_COMPARE("__ne__", ne)
   LS_COMPARE("__lt__", lt)

@@ -225,6 +225,19 @@ void wait_all() {
 
 namespace lockstep {
 
+HostMemory host_memory(const Tensor& t, Loc loc) {
+  std::shared_ptr<runtime::Buffer> b = runtime::materialize(t, loc, "host_memory");
+  if (b->device.kind != DeviceKind::Cpu && b->device.kind != DeviceKind::Ref)
+    util::fail(loc, "host_memory",
+               util::cat("the tensor lives on ", device_name(b->device), ", not in host memory"),
+               "Copy it to the cpu device first (t.to(ls::parse_device(\"cpu\")))");
+  // The owner shares the storage: the executor donates an input's storage to an in-place update
+  // only while nothing else holds it (runtime::donatable_inputs).
+  std::shared_ptr<backends::Storage> storage = b->storage;
+  void* data = b->bytes != 0 ? storage->data() : nullptr;
+  return {data, std::shared_ptr<void>(storage, data)};
+}
+
 namespace {
 std::atomic<uint16_t> g_default_device{
     static_cast<uint16_t>(static_cast<unsigned>(DeviceKind::Cpu) << 8)};  // kind << 8 | index

@@ -1,0 +1,147 @@
+// DLPack: Tensor.__dlpack__ / __dlpack_device__ hand a materialized tensor's host memory to
+// torch.from_dlpack or numpy.from_dlpack without a copy (lockstep::host_memory: while the export
+// lives, lockstep never updates that memory in place); lockstep.from_dlpack takes another
+// library's tensor (copied into lockstep's memory).
+#include <dlpack/dlpack.h>
+
+#include <cstring>
+
+#include "common.h"
+
+namespace lockstep::python {
+namespace {
+
+DLDataType dl_dtype(DType d) {
+  switch (d) {
+    case DType::F32:
+      return {kDLFloat, 32, 1};
+    case DType::F64:
+      return {kDLFloat, 64, 1};
+    case DType::I32:
+      return {kDLInt, 32, 1};
+    case DType::I64:
+      return {kDLInt, 64, 1};
+    case DType::BF16:
+      return {kDLBfloat, 16, 1};
+    case DType::Bool:
+      break;
+  }
+  // DLPack 0.6 has no boolean code; one byte each, as PyTorch 1.13 exports it.
+  return {kDLUInt, 8, 1};
+}
+
+std::optional<DType> from_dl(const DLDataType& t) {
+  if (t.lanes != 1) return std::nullopt;
+  if (t.code == kDLFloat && t.bits == 32) return DType::F32;
+  if (t.code == kDLFloat && t.bits == 64) return DType::F64;
+  if (t.code == kDLInt && t.bits == 32) return DType::I32;
+  if (t.code == kDLInt && t.bits == 64) return DType::I64;
+  if (t.code == kDLBfloat && t.bits == 16) return DType::BF16;
+  if (t.code == kDLUInt && t.bits == 8) return DType::Bool;
+  return std::nullopt;
+}
+
+// What a DLManagedTensor owns: the exported memory's owner and the shape it points into.
+struct Export {
+  DLManagedTensor managed{};
+  std::shared_ptr<void> owner;
+  std::vector<int64_t> shape;
+};
+
+void delete_export(DLManagedTensor* m) { delete static_cast<Export*>(m->manager_ctx); }
+
+void capsule_destructor(PyObject* capsule) {
+  // Still named "dltensor": nobody consumed it, so its deleter is ours to call.
+  if (PyCapsule_IsValid(capsule, "dltensor")) {
+    auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
+    if (m && m->deleter) m->deleter(m);
+  } else {
+    PyErr_Clear();
+  }
+}
+
+py::capsule to_dlpack(const Tensor& t) {
+  const Loc loc = caller();
+  HostMemory mem;
+  {
+    NoGil release;
+    mem = host_memory(t, loc);
+  }
+  auto e = std::make_unique<Export>();
+  e->owner = std::move(mem.owner);
+  e->shape = t.shape();
+  DLTensor& d = e->managed.dl_tensor;
+  d.data = mem.data;
+  d.device = {kDLCPU, 0};
+  d.ndim = static_cast<int>(e->shape.size());
+  d.dtype = dl_dtype(t.dtype());
+  d.shape = e->shape.data();
+  d.strides = nullptr;  // compact, row-major
+  d.byte_offset = 0;
+  e->managed.manager_ctx = e.get();
+  e->managed.deleter = &delete_export;
+  DLManagedTensor* m = &e.release()->managed;
+  PyObject* cap = PyCapsule_New(m, "dltensor", &capsule_destructor);
+  if (!cap) {
+    delete_export(m);
+    throw py::error_already_set();
+  }
+  return py::reinterpret_steal<py::capsule>(cap);
+}
+
+Tensor from_dlpack(const py::object& source) {
+  const Loc loc = caller();
+  py::object cap_obj = py::hasattr(source, "__dlpack__") ? source.attr("__dlpack__")() : source;
+  PyObject* cap = cap_obj.ptr();
+  if (!PyCapsule_IsValid(cap, "dltensor"))
+    throw Error(
+        "lockstep.from_dlpack: expected an object with __dlpack__ (a torch or NumPy "
+        "array) or an unconsumed 'dltensor' capsule");
+  auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(cap, "dltensor"));
+  const DLTensor& d = m->dl_tensor;
+  if (d.device.device_type != kDLCPU)
+    throw Error("lockstep.from_dlpack: the tensor is not in host memory (DLPack device type " +
+                std::to_string(d.device.device_type) + "); copy it to the CPU first");
+  const std::optional<DType> dtype = from_dl(d.dtype);
+  if (!dtype)
+    throw Error("lockstep.from_dlpack: DLPack dtype (code " + std::to_string(d.dtype.code) + ", " +
+                std::to_string(d.dtype.bits) + " bits, " + std::to_string(d.dtype.lanes) +
+                " lanes) has no lockstep dtype (float32, float64, int32, int64, bfloat16, bool)");
+  Shape shape(d.shape, d.shape + d.ndim);
+  // Compact row-major only (strides absent, or equal to the compact ones).
+  if (d.strides) {
+    int64_t expect = 1;
+    for (int i = d.ndim - 1; i >= 0; --i) {
+      if (shape[static_cast<size_t>(i)] != 1 && d.strides[i] != expect)
+        throw Error(
+            "lockstep.from_dlpack: the tensor is not contiguous; call .contiguous() "
+            "(torch) or numpy.ascontiguousarray first");
+      expect *= shape[static_cast<size_t>(i)];
+    }
+  }
+  const char* data = static_cast<const char*>(d.data) + d.byte_offset;
+  const bool zero_dim = shape.empty();
+  Tensor t = from_blob(data, zero_dim ? Shape{1} : shape, *dtype, default_device(), loc);
+  if (zero_dim) t = t.reshape({}, loc);
+  // Consumed: the producer's memory is released now that it is copied.
+  PyCapsule_SetName(cap, "used_dltensor");
+  if (m->deleter) m->deleter(m);
+  return t;
+}
+
+}  // namespace
+
+void init_dlpack(py::module_& m) {
+  auto tensor = py::reinterpret_borrow<py::object>(m.attr("Tensor"));
+  tensor.attr("__dlpack__") = py::cpp_function(
+      [](const Tensor& t, const py::object&) { return to_dlpack(t); }, py::is_method(tensor),
+      py::arg("stream") = py::none(),
+      "The tensor's memory as a DLPack capsule, without a copy (a blocking read if pending).");
+  tensor.attr("__dlpack_device__") =
+      py::cpp_function([](const Tensor&) { return py::make_tuple(static_cast<int>(kDLCPU), 0); },
+                       py::is_method(tensor));
+  m.def("from_dlpack", &from_dlpack, py::arg("tensor"),
+        "A lockstep tensor with a copy of another library's tensor (anything with __dlpack__).");
+}
+
+}  // namespace lockstep::python
