@@ -115,3 +115,33 @@ def test_training_matches_pytorch():
         topt.step()
         theirs.append(loss.item())
     np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5)
+
+
+def test_device_loader_takes_any_iterable_of_numpy_arrays():
+    rng = np.random.default_rng(0)
+    batches = [(rng.standard_normal((4, 3)).astype(np.float32), rng.integers(0, 2, 4))
+               for _ in range(5)]
+    lin = nn.Linear(3, 2)
+    opt = lockstep.optim.SGD(lin.parameters(), lr=0.1)
+    seen = []
+    for x, t in lockstep.data.DeviceLoader(iter(batches)):
+        assert x.dtype == lockstep.float32 and t.dtype == lockstep.int64
+        seen.append(x.numpy())
+        with lockstep.step():
+            opt.zero_grad()
+            lockstep.nn.functional.cross_entropy(lin(x), t).backward()
+            opt.step()
+    assert len(seen) == 5 and all(np.array_equal(a, b[0]) for a, b in zip(seen, batches))
+
+    def failing():
+        yield np.zeros(2, np.float32)
+        raise OSError("the disk went away")
+
+    got = []
+    with pytest.raises(OSError, match="disk went away"):
+        for b in lockstep.data.DeviceLoader(failing()):
+            got.append(b)
+    assert len(got) == 1
+    # Leaving the loop early stops the background thread.
+    for b in lockstep.data.DeviceLoader(iter([np.ones(1)] * 100)):
+        break
