@@ -168,6 +168,15 @@ Tensor.t = lambda self: _C.transpose(self, 0, 1)
 Tensor.T = property(lambda self: _C.permute(self, tuple(reversed(range(self.dim())))))
 Tensor.mT = property(lambda self: _C.transpose(self, -2, -1))
 Tensor.contiguous = lambda self: self
+
+
+def _iter(self):
+    if self.dim() == 0:
+        raise TypeError("iteration over a 0-d tensor")
+    return iter(_C.unbind(self, 0))
+
+
+Tensor.__iter__ = _iter
 Tensor.type_as = lambda self, other: self.to(other.dtype)
 Tensor.clone = lambda self: self.logical_or(False) if self.dtype == _C.bool else self + 0
 

@@ -151,7 +151,8 @@ Tensor to_tensor(const py::handle& data, std::optional<DType> dtype, Loc loc) {
   }
   py::module_ np = py::module_::import("numpy");
   const bool is_array = py::isinstance<py::array>(data);
-  py::array arr = np.attr("ascontiguousarray")(data);
+  // np.require keeps a 0-d array 0-d (np.ascontiguousarray would make it 1-d).
+  py::array arr = np.attr("require")(data, py::none(), "C");
   std::optional<DType> from = dtype_of_numpy(arr.dtype());
   if (!from) {
     // Integers of other widths (uint8 images, int16) become i64 as PyTorch's Python scalars do;

@@ -42,11 +42,19 @@ def test_dtypes_and_reads():
     assert t.tolist() == [[1, 2], [3, 4]]
     assert t.shape == (2, 2) and t.size(1) == 2 and t.ndim == 2 and t.numel() == 4
     assert isinstance(t.sum().item(), int) and t.sum().item() == 10
-    assert lockstep.tensor(2.5).item() == 2.5
+    assert lockstep.tensor(2.5).item() == 2.5 and lockstep.tensor(2.5).shape == ()
+    assert lockstep.tensor(np.float32(1)).shape == () and lockstep.tensor([[1.0]]).shape == (1, 1)
     h = lockstep.ones(3).to(lockstep.bfloat16)
     with pytest.raises(lockstep.Error, match="bfloat16"):
         h.numpy()
     assert h.float().tolist() == [1.0, 1.0, 1.0]
+
+
+def test_iteration_yields_rows():
+    rows = list(lockstep.tensor([[1, 2], [3, 4], [5, 6]]))
+    assert [r.tolist() for r in rows] == [[1, 2], [3, 4], [5, 6]]
+    with pytest.raises(TypeError):
+        iter(lockstep.tensor(1.0))
 
 
 def test_in_place_updates_every_handle():
