@@ -76,7 +76,26 @@ void install_sigint_handler() {
   }
 }
 
-bool interrupted() { return g_signal.load(std::memory_order_relaxed) != 0; }
+// Data parallel: a signal reaches the ranks at different moments (mpirun forwards SIGTERM to
+// each rank in turn; a scheduler may signal one rank only), so the ranks agree on it at every
+// poll, one exchange per step (ls::dist::max_on_all_ranks): all stop after the same step, rank 0
+// saves once, and every rank exits with the same status. Alone, the signal is read directly.
+bool g_data_parallel = false;
+int g_agreed_signal = 0;  // data parallel: the signal the ranks agreed on (main thread only)
+
+int stop_signal() {
+  return g_data_parallel ? g_agreed_signal : g_signal.load(std::memory_order_relaxed);
+}
+
+bool interrupted() { return stop_signal() != 0; }
+
+// Called at the same point of every step on every rank: whether to stop now.
+bool stop_requested() {
+  if (g_data_parallel && g_agreed_signal == 0)
+    g_agreed_signal = static_cast<int>(ls::dist::max_on_all_ranks(
+        g_signal.load(std::memory_order_relaxed), "stopping on a signal"));
+  return interrupted();
+}
 
 // ---- output ---------------------------------------------------------------------------------
 // Log lines come from step closures (the runtime thread) and from the main thread; one mutex
@@ -301,7 +320,7 @@ std::optional<EvalResult> evaluate(ls::nn::Module& model, ls::data::DeviceLoader
   ls::Tensor correct = ls::zeros({});
   int64_t count = 0;
   loader.set_epoch(0);
-  while (!interrupted()) {
+  while (!stop_requested()) {
     std::optional<ls::data::Batch> batch = loader.next();
     if (!batch) break;
     pacer.wait_for_room();
@@ -387,6 +406,7 @@ long allowed_cores() {
 int run(const Options& o) {
   ls::dist::init();
   const int rank = ls::dist::rank(), world = ls::dist::world_size();
+  g_data_parallel = world > 1;
   if (o.nprocs > 1 && world != o.nprocs)
     throw ls::Error(
         format("--nprocs %lld, but mpirun started %d processes: pass the same number "
@@ -598,7 +618,7 @@ int run(const Options& o) {
     const auto epoch_start = std::chrono::steady_clock::now();
     int64_t epoch_images = 0;
     tracker.reset();
-    for (; step < steps_per_epoch && !interrupted(); ++step) {
+    for (; step < steps_per_epoch && !stop_requested(); ++step) {
       check_finite();
       std::optional<ls::data::Batch> batch = train_loader.next();
       if (!batch) break;
@@ -664,10 +684,11 @@ int run(const Options& o) {
   if (interrupted()) {
     // `step` steps of `epoch` are done (every traced step ran: ls::wait above).
     if (unsaved) save(epoch, step, /*epoch_done=*/false);
-    std::fprintf(stderr, "lockstep-train: interrupted (%s) at epoch %lld, step %lld%s\n",
-                 (std::string("SIG") + sigabbrev_np(g_signal.load())).c_str(),
-                 static_cast<long long>(epoch), static_cast<long long>(step),
-                 o.checkpoint.empty() ? "" : ("; checkpoint saved to " + o.checkpoint).c_str());
+    std::fprintf(
+        stderr, "lockstep-train: interrupted (%s) at epoch %lld, step %lld%s\n",
+        (std::string("SIG") + sigabbrev_np(stop_signal())).c_str(), static_cast<long long>(epoch),
+        static_cast<long long>(step),
+        o.checkpoint.empty() || rank != 0 ? "" : ("; checkpoint saved to " + o.checkpoint).c_str());
   }
   std::printf("total: images/s %.2f, compiles %lld, cache_hits %lld, implicit_syncs %lld\n",
               train_seconds > 0 ? static_cast<double>(images) / train_seconds : 0.0,
@@ -682,7 +703,7 @@ int run(const Options& o) {
       throw ls::Error("--metrics-json: cannot write '" + o.metrics_json + "'");
   }
   std::fflush(stdout);
-  return interrupted() ? 128 + g_signal.load() : 0;
+  return interrupted() ? 128 + stop_signal() : 0;
 }
 
 }  // namespace

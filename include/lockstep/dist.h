@@ -49,6 +49,12 @@ int local_rank();  // among the ranks on this host
 int local_size();
 // Waits until every rank has called it (deadline: timeout()).
 void barrier();
+// The largest of every rank's `value`, on every rank: a host-side agreement (a decision made from
+// something only some ranks saw, such as a signal, so that all act on it at the same step). Every
+// rank must call it at the same point (deadline: timeout()); a rank elsewhere (at a barrier, a
+// program with collectives or a value check) is an Error naming the ranks and `what`. World size
+// 1: `value`.
+int64_t max_on_all_ranks(int64_t value, const std::string& what);
 // Waits for this process's programs, then ends MPI (once; also at exit). Never hangs: when the
 // world is broken or a peer does not arrive within the deadline, MPI is left unfinalized and
 // mpirun ends the job.

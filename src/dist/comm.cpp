@@ -506,7 +506,7 @@ struct Record {
   uint64_t hash = 0;
   int64_t round = 0;
   int64_t nodes = 0;
-  int64_t kind = 0;      // what the exchange is for: agreement 1, barrier 2, values 3
+  int64_t kind = 0;      // what the exchange is for: agreement 1, barrier 2, values 3, maximum 4
   uint64_t scalars = 0;  // agreement: a hash of the program's host scalar values
 };
 
@@ -734,6 +734,37 @@ void barrier() {
     throw Error(cat("dist: rank ", w.rank, " is at a barrier while ", ranks_text(elsewhere),
                     " run a program with collectives or check values: every rank must call "
                     "barrier() at the same point"));
+#endif
+}
+
+int64_t max_on_all_ranks(int64_t value, const std::string& what) {
+#if LOCKSTEP_WITH_MPI
+  World& w = world();
+  if (w.size <= 1) return value;
+  std::lock_guard<std::mutex> lock(w.control_mu);
+  detail::Record mine;
+  mine.kind = 4;
+  mine.hash = static_cast<uint64_t>(value);
+  mine.round = w.rounds;
+  const std::vector<detail::Record> all = detail::exchange(mine, cat("the agreement on ", what));
+  std::vector<int> elsewhere;
+  int64_t most = value;
+  for (int r = 0; r < w.size; ++r) {
+    const detail::Record& rec = all[static_cast<size_t>(r)];
+    if (rec.kind != 4)
+      elsewhere.push_back(r);
+    else
+      most = std::max(most, static_cast<int64_t>(rec.hash));
+  }
+  if (!elsewhere.empty())
+    throw Error(cat("dist: rank ", w.rank, " is at the agreement on ", what, " while ",
+                    ranks_text(elsewhere),
+                    " run a program with collectives, a barrier or a value check: every rank "
+                    "must call max_on_all_ranks at the same point"));
+  return most;
+#else
+  (void)what;
+  return value;
 #endif
 }
 

@@ -274,3 +274,50 @@ TEST(DataParallel, LockstepTrainWithAStoppedRankEndsNamingIt) {
   EXPECT_NE(r.out.find("lockstep-train: error: "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("within 3 s"), std::string::npos) << r.out;  // names the deadline
 }
+
+// lockstep-train --nprocs 2 with a signal reaching one rank only (a scheduler's SIGTERM to one
+// process; mpirun forwards Ctrl-C to each rank at its own moment): the ranks agree on it before
+// every step, so both stop after the same step, rank 0 saves the checkpoint once, both exit with
+// 128 + the signal, and nothing hangs (issue 30, item 7). Before, the signalled rank stopped
+// alone and the other waited at the next step's collective.
+TEST(DataParallel, LockstepTrainASignalToOneRankStopsEveryRankAtTheSameStep) {
+  const std::string ckpt = tmp("signal_one_rank.safetensors");
+  std::remove(ckpt.c_str());
+  const std::string script =
+      std::string("env OMP_NUM_THREADS=1 LOCKSTEP_DIST_TIMEOUT=20 timeout 120 ") +
+      LOCKSTEP_TRAIN_EXE +
+      " --nprocs 2 --model mlp --data fake --batch-size 16 --num-epochs 40 --log-steps 100 "
+      "--workers 0 --checkpoint " +
+      ckpt +
+      " & "
+      // Once training runs, signal the rank whose environment says it is rank 1.
+      "sleep 3; for p in $(pgrep -f 'lockstep-train.*--num-epochs 40'); do "
+      "if tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | grep -q '^OMPI_COMM_WORLD_RANK=1$'; "
+      "then kill -TERM $p; fi; done; wait $!; status=$?; "
+      "pkill -KILL -f 'lockstep-train.*--num-epochs 40'; "
+      "exit $status";
+  const std::string file = tmp("signal_one_rank.sh");
+  {
+    std::ofstream out(file);
+    out << script << "\n";
+  }
+  const Job r = run("sh " + file);
+  std::remove(file.c_str());
+  EXPECT_NE(r.exit_code, 124) << "hung until the timeout:\n" << r.out;
+  EXPECT_EQ(r.exit_code, 128 + SIGTERM) << r.out;
+  std::regex stopped(R"(interrupted \(SIGTERM\) at epoch (\d+), step (\d+))");
+  std::vector<std::string> at;
+  for (std::sregex_iterator it(r.out.begin(), r.out.end(), stopped), end; it != end; ++it)
+    at.push_back((*it)[1].str() + "/" + (*it)[2].str());
+  ASSERT_EQ(at.size(), 2u) << "a line per rank:\n" << r.out;
+  EXPECT_EQ(at[0], at[1]) << r.out;
+  size_t saved = 0;
+  for (size_t p = r.out.find("checkpoint saved to"); p != std::string::npos;
+       p = r.out.find("checkpoint saved to", p + 1))
+    ++saved;
+  EXPECT_EQ(saved, 1u) << "rank 0 saves, once:\n" << r.out;
+  std::ifstream written(ckpt);
+  EXPECT_TRUE(written.good()) << r.out;
+  EXPECT_EQ(r.out.find("lockstep-train: error"), std::string::npos) << r.out;
+  std::remove(ckpt.c_str());
+}
