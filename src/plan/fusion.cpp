@@ -14,9 +14,20 @@ void choose_fusion(Plan& p, const FusionRules& rules) {
   const ir::Graph& g = p.graph;
   const size_t n = g.nodes.size();
   p.absorbed.assign(n, false);
-  std::vector<int> cost(n, 0);  // instructions of the tree a node brings into its consumers
-  // The distinct full-size values that tree reads from memory.
+  // Instructions of the tree a node brings into its consumers, saturating: an operand used twice
+  // (y = y * y, again and again) doubles it at every level.
+  constexpr int kCostCap = 1 << 28;
+  std::vector<int> cost(n, 0);
+  // The distinct full-size values that tree reads from memory, kept up to kLeafCap of them: the
+  // recompute rule below refuses every tree of kLeafCap or more (with k >= 2 consumers,
+  // (k - 1) L <= k + 2 needs L <= 4), so a longer list would change no decision, and a chain of
+  // 100,000 fused ops would copy and search lists as long as itself at every node.
+  constexpr size_t kLeafCap = 5;
   std::vector<std::vector<int32_t>> full_leaves(n);
+  auto add_leaf = [&](std::vector<int32_t>& leaves, int32_t l) {
+    if (leaves.size() < kLeafCap && std::find(leaves.begin(), leaves.end(), l) == leaves.end())
+      leaves.push_back(l);
+  };
   for (size_t i = 0; i < n; ++i) {
     const int32_t id = static_cast<int32_t>(i);
     const ir::GraphNode& node = g.nodes[i];
@@ -34,14 +45,10 @@ void choose_fusion(Plan& p, const FusionRules& rules) {
     cost[i] = node.op == ir::Op::Expand ? 0 : 1;  // a broadcast is a load, not an instruction
     for (int32_t o : node.operands) {
       if (p.absorbed[o]) {
-        cost[i] += cost[o];
-        for (int32_t l : full_leaves[o])
-          if (std::find(full_leaves[i].begin(), full_leaves[i].end(), l) == full_leaves[i].end())
-            full_leaves[i].push_back(l);
-      } else if (node.op != ir::Op::Expand && g.nodes[o].shape == node.shape &&
-                 std::find(full_leaves[i].begin(), full_leaves[i].end(), o) ==
-                     full_leaves[i].end()) {
-        full_leaves[i].push_back(o);
+        cost[i] = std::min(cost[i] + cost[o], kCostCap);
+        for (int32_t l : full_leaves[o]) add_leaf(full_leaves[i], l);
+      } else if (node.op != ir::Op::Expand && g.nodes[o].shape == node.shape) {
+        add_leaf(full_leaves[i], o);
       }
     }
     // Recomputing in k consumers reads the tree's L full-size inputs k times; storing it reads
