@@ -117,6 +117,22 @@ std::vector<int64_t> axes_of(const py::object& dim) {
   return dim.cast<std::vector<int64_t>>();
 }
 
+py::object ordered_dict(const nn::NamedTensors& named) {
+  py::object od = py::module_::import("collections").attr("OrderedDict")();
+  for (const auto& [name, t] : named) od[py::str(name)] = t;
+  return od;
+}
+
+nn::NamedTensors named_tensors(const py::object& state) {
+  nn::NamedTensors out;
+  py::object items = py::hasattr(state, "items") ? state.attr("items")() : state;
+  for (const py::handle& kv : items) {
+    py::tuple p = py::reinterpret_borrow<py::tuple>(kv);
+    out.emplace_back(p[0].cast<std::string>(), p[1].cast<Tensor>());
+  }
+  return out;
+}
+
 Shape shape_of(const py::args& args) {
   if (args.size() == 1 && !py::isinstance<py::int_>(args[0])) return args[0].cast<Shape>();
   return args.cast<Shape>();

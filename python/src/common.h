@@ -44,6 +44,10 @@ void init_dlpack(py::module_& m);  // after init_tensor
 std::vector<int64_t> axes_of(const py::object& dim);
 // A shape given as ints (`zeros(2, 3)`) or one sequence (`zeros((2, 3))`).
 Shape shape_of(const py::args& args);
+// State dicts: named tensors as a collections.OrderedDict (torch's type), and back from any
+// mapping (or iterable of (name, tensor) pairs).
+py::object ordered_dict(const nn::NamedTensors& named);
+nn::NamedTensors named_tensors(const py::object& state);
 // The tensor made from Python data: a lockstep.Tensor, a NumPy array, a number or nested lists.
 Tensor to_tensor(const py::handle& data, std::optional<DType> dtype, Loc loc);
 

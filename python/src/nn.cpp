@@ -34,22 +34,6 @@ PyModule& as_py(Module& m, const char* what) {
   return *p;
 }
 
-py::object ordered(const nn::NamedTensors& named) {
-  py::object od = py::module_::import("collections").attr("OrderedDict")();
-  for (const auto& [name, t] : named) od[py::str(name)] = t;
-  return od;
-}
-
-nn::NamedTensors named_of(const py::object& state) {
-  nn::NamedTensors out;
-  py::object items = py::hasattr(state, "items") ? state.attr("items")() : state;
-  for (const py::handle& kv : items) {
-    py::tuple p = py::reinterpret_borrow<py::tuple>(kv);
-    out.emplace_back(p[0].cast<std::string>(), p[1].cast<Tensor>());
-  }
-  return out;
-}
-
 std::array<int64_t, 2> pair_of(const py::object& v) {
   if (py::isinstance<py::int_>(v)) return {v.cast<int64_t>(), v.cast<int64_t>()};
   auto s = v.cast<std::vector<int64_t>>();
@@ -146,11 +130,11 @@ void init_nn(py::module_& m) {
             return self;
           },
           arg("device"))
-      .def("state_dict", [](const Module& mod) { return ordered(mod.state_dict()); })
+      .def("state_dict", [](const Module& mod) { return ordered_dict(mod.state_dict()); })
       .def(
           "load_state_dict",
           [](Module& mod, const py::object& state, bool strict) {
-            nn::NamedTensors named = named_of(state);
+            nn::NamedTensors named = named_tensors(state);
             NoGil release;
             mod.load_state_dict(named, strict);
           },

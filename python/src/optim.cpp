@@ -53,21 +53,6 @@ std::shared_ptr<O> make(const py::object& params, const Options& options, double
   return opt;
 }
 
-py::object ordered(const nn::NamedTensors& named) {
-  py::object od = py::module_::import("collections").attr("OrderedDict")();
-  for (const auto& [name, t] : named) od[py::str(name)] = t;
-  return od;
-}
-
-nn::NamedTensors named_of(const py::object& state) {
-  nn::NamedTensors out;
-  for (const py::handle& kv : state.attr("items")()) {
-    py::tuple p = py::reinterpret_borrow<py::tuple>(kv);
-    out.emplace_back(p[0].cast<std::string>(), p[1].cast<Tensor>());
-  }
-  return out;
-}
-
 }  // namespace
 
 void init_optim(py::module_& m) {
@@ -101,9 +86,9 @@ void init_optim(py::module_& m) {
       .def_property_readonly("step_count", &Optimizer::step_count)
       .def_property_readonly("skipped_updates", &Optimizer::skipped_updates)
       .def("params", &Optimizer::params)
-      .def("state_dict", [](const Optimizer& o) { return ordered(o.state_dict()); })
+      .def("state_dict", [](const Optimizer& o) { return ordered_dict(o.state_dict()); })
       .def("load_state_dict", [](Optimizer& o, const py::object& s) {
-        nn::NamedTensors named = named_of(s);
+        nn::NamedTensors named = named_tensors(s);
         NoGil release;
         o.load_state_dict(named);
       });
@@ -162,9 +147,9 @@ void init_optim(py::module_& m) {
   // Schedulers: each keeps its optimizer alive.
   py::module_ sm = om.def_submodule("lr_scheduler", "Learning-rate schedules, as torch's.");
   py::class_<optim::Scheduler, std::shared_ptr<optim::Scheduler>>(sm, "Scheduler")
-      .def("state_dict", [](const optim::Scheduler& s) { return ordered(s.state_dict()); })
+      .def("state_dict", [](const optim::Scheduler& s) { return ordered_dict(s.state_dict()); })
       .def("load_state_dict",
-           [](optim::Scheduler& s, const py::object& st) { s.load_state_dict(named_of(st)); })
+           [](optim::Scheduler& s, const py::object& st) { s.load_state_dict(named_tensors(st)); })
       .def_property_readonly("kind", &optim::Scheduler::kind);
   py::class_<optim::LRScheduler, optim::Scheduler, std::shared_ptr<optim::LRScheduler>>(
       sm, "LRScheduler")
