@@ -312,10 +312,58 @@ namespace detail {
 
 bool active() { return world().size > 1; }
 
-bool has_collectives(const ir::Graph& graph) {
-  for (const ir::GraphNode& n : graph.nodes)
-    if (ir::is_collective(n.op)) return true;
-  return false;
+std::shared_ptr<const Agreement> agreement_of(const ir::Graph& graph, const std::string& setting) {
+  const size_t n = graph.nodes.size();
+  // Nodes are in topological order: first what reads a collective's result (transitively),
+  // then, backwards, everything those and the collectives read.
+  std::vector<char> in(n, 0);
+  bool any = false;
+  for (size_t i = 0; i < n; ++i) {
+    const ir::GraphNode& node = graph.nodes[i];
+    in[i] = ir::is_collective(node.op);
+    any = any || in[i];
+    for (int32_t o : node.operands) in[i] = in[i] || in[o];
+  }
+  if (!any) return nullptr;
+  for (size_t i = n; i-- > 0;)
+    if (in[i])
+      for (int32_t o : graph.nodes[i].operands) in[o] = 1;
+  auto out = std::make_shared<Agreement>();
+  auto part = std::make_shared<ir::Graph>();
+  part->device = graph.device;
+  std::vector<int32_t> id(n, -1);
+  std::vector<char> read(n, 0);
+  uint64_t h = 0x6c6f636b73746570ull;
+  auto mix = [&h](uint64_t v) { h = ir::mix64(h ^ v); };
+  for (size_t i = 0; i < n; ++i) {
+    if (!in[i]) continue;
+    ir::GraphNode node = graph.nodes[i];
+    for (int32_t& o : node.operands) {
+      read[o] = 1;
+      o = id[o];
+    }
+    if (node.op == ir::Op::Data) node.input = part->num_buffer_inputs++;
+    if (node.op == ir::Op::Scalar) {
+      out->scalars.push_back(node.input);
+      node.input = part->num_scalar_inputs++;
+    }
+    mix(static_cast<uint64_t>(node.op) << 8 | static_cast<uint64_t>(node.dtype));
+    mix(node.shape.size());
+    for (int64_t d : node.shape) mix(static_cast<uint64_t>(d));
+    mix(node.attrs.size());
+    for (int64_t a : node.attrs) mix(static_cast<uint64_t>(a));
+    mix(node.operands.size());
+    for (int32_t o : node.operands) mix(static_cast<uint64_t>(o));
+    mix(static_cast<uint64_t>(static_cast<int64_t>(node.input)));
+    id[i] = static_cast<int32_t>(part->nodes.size());
+    part->nodes.push_back(std::move(node));
+  }
+  for (size_t i = 0; i < n; ++i)
+    if (in[i] && !read[i]) part->outputs.push_back(id[i]);
+  out->hash = ir::mix64(h ^ std::hash<std::string>{}(setting));
+  out->graph = std::move(part);
+  out->setting = setting;
+  return out;
 }
 
 struct InFlight {
@@ -603,12 +651,18 @@ std::string hex(uint64_t h) {
 }  // namespace
 #endif
 
-void agree(uint64_t hash, const ir::Graph& graph, const std::string& origin,
-           const std::vector<ir::ScalarValue>& scalars, const std::string& setting) {
+void agree(const Agreement& agreement, const std::string& origin,
+           const std::vector<ir::ScalarValue>& all_scalars) {
 #if LOCKSTEP_WITH_MPI
   World& w = world();
   if (w.size <= 1) return;
   std::lock_guard<std::mutex> lock(w.control_mu);
+  const ir::Graph& graph = *agreement.graph;
+  const uint64_t hash = agreement.hash;
+  const std::string& setting = agreement.setting;
+  std::vector<ir::ScalarValue> scalars;  // the replicated part's
+  scalars.reserve(agreement.scalars.size());
+  for (int32_t k : agreement.scalars) scalars.push_back(all_scalars[static_cast<size_t>(k)]);
   Record mine;
   mine.hash = hash;
   mine.round = ++w.rounds;
@@ -709,10 +763,13 @@ void agree(uint64_t hash, const ir::Graph& graph, const std::string& origin,
   throw Error(cat("dist: the ranks are about to run different programs at ", what, ": ", holders,
                   where,
                   ". Every rank must record the same ops on the same shapes (the same batch "
-                  "size on every rank: drop_last, or pad) in the same order. Nothing of this "
+                  "size on every rank: drop_last, or pad) in the same order, for everything the "
+                  "collectives read and everything that reads their results (a value kept for "
+                  "logging on one rank only is free to differ if it is computed before the "
+                  "collectives: compute one from their results on every rank). Nothing of this "
                   "program ran"));
 #else
-  (void)hash, (void)graph, (void)origin;
+  (void)agreement, (void)origin, (void)all_scalars;
 #endif
 }
 

@@ -37,17 +37,32 @@ bool in_flight();
 void all_reduce(void* data, int64_t count, DType dtype, const std::string& what);
 void broadcast(void* data, size_t bytes, int root, const std::string& what);
 
-// Before a program with collectives runs (on the recording thread, at its sync): every rank
-// must hold the same graph. Throws Error on a mismatch (naming the ranks, their hashes and the
-// first differing node) or when ranks do not arrive in time (naming them). `origin`: the sync.
-// `scalars`: the program's host scalar values (hyper-parameters such as the lr): ranks whose
-// values differ would train different models from the same program, so they fail here too,
-// naming the scalar's line and both values. `setting`: the backend's compile setting (its
-// thread count), named when the graphs are the same and only it differs.
-void agree(uint64_t hash, const ir::Graph& graph, const std::string& origin,
-           const std::vector<ir::ScalarValue>& scalars = {}, const std::string& setting = "");
+// What the ranks agree on before a program with collectives runs: its replicated part, the
+// collectives with every node they read (the forward and backward that make the gradients) and
+// every node that reads their results, with what those read (the optimizer's update and its
+// hyper-parameters). What a rank computes for itself alone (a loss or an accuracy kept for
+// logging on rank 0, batch norm's running statistics) is left out, and so is which values each
+// rank keeps as outputs: those may differ between ranks without harm.
+struct Agreement {
+  uint64_t hash = 0;  // of `graph`'s structure and the backend's compile setting
+  // The replicated part, renumbered in the program's order (its relative order on every rank
+  // that records the same ops in the same order, with any extra ops in between); its outputs
+  // are its sinks.
+  std::shared_ptr<const ir::Graph> graph;
+  std::vector<int32_t> scalars;  // per scalar input of `graph`: the program's scalar input
+  std::string setting;           // Backend::compile_setting
+};
+// Null when `graph` has no collectives (ops of the table's Collective family).
+std::shared_ptr<const Agreement> agreement_of(const ir::Graph& graph, const std::string& setting);
 
-// Whether `graph` has collectives (ops of the table's Collective family).
-bool has_collectives(const ir::Graph& graph);
+// Before a program with collectives runs (on the recording thread, at its sync): every rank
+// must hold the same replicated part. Throws Error on a mismatch (naming the ranks, their
+// hashes and the first differing node) or when ranks do not arrive in time (naming them).
+// `origin`: the sync. `scalars`: the program's host scalar values (hyper-parameters such as the
+// lr): ranks whose values in the replicated part differ would train different models from the
+// same program, so they fail here too, naming the scalar's line and both values. The backend's
+// compile setting (its thread count) is named when the graphs are the same and only it differs.
+void agree(const Agreement& agreement, const std::string& origin,
+           const std::vector<ir::ScalarValue>& scalars = {});
 
 }  // namespace lockstep::dist::detail

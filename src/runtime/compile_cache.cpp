@@ -115,9 +115,9 @@ const CacheEntry& lookup_or_compile(BuiltGraph& built, const std::string& origin
   }
   auto graph = std::make_shared<const ir::Graph>(built.graph);
   site_compiled(site, graph, static_cast<int64_t>(exe->planned_bytes()));
-  const bool collectives = dist::detail::has_collectives(*graph);
+  auto agreement = dist::detail::agreement_of(*graph, setting);
   r.lru.push_front({hash, std::move(built.key), std::move(setting), std::move(graph),
-                    std::move(exe), collectives});
+                    std::move(exe), std::move(agreement)});
   r.cache[hash] = r.lru.begin();
   r.last_graph = r.lru.front().graph;
   r.trim();

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "dist/comm.h"
 #include "runtime/graph_builder.h"
 
 namespace lockstep::runtime {
@@ -21,7 +22,8 @@ struct CacheEntry {
   std::string setting;  // Backend::compile_setting when it was compiled
   std::shared_ptr<const ir::Graph> graph;
   std::shared_ptr<backends::Executable> exe;
-  bool collectives = false;  // the ranks check they run the same program before it runs
+  // With collectives: what the ranks check they run the same of before it runs.
+  std::shared_ptr<const dist::detail::Agreement> agreement;
 };
 
 // The graph lock. Graph building and the compile cache are shared by every context: one sync

@@ -70,8 +70,8 @@ void sync_impls(const std::vector<std::shared_ptr<TensorImpl>>& targets, const s
       throw Error(cat(origin, ": ", e.what()));
     }
     // Replicas must agree before any of them enters the program's collectives.
-    if (entry.collectives && dist::detail::active())
-      dist::detail::agree(entry.hash, *entry.graph, origin, built.scalars, entry.setting);
+    if (entry.agreement && dist::detail::active())
+      dist::detail::agree(*entry.agreement, origin, built.scalars);
     Job job;
     job.ctx = &me;
     job.exe = entry.exe;

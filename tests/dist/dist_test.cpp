@@ -151,6 +151,24 @@ TEST(DataParallel, ARankWithAnotherOpMakesEveryRankFailNamingTheNode) {
                                                             << r.out;
 }
 
+// Rank 0 keeps its local loss and an accuracy of its own in a step closure, for its log: its
+// program has more nodes and outputs, but the same replicated part (the collectives, what they
+// read and what reads them), so the ranks train on and stay identical (issue 30, item 14).
+TEST(DataParallel, ValuesKeptByRankZeroAloneDoNotStopTheRun) {
+  const Job r = mpirun(2, "log-rank0 4", "LOCKSTEP_DIST_TIMEOUT=20");
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  for (int s = 1; s <= 4; ++s) {
+    EXPECT_NE(r.out.find("rank 0 step " + std::to_string(s) + " local loss"), std::string::npos)
+        << r.out;
+    EXPECT_NE(r.out.find("rank 1 step " + std::to_string(s) + " loss"), std::string::npos) << r.out;
+  }
+  EXPECT_EQ(r.out.find("rank 1 step 1 local loss"), std::string::npos) << r.out;
+  const size_t h0 = r.out.find("rank 0 final hash "), h1 = r.out.find("rank 1 final hash ");
+  ASSERT_NE(h0, std::string::npos) << r.out;
+  ASSERT_NE(h1, std::string::npos) << r.out;
+  EXPECT_EQ(r.out.substr(h0 + 18, 16), r.out.substr(h1 + 18, 16)) << "replicas agree:\n" << r.out;
+}
+
 TEST(DataParallel, ARankWithAnotherBatchShapeMakesEveryRankFail) {
   const Job r = mpirun(2, "diverge-batch 5", "LOCKSTEP_DIST_TIMEOUT=20");
   EXPECT_NE(r.exit_code, 0) << r.out;

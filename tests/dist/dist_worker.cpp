@@ -136,6 +136,15 @@ int run(int argc, char** argv) {
         ls::add_step_closure(
             [seconds] { std::this_thread::sleep_for(std::chrono::duration<double>(seconds)); });
       }
+      if (mode == "log-rank0" && rank == 0) {  // values only rank 0 keeps, for its log
+        const ls::Tensor local_loss = loss;
+        const ls::Tensor accuracy =
+            ls::mean(ls::eq(ls::argmax(logits, {1}), b.y).to(ls::DType::F32));
+        ls::add_step_closure([local_loss, accuracy, s] {
+          std::printf("rank 0 step %d local loss %.6g accuracy %.3f\n", s, local_loss.item<float>(),
+                      accuracy.item<float>());
+        });
+      }
       dp.average_gradients();
       opt->step();
       loss = ls::dist::all_reduce(loss, 1.0 / world);
