@@ -112,6 +112,35 @@ TEST_F(Fused, SharedSubexpressions) {
   });
 }
 
+LS_COVERS(Fused, LongChainsReuseScratchTiles, Op::Add, Op::Mul, Op::Where, Op::Cast, Op::Exp);
+TEST_F(Fused, LongChainsReuseScratchTiles) {
+  // A tree keeps a scratch tile per value live at once, not per instruction: long chains over
+  // many tiles with more one-value operands (host scalars, 0-d tensors) than keep their tile
+  // from tile to tile, values read again far down the chain, and one-value `where`s and
+  // widening casts that pass a tile on.
+  check("long chain of host scalars", {{{37, 301}}, {{}}}, [](const Tensors& v) {
+    ls::Tensor t = v[0];
+    for (int i = 0; i < 90; ++i)
+      t = i % 3 == 0   ? t * (1.0f + 0.001f * static_cast<float>(i)) + v[1]
+          : i % 3 == 1 ? t - 0.01f * static_cast<float>(i)
+                       : t * 0.999f;
+    return Tensors{t};
+  });
+  for (ls::DType dt : {ls::f32, ls::bf16})
+    check("long chain " + str(dt), {{{37, 301}, dt}, {{}, dt}, {{37, 301}, dt}, {{}, dt}},
+          [](const Tensors& v) {
+            ls::Tensor t = v[0];
+            const ls::Tensor early = ls::exp(v[2]) * 0.25f;  // read again at the end
+            for (int i = 0; i < 90; ++i) {
+              t = i % 3 == 0   ? t * (1.0f + 0.001f * static_cast<float>(i)) + v[1]
+                  : i % 3 == 1 ? t - 0.01f * static_cast<float>(i)
+                               : ls::where(v[3] > 0.0f, t, t + early) * 0.999f;
+              if (i % 17 == 0) t = (ls::cast(t, ls::f32) + 0.5f).to(v[0].dtype());
+            }
+            return Tensors{t + early, t * v[3]};
+          });
+}
+
 LS_COVERS(Fused, ScalarOperands, Op::Add, Op::Sub, Op::Mul, Op::Div, Op::Pow, Op::Maximum,
           Op::Minimum, Op::Lt, Op::Ge, Op::Eq, Op::Ne, Op::LogicalAnd, Op::LogicalOr, Op::Where);
 TEST_F(Fused, ScalarOperands) {

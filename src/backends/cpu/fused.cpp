@@ -124,6 +124,57 @@ FusedTree::FusedTree(const ir::Graph& g, int32_t root, const std::vector<bool>& 
       }
     }
   }
+  assign_slots();
+}
+
+void FusedTree::assign_slots() {
+  constexpr int kKeptScalars = 32;
+  const size_t n = instrs_.size();
+  // A widening cast and a `where` of one condition pass an operand's tile on as their value.
+  auto passes_on = [](const Instr& in) {
+    return (in.op == Op::Where && (in.scalars & kScalarA)) ||
+           (in.op == Op::Cast && in.in_dtype == DType::BF16 && in.out_dtype == DType::F32);
+  };
+  // Per register: the last instruction that reads it (n: the result, read after the last).
+  std::vector<size_t> last(num_regs_, 0);
+  for (size_t i = 0; i < n; ++i) {
+    const Instr& in = instrs_[i];
+    last[in.out] = std::max(last[in.out], i);
+    if (in.op != Op::Data)
+      for (int r : {in.a, in.b, in.c, in.sa, in.sb})
+        if (r >= 0) last[r] = std::max(last[r], i);
+  }
+  last[root_reg_] = n;
+  if (pick_cond_leaf_ >= 0) last[instrs_.back().b] = last[instrs_.back().c] = n;
+  for (size_t i = n; i-- > 0;) {  // a tile passed on lives as long as the value it became
+    const Instr& in = instrs_[i];
+    if (!passes_on(in)) continue;
+    for (int r : {in.op == Op::Where ? in.b : in.a, in.op == Op::Where ? in.c : -1})
+      if (r >= 0) last[r] = std::max(last[r], last[in.out]);
+  }
+  std::vector<int> free_slots;
+  std::vector<std::vector<int>> free_after(n + 1);
+  int kept = 0;
+  num_slots_ = 0;
+  for (size_t i = 0; i < n; ++i) {
+    Instr& in = instrs_[i];
+    if (!passes_on(in)) {
+      // A kept tile is its leaf's alone for the whole tree: the instructions before it reuse
+      // theirs on the next tile too.
+      in.kept = in.op == Op::Data && scalar_reg_[in.out] && kept < kKeptScalars;
+      if (in.kept || free_slots.empty()) {
+        in.slot = num_slots_++;
+      } else {
+        in.slot = free_slots.back();
+        free_slots.pop_back();
+      }
+      if (in.kept)
+        ++kept;
+      else
+        free_after[last[in.out]].push_back(in.slot);
+    }
+    for (int slot : free_after[i]) free_slots.push_back(slot);
+  }
 }
 
 void FusedTree::fold_scaled_sums() {
@@ -681,7 +732,7 @@ const float* FusedTree::eval(const std::vector<const void*>& leaf_ptrs, int64_t 
   for (size_t i = 0; i < instrs_.size(); ++i) {
     if (needs && !needs[i]) continue;
     const Instr& in = instrs_[i];
-    float* own = scratch + static_cast<int64_t>(in.out) * kTile;
+    float* own = scratch + static_cast<int64_t>(in.slot) * kTile;
     if (in.op == Op::Data) {
       const Leaf& leaf = leaves_[in.a];
       if (leaf.contiguous && leaf.dtype == DType::F32 && leaf.numel != 1) {
@@ -694,7 +745,7 @@ const float* FusedTree::eval(const std::vector<const void*>& leaf_ptrs, int64_t 
             static_cast<const float*>(leaf_ptrs[in.a]) + i0 / leaf.div[1] % leaf.mod[1] * kTile;
       } else if (leaf.numel == 1) {  // a tile of the one value, filled once per scratch
         // (A thread's first tile is short only when it is its last: static schedules.)
-        if (!scalars_loaded) load(leaf, leaf_ptrs[in.a], 0, len, own);
+        if (!scalars_loaded || !in.kept) load(leaf, leaf_ptrs[in.a], 0, len, own);
         reg[in.out] = own;
       } else {
         load(leaf, leaf_ptrs[in.a], i0, len, own);
@@ -767,8 +818,7 @@ void FusedTree::run_group(const std::vector<const FusedTree*>& trees,
   const int64_t tiles = (numel + kTile - 1) / kTile;
   // Each tree its own registers, so the scalar leaves' tiles survive from tile to tile.
   std::vector<size_t> base(trees.size() + 1, 0);
-  for (size_t k = 0; k < trees.size(); ++k)
-    base[k + 1] = base[k] + static_cast<size_t>(trees[k]->num_regs_) * kTile;
+  for (size_t k = 0; k < trees.size(); ++k) base[k + 1] = base[k] + trees[k]->scratch_floats();
   // A tree written in place over one of its leaves (read element for element: plan_donations)
   // writes each tile straight over it: its root, the last instruction, is the only one that
   // writes there, and it reads each element before writing it.

@@ -60,7 +60,7 @@ class FusedTree {
   // earlier eval of this tree).
   const float* eval(const std::vector<const void*>& leaves, int64_t i0, int64_t len, float* scratch,
                     float* dst, bool scalars_loaded = false) const;
-  size_t scratch_floats() const { return static_cast<size_t>(num_regs_) * kTile; }
+  size_t scratch_floats() const { return static_cast<size_t>(num_slots_) * kTile; }
   // Asks for the cache lines of values [i0, i0 + len) of the leaves read in place (from memory,
   // element for element), before eval() reads them: an eval reads its leaves one instruction at
   // a time, and each stream's misses would otherwise wait for the last one's.
@@ -101,12 +101,19 @@ class FusedTree {
     // value when scalar_reg_; -1: not scaled).
     int sa = -1, sb = -1;
     bool relu = false;  // an Add or Sub that also applies the relu that read it
+    int slot = -1;      // the scratch tile it writes (assign_slots), when it writes one
+    bool kept = false;  // a scalar leaf whose tile stays filled from tile to tile
   };
   int visit(const ir::Graph& g, int32_t root, const std::vector<bool>& absorbed);
   // Folds each multiply that only an Add or Sub reads (of a tile by one value or by another
   // tile) into that Add or Sub (Instr::sa, sb), and a Relu of such a sum into the sum
   // (Instr::relu): one pass over the tile instead of two to four.
   void fold_scaled_sums();
+  // Scratch tiles for the instructions' values, each reused once the last reader of the value
+  // in it (or of a value passed on from it) has run: a tree needs as many tiles as values live
+  // at once, not one per instruction (a chain of 100,000 adds took 400 MB of scratch per
+  // thread). The first kKeptScalars scalar leaves keep theirs for the whole run.
+  void assign_slots();
   int add_leaf(const ir::Graph& g, int32_t node, const Shape& out_shape);
   // Values [i0, i0 + len) of a leaf as floats: load() reads a periodic leaf from the period
   // bind() expanded, load_source() from the leaf's own memory.
@@ -118,6 +125,7 @@ class FusedTree {
   const std::vector<bool>* blocked_ = nullptr;  // while constructing
   DType out_dtype_ = DType::F32;
   int num_regs_ = 0;
+  int num_slots_ = 0;  // scratch tiles (assign_slots)
   int root_reg_ = -1;
   std::vector<Leaf> leaves_;
   std::vector<int32_t> leaf_nodes_;
