@@ -113,7 +113,7 @@ const CacheEntry& lookup_or_compile(BuiltGraph& built, const std::string& origin
     r.lru.erase(it->second);
     r.cache.erase(it);
   }
-  auto graph = std::make_shared<const ir::Graph>(built.graph);
+  auto graph = std::make_shared<const ir::Graph>(std::move(built.graph));  // no longer needed
   site_compiled(site, graph, static_cast<int64_t>(exe->planned_bytes()));
   auto agreement = dist::detail::agreement_of(*graph, setting);
   r.lru.push_front({hash, std::move(built.key), std::move(setting), std::move(graph),
