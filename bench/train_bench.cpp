@@ -2,7 +2,7 @@
 // bench/peers/torch_train.cpp, alternating): trains one workload of workloads.h on fake data
 // and prints first-step latency, images/second over the timed steps, peak memory, achieved
 // GFLOP/s and the host time spent tracing and hashing a step.
-//   train_bench <mlp|cnn|cnn256|resnet18|resnet50> [timed_steps] [threads]
+//   train_bench <mlp|cnn|cnn256|resnet18|resnet50|resnet50_96|resnet50_224> [timed_steps] [threads]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -66,10 +66,10 @@ double graph_gflop(const std::vector<ls::Tensor>& roots) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(
-        stderr,
-        "usage: train_bench <mlp|cnn|cnn256|resnet18|resnet50|resnet50_96> [timed_steps] [threads] "
-        "[f32|bf16]\n");
+    std::fprintf(stderr,
+                 "usage: train_bench <mlp|cnn|cnn256|resnet18|resnet50|resnet50_96|resnet50_224> "
+                 "[timed_steps] [threads] "
+                 "[f32|bf16]\n");
     return 2;
   }
   const Workload w = workload_by_name(argv[1]);

@@ -18,7 +18,7 @@ inline std::shared_ptr<lockstep::nn::Module> make_model(const Workload& w) {
   if (w.name == "resnet18")
     return std::make_shared<models::ResNet>(
         models::resnet18({.num_classes = 10, .stem = models::ResNetStem::Small}));
-  if (w.name == "resnet50_96")
+  if (w.name == "resnet50_96" || w.name == "resnet50_224")
     return std::make_shared<models::ResNet>(
         models::resnet50({.num_classes = 10, .stem = models::ResNetStem::ImageNet}));
   return std::make_shared<models::ResNet>(models::resnet50({.num_classes = 10}));

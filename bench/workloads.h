@@ -21,12 +21,14 @@ inline Workload workload_by_name(const std::string& name) {
   if (name == "resnet18") return {"resnet18", 64, 3, 32};
   if (name == "resnet50") return {"resnet50", 16, 3, 64};
   if (name == "resnet50_96") return {"resnet50_96", 16, 3, 96};
+  if (name == "resnet50_224") return {"resnet50_224", 32, 3, 224};  // ImageNet's shape
   // lockstep-train's Fashion-MNIST CNN ((conv 3x3, batch norm, relu, max pool) x 2, two linear
   // layers) at two batch sizes.
   if (name == "cnn") return {"cnn", 64, 1, 28};
   if (name == "cnn256") return {"cnn256", 256, 1, 28};
   std::fprintf(stderr,
-               "unknown workload '%s' (mlp, cnn, cnn256, resnet18, resnet50, resnet50_96)\n",
+               "unknown workload '%s' (mlp, cnn, cnn256, resnet18, resnet50, resnet50_96, "
+               "resnet50_224)\n",
                name.c_str());
   std::exit(2);
 }

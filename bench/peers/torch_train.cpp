@@ -1,6 +1,6 @@
 // libtorch (PyTorch 1.13's C++ API, eager, oneDNN enabled) running the same workloads as
 // bench/train_bench.cpp: same shapes, fake data, SGD momentum, thread count set explicitly.
-//   torch_train <mlp|cnn|cnn256|resnet18|resnet50> [timed_steps] [threads]
+//   torch_train <mlp|cnn|cnn256|resnet18|resnet50|resnet50_96|resnet50_224> [timed_steps] [threads]
 #include <torch/torch.h>
 
 #include <chrono>
@@ -92,7 +92,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr,
-                 "usage: torch_train <mlp|cnn|cnn256|resnet18|resnet50> [timed_steps] [threads]\n");
+                 "usage: torch_train <mlp|cnn|cnn256|resnet18|resnet50|resnet50_96|resnet50_224> "
+                 "[timed_steps] [threads]\n");
     return 2;
   }
   const Workload w = workload_by_name(argv[1]);
@@ -121,10 +122,10 @@ int main(int argc, char** argv) {
     module = m.ptr();
     forward = [m](torch::Tensor x) mutable { return m->forward(x); };
   } else {
-    ResNet m(
-        w.name == "resnet50",
-        w.name == "resnet50" ? std::vector<int64_t>{3, 4, 6, 3} : std::vector<int64_t>{2, 2, 2, 2},
-        w.image <= 64 && w.name == "resnet18");
+    const bool resnet50 = w.name.rfind("resnet50", 0) == 0;  // resnet50, _96, _224
+    ResNet m(resnet50,
+             resnet50 ? std::vector<int64_t>{3, 4, 6, 3} : std::vector<int64_t>{2, 2, 2, 2},
+             w.image <= 64 && w.name == "resnet18");
     module = m.ptr();
     forward = [m](torch::Tensor x) mutable { return m->forward(x); };
   }

@@ -1,6 +1,8 @@
 // Reverse mode over the recorded IR: walk back from the output through nodes that require grad,
 // apply each op's gradient rule, and accumulate into the leaves' grad(). Also the Tensor's
 // autograd methods and NoGrad.
+#include <cmath>
+#include <optional>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -32,10 +34,62 @@ const std::vector<ir::NodePtr>& inputs_of(const ir::Node& n, std::vector<ir::Nod
   return n.operands;
 }
 
+// A gradient that is a value padded with zeros along one axis (a slice's, a split's or a
+// chunk's gradient): the value, the axis and where it lies along it.
+struct ZeroPadded {
+  ir::NodePtr value;
+  int64_t axis = -1, begin = 0, end = 0;
+};
+
+std::optional<ZeroPadded> zero_padded(const Tensor& t, const Loc& loc) {
+  const ir::NodePtr& n = runtime::node_of(t, "backward", loc);
+  if (n->op != ir::Op::Pad || n->operands[1]->op != ir::Op::Scalar) return std::nullopt;
+  const ir::ScalarValue zero = n->operands[1]->binding.scalar;
+  if (zero.f != 0 || zero.i != 0 || std::signbit(zero.f)) return std::nullopt;
+  ZeroPadded z;
+  for (size_t d = 0; d < n->shape.size(); ++d) {
+    if (n->attrs[2 * d] == 0 && n->attrs[2 * d + 1] == 0) continue;
+    if (z.axis >= 0) return std::nullopt;
+    z.axis = static_cast<int64_t>(d);
+  }
+  if (z.axis < 0) return std::nullopt;
+  z.value = n->operands[0];
+  z.begin = n->attrs[2 * z.axis];
+  z.end = z.begin + z.value->shape[z.axis];
+  return z;
+}
+
+// The sum of two gradients. Two pieces of the same value side by side (the gradients of two
+// slices or split pieces of it) become one piece, their concatenation: a split into k pieces
+// gets a gradient of one copy instead of k padded copies and k - 1 sums (an LSTM's gates, an
+// attention's q, k, v, a sequence split into time steps).
+Tensor sum_of(const Tensor& a, const Tensor& b, const Loc& loc) {
+  const std::optional<ZeroPadded> pa = zero_padded(a, loc), pb = zero_padded(b, loc);
+  if (!pa || !pb || pa->axis != pb->axis || pa->value->dtype != pb->value->dtype ||
+      (pa->end != pb->begin && pb->end != pa->begin))
+    return add(a, b, loc);
+  const ZeroPadded& first = pa->end == pb->begin ? *pa : *pb;
+  const ZeroPadded& second = pa->end == pb->begin ? *pb : *pa;
+  // A piece that is itself a concatenation along the axis contributes its parts.
+  std::vector<Tensor> parts;
+  for (const ZeroPadded* p : {&first, &second}) {
+    if (p->value->op == ir::Op::Concat && p->value->attrs[0] == p->axis)
+      for (const ir::NodePtr& part : p->value->operands) parts.push_back(runtime::new_tensor(part));
+    else
+      parts.push_back(runtime::new_tensor(p->value));
+  }
+  const Tensor joined = concat(parts, first.axis, loc);
+  const int64_t size = runtime::node_of(a, "backward", loc)->shape[first.axis];
+  if (first.begin == 0 && second.end == size) return joined;
+  std::vector<std::pair<int64_t, int64_t>> pads(joined.dim(), {0, 0});
+  pads[first.axis] = {first.begin, size - second.end};
+  return pad(joined, pads, 0, loc);
+}
+
 void accumulate(std::unordered_map<const ir::Node*, Tensor>& grads, const ir::Node* n,
                 const Tensor& g, const Loc& loc) {
   auto [it, fresh] = grads.emplace(n, g);
-  if (!fresh) it->second = add(it->second, g, loc);
+  if (!fresh) it->second = sum_of(it->second, g, loc);
 }
 
 void deliver(detail::TensorImpl& leaf, const Tensor& g, const Loc& loc) {

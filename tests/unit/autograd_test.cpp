@@ -5,7 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <stdexcept>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "unit/ops_test_util.h"
@@ -308,4 +311,47 @@ TEST(Autograd, GradientsFlowThroughMovementReductionsAndSelection) {
   });
   // max rows: 3 (index 2), 4 (index 3); positives get 2; transposed rows 1..2 = columns 1, 2.
   expect_near_all(grad_of(x), {2, 5, 1 + 2 + 5, 1 + 2, 2 + 5, 5});
+}
+
+// The gradient of pieces of one value side by side (a split, a chunk, slices next to each other)
+// is their gradients concatenated (one copy), not a sum of zero-padded copies; pieces apart, or
+// slices with a step, still sum. Values against the hand derivative, on the cpu and ref backends.
+TEST(Autograd, SplitPiecesGetOneConcatenatedGradient) {
+  using ::testing::HasSubstr;
+  using ::testing::Not;
+  for (ls::Device device : {ls::default_device(), ls::Device{ls::DeviceKind::Ref, 0}}) {
+    auto grad_of = [&](const std::function<ls::Tensor(const ls::Tensor&)>& loss_of) {
+      ls::Tensor x = ls::from_vector(std::vector<float>(24, 1.0f), {4, 6}, device);
+      x.set_requires_grad();
+      ls::step([&] { loss_of(x).backward(); });
+      const std::string graph = ls::debug::last_graph_text();
+      return std::make_pair(x.grad().to_vector<float>(), graph);
+    };
+    auto row = [](std::vector<float> r) {
+      std::vector<float> all;
+      for (int i = 0; i < 4; ++i) all.insert(all.end(), r.begin(), r.end());
+      return all;
+    };
+    // Three pieces covering the axis: one concat, no pad.
+    auto [g3, graph3] = grad_of([](const ls::Tensor& x) {
+      const std::vector<ls::Tensor> p = ls::split(x, 2, 1);
+      return ls::sum(p[0]) + ls::sum(p[1] * 2.0) + ls::sum(p[2] * 3.0);
+    });
+    EXPECT_EQ(g3, row({1, 1, 2, 2, 3, 3}));
+    EXPECT_THAT(graph3, HasSubstr("concat("));
+    EXPECT_THAT(graph3, Not(HasSubstr("pad(")));
+    // Two neighbours inside the axis: one pad of their concat.
+    auto [g2, graph2] = grad_of([](const ls::Tensor& x) {
+      return ls::sum(ls::slice(x, 1, 1, 3) * 2.0) + ls::sum(ls::slice(x, 1, 3, 4) * 5.0);
+    });
+    EXPECT_EQ(g2, row({0, 2, 2, 5, 0, 0}));
+    EXPECT_THAT(graph2, HasSubstr("concat("));
+    // Apart, and a strided slice: sums, as before.
+    auto [ga, grapha] = grad_of([](const ls::Tensor& x) {
+      return ls::sum(ls::slice(x, 1, 0, 1)) + ls::sum(ls::slice(x, 1, 4, 6) * 3.0) +
+             ls::sum(ls::slice(x, 1, 1, 4, 2) * 7.0);
+    });
+    EXPECT_EQ(ga, row({1, 7, 0, 7, 3, 3}));
+    EXPECT_THAT(grapha, Not(HasSubstr("concat(")));
+  }
 }
