@@ -1,6 +1,7 @@
 // Reverse mode over the recorded IR: walk back from the output through nodes that require grad,
 // apply each op's gradient rule, and accumulate into the leaves' grad(). Also the Tensor's
 // autograd methods and NoGrad.
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <unordered_map>
@@ -59,11 +60,69 @@ std::optional<ZeroPadded> zero_padded(const Tensor& t, const Loc& loc) {
   return z;
 }
 
-// The sum of two gradients. Two pieces of the same value side by side (the gradients of two
-// slices or split pieces of it) become one piece, their concatenation: a split into k pieces
-// gets a gradient of one copy instead of k padded copies and k - 1 sums (an LSTM's gates, an
-// attention's q, k, v, a sequence split into time steps).
+// A gradient that is a product over rows, x^T y with x [m, k] and y [m, n] (recorded as
+// matmul(transpose(x), y), or as its transpose, matmul(transpose(y), x) transposed): a weight's
+// gradient from one use of it (a linear layer's, an RNN's per time step).
+struct RowProduct {
+  ir::NodePtr x, y;
+};
+
+bool is_transpose(const ir::Node& n) {
+  return n.op == ir::Op::Permute && n.attrs.size() == 2 && n.attrs[0] == 1 && n.attrs[1] == 0;
+}
+
+std::optional<RowProduct> row_product(const Tensor& t, const Loc& loc) {
+  const ir::Node* n = runtime::node_of(t, "backward", loc).get();
+  RowProduct p;
+  bool transposed = false;
+  if (is_transpose(*n) && n->operands[0]->op == ir::Op::MatMul) {
+    transposed = true;
+    n = n->operands[0].get();
+  }
+  if (n->op != ir::Op::MatMul || n->shape.size() != 2 || !is_transpose(*n->operands[0]))
+    return std::nullopt;
+  p.x = n->operands[0]->operands[0];
+  p.y = n->operands[1];
+  if (p.x->shape.size() != 2 || p.y->shape.size() != 2 || p.x->dtype != p.y->dtype)
+    return std::nullopt;
+  // (x^T y)^T is y^T x: every product as x^T y, untransposed.
+  if (transposed) std::swap(p.x, p.y);
+  return p;
+}
+
+// `a` and `b` concatenated along axis 0, a concatenation along it contributing its parts.
+Tensor rows_of(const ir::NodePtr& a, const ir::NodePtr& b, const Loc& loc) {
+  std::vector<Tensor> parts;
+  for (const ir::NodePtr& v : {a, b}) {
+    if (v->op == ir::Op::Concat && v->attrs[0] == 0)
+      for (const ir::NodePtr& part : v->operands) parts.push_back(runtime::new_tensor(part));
+    else
+      parts.push_back(runtime::new_tensor(v));
+  }
+  return concat(parts, 0, loc);
+}
+
+// The rows the combined products below may gather, per operand: past it, the copies would hold
+// more memory than the separate products save in time.
+constexpr int64_t kMaxGatheredBytes = int64_t{1} << 28;
+
+// The sum of two gradients, by rules that give the same sum with fewer and larger kernels:
+// - Two pieces of the same value side by side (the gradients of two slices or split pieces of
+//   it) become one piece, their concatenation: a split into k pieces gets a gradient of one copy
+//   instead of k padded copies and k - 1 sums (an LSTM's gates, an attention's q, k, v).
+// - Two products over rows, x1^T y1 + x2^T y2, become one, [x1; x2]^T [y1; y2]: a weight used
+//   at every time step (an RNN's) gets its gradient from one product over all of them instead
+//   of one small product per step and their sums.
 Tensor sum_of(const Tensor& a, const Tensor& b, const Loc& loc) {
+  if (const std::optional<RowProduct> ra = row_product(a, loc), rb = row_product(b, loc);
+      ra && rb && ra->x->dtype == rb->x->dtype && ra->x->shape[1] == rb->x->shape[1] &&
+      ra->y->shape[1] == rb->y->shape[1] &&
+      (ra->x->shape[0] + rb->x->shape[0]) * std::max(ra->x->shape[1], ra->y->shape[1]) *
+              dtype_size(ra->x->dtype) <=
+          kMaxGatheredBytes) {
+    const Tensor x = rows_of(ra->x, rb->x, loc), y = rows_of(ra->y, rb->y, loc);
+    return matmul(transpose(x, 0, 1, loc), y, loc);
+  }
   const std::optional<ZeroPadded> pa = zero_padded(a, loc), pb = zero_padded(b, loc);
   if (!pa || !pb || pa->axis != pb->axis || pa->value->dtype != pb->value->dtype ||
       (pa->end != pb->begin && pb->end != pa->begin))
