@@ -190,11 +190,18 @@ std::shared_ptr<Buffer> materialize(const Tensor& t, const Loc& loc, const char*
     value = current_node(*impl);
   }
   std::shared_ptr<Buffer> b = value->binding.buffer;
-  if (!b)  // computed by this sync, then given another value by a step on another thread
-    util::fail(loc, api,
-               "another thread's step gave this tensor a new value while this thread read it",
-               "A tensor belongs to one thread's step at a time: give each thread its own "
-               "tensors, or read it once the other thread's step has ended");
+  if (!b) {  // computed by this sync, then given another value by a step on another thread
+    std::string other = "another thread";
+    {
+      TensorLock lock(*impl);
+      if (impl->owner && impl->owner != &me) other = impl->owner->name();
+    }
+    util::fail(
+        loc, api,
+        cat("the step of ", other, " gave this tensor a new value while ", me.name(), " read it"),
+        "A tensor belongs to one thread's step at a time: give each thread its own "
+        "tensors, or read it once the other thread's step has ended");
+  }
   wait_buffer(*b);
   if (b->error) {
     settle_failures(me);
