@@ -169,6 +169,22 @@ TEST(DataParallel, ValuesKeptByRankZeroAloneDoNotStopTheRun) {
   EXPECT_EQ(r.out.substr(h0 + 18, 16), r.out.substr(h1 + 18, 16)) << "replicas agree:\n" << r.out;
 }
 
+// The natural error path of a data-parallel program (issue 30, item 4): a divergence error is
+// caught and main returns 1 while the earlier steps' programs are still queued (a closure holds
+// the runtime thread). Exit drains them before oneDNN's static state is gone: every rank exits 1
+// with its message, none dies of a signal (it was SIGSEGV on every rank, every time).
+TEST(DataParallel, ReturningFromMainWithWorkQueuedExitsCleanly) {
+  const Job r = mpirun(2, "diverge-queued 5", "LOCKSTEP_DIST_TIMEOUT=20");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  for (int rank : {0, 1})
+    EXPECT_NE(r.out.find("rank " + std::to_string(rank) +
+                         " error: dist: the ranks are about to run different programs"),
+              std::string::npos)
+        << r.out;
+  for (const char* crash : {"Segmentation", "signal 11", "SIGSEGV", "Aborted", "core dumped"})
+    EXPECT_EQ(r.out.find(crash), std::string::npos) << r.out;
+}
+
 TEST(DataParallel, ARankWithAnotherBatchShapeMakesEveryRankFail) {
   const Job r = mpirun(2, "diverge-batch 5", "LOCKSTEP_DIST_TIMEOUT=20");
   EXPECT_NE(r.exit_code, 0) << r.out;
