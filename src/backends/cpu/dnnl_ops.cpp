@@ -253,6 +253,7 @@ struct Operand {
 
 struct DnnlMatMul::Impl {
   memory::desc a_md, b_md, c_md, pad_md;
+  std::string implementation;
   std::unique_ptr<dnnl::matmul> prim;
   Bf16Emulation emulation;
 };
@@ -275,6 +276,7 @@ DnnlMatMul::DnnlMatMul(const Shape& a, const std::vector<int64_t>& as, const Sha
     dnnl::matmul::desc d(impl_->a_md, impl_->b_md, impl_->c_md);
     dnnl::matmul::primitive_desc pd(d, user_scratchpad(), engine());
     impl_->pad_md = pd.scratchpad_desc();
+    impl_->implementation = pd.impl_info_str();
     impl_->prim = std::make_unique<dnnl::matmul>(pd);
   };
   try {
@@ -293,6 +295,13 @@ DnnlMatMul::DnnlMatMul(const Shape& a, const std::vector<int64_t>& as, const Sha
 DnnlMatMul::~DnnlMatMul() = default;
 
 size_t DnnlMatMul::scratch_bytes() const { return floats_for(impl_->pad_md) * sizeof(float); }
+
+std::string DnnlMatMul::implementation() const { return impl_->implementation; }
+
+std::string onednn_version() {
+  const dnnl_version_t* v = dnnl_version();
+  return util::cat(v->major, ".", v->minor, ".", v->patch);
+}
 
 void DnnlMatMul::run(const void* a, const void* b, void* out) {
   const Bf16Emulation& e = impl_->emulation;

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "lockstep/dtype.h"
@@ -25,11 +26,16 @@ class DnnlMatMul {
   void run(const void* a, const void* b, void* out);
   // Bytes of the shared scratch a run takes (oneDNN's scratchpad).
   size_t scratch_bytes() const;
+  // oneDNN's name for the kernel that runs it ("gemm:jit", "brg:avx512_core").
+  std::string implementation() const;
 
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// oneDNN's version, "2.7.3".
+std::string onednn_version();
 
 // Convolution forward (in0 = x, in1 = w -> y), backward data (in0 = dy, in1 = w -> dx) and
 // backward weights (in0 = x, in1 = dy -> dw). attrs as ir::Node's: stride, padding, dilation,

@@ -8,6 +8,7 @@
 
 #include "backends/cpu/index_kernels.h"
 #include "backends/cpu/kernels.h"
+#include "backends/cpu/matmul.h"
 #include "backends/cpu/passes.h"
 #include "backends/ref/ref_kernels.h"
 #include "ir/attrs.h"
@@ -409,8 +410,8 @@ void lower_matmul(Lowering& l) {
     fold_matmul_batch(shape, strides, out_shape);
     out_strides = ref::strides_of(out_shape);
   }
-  auto mm = std::make_shared<DnnlMatMul>(shape[0], strides[0], shape[1], strides[1], out_shape,
-                                         mm_node.dtype, mm_node.dtype, out_strides);
+  auto mm = std::make_shared<cpu::MatMul>(shape[0], strides[0], shape[1], strides[1], out_shape,
+                                          mm_node.dtype, mm_node.dtype, out_strides);
   step.scratch_bytes = mm->scratch_bytes();
   step.reads = {operand[0], operand[1]};
   step.label = "mat_mul";

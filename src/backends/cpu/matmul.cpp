@@ -1,0 +1,307 @@
+// The cpu backend's matrix products, on oneDNN or OpenBLAS; see matmul.h.
+#include "backends/cpu/matmul.h"
+
+#include <cblas.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <unordered_map>
+
+#include "runtime/metrics.h"
+#include "util/check.h"
+#include "util/options.h"
+
+namespace lockstep::backends::cpu {
+namespace {
+
+// Products smaller than this many multiply-adds stay on oneDNN untimed: timing them costs more
+// than either library could save.
+constexpr int64_t kMinTunedMacs = int64_t{1} << 21;
+// A record larger than this is read only this far and not added to (it holds one short line per
+// problem a program on this machine has used).
+constexpr size_t kMaxRecordBytes = size_t{4} << 20;
+
+std::atomic<int>& choice_knob() {
+  static std::atomic<int> knob{[] {
+    const std::string& s = util::option(util::Option::MatMul);
+    if (s == "onednn") return static_cast<int>(MatMulChoice::OneDnn);
+    if (s == "openblas") return static_cast<int>(MatMulChoice::OpenBlas);
+    return static_cast<int>(MatMulChoice::Auto);  // unset, "auto", or unknown
+  }()};
+  return knob;
+}
+
+// The CPU's model name, as /proc/cpuinfo gives it (tabs, the record's separator, removed).
+std::string cpu_model() {
+  static const std::string model = [] {
+    std::ifstream in("/proc/cpuinfo");
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.rfind("model name", 0) != 0) continue;
+      const size_t colon = line.find(':');
+      std::string m = colon == std::string::npos ? line : line.substr(colon + 1);
+      m.erase(0, m.find_first_not_of(' '));
+      std::replace(m.begin(), m.end(), '\t', ' ');
+      return m;
+    }
+    return std::string("unknown cpu");
+  }();
+  return model;
+}
+
+bool valid_library(const std::string& s, MatMulLibrary* lib) {
+  if (s == "onednn") return *lib = MatMulLibrary::OneDnn, true;
+  if (s == "openblas") return *lib = MatMulLibrary::OpenBlas, true;
+  return false;
+}
+
+// The choices this process has made or read, and the record on disk.
+class TuningRecord {
+ public:
+  static TuningRecord& get() {
+    static TuningRecord* r = new TuningRecord();  // used by programs compiled until exit
+    return *r;
+  }
+
+  // The library for `key`: known, else recorded by some process, else `time` decides (and is
+  // recorded; the record's first line for the key wins over a concurrent process's).
+  template <class Time>
+  MatMulLibrary choose(const std::string& key, Time&& time) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = known_.find(key); it != known_.end()) return it->second;
+    if (read(key)) return known_.at(key);
+    const auto [lib, onednn_ms, openblas_ms] = time();
+    if (util::option_on(util::Option::Debug))
+      std::fprintf(stderr, "lockstep: matmul %s: onednn %.3f ms, openblas %.3f ms: %s\n",
+                   key.c_str(), onednn_ms, openblas_ms, library_name(lib));
+    char times[64];
+    std::snprintf(times, sizeof times, "\t%.4f\t%.4f\n", onednn_ms, openblas_ms);
+    if (append(key + "\t" + library_name(lib) + times) && read(key)) return known_.at(key);
+    known_[key] = lib;
+    return lib;
+  }
+
+  void forget() {
+    std::lock_guard<std::mutex> lock(mu_);
+    known_.clear();
+  }
+
+  std::string path() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return path_;
+  }
+  void set_path(const std::string& path) {
+    std::lock_guard<std::mutex> lock(mu_);
+    path_ = path;
+    known_.clear();
+  }
+
+ private:
+  TuningRecord() {
+    const std::string& set = util::option(util::Option::TuningFile);
+    if (set == "none") return;
+    if (!set.empty()) {
+      path_ = set;
+      return;
+    }
+    if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg == '/')
+      path_ = std::string(xdg) + "/lockstep/matmul.tsv";
+    else if (const char* home = std::getenv("HOME"); home && *home == '/')
+      path_ = std::string(home) + "/.cache/lockstep/matmul.tsv";
+  }
+
+  // Reads the record, keeping each key's first valid line; whether it has `key`. Lines that are
+  // not "key <tab> onednn|openblas <tab> ..." are skipped: the record only ever speeds things up.
+  bool read(const std::string& key) {
+    if (path_.empty()) return false;
+    std::ifstream in(path_, std::ios::binary);
+    if (!in) return false;
+    std::string text(kMaxRecordBytes, '\0');
+    in.read(text.data(), static_cast<std::streamsize>(text.size()));
+    text.resize(static_cast<size_t>(in.gcount()));
+    size_t start = 0;
+    while (start < text.size()) {
+      size_t end = text.find('\n', start);
+      if (end == std::string::npos) break;  // a line still being written, or cut by the limit
+      const std::string line = text.substr(start, end - start);
+      start = end + 1;
+      const size_t t1 = line.find('\t');
+      if (t1 == std::string::npos) continue;
+      const size_t t2 = line.find('\t', t1 + 1);
+      MatMulLibrary lib;
+      if (!valid_library(line.substr(t1 + 1, t2 == std::string::npos ? t2 : t2 - t1 - 1), &lib))
+        continue;
+      known_.emplace(line.substr(0, t1), lib);  // the first line for a key wins
+    }
+    return known_.count(key) > 0;
+  }
+
+  // Appends one line in one write (O_APPEND: lines from concurrent processes do not interleave);
+  // false when the record cannot be written (a read-only home, a full disk).
+  bool append(const std::string& line) {
+    if (path_.empty()) return false;
+    std::error_code ec;
+    const std::filesystem::path p(path_);
+    if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path(), ec);
+    const int fd = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return false;
+    bool ok = false;
+    const off_t size = ::lseek(fd, 0, SEEK_END);
+    if (size >= 0 && static_cast<size_t>(size) + line.size() <= kMaxRecordBytes)
+      ok = ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
+    ::close(fd);
+    return ok;
+  }
+
+  std::mutex mu_;
+  std::string path_;
+  std::unordered_map<std::string, MatMulLibrary> known_;
+};
+
+// The floats a tensor of this shape and these strides spans.
+size_t extent(const Shape& shape, const std::vector<int64_t>& strides) {
+  size_t e = 1;
+  for (size_t i = 0; i < shape.size(); ++i)
+    if (shape[i] > 0) e += static_cast<size_t>((shape[i] - 1) * strides[i]);
+  return e;
+}
+
+std::vector<int64_t> contiguous(const Shape& s) {
+  std::vector<int64_t> st(s.size());
+  int64_t acc = 1;
+  for (size_t i = s.size(); i-- > 0;) {
+    st[i] = acc;
+    acc *= s[i];
+  }
+  return st;
+}
+
+void sgemm(const GemmCall& c, const float* a, const float* b, float* out) {
+  const auto ta = c.trans_a ? CblasTrans : CblasNoTrans;
+  const auto tb = c.trans_b ? CblasTrans : CblasNoTrans;
+  const auto m = static_cast<blasint>(c.m), n = static_cast<blasint>(c.n),
+             k = static_cast<blasint>(c.k);
+  if (!c.c_col_major) {
+    cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, 1.0f, a, static_cast<blasint>(c.lda), b,
+                static_cast<blasint>(c.ldb), 0.0f, out, static_cast<blasint>(c.ldc));
+  } else {
+    // A column-major C is the row-major C^T = op(B)^T op(A)^T.
+    const auto tbt = c.trans_b ? CblasNoTrans : CblasTrans;
+    const auto tat = c.trans_a ? CblasNoTrans : CblasTrans;
+    cblas_sgemm(CblasRowMajor, tbt, tat, n, m, k, 1.0f, b, static_cast<blasint>(c.ldb), a,
+                static_cast<blasint>(c.lda), 0.0f, out, static_cast<blasint>(c.ldc));
+  }
+}
+
+}  // namespace
+
+const char* library_name(MatMulLibrary lib) {
+  return lib == MatMulLibrary::OpenBlas ? "openblas" : "onednn";
+}
+
+void set_matmul_choice(MatMulChoice choice) { choice_knob().store(static_cast<int>(choice)); }
+
+bool gemm_call(const Shape& a, const std::vector<int64_t>& as, const Shape& b,
+               const std::vector<int64_t>& bs, const Shape& out, const std::vector<int64_t>& os,
+               GemmCall* call) {
+  const size_t r = out.size();
+  if (r < 2 || a.size() != r || b.size() != r || as.size() != r || bs.size() != r || os.size() != r)
+    return false;
+  for (size_t d = 0; d + 2 < r; ++d)
+    if (a[d] != 1 || b[d] != 1 || out[d] != 1) return false;
+  GemmCall c;
+  c.m = a[r - 2], c.k = a[r - 1], c.n = b[r - 1];
+  if (b[r - 2] != c.k || out[r - 2] != c.m || out[r - 1] != c.n) return false;
+  // Degenerate sizes leave strides free; oneDNN takes those (and they are never worth timing).
+  if (c.m < 2 || c.n < 2 || c.k < 2) return false;
+  const int64_t limit = int64_t{1} << 31;  // blasint
+  if (c.m >= limit || c.n >= limit || c.k >= limit) return false;
+  // Operand x [rows x cols] with strides (sr, sc): plain (sc == 1, ld = sr) or transposed.
+  auto layout = [&](int64_t rows, int64_t cols, int64_t sr, int64_t sc, bool* trans, int64_t* ld) {
+    if (sc == 1 && sr >= cols && sr < limit) return *trans = false, *ld = sr, true;
+    if (sr == 1 && sc >= rows && sc < limit) return *trans = true, *ld = sc, true;
+    return false;
+  };
+  if (!layout(c.m, c.k, as[r - 2], as[r - 1], &c.trans_a, &c.lda)) return false;
+  if (!layout(c.k, c.n, bs[r - 2], bs[r - 1], &c.trans_b, &c.ldb)) return false;
+  if (!layout(c.m, c.n, os[r - 2], os[r - 1], &c.c_col_major, &c.ldc)) return false;
+  *call = c;
+  return true;
+}
+
+MatMul::MatMul(const Shape& a, const std::vector<int64_t>& as, const Shape& b,
+               const std::vector<int64_t>& bs, const Shape& out, DType in, DType out_dtype,
+               const std::vector<int64_t>& out_strides)
+    : dnnl_(std::make_unique<DnnlMatMul>(a, as, b, bs, out, in, out_dtype, out_strides)) {
+  const auto choice = static_cast<MatMulChoice>(choice_knob().load());
+  const std::vector<int64_t> os = out_strides.empty() ? contiguous(out) : out_strides;
+  if (choice == MatMulChoice::OneDnn || in != DType::F32 || out_dtype != DType::F32 ||
+      !gemm_call(a, as, b, bs, out, os, &call_))
+    return;
+  if (choice == MatMulChoice::OpenBlas) {
+    library_ = MatMulLibrary::OpenBlas;
+    runtime::count(runtime::Counter::OpenBlasProducts);
+    return;
+  }
+  if (call_.m * call_.n * call_.k < kMinTunedMacs) return;
+  std::ostringstream key;
+  key << cpu_model() << "|isa "
+      << (std::getenv("ONEDNN_MAX_CPU_ISA") ? std::getenv("ONEDNN_MAX_CPU_ISA") : "max")
+      << "|threads " << threads() << "|onednn " << onednn_version() << " "
+      << dnnl_->implementation() << "|" << openblas_get_config() << "|" << call_.m << "x" << call_.k
+      << "x" << call_.n << (call_.trans_a ? " ta" : "") << (call_.trans_b ? " tb" : "")
+      << (call_.c_col_major ? " ct" : "") << " ld " << call_.lda << "," << call_.ldb << ","
+      << call_.ldc;
+  library_ = TuningRecord::get().choose(key.str(), [&] {
+    // Both on the same zeroed operands, alternating, each at its best of up to three runs.
+    std::vector<float> x(extent(a, as)), w(extent(b, bs)), y(extent(out, os));
+    double best[2] = {1e30, 1e30};
+    const auto start = std::chrono::steady_clock::now();
+    for (int round = 0; round < 3; ++round) {
+      for (int lib = 0; lib < 2; ++lib) {
+        const auto t0 = std::chrono::steady_clock::now();
+        if (lib == 0)
+          dnnl_->run(x.data(), w.data(), y.data());
+        else
+          sgemm(call_, x.data(), w.data(), y.data());
+        const std::chrono::duration<double, std::milli> t = std::chrono::steady_clock::now() - t0;
+        best[lib] = std::min(best[lib], t.count());
+      }
+      if (std::chrono::steady_clock::now() - start > std::chrono::milliseconds(400)) break;
+    }
+    // OpenBLAS only when clearly faster: a near tie keeps oneDNN (which also runs the rest).
+    const MatMulLibrary lib =
+        best[1] * 1.05 < best[0] ? MatMulLibrary::OpenBlas : MatMulLibrary::OneDnn;
+    return std::make_tuple(lib, best[0], best[1]);
+  });
+  if (library_ == MatMulLibrary::OpenBlas) runtime::count(runtime::Counter::OpenBlasProducts);
+}
+
+MatMul::~MatMul() = default;
+
+void MatMul::run(const void* a, const void* b, void* out) {
+  if (library_ == MatMulLibrary::OneDnn) return dnnl_->run(a, b, out);
+  sgemm(call_, static_cast<const float*>(a), static_cast<const float*>(b),
+        static_cast<float*>(out));
+}
+
+size_t MatMul::scratch_bytes() const {
+  return library_ == MatMulLibrary::OneDnn ? dnnl_->scratch_bytes() : 0;
+}
+
+namespace detail {
+std::string tuning_file() { return TuningRecord::get().path(); }
+void set_tuning_file(const std::string& path) { TuningRecord::get().set_path(path); }
+void forget_matmul_choices() { TuningRecord::get().forget(); }
+}  // namespace detail
+
+}  // namespace lockstep::backends::cpu

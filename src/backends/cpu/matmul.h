@@ -1,0 +1,81 @@
+// The cpu backend's matrix products: oneDNN's matmul (dnnl_ops.h) for every product, and for a
+// single f32 product also OpenBLAS's sgemm, whichever is faster for that problem on this machine.
+//
+// Neither library is faster everywhere: on AVX2, where oneDNN 2.x has only its `gemm:jit`
+// kernels, OpenBLAS runs some products at twice oneDNN's speed ([256 x 4096] x [4096 x 1024]
+// with the left operand transposed, every weight gradient over many rows: 38 ms against 18 ms on
+// two Zen 3 cores) and oneDNN others at twice OpenBLAS's ([1024 x 64] x [64 x 512]). No rule on
+// the shape predicts which (a sweep of 76 random products split both ways), so each problem is
+// timed once, on both, when a program first needs it, and the choice is kept:
+//   - in the process, for every later program with the same problem;
+//   - in a tuning record on disk (LOCKSTEP_TUNING_FILE; by default
+//     $XDG_CACHE_HOME/lockstep/matmul.tsv, else ~/.cache/lockstep/matmul.tsv), so that every
+//     process on this machine computes the same problem with the same library and training is
+//     reproducible bit for bit across runs (a resumed run continues the losses of the one it
+//     resumes). The record's first line for a problem decides, whoever wrote it; a process that
+//     timed the problem itself reads the record back before it uses its choice. The key holds
+//     all that makes a timing valid: the CPU's model, the thread count, both libraries'
+//     versions and oneDNN's kernel, the problem's sizes, transposes and leading dimensions.
+// The two differ only in rounding (summation order). LOCKSTEP_MATMUL=onednn|openblas pins one
+// where both apply; LOCKSTEP_TUNING_FILE=none keeps choices in the process only.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/dnnl_ops.h"
+#include "lockstep/dtype.h"
+
+namespace lockstep::backends::cpu {
+
+// One product as a BLAS gemm call: C = op(A) op(B), op(A) [M x K], op(B) [K x N], C [M x N],
+// row-major with leading dimensions (C possibly column-major).
+struct GemmCall {
+  int64_t m = 0, n = 0, k = 0;
+  bool trans_a = false, trans_b = false, c_col_major = false;
+  int64_t lda = 0, ldb = 0, ldc = 0;
+};
+
+// The call for out = a x b read with these strides (dnnl_ops.h's convention), or false when the
+// product is not one BLAS call: a batch of more than one, or an operand whose rows and columns
+// both have strides other than 1.
+bool gemm_call(const Shape& a, const std::vector<int64_t>& as, const Shape& b,
+               const std::vector<int64_t>& bs, const Shape& out, const std::vector<int64_t>& os,
+               GemmCall* call);
+
+enum class MatMulLibrary { OneDnn, OpenBlas };
+const char* library_name(MatMulLibrary lib);
+
+// How products compiled from now on pick their library (LOCKSTEP_MATMUL sets the initial
+// value): Auto times both where both apply; the others use that library where it applies.
+enum class MatMulChoice { Auto, OneDnn, OpenBlas };
+void set_matmul_choice(MatMulChoice choice);
+
+class MatMul {
+ public:
+  // As DnnlMatMul's.
+  MatMul(const Shape& a, const std::vector<int64_t>& a_strides, const Shape& b,
+         const std::vector<int64_t>& b_strides, const Shape& out, DType in = DType::F32,
+         DType out_dtype = DType::F32, const std::vector<int64_t>& out_strides = {});
+  ~MatMul();
+  void run(const void* a, const void* b, void* out);
+  size_t scratch_bytes() const;
+  MatMulLibrary library() const { return library_; }
+
+ private:
+  std::unique_ptr<DnnlMatMul> dnnl_;
+  GemmCall call_;
+  MatMulLibrary library_ = MatMulLibrary::OneDnn;
+};
+
+namespace detail {
+// The tuning record's file ("" when choices stay in the process); another file (forgetting
+// every choice made or read so far); forgetting them alone. For tests.
+std::string tuning_file();
+void set_tuning_file(const std::string& path);
+void forget_matmul_choices();
+}  // namespace detail
+
+}  // namespace lockstep::backends::cpu

@@ -1,0 +1,232 @@
+// The cpu backend's two libraries for f32 products (src/backends/cpu/matmul.h): each computes
+// every layout the lowering hands it as a product in double does, the choice between them is the
+// tuning record's, and a record that is missing, unwritable or full of junk changes nothing but
+// the speed.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <lockstep/lockstep.h>
+
+#include "backends/cpu/matmul.h"
+
+namespace ls = lockstep;
+namespace cpu = lockstep::backends::cpu;
+
+namespace {
+
+// Restores the library choice and the tuning record a test changed.
+struct Restore {
+  std::string file = cpu::detail::tuning_file();
+  ~Restore() {
+    cpu::set_matmul_choice(cpu::MatMulChoice::Auto);
+    cpu::detail::set_tuning_file(file);
+  }
+};
+
+std::string temp_path(const std::string& name) {
+  return ::testing::TempDir() + "lockstep_matmul_" + std::to_string(::getpid()) + "_" + name;
+}
+
+// One product's operands in the layouts given by the strides (a transposed operand is stored
+// with its rows and columns swapped, and leading dimensions may exceed the row length).
+struct Problem {
+  int64_t m, k, n;
+  bool ta, tb, ct;
+  int64_t pad;  // extra elements per stored row of each operand and of the result
+};
+
+// Checks the product against one in double; the library that computed it.
+cpu::MatMulLibrary check(const Problem& pr, cpu::MatMulChoice choice,
+                         std::optional<cpu::MatMulLibrary> expect = std::nullopt) {
+  const int64_t m = pr.m, k = pr.k, n = pr.n;
+  // Stored row lengths (leading dimensions).
+  const int64_t lda = (pr.ta ? m : k) + pr.pad, ldb = (pr.tb ? k : n) + pr.pad,
+                ldc = (pr.ct ? m : n) + pr.pad;
+  const std::vector<int64_t> as =
+      pr.ta ? std::vector<int64_t>{1, lda} : std::vector<int64_t>{lda, 1};
+  const std::vector<int64_t> bs =
+      pr.tb ? std::vector<int64_t>{1, ldb} : std::vector<int64_t>{ldb, 1};
+  const std::vector<int64_t> cs =
+      pr.ct ? std::vector<int64_t>{1, ldc} : std::vector<int64_t>{ldc, 1};
+  std::vector<float> a((pr.ta ? k : m) * lda), b((pr.tb ? n : k) * ldb);
+  std::mt19937 gen(static_cast<uint32_t>(m * 131 + k * 17 + n));
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (float& v : a) v = u(gen);
+  for (float& v : b) v = u(gen);
+  // NaN everywhere first: the product must assign, not accumulate, and leave the padding alone.
+  std::vector<float> c((pr.ct ? n : m) * ldc, std::numeric_limits<float>::quiet_NaN());
+  cpu::set_matmul_choice(choice);
+  cpu::MatMul mm(ls::Shape{m, k}, as, ls::Shape{k, n}, bs, ls::Shape{m, n}, ls::DType::F32,
+                 ls::DType::F32, cs);
+  if (expect) {
+    EXPECT_EQ(mm.library(), *expect);
+  }
+  mm.run(a.data(), b.data(), c.data());
+  auto at = [&](const std::vector<float>& x, const std::vector<int64_t>& s, int64_t i, int64_t j) {
+    return x[i * s[0] + j * s[1]];
+  };
+  int64_t wrong = 0;
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double want = 0, scale = 0;
+      for (int64_t q = 0; q < k; ++q) {
+        want += static_cast<double>(at(a, as, i, q)) * at(b, bs, q, j);
+        scale += std::fabs(static_cast<double>(at(a, as, i, q)) * at(b, bs, q, j));
+      }
+      const float got = at(c, cs, i, j);
+      if (!(std::fabs(got - want) <= 1e-5 * scale + 1e-6) && wrong++ < 5)
+        ADD_FAILURE() << "c[" << i << ", " << j << "] = " << got << ", want " << want;
+    }
+  // The padding of each stored row was not written.
+  for (int64_t r = 0; r < (pr.ct ? n : m); ++r)
+    for (int64_t p = (pr.ct ? m : n); p < ldc; ++p)
+      if (!std::isnan(c[r * ldc + p])) {
+        ADD_FAILURE() << "padding written at row " << r;
+        return mm.library();
+      }
+  return mm.library();
+}
+
+}  // namespace
+
+TEST(MatMulLibraries, EveryLayoutMatchesAProductInDouble) {
+  Restore restore;
+  cpu::detail::set_tuning_file("");
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (bool ct : {false, true})
+        for (int64_t pad : {0, 3}) {
+          const Problem pr{37, 53, 29, ta, tb, ct, pad};
+          SCOPED_TRACE(::testing::Message()
+                       << "ta " << ta << " tb " << tb << " ct " << ct << " pad " << pad);
+          check(pr, cpu::MatMulChoice::OpenBlas, cpu::MatMulLibrary::OpenBlas);
+          check(pr, cpu::MatMulChoice::OneDnn, cpu::MatMulLibrary::OneDnn);
+        }
+  // Large enough to be timed: whichever wins computes the same product.
+  check({256, 512, 192, true, false, false, 0}, cpu::MatMulChoice::Auto);
+}
+
+TEST(MatMulLibraries, ProductsThatAreNotOneGemmStayOnOneDnn) {
+  Restore restore;
+  cpu::set_matmul_choice(cpu::MatMulChoice::OpenBlas);
+  // A batch of two.
+  cpu::MatMul batch(ls::Shape{2, 8, 8}, {64, 8, 1}, ls::Shape{2, 8, 8}, {64, 8, 1},
+                    ls::Shape{2, 8, 8});
+  EXPECT_EQ(batch.library(), cpu::MatMulLibrary::OneDnn);
+  // An operand with no unit stride.
+  cpu::MatMul strided(ls::Shape{8, 8}, {16, 2}, ls::Shape{8, 8}, {8, 1}, ls::Shape{8, 8});
+  EXPECT_EQ(strided.library(), cpu::MatMulLibrary::OneDnn);
+  // bf16.
+  cpu::MatMul half(ls::Shape{8, 8}, {8, 1}, ls::Shape{8, 8}, {8, 1}, ls::Shape{8, 8},
+                   ls::DType::BF16, ls::DType::BF16);
+  EXPECT_EQ(half.library(), cpu::MatMulLibrary::OneDnn);
+  // A batch of one folds to one call.
+  cpu::MatMul one(ls::Shape{1, 8, 8}, {64, 8, 1}, ls::Shape{1, 8, 8}, {64, 8, 1},
+                  ls::Shape{1, 8, 8});
+  EXPECT_EQ(one.library(), cpu::MatMulLibrary::OpenBlas);
+}
+
+// What makes runs reproducible across processes: the record's line for a problem decides, not
+// this process's timing; a process that times a problem writes one line and follows the record.
+TEST(MatMulLibraries, TheRecordDecidesEveryLaterChoice) {
+  Restore restore;
+  const std::string path = temp_path("record.tsv");
+  std::filesystem::remove(path);
+  cpu::detail::set_tuning_file(path);
+  cpu::set_matmul_choice(cpu::MatMulChoice::Auto);
+  const ls::Shape a{256, 512}, b{512, 192}, c{256, 192};
+  const std::vector<int64_t> as{1, 256}, bs{192, 1}, cs{192, 1};
+  const cpu::MatMulLibrary first =
+      cpu::MatMul(a, as, b, bs, c, ls::DType::F32, ls::DType::F32, cs).library();
+  std::string line;
+  {
+    std::ifstream in(path);
+    ASSERT_TRUE(std::getline(in, line)) << "nothing recorded in " << path;
+    std::string more;
+    EXPECT_FALSE(std::getline(in, more)) << "a second line: " << more;
+  }
+  const size_t t1 = line.find('\t');
+  ASSERT_NE(t1, std::string::npos) << line;
+  const std::string key = line.substr(0, t1);
+  EXPECT_NE(key.find("256x512x192 ta"), std::string::npos) << key;
+  EXPECT_EQ(line.substr(t1 + 1, line.find('\t', t1 + 1) - t1 - 1), cpu::library_name(first));
+
+  // Another process's record: junk, a line for the key naming the other library, then one
+  // naming this process's choice. The first valid line wins.
+  const cpu::MatMulLibrary other = first == cpu::MatMulLibrary::OneDnn
+                                       ? cpu::MatMulLibrary::OpenBlas
+                                       : cpu::MatMulLibrary::OneDnn;
+  {
+    std::ofstream out(path, std::ios::trunc);
+    out << "junk without a tab\n"
+        << key << "\tnot-a-library\t1\t2\n"
+        << "\t\t\n"
+        << key << "\t" << cpu::library_name(other) << "\t1.0\t2.0\n"
+        << key << "\t" << cpu::library_name(first) << "\t1.0\t2.0\n"
+        << key << "\tonednn";  // cut short
+  }
+  cpu::detail::forget_matmul_choices();
+  EXPECT_EQ(cpu::MatMul(a, as, b, bs, c, ls::DType::F32, ls::DType::F32, cs).library(), other);
+  // Remembered in the process: the file no longer matters for this problem.
+  std::filesystem::remove(path);
+  EXPECT_EQ(cpu::MatMul(a, as, b, bs, c, ls::DType::F32, ls::DType::F32, cs).library(), other);
+  std::filesystem::remove(path);
+}
+
+TEST(MatMulLibraries, AnUnwritableRecordStillChooses) {
+  Restore restore;
+  const std::string dir = temp_path("dir");
+  std::filesystem::create_directories(dir);
+  // The record's path is a directory: nothing can be read or written there.
+  cpu::detail::set_tuning_file(dir);
+  cpu::set_matmul_choice(cpu::MatMulChoice::Auto);
+  const cpu::MatMulLibrary first =
+      check({256, 512, 192, false, true, false, 0}, cpu::MatMulChoice::Auto);
+  // Kept in the process.
+  check({256, 512, 192, false, true, false, 0}, cpu::MatMulChoice::Auto, first);
+  EXPECT_TRUE(std::filesystem::is_empty(dir));
+  std::filesystem::remove_all(dir);
+}
+
+// Through the whole cpu backend with OpenBLAS pinned: products, their gradients (transposed
+// operands) and a linear layer's batch folded into one product, against the ref backend.
+TEST(MatMulLibraries, TrainingOnOpenBlasMatchesRef) {
+  Restore restore;
+  cpu::set_matmul_choice(cpu::MatMulChoice::OpenBlas);
+  const int64_t before = ls::metrics::counter("openblas_products");
+  auto run = [](const char* dev) {
+    const ls::Device d = ls::parse_device(dev);
+    ls::manual_seed(7);
+    ls::Tensor x = ls::randn({4, 24, 40}).to(d);
+    ls::Tensor w = ls::randn({56, 40}).to(d);
+    w.set_requires_grad();
+    ls::Tensor v = ls::randn({56, 33}).to(d);
+    v.set_requires_grad();
+    ls::Tensor y = ls::matmul(ls::matmul(x, ls::transpose(w, 0, 1)), v);
+    ls::Tensor loss = ls::sum(ls::mul(y, y));
+    loss.backward();
+    std::vector<std::vector<float>> out{y.to_vector<float>(), w.grad().to_vector<float>(),
+                                        v.grad().to_vector<float>()};
+    return out;
+  };
+  const auto got = run("cpu"), want = run("ref");
+  // The forward's two products and the gradients' three (w's input gradient is not needed).
+  EXPECT_GE(ls::metrics::counter("openblas_products") - before, 4);
+  for (size_t t = 0; t < got.size(); ++t) {
+    ASSERT_EQ(got[t].size(), want[t].size());
+    for (size_t i = 0; i < got[t].size(); ++i)
+      ASSERT_NEAR(got[t][i], want[t][i], 2e-3 * (1 + std::fabs(want[t][i])))
+          << "tensor " << t << " element " << i;
+  }
+}
