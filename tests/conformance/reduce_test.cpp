@@ -128,7 +128,9 @@ TEST_F(Reduce, Large) {
            {{5, 4, 300}, {0, 1}},
            // many rows: cut into bands combined in order
            {{1031, 131}, {0}},
-           {{2, 700, 40}, {1}}})
+           {{2, 700, 40}, {1}},
+           // rows longer than one run of 2048 values
+           {{300, 2100}, {0}}})
     check(
         "rows with special values, axes " + str(axes), {{s, ls::f32, Fill::NonFinite}},
         [&](const Tensors& x) {

@@ -114,6 +114,20 @@ void scatter_add_typed(const T* x, const Shape& xs, const IndexView& index, cons
   (void)x;
   const int threads = n > 32768 ? omp_get_max_threads() : 1;
   const bool by_outer = outer >= threads;
+  // The common case walks rows instead of elements: the dims after the axis are the same in x,
+  // src and the index, so position c after the axis is element c of each row, and the index is
+  // one value per row (an embedding's gradient: the index broadcast over the row) or a whole
+  // contiguous row.
+  bool rows = true;
+  bool one_per_row = true, whole_rows = true;
+  int64_t contiguous = 1;
+  for (size_t d = r; d-- > static_cast<size_t>(axis) + 1;) {
+    rows = rows && xs[d] == is[d] && ss[d] == is[d];
+    one_per_row = one_per_row && (index.strides[d] == 0 || is[d] == 1);
+    whole_rows = whole_rows && (index.strides[d] == contiguous || is[d] == 1);
+    contiguous *= is[d];
+  }
+  rows = rows && (one_per_row || whole_rows);
   auto run = [&](int64_t o0, int64_t o1, int64_t i0, int64_t i1) {
     for (int64_t o = o0; o < o1; ++o) {
       int64_t xo = 0, so = 0, io = 0;
@@ -124,6 +138,19 @@ void scatter_add_typed(const T* x, const Shape& xs, const IndexView& index, cons
         xo += i * xst[d];
         so += i * sst[d];
         io += i * index.strides[d];
+      }
+      if (rows) {
+        for (int64_t k = 0; k < len; ++k) {
+          const int64_t* at = index.data + io + k * index.strides[axis];
+          const T* from = src + so + k * sst[axis];
+          if (one_per_row) {
+            A* to = acc + xo + at[0] * xst[axis];
+            for (int64_t c = i0; c < i1; ++c) add(to[c], from[c]);
+          } else {
+            for (int64_t c = i0; c < i1; ++c) add(acc[xo + at[c] * xst[axis] + c], from[c]);
+          }
+        }
+        continue;
       }
       for (int64_t k = 0; k < len; ++k)
         for (int64_t c = i0; c < i1; ++c) {
