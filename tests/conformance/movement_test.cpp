@@ -43,8 +43,20 @@ TEST_F(Movement, Reshape) {
 LS_COVERS(Movement, Permute, Op::Permute);
 TEST_F(Movement, Permute) {
   const std::vector<ls::Shape> shapes = {
-      {},         {7},          {3, 5},          {1, 17},     {2, 0, 3},      {3, 5, 7},
-      {2, 1, 33}, {4, 3, 2, 5}, {1, 3, 1, 5, 2}, {1031, 131}, {8, 64, 17, 13}};
+      {},
+      {7},
+      {3, 5},
+      {1, 17},
+      {2, 0, 3},
+      {3, 5, 7},
+      {2, 1, 33},
+      {4, 3, 2, 5},
+      {1, 3, 1, 5, 2},
+      {1031, 131},
+      {8, 64, 17, 13},
+      // transposes done in tiles and 8x8 register blocks, with partial tiles at both edges
+      {3, 40, 24},
+      {2, 16, 9, 40}};
   for (ls::DType dt : kAll)
     for (const ls::Shape& s : shapes) {
       std::vector<int64_t> perm(s.size());
