@@ -343,8 +343,12 @@ Tensor softmax_shift(const Tensor& x, const std::vector<int64_t>& axes, bool fin
     for (size_t i = 1; i < attrs->size(); ++i) kept[(*attrs)[i]] = 1;
     return full(kept, 0, TensorOptions(n->dtype, n->device), loc);
   }
+  // Detached: softmax, log_softmax and logsumexp do not depend on the shift, so its exact
+  // gradient is zero. Left attached, the backward computed that zero the long way: the max's
+  // gradient (a mask of the maxima, divided by their count) times a sum over the row of the
+  // other gradients, two more passes over every [B H, T, T] score tensor of an attention.
   Tensor m = record(Op::Max, {n}, *attrs, loc);
-  return finite_only ? where(isfinite(m, loc), m, 0.0, loc) : m;
+  return (finite_only ? where(isfinite(m, loc), m, 0.0, loc) : m).detach(loc);
 }
 
 }  // namespace

@@ -390,3 +390,47 @@ TEST(Autograd, AWeightUsedManyTimesGetsItsGradientFromOneProduct) {
   ASSERT_EQ(grads[0].size(), grads[1].size());
   for (size_t i = 0; i < grads[0].size(); ++i) EXPECT_NEAR(grads[0][i], grads[1][i], 1e-5) << i;
 }
+
+// softmax, log_softmax and logsumexp do not depend on their shift (the row's max), so no
+// gradient flows into it: the backward has no mask of the maxima (eq) and the gradients equal
+// the analytic ones, softmax's s * (g - sum(g * s)), on ties too.
+TEST(Autograd, TheSoftmaxShiftGetsNoGradient) {
+  using ::testing::HasSubstr;
+  using ::testing::Not;
+  for (ls::Device device : {ls::default_device(), ls::Device{ls::DeviceKind::Ref, 0}}) {
+    // Rows with a tie for the max, an all-equal row, a -inf entry.
+    const std::vector<float> v = {1, 3, 3, 0, 2, 2, 2, 2, -1, 0.5f, -INFINITY, 4};
+    const std::vector<float> w = {0.3f, -1, 2, 0.5f, 1, 2, 3, 4, -2, 0.25f, 1, -0.5f};
+    for (int which = 0; which < 3; ++which) {
+      ls::Tensor x = ls::from_vector(v, {3, 4}, device);
+      x.set_requires_grad();
+      const ls::Tensor g = ls::from_vector(w, {3, 4}, device);
+      ls::step([&] {
+        ls::Tensor y = which == 0   ? ls::softmax(x, 1)
+                       : which == 1 ? ls::log_softmax(x, 1)
+                                    : ls::unsqueeze(ls::logsumexp(x, {1}), 1);
+        ls::sum(y * g).backward();
+      });
+      EXPECT_THAT(ls::debug::last_graph_text(), Not(HasSubstr("eq("))) << which;
+      const std::vector<float> got = x.grad().to_vector<float>();
+      for (int r = 0; r < 3; ++r) {
+        double mx = -INFINITY, z = 0;
+        for (int c = 0; c < 4; ++c) mx = std::max<double>(mx, v[r * 4 + c]);
+        for (int c = 0; c < 4; ++c) z += std::exp(v[r * 4 + c] - mx);
+        double gs = 0, gsum = 0;
+        for (int c = 0; c < 4; ++c) {
+          gs += w[r * 4 + c] * std::exp(v[r * 4 + c] - mx) / z;
+          gsum += w[r * 4 + c];
+        }
+        for (int c = 0; c < 4; ++c) {
+          const double s = std::exp(v[r * 4 + c] - mx) / z;
+          // logsumexp's [3, 1] result meets all of g's row: its gradient is s times the row's sum.
+          const double want = which == 0   ? s * (w[r * 4 + c] - gs)
+                              : which == 1 ? w[r * 4 + c] - s * gsum
+                                           : s * gsum;
+          EXPECT_NEAR(got[r * 4 + c], want, 1e-5) << which << " row " << r << " col " << c;
+        }
+      }
+    }
+  }
+}
