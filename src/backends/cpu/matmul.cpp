@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <unordered_map>
 
@@ -74,6 +75,14 @@ class TuningRecord {
 
   // The library for `key`: known, else recorded by some process, else `time` decides (and is
   // recorded; the record's first line for the key wins over a concurrent process's).
+  // The library for `key` if this process or the record knows it.
+  std::optional<MatMulLibrary> lookup(const std::string& key) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = known_.find(key); it != known_.end()) return it->second;
+    if (read(key)) return known_.at(key);
+    return std::nullopt;
+  }
+
   template <class Time>
   MatMulLibrary choose(const std::string& key, Time&& time) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -167,14 +176,6 @@ class TuningRecord {
   std::unordered_map<std::string, MatMulLibrary> known_;
 };
 
-// The floats a tensor of this shape and these strides spans.
-size_t extent(const Shape& shape, const std::vector<int64_t>& strides) {
-  size_t e = 1;
-  for (size_t i = 0; i < shape.size(); ++i)
-    if (shape[i] > 0) e += static_cast<size_t>((shape[i] - 1) * strides[i]);
-  return e;
-}
-
 std::vector<int64_t> contiguous(const Shape& s) {
   std::vector<int64_t> st(s.size());
   int64_t acc = 1;
@@ -254,25 +255,41 @@ MatMul::MatMul(const Shape& a, const std::vector<int64_t>& as, const Shape& b,
   }
   if (call_.m * call_.n * call_.k < kMinTunedMacs) return;
   std::ostringstream key;
-  key << cpu_model() << "|isa "
-      << (std::getenv("ONEDNN_MAX_CPU_ISA") ? std::getenv("ONEDNN_MAX_CPU_ISA") : "max")
-      << "|threads " << threads() << "|onednn " << onednn_version() << " "
-      << dnnl_->implementation() << "|" << openblas_get_config() << "|" << call_.m << "x" << call_.k
-      << "x" << call_.n << (call_.trans_a ? " ta" : "") << (call_.trans_b ? " tb" : "")
-      << (call_.c_col_major ? " ct" : "") << " ld " << call_.lda << "," << call_.ldb << ","
-      << call_.ldc;
-  library_ = TuningRecord::get().choose(key.str(), [&] {
-    // Both on the same zeroed operands, alternating, each at its best of up to three runs.
-    std::vector<float> x(extent(a, as)), w(extent(b, bs)), y(extent(out, os));
+  const char* isa = std::getenv("ONEDNN_MAX_CPU_ISA");
+  key << cpu_model() << "|isa " << (isa ? isa : "max") << "|threads " << threads() << "|onednn "
+      << onednn_version() << " " << dnnl_->implementation() << "|" << openblas_get_config() << "|"
+      << call_.m << "x" << call_.k << "x" << call_.n << (call_.trans_a ? " ta" : "")
+      << (call_.trans_b ? " tb" : "") << (call_.c_col_major ? " ct" : "") << " ld " << call_.lda
+      << "," << call_.ldb << "," << call_.ldc;
+  key_ = key.str();
+  if (const auto known = TuningRecord::get().lookup(key_)) {
+    library_ = *known;
+    if (library_ == MatMulLibrary::OpenBlas) runtime::count(runtime::Counter::OpenBlasProducts);
+    return;
+  }
+  // Timed at its first run, where the program runs: on the runtime thread, with nothing of this
+  // process competing for the cores (timed here, while the runtime thread ran the previous
+  // program, the figures were off by up to 2x) and on the real operands.
+  tuned_.store(false, std::memory_order_release);
+}
+
+void MatMul::tune(const void* a, const void* b, void* out) {
+  std::lock_guard<std::mutex> lock(tune_mu_);
+  if (tuned_.load(std::memory_order_acquire)) return;
+  const auto* x = static_cast<const float*>(a);
+  const auto* w = static_cast<const float*>(b);
+  auto* y = static_cast<float*>(out);
+  library_ = TuningRecord::get().choose(key_, [&] {
+    // Alternating, each at its best of up to three runs (less for slow products).
     double best[2] = {1e30, 1e30};
     const auto start = std::chrono::steady_clock::now();
     for (int round = 0; round < 3; ++round) {
       for (int lib = 0; lib < 2; ++lib) {
         const auto t0 = std::chrono::steady_clock::now();
         if (lib == 0)
-          dnnl_->run(x.data(), w.data(), y.data());
+          dnnl_->run(x, w, y);
         else
-          sgemm(call_, x.data(), w.data(), y.data());
+          sgemm(call_, x, w, y);
         const std::chrono::duration<double, std::milli> t = std::chrono::steady_clock::now() - t0;
         best[lib] = std::min(best[lib], t.count());
       }
@@ -284,11 +301,15 @@ MatMul::MatMul(const Shape& a, const std::vector<int64_t>& as, const Shape& b,
     return std::make_tuple(lib, best[0], best[1]);
   });
   if (library_ == MatMulLibrary::OpenBlas) runtime::count(runtime::Counter::OpenBlasProducts);
+  tuned_.store(true, std::memory_order_release);
 }
 
 MatMul::~MatMul() = default;
 
 void MatMul::run(const void* a, const void* b, void* out) {
+  // After tuning, the chosen library computes the result (the last timing run may have been
+  // the other), so every run, in this process and others, gives the same bits.
+  if (!tuned_.load(std::memory_order_acquire)) tune(a, b, out);
   if (library_ == MatMulLibrary::OneDnn) return dnnl_->run(a, b, out);
   sgemm(call_, static_cast<const float*>(a), static_cast<const float*>(b),
         static_cast<float*>(out));

@@ -6,7 +6,8 @@
 // with the left operand transposed, every weight gradient over many rows: 38 ms against 18 ms on
 // two Zen 3 cores) and oneDNN others at twice OpenBLAS's ([1024 x 64] x [64 x 512]). No rule on
 // the shape predicts which (a sweep of 76 random products split both ways), so each problem is
-// timed once, on both, when a program first needs it, and the choice is kept:
+// timed once, on both, at its first run (on the runtime thread, with the real operands), and
+// the choice is kept:
 //   - in the process, for every later program with the same problem;
 //   - in a tuning record on disk (LOCKSTEP_TUNING_FILE; by default
 //     $XDG_CACHE_HOME/lockstep/matmul.tsv, else ~/.cache/lockstep/matmul.tsv), so that every
@@ -20,8 +21,10 @@
 // where both apply; LOCKSTEP_TUNING_FILE=none keeps choices in the process only.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -62,12 +65,18 @@ class MatMul {
   ~MatMul();
   void run(const void* a, const void* b, void* out);
   size_t scratch_bytes() const;
+  // The library that runs it; until the first run of a product still to be timed, oneDNN.
   MatMulLibrary library() const { return library_; }
 
  private:
+  void tune(const void* a, const void* b, void* out);
+
   std::unique_ptr<DnnlMatMul> dnnl_;
   GemmCall call_;
   MatMulLibrary library_ = MatMulLibrary::OneDnn;
+  std::string key_;                // the tuning record's key, for a timed product
+  std::atomic<bool> tuned_{true};  // false until a product to be timed has been
+  std::mutex tune_mu_;
 };
 
 namespace detail {
