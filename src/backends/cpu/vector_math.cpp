@@ -59,11 +59,14 @@ __attribute__((target("avx512f"))) void run_avx512(int64_t n, const float* x, fl
 // unchanged.
 constexpr float kExpSlow = -87.0f, kExpZero = -110.0f;
 
+// F is libmvec's expf, passed as run_avx2's is (clang refuses a direct call with vector
+// arguments to a function declared without the ISA's target attribute).
+template <__m256 (*F)(__m256)>
 __attribute__((target("avx2,fma"))) __m256 exp_avx2(__m256 v) {
   const __m256 low = _mm256_cmp_ps(v, _mm256_set1_ps(kExpSlow), _CMP_LT_OQ);
-  if (!_mm256_movemask_ps(low)) return _ZGVdN8v_expf(v);
+  if (!_mm256_movemask_ps(low)) return F(v);
   const __m256 zero = _mm256_cmp_ps(v, _mm256_set1_ps(kExpZero), _CMP_LE_OQ);
-  __m256 r = _ZGVdN8v_expf(_mm256_blendv_ps(v, _mm256_set1_ps(kExpSlow), low));
+  __m256 r = F(_mm256_blendv_ps(v, _mm256_set1_ps(kExpSlow), low));
   r = _mm256_blendv_ps(r, _mm256_setzero_ps(), zero);
   const int sub = _mm256_movemask_ps(_mm256_andnot_ps(zero, low));  // subnormal results
   if (!sub) return r;
@@ -75,11 +78,12 @@ __attribute__((target("avx2,fma"))) __m256 exp_avx2(__m256 v) {
   return _mm256_load_ps(out);
 }
 
+template <__m512 (*F)(__m512)>
 __attribute__((target("avx512f"))) __m512 exp_avx512(__m512 v) {
   const __mmask16 low = _mm512_cmp_ps_mask(v, _mm512_set1_ps(kExpSlow), _CMP_LT_OQ);
-  if (!low) return _ZGVeN16v_expf(v);
+  if (!low) return F(v);
   const __mmask16 zero = _mm512_cmp_ps_mask(v, _mm512_set1_ps(kExpZero), _CMP_LE_OQ);
-  __m512 r = _ZGVeN16v_expf(_mm512_mask_blend_ps(low, v, _mm512_set1_ps(kExpSlow)));
+  __m512 r = F(_mm512_mask_blend_ps(low, v, _mm512_set1_ps(kExpSlow)));
   r = _mm512_mask_blend_ps(zero, r, _mm512_setzero_ps());
   const __mmask16 sub = low & static_cast<__mmask16>(~zero);
   if (!sub) return r;
@@ -109,10 +113,11 @@ using Run = void (*)(int64_t, const float*, float*);
 constexpr Run kRuns[3][6] = {
     {run_scalar<exp_f>, run_scalar<log_f>, run_scalar<tanh_f>, run_scalar<erf_f>, run_scalar<sin_f>,
      run_scalar<cos_f>},
-    {run_avx2<exp_avx2>, run_avx2<_ZGVdN8v_logf>, run_avx2<_ZGVdN8v_tanhf>, run_avx2<_ZGVdN8v_erff>,
-     run_avx2<_ZGVdN8v_sinf>, run_avx2<_ZGVdN8v_cosf>},
-    {run_avx512<exp_avx512>, run_avx512<_ZGVeN16v_logf>, run_avx512<_ZGVeN16v_tanhf>,
-     run_avx512<_ZGVeN16v_erff>, run_avx512<_ZGVeN16v_sinf>, run_avx512<_ZGVeN16v_cosf>},
+    {run_avx2<exp_avx2<_ZGVdN8v_expf>>, run_avx2<_ZGVdN8v_logf>, run_avx2<_ZGVdN8v_tanhf>,
+     run_avx2<_ZGVdN8v_erff>, run_avx2<_ZGVdN8v_sinf>, run_avx2<_ZGVdN8v_cosf>},
+    {run_avx512<exp_avx512<_ZGVeN16v_expf>>, run_avx512<_ZGVeN16v_logf>,
+     run_avx512<_ZGVeN16v_tanhf>, run_avx512<_ZGVeN16v_erff>, run_avx512<_ZGVeN16v_sinf>,
+     run_avx512<_ZGVeN16v_cosf>},
 };
 
 MathIsa detect() {
