@@ -17,6 +17,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "backends/ref/ref_kernels.h"
 #include "runtime/metrics.h"
 #include "util/check.h"
 #include "util/options.h"
@@ -176,16 +177,6 @@ class TuningRecord {
   std::unordered_map<std::string, MatMulLibrary> known_;
 };
 
-std::vector<int64_t> contiguous(const Shape& s) {
-  std::vector<int64_t> st(s.size());
-  int64_t acc = 1;
-  for (size_t i = s.size(); i-- > 0;) {
-    st[i] = acc;
-    acc *= s[i];
-  }
-  return st;
-}
-
 void sgemm(const GemmCall& c, const float* a, const float* b, float* out) {
   const auto ta = c.trans_a ? CblasTrans : CblasNoTrans;
   const auto tb = c.trans_b ? CblasTrans : CblasNoTrans;
@@ -244,7 +235,7 @@ MatMul::MatMul(const Shape& a, const std::vector<int64_t>& as, const Shape& b,
                const std::vector<int64_t>& out_strides)
     : dnnl_(std::make_unique<DnnlMatMul>(a, as, b, bs, out, in, out_dtype, out_strides)) {
   const auto choice = static_cast<MatMulChoice>(choice_knob().load());
-  const std::vector<int64_t> os = out_strides.empty() ? contiguous(out) : out_strides;
+  const std::vector<int64_t> os = out_strides.empty() ? ref::strides_of(out) : out_strides;
   if (choice == MatMulChoice::OneDnn || in != DType::F32 || out_dtype != DType::F32 ||
       !gemm_call(a, as, b, bs, out, os, &call_))
     return;
