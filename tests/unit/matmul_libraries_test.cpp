@@ -113,8 +113,9 @@ TEST(MatMulLibraries, EveryLayoutMatchesAProductInDouble) {
           check(pr, cpu::MatMulChoice::OpenBlas, cpu::MatMulLibrary::OpenBlas);
           check(pr, cpu::MatMulChoice::OneDnn, cpu::MatMulLibrary::OneDnn);
         }
-  // Large enough to be timed: whichever wins computes the same product.
-  check({256, 512, 192, true, false, false, 0}, cpu::MatMulChoice::Auto);
+  // Large enough to be timed (2^21 multiply-adds and more): whichever wins computes the same
+  // product.
+  check({128, 160, 128, true, false, false, 0}, cpu::MatMulChoice::Auto);
 }
 
 TEST(MatMulLibraries, ProductsThatAreNotOneGemmStayOnOneDnn) {
@@ -145,13 +146,13 @@ TEST(MatMulLibraries, TheRecordDecidesEveryLaterChoice) {
   std::filesystem::remove(path);
   cpu::detail::set_tuning_file(path);
   cpu::set_matmul_choice(cpu::MatMulChoice::Auto);
-  const ls::Shape a{256, 512}, b{512, 192}, c{256, 192};
-  const std::vector<int64_t> as{1, 256}, bs{192, 1}, cs{192, 1};
+  const ls::Shape a{128, 160}, b{160, 128}, c{128, 128};
+  const std::vector<int64_t> as{1, 128}, bs{128, 1}, cs{128, 1};
   // Not known yet: oneDNN until its first run times it.
   EXPECT_EQ(cpu::MatMul(a, as, b, bs, c, ls::DType::F32, ls::DType::F32, cs).library(),
             cpu::MatMulLibrary::OneDnn);
   const cpu::MatMulLibrary first =
-      check({256, 512, 192, true, false, false, 0}, cpu::MatMulChoice::Auto);
+      check({128, 160, 128, true, false, false, 0}, cpu::MatMulChoice::Auto);
   std::string line;
   {
     std::ifstream in(path);
@@ -162,7 +163,7 @@ TEST(MatMulLibraries, TheRecordDecidesEveryLaterChoice) {
   const size_t t1 = line.find('\t');
   ASSERT_NE(t1, std::string::npos) << line;
   const std::string key = line.substr(0, t1);
-  EXPECT_NE(key.find("256x512x192 ta"), std::string::npos) << key;
+  EXPECT_NE(key.find("128x160x128 ta"), std::string::npos) << key;
   EXPECT_EQ(line.substr(t1 + 1, line.find('\t', t1 + 1) - t1 - 1), cpu::library_name(first));
 
   // Another process's record: junk, a line for the key naming the other library, then one
@@ -195,9 +196,9 @@ TEST(MatMulLibraries, AnUnwritableRecordStillChooses) {
   cpu::detail::set_tuning_file(dir);
   cpu::set_matmul_choice(cpu::MatMulChoice::Auto);
   const cpu::MatMulLibrary first =
-      check({256, 512, 192, false, true, false, 0}, cpu::MatMulChoice::Auto);
+      check({128, 160, 128, false, true, false, 0}, cpu::MatMulChoice::Auto);
   // Kept in the process.
-  check({256, 512, 192, false, true, false, 0}, cpu::MatMulChoice::Auto, first);
+  check({128, 160, 128, false, true, false, 0}, cpu::MatMulChoice::Auto, first);
   EXPECT_TRUE(std::filesystem::is_empty(dir));
   std::filesystem::remove_all(dir);
 }
