@@ -285,11 +285,6 @@ LOCKSTEP_TARGET_CLONES float min_run_f32(const float* p, int64_t n, bool* nan) {
 
 namespace {
 
-// A copy whose source runs along output dim u (stride 1) while the output runs along its last
-// dim: a transpose of those two dims (attention's heads, a matrix's transpose) for each position
-// of the others. Done in square tiles, so each source cache line is used whole while it is in
-// cache (the row-by-row walk read one value per line: [128, 64, 128] -> [128, 128, 64] at a
-// fifth of the memory's speed).
 #if defined(__x86_64__)
 // d[k * dd + j] = s[j * ss + k] for j, k < 8: an 8x8 block of 4-byte values transposed in
 // registers (unpack pairs, then quads, then the 128-bit halves).
@@ -316,6 +311,11 @@ __attribute__((target("avx2"))) void transpose8x8(const void* src, int64_t ss, v
 }
 #endif
 
+// A copy whose source runs along output dim u (stride 1) while the output runs along its last
+// dim: a transpose of those two dims (attention's heads, a matrix's transpose) for each position
+// of the others. Done in square tiles, so each source cache line is used whole while it is in
+// cache (the row-by-row walk read one value per line: [128, 64, 128] -> [128, 128, 64] at a
+// fifth of the memory's speed).
 template <typename E>
 bool transpose_copy(const E* s, const Shape& out_shape, const std::vector<int64_t>& strides,
                     int64_t src_offset, E* o) {

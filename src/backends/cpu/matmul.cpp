@@ -74,21 +74,18 @@ class TuningRecord {
     return *r;
   }
 
-  // The library for `key`: known, else recorded by some process, else `time` decides (and is
-  // recorded; the record's first line for the key wins over a concurrent process's).
   // The library for `key` if this process or the record knows it.
   std::optional<MatMulLibrary> lookup(const std::string& key) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (auto it = known_.find(key); it != known_.end()) return it->second;
-    if (read(key)) return known_.at(key);
-    return std::nullopt;
+    return known(key);
   }
 
+  // The library for `key`: known, else recorded by some process, else `time` decides (and is
+  // recorded; the record's first line for the key wins over a concurrent process's).
   template <class Time>
   MatMulLibrary choose(const std::string& key, Time&& time) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (auto it = known_.find(key); it != known_.end()) return it->second;
-    if (read(key)) return known_.at(key);
+    if (const auto lib = known(key)) return *lib;
     const auto [lib, onednn_ms, openblas_ms] = time();
     if (util::option_on(util::Option::Debug))
       std::fprintf(stderr, "lockstep: matmul %s: onednn %.3f ms, openblas %.3f ms: %s\n",
@@ -127,6 +124,13 @@ class TuningRecord {
       path_ = std::string(xdg) + "/lockstep/matmul.tsv";
     else if (const char* home = std::getenv("HOME"); home && *home == '/')
       path_ = std::string(home) + "/.cache/lockstep/matmul.tsv";
+  }
+
+  // lookup's answer; mu_ held.
+  std::optional<MatMulLibrary> known(const std::string& key) {
+    if (auto it = known_.find(key); it != known_.end()) return it->second;
+    if (read(key)) return known_.at(key);
+    return std::nullopt;
   }
 
   // Reads the record, keeping each key's first valid line; whether it has `key`. Lines that are
