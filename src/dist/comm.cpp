@@ -141,7 +141,7 @@ MPI_Datatype mpi_type(DType d, const std::string& what) {
     case DType::I64:
       return MPI_INT64_T;
     case DType::Bool:
-    case DType::BF16:  // the ref kernel widens bf16 to f32 before it sums
+    case DType::BF16:  // the kernels widen bf16 to f32 before they sum
       break;
   }
   throw Error(cat("dist: ", what, ": cannot sum ", dtype_name(d),

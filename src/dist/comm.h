@@ -33,7 +33,7 @@ void progress();
 // Whether any collective is in flight (the executable then calls progress between its steps).
 bool in_flight();
 
-// Blocking forms (the ref kernels).
+// Blocking forms (collectives outside buckets, and the ref backend's).
 void all_reduce(void* data, int64_t count, DType dtype, const std::string& what);
 void broadcast(void* data, size_t bytes, int root, const std::string& what);
 

@@ -1,6 +1,7 @@
 // The collectives (dist/) in a one-process world, where they exchange nothing: all_reduce is x
-// times its scale, broadcast is x, on cpu as on ref; and the gradients DataParallel averages go
-// through the cpu's bucket pass (packed into buckets by size, the scaled sums unpacked).
+// times its scale, broadcast is x, on cpu as on ref; and the gradients DataParallel
+// averages go through the cpu's bucket pass (packed into buckets by size, the scaled sums
+// unpacked).
 #include "conformance.h"
 #include "dist/comm.h"
 #include "ir/attrs.h"
@@ -15,11 +16,12 @@ class Collectives : public Conformance {};
 LS_COVERS(Collectives, AllReduceAndBroadcast, Op::AllReduce, Op::Broadcast);
 TEST_F(Collectives, AllReduceAndBroadcast) {
   for (const ls::Shape& s : shapes_small()) {
-    for (ls::DType dt : {ls::f32, ls::f64, ls::i32, ls::i64}) {
-      const double scale = ls::is_floating(dt) ? 0.25 : 1.0;
-      check1("all_reduce " + str(s) + " " + str(dt), {{s, dt}},
-             [&](const Tensors& x) { return ls::dist::all_reduce(x[0] + x[0], scale); });
-    }
+    // bf16 sums in f32 and rounds once; integer sums take no scale.
+    for (ls::DType dt : {ls::f32, ls::f64, ls::i32, ls::i64, ls::bf16})
+      for (double scale : {1.0, ls::is_floating(dt) ? 0.25 : 1.0})
+        check1("all_reduce " + str(s) + " " + str(dt) + " scale " + std::to_string(scale),
+               {{s, dt}},
+               [&](const Tensors& x) { return ls::dist::all_reduce(x[0] + x[0], scale); });
     for (ls::DType dt : {ls::f32, ls::i64, ls::boolean})
       check1("broadcast " + str(s) + " " + str(dt), {{s, dt}},
              [&](const Tensors& x) { return ls::dist::broadcast(x[0]); });

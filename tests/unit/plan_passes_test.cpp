@@ -301,7 +301,7 @@ TEST(ConstantsPass, ARampIsFoldedAndWhatReadsItRunsAtRunTime) {
             "node %3 add i64[8] output\n");
   EXPECT_EQ(lines(p, "%"),
             "%2 constant i64[8] (folded)\n"
-            "%3 ref:add i64[8] <- %2[8] %0[8]  \n");
+            "%3 add i64[8] <- %2[8] %0[8]  \n");
 }
 
 TEST(MergePass, ConsecutiveFusedStepsOfOneSizeRunAsAGroup) {

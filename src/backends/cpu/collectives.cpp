@@ -41,8 +41,8 @@ struct Bucket {
   std::string what;
 };
 
-// bf16 gradients are not packed yet: each is summed on its own, in f32, by the ref kernel; nor
-// are integers with a scale (ref scales the integer sum).
+// bf16 gradients are not packed yet: each is summed on its own, in f32 (lower_collective); nor
+// are integers with a scale (whose sums are not scaled, as ref computes them).
 bool bucketable(const ir::GraphNode& n) {
   if (n.op != ir::Op::AllReduce || n.dtype == DType::BF16) return false;
   const ir::AllReduceAttrs a = ir::AllReduceAttrs::of(n.attrs);

@@ -1,6 +1,7 @@
 // The `cpu` backend: what users run. Heavy ops through oneDNN, elementwise trees fused into
 // single tiled passes, a compile-time memory plan with buffer reuse in one arena, OpenMP
-// threads. Anything it does not specialize (other dtypes, rare ops) runs the ref kernel.
+// threads. What those do not take (other dtypes, empty shapes, rare geometries) runs the kernels
+// for every dtype (typed_kernels.h): no op runs a ref kernel here.
 #pragma once
 
 #include "backends/backend.h"

@@ -17,8 +17,8 @@ using ir::Op;
 // pooling's i64 indices), not a program output, and read only by oneDNN convolutions (as an
 // activation or gradient, never as weights), fused trees of its shape, sums over its channels
 // or its whole feature maps and max pooling. A value anything else reads (average pooling,
-// reshapes, matmuls, ref kernels) stays plain, and so does its class: a convolution then
-// reorders it as before.
+// reshapes, matmuls, the kernels for other dtypes) stays plain, and so does its class: a
+// convolution then reorders it as before.
 void choose_layouts(plan::Plan& p) {
   const size_t n = p.graph.nodes.size();
   CpuDecisions& d = decisions(p);

@@ -1,16 +1,19 @@
 // The lowering pass: the kernel that runs each node the plan computes at run time, a step each:
 // fused elementwise trees and reductions over them, oneDNN matmuls, convolutions and average
-// pooling, our own reductions, max pooling and strided copies, and the ref kernel for the rest
-// (other dtypes, rare ops). Also the kernels other cpu passes rebuild steps with.
+// pooling, our own reductions, max pooling and strided copies, index kernels, and the kernels for
+// every dtype (typed_kernels.h) for the rest. Also the kernels other cpu passes rebuild steps with.
 #include <algorithm>
 #include <cstring>
+#include <span>
 #include <string>
 
 #include "backends/cpu/index_kernels.h"
 #include "backends/cpu/kernels.h"
 #include "backends/cpu/matmul.h"
 #include "backends/cpu/passes.h"
+#include "backends/cpu/typed_kernels.h"
 #include "backends/ref/ref_kernels.h"
+#include "dist/comm.h"
 #include "ir/attrs.h"
 #include "runtime/metrics.h"
 #include "util/check.h"
@@ -866,38 +869,141 @@ void lower_reshape(Lowering& l) {
   };
 }
 
-// Everything else: the ref kernel, single-threaded.
-void lower_ref(Lowering& l) {
+// What the kernels above do not take: other dtypes (f64, integers, bool, casts between any two)
+// and the corners of the f32 and bf16 kernels (empty shapes, geometries oneDNN refuses), on the
+// kernels for every dtype (typed_kernels.h).
+bool typed_applies(const Lowering& l) {
+  switch (ir::op_info(l.n.op).family) {
+    case ir::OpFamily::Unary:
+    case ir::OpFamily::Binary:
+    case ir::OpFamily::Comparison:
+    case ir::OpFamily::Select:
+    case ir::OpFamily::Reduction:
+    case ir::OpFamily::Contraction:
+    case ir::OpFamily::Convolution:
+    case ir::OpFamily::Pooling:
+      return true;
+    case ir::OpFamily::Movement:  // a 0-d pad: its operand as it is
+      return l.n.op == Op::Pad && l.n.shape.empty();
+    case ir::OpFamily::Index:  // an argsort of nothing: no step has anything to write
+      return l.n.op == Op::Argsort && shape_numel(l.n.shape) == 0;
+    default:
+      return false;
+  }
+}
+void lower_typed(Lowering& l) {
   plan::Plan& p = l.p;
   const int32_t id = l.id;
   const ir::GraphNode& n = l.n;
-  plan::Step& step = l.step;
-  CpuStep& cs = l.cs;
-  // Everything else: the ref kernel, single-threaded.
-  step.reads = n.operands;
-  static const std::vector<std::string> ref_labels = [] {
-    std::vector<std::string> v;
-    for (int k = 0; k < ir::kNumOps; ++k)
-      v.push_back(std::string("ref:") + ir::op_info(static_cast<Op>(k)).name);
-    return v;
-  }();
-  step.label = ref_labels[static_cast<int>(n.op)].c_str();
-  const ir::GraphNode node = n;
-  std::vector<std::pair<Shape, DType>> args;
-  for (int32_t o : n.operands) args.emplace_back(p.graph.nodes[o].shape, p.graph.nodes[o].dtype);
-  const std::vector<int32_t> ops = n.operands;
-  cs.run = [node, args, ops, id](Ctx& c) {
-    std::vector<ref::Arr> arr;
-    for (size_t k = 0; k < ops.size(); ++k)
-      arr.push_back({c.ptr[ops[k]], args[k].first, args[k].second});
-    ref::eval_node(node, arr, *c.scalars, c.ptr[id]);
+  l.step.reads = n.operands;
+  const Op op = n.op;
+  const DType dtype = n.dtype;
+  const Shape out = n.shape;
+  const std::vector<int64_t> attrs = n.attrs;
+  const std::vector<int32_t> operands = n.operands;
+  std::vector<TypedArg> args;
+  std::vector<Shape> shapes;
+  for (int32_t o : n.operands) {
+    args.push_back({nullptr, p.graph.nodes[o].dtype});
+    shapes.push_back(p.graph.nodes[o].shape);
+  }
+  // Each run binds the operands' memory to a copy of `args`.
+  auto bind = [args, operands](const Ctx& c) {
+    std::vector<TypedArg> a = args;
+    for (size_t k = 0; k < a.size(); ++k) a[k].data = c.ptr[operands[k]];
+    return a;
+  };
+  switch (ir::op_info(op).family) {
+    case ir::OpFamily::Reduction:
+      l.step.kind = plan::StepKind::Reduction;
+      l.cs.run = [=](Ctx& c) { typed_reduce(op, dtype, bind(c)[0], shapes[0], attrs, c.ptr[id]); };
+      return;
+    case ir::OpFamily::Contraction:
+      l.cs.run = [=](Ctx& c) {
+        const std::vector<TypedArg> a = bind(c);
+        typed_matmul(dtype, a[0], shapes[0], a[1], shapes[1], out, c.ptr[id]);
+      };
+      return;
+    case ir::OpFamily::Convolution:
+      l.cs.run = [=](Ctx& c) {
+        const std::vector<TypedArg> a = bind(c);
+        typed_conv(op, dtype, a[0], shapes[0], a[1], shapes[1], out, attrs, c.ptr[id]);
+      };
+      return;
+    case ir::OpFamily::Pooling:
+      l.cs.run = [=](Ctx& c) {
+        const std::vector<TypedArg> a = bind(c);
+        const int64_t* indices =
+            op == Op::MaxPool2dBackward ? static_cast<const int64_t*>(a[1].data) : nullptr;
+        typed_pool(op, a[0], shapes[0], indices, out, attrs, c.ptr[id]);
+      };
+      return;
+    case ir::OpFamily::Movement:
+    case ir::OpFamily::Index: {
+      const size_t bytes = bytes_of(n);
+      l.cs.run = [=](Ctx& c) {
+        if (bytes) std::memcpy(c.ptr[id], c.ptr[operands[0]], bytes);
+      };
+      return;
+    }
+    default: {
+      l.step.kind = plan::StepKind::Elementwise;
+      const int64_t count = shape_numel(out);
+      l.cs.run = [=](Ctx& c) { typed_elementwise(op, dtype, bind(c), count, c.ptr[id]); };
+      return;
+    }
+  }
+}
+
+// Collectives the bucket pass does not take (collectives.cpp): the value copied into place,
+// then summed over the ranks (and scaled, floats only) or sent from the root.
+bool collective_applies(const Lowering& l) {
+  return ir::op_info(l.n.op).family == ir::OpFamily::Collective;
+}
+void lower_collective(Lowering& l) {
+  const ir::GraphNode& n = l.n;
+  const int32_t id = l.id, x = n.operands[0];
+  l.step.reads = n.operands;
+  const DType dtype = n.dtype;
+  const int64_t count = shape_numel(n.shape);
+  const size_t bytes = bytes_of(n);
+  const std::string where = util::where(n.origin.loc);
+  if (n.op == Op::Broadcast) {
+    const int root = static_cast<int>(n.attrs[0]);
+    const std::string what = util::cat("broadcast recorded at ", where);
+    l.cs.run = [=](Ctx& c) {
+      if (bytes && c.ptr[id] != c.ptr[x]) std::memcpy(c.ptr[id], c.ptr[x], bytes);
+      dist::detail::broadcast(c.ptr[id], bytes, root, what);
+    };
+    return;
+  }
+  const double scale = ir::AllReduceAttrs::of(n.attrs).scale;
+  const std::string what = util::cat("all_reduce recorded at ", where);
+  l.cs.run = [=](Ctx& c) {
+    // bf16 values are summed in f32 and rounded once.
+    std::vector<float> wide;
+    void* data = c.ptr[id];
+    if (dtype == DType::BF16) {
+      wide.resize(static_cast<size_t>(count));
+      bf16_to_f32(static_cast<const uint16_t*>(c.ptr[x]), count, wide.data());
+      data = wide.data();
+    } else if (bytes && c.ptr[id] != c.ptr[x]) {
+      std::memcpy(c.ptr[id], c.ptr[x], bytes);
+    }
+    const DType sum_dtype = dtype == DType::BF16 ? DType::F32 : dtype;
+    dist::detail::all_reduce(data, count, sum_dtype, what);
+    if (scale != 1 && sum_dtype == DType::F32)
+      for (float& v : std::span(static_cast<float*>(data), static_cast<size_t>(count)))
+        v = static_cast<float>(v * scale);
+    if (scale != 1 && sum_dtype == DType::F64)
+      for (double& v : std::span(static_cast<double*>(data), static_cast<size_t>(count)))
+        v *= scale;
+    if (dtype == DType::BF16) f32_to_bf16(wide.data(), count, static_cast<uint16_t*>(c.ptr[id]));
   };
 }
 
-bool always(const Lowering&) { return true; }
-
 // The lowering rules, one per kind of kernel, tried in order: the first that applies lowers the
-// node. The last takes every node, so an op no rule covers yet runs its ref kernel.
+// node. Every op of the table, on every dtype it admits, has one (conformance runs them all).
 struct LoweringRule {
   bool (*applies)(const Lowering& l);
   void (*lower)(Lowering& l);
@@ -914,7 +1020,8 @@ const LoweringRule kRules[] = {
     {strided_copy_applies, lower_strided_copy},
     {reshape_applies, lower_reshape},
     {index_applies, lower_index},
-    {always, lower_ref},
+    {typed_applies, lower_typed},
+    {collective_applies, lower_collective},
 };
 
 void add_step(plan::Plan& p, const std::vector<bool>& mask, int32_t id) {
@@ -925,11 +1032,11 @@ void add_step(plan::Plan& p, const std::vector<bool>& mask, int32_t id) {
   step.node = id;
   step.label = ir::op_info(n.op).name;
   Lowering l{p, mask, id, n, step, cs, is_f32(p.graph, id)};
-  for (const LoweringRule& rule : kRules)
-    if (rule.applies(l)) {
-      rule.lower(l);
-      break;
-    }
+  const LoweringRule* rule = std::find_if(std::begin(kRules), std::end(kRules),
+                                          [&](const LoweringRule& r) { return r.applies(l); });
+  LS_INTERNAL_CHECK(rule != std::end(kRules), "no cpu kernel for ", ir::op_info(n.op).name, " on ",
+                    dtype_name(n.dtype));
+  rule->lower(l);
   // Whether the step may throw comes from the op table. Indices are checked ahead, in a step of
   // their own that add_checks places as early as it can, unless they are the ones the forward
   // pooling computed in this program (in range by construction); once they pass, the op cannot
