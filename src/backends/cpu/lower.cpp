@@ -947,7 +947,8 @@ void lower_typed(Lowering& l) {
       return;
     }
     default: {
-      l.step.kind = plan::StepKind::Elementwise;
+      // Not StepKind::Elementwise (fused trees): small integer steps that compute checked indices
+      // stay eligible to run early with their checks (plan/checks.cpp), as ref's steps were.
       const int64_t count = shape_numel(out);
       l.cs.run = [=](Ctx& c) { typed_elementwise(op, dtype, bind(c), count, c.ptr[id]); };
       return;
