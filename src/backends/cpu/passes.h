@@ -1,12 +1,12 @@
 // The cpu backend's own passes over a plan::Plan, and what its steps run. The compiler
 // (cpu_backend.cpp) runs, in order:
-//   fold_constants     constants.cpp    values computed once at compile time (ref kernels)
+//   fold_constants     constants.cpp    values computed once at compile time
 //   choose_fusion      plan/fusion.cpp  which elementwise nodes fuse into their consumers
 //                                       (with the cpu's rules: fusion_rules())
 //   choose_layouts     layouts.cpp      which activations stay in oneDNN's nChw16c layout
 //   choose_conv_algorithms  conv_algorithms.cpp  which convolutions run as Winograd
 //   lower              lower.cpp        the kernel that runs each node (oneDNN, fused trees,
-//                                       own kernels, ref), a step each
+//                                       own kernels), a step each
 //   drop_unread_steps  plan/steps.cpp
 //   merge_sums         merge.cpp        sums over one layout walked together
 //   merge_fused_steps  merge.cpp        fused steps run tile by tile together
