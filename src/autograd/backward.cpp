@@ -62,9 +62,12 @@ std::optional<ZeroPadded> zero_padded(const Tensor& t, const Loc& loc) {
 
 // A gradient that is a product over rows, x^T y with x [m, k] and y [m, n] (recorded as
 // matmul(transpose(x), y), or as its transpose, matmul(transpose(y), x) transposed): a weight's
-// gradient from one use of it (a linear layer's, an RNN's per time step).
+// gradient from one use of it (a linear layer's, an RNN's per time step). Under bf16 autocast a
+// f32 weight's gradient from one use is such a product in bf16 widened to f32 (the gradient of
+// the use's cast), transposed before or after the widening: `widened` says so.
 struct RowProduct {
   ir::NodePtr x, y;
+  bool widened = false;
 };
 
 bool is_transpose(const ir::Node& n) {
@@ -75,9 +78,16 @@ std::optional<RowProduct> row_product(const Tensor& t, const Loc& loc) {
   const ir::Node* n = runtime::node_of(t, "backward", loc).get();
   RowProduct p;
   bool transposed = false;
-  if (is_transpose(*n) && n->operands[0]->op == ir::Op::MatMul) {
-    transposed = true;
+  auto skip_transpose = [&] {
+    if (!is_transpose(*n)) return;
+    transposed = !transposed;
     n = n->operands[0].get();
+  };
+  skip_transpose();
+  if (n->op == ir::Op::Cast && n->dtype == DType::F32 && n->operands[0]->dtype == DType::BF16) {
+    p.widened = true;
+    n = n->operands[0].get();
+    skip_transpose();
   }
   if (n->op != ir::Op::MatMul || n->shape.size() != 2 || !is_transpose(*n->operands[0]))
     return std::nullopt;
@@ -112,16 +122,19 @@ constexpr int64_t kMaxGatheredBytes = int64_t{1} << 28;
 //   instead of k padded copies and k - 1 sums (an LSTM's gates, an attention's q, k, v).
 // - Two products over rows, x1^T y1 + x2^T y2, become one, [x1; x2]^T [y1; y2]: a weight used
 //   at every time step (an RNN's) gets its gradient from one product over all of them instead
-//   of one small product per step and their sums.
+//   of one small product per step and their sums. Under bf16 autocast, widened bf16 products
+//   become one widened product: the sum rounded to bf16 once (the product accumulates in f32)
+//   rather than each term rounded, no less accurate.
 Tensor sum_of(const Tensor& a, const Tensor& b, const Loc& loc) {
   if (const std::optional<RowProduct> ra = row_product(a, loc), rb = row_product(b, loc);
-      ra && rb && ra->x->dtype == rb->x->dtype && ra->x->shape[1] == rb->x->shape[1] &&
-      ra->y->shape[1] == rb->y->shape[1] &&
+      ra && rb && ra->widened == rb->widened && ra->x->dtype == rb->x->dtype &&
+      ra->x->shape[1] == rb->x->shape[1] && ra->y->shape[1] == rb->y->shape[1] &&
       (ra->x->shape[0] + rb->x->shape[0]) * std::max(ra->x->shape[1], ra->y->shape[1]) *
               dtype_size(ra->x->dtype) <=
           kMaxGatheredBytes) {
     const Tensor x = rows_of(ra->x, rb->x, loc), y = rows_of(ra->y, rb->y, loc);
-    return matmul(transpose(x, 0, 1, loc), y, loc);
+    const Tensor product = matmul(transpose(x, 0, 1, loc), y, loc);
+    return ra->widened ? cast(product, DType::F32, loc) : product;
   }
   const std::optional<ZeroPadded> pa = zero_padded(a, loc), pb = zero_padded(b, loc);
   if (!pa || !pb || pa->axis != pb->axis || pa->value->dtype != pb->value->dtype ||

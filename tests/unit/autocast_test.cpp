@@ -271,6 +271,47 @@ TEST(Autocast, StepGuardOptionAndBackwardInForwardDtypes) {
   EXPECT_THAT(ls::debug::last_graph_text(), Not(HasSubstr("bf16")));
 }
 
+// An f32 weight used at every time step under autocast (an RNN's): each use casts it to bf16,
+// and its gradient is one bf16 product over all the steps' rows, widened once, not a product,
+// a cast and a transpose per step and their f32 sums. Values against the f32 gradient on the
+// ref backend, within bf16's precision.
+TEST(Autocast, AWeightUsedAtEveryStepGetsItsGradientFromOneBf16Product) {
+  const int kSteps = 6;
+  std::vector<float> wv(16), hv(12);
+  for (size_t i = 0; i < wv.size(); ++i) wv[i] = 0.07f * static_cast<float>(i % 7) - 0.2f;
+  for (size_t i = 0; i < hv.size(); ++i) hv[i] = 0.25f * static_cast<float>(i % 5) - 0.5f;
+  std::vector<std::vector<float>> grads;
+  for (ls::Device device : {ls::default_device(), ls::Device{ls::DeviceKind::Ref, 0}}) {
+    const bool bf16 = device == ls::default_device();
+    ls::Tensor w = ls::from_vector(wv, {4, 4}, device).set_requires_grad();
+    ls::step(
+        [&] {
+          ls::Tensor h = ls::from_vector(hv, {3, 4}, device), loss;
+          for (int t = 0; t < kSteps; ++t) {
+            h = ls::tanh(ls::nn::linear(h, w, ls::Tensor()));
+            const ls::Tensor term = ls::sum(ls::cast(h, ls::f32) * static_cast<double>(t + 1));
+            loss = t == 0 ? term : loss + term;
+          }
+          loss.backward();
+        },
+        {.autocast = bf16 ? std::optional<ls::DType>(ls::bf16) : std::nullopt});
+    if (bf16) {
+      const std::string graph = ls::debug::last_graph_text();
+      // Forward one per step, the gradients of the steps' inputs one each but the first's, and
+      // one for the weight: against a product per step for the weight too.
+      EXPECT_LE(ir_lines("mat_mul(").size(), static_cast<size_t>(2 * kSteps)) << graph;
+      EXPECT_THAT(graph, HasSubstr("bf16")) << graph;
+    }
+    grads.push_back(w.grad().to_vector<float>());
+  }
+  ASSERT_EQ(grads[0].size(), grads[1].size());
+  double scale = 0;
+  for (float g : grads[1]) scale = std::max(scale, std::abs(static_cast<double>(g)));
+  ASSERT_GT(scale, 0.1);
+  for (size_t i = 0; i < grads[0].size(); ++i)
+    EXPECT_NEAR(grads[0][i], grads[1][i], 0.03 * scale) << i;
+}
+
 TEST(Autocast, BatchNormOfBf16IsComputedInF32AndGivenBackInBf16) {
   ls::manual_seed(3);
   const ls::Tensor x = ls::cast(ls::randn({4, 16, 3, 3}) * 3 + 1, ls::bf16);
