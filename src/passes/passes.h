@@ -13,7 +13,9 @@ ir::Graph cse(const ir::Graph& g);
 // Algebraic simplification: a permute of a permute becomes one permute, a reshape of a reshape
 // one reshape, and ops that return their operand unchanged (identity permutes, reshapes and
 // expands to the same shape, casts to the same dtype) disappear, except where the value is a
-// graph output. Leaves dead nodes behind (cse removes them).
+// graph output; a cast next to a permute moves to the permute's other side where that puts the
+// permute beside a matmul (a cast of a transposed weight, a permute of a widened product), so a
+// backend folds it into the product. Leaves dead nodes behind (cse removes them).
 ir::Graph simplify(const ir::Graph& g);
 
 // Constant folding, the plan: the values that depend on nothing supplied at run time (no

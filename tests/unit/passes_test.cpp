@@ -88,6 +88,50 @@ TEST(Passes, SimplifyDropsIdentitiesButKeepsOutputs) {
             "return %1, %2\n");
 }
 
+// Under autocast a linear layer reads cast(transpose(w)) and its weight's gradient is
+// transpose(cast(x^T g)): the casts move to the permutes' other side, so each permute meets its
+// product (read through strides, or computed as B^T A^T). Not where the inner value has another
+// reader, nor for a cast that something other than a product reads (it fuses with that).
+TEST(Passes, SimplifyMovesCastsSoPermutesMeetTheirProducts) {
+  Builder b;
+  const int32_t x = b.data({4, 3}), w = b.data({5, 3});
+  const int32_t xb = b.add(Op::Cast, {x}, {}, {4, 3}, DType::BF16);
+  const int32_t wt = b.add(Op::Permute, {w}, {1, 0}, {3, 5});
+  const int32_t wtb = b.add(Op::Cast, {wt}, {}, {3, 5}, DType::BF16);
+  const int32_t y = b.add(Op::MatMul, {xb, wtb}, {}, {4, 5}, DType::BF16);
+  const int32_t xbt = b.add(Op::Permute, {xb}, {1, 0}, {3, 4}, DType::BF16);
+  const int32_t gw = b.add(Op::MatMul, {xbt, y}, {}, {3, 5}, DType::BF16);
+  const int32_t gw32 = b.add(Op::Cast, {gw}, {}, {3, 5});
+  const int32_t gwt = b.add(Op::Permute, {gw32}, {1, 0}, {5, 3});
+  b.g.outputs = {y, gwt};
+  EXPECT_EQ(text(passes::cse(passes::simplify(b.g))),
+            "%0 = data(#0) f32[4, 3]\n"
+            "%1 = data(#1) f32[5, 3]\n"
+            "%2 = cast(%0) bf16[4, 3]\n"
+            "%3 = cast(%1) bf16[5, 3]\n"
+            "%4 = permute(%3) {1, 0} bf16[3, 5]\n"
+            "%5 = mat_mul(%2, %4) bf16[4, 5]\n"
+            "%6 = permute(%2) {1, 0} bf16[3, 4]\n"
+            "%7 = mat_mul(%6, %5) bf16[3, 5]\n"
+            "%8 = permute(%7) {1, 0} bf16[5, 3]\n"
+            "%9 = cast(%8) f32[5, 3]\n"
+            "return %5, %9\n");
+  // The transposed weight read by an elementwise op too, the cast also by a negation, the
+  // widened product also returned: each stays where it was.
+  Builder c;
+  const int32_t v = c.data({5, 3});
+  const int32_t vt = c.add(Op::Permute, {v}, {1, 0}, {3, 5});
+  const int32_t vtb = c.add(Op::Cast, {vt}, {}, {3, 5}, DType::BF16);
+  const int32_t neg = c.add(Op::Neg, {vtb}, {}, {3, 5}, DType::BF16);
+  const int32_t p = c.add(Op::MatMul, {neg, c.add(Op::Permute, {vtb}, {1, 0}, {5, 3}, DType::BF16)},
+                          {}, {3, 3}, DType::BF16);
+  const int32_t p32 = c.add(Op::Cast, {p}, {}, {3, 3});
+  const int32_t pt = c.add(Op::Permute, {p32}, {1, 0}, {3, 3});
+  c.g.outputs = {pt, p32};
+  const std::string before = text(passes::cse(c.g));
+  EXPECT_EQ(text(passes::cse(passes::simplify(c.g))), before);
+}
+
 TEST(Passes, CseMergesEqualNodesButNotScalarsAndDropsDeadOnes) {
   Builder b;
   const int32_t x = b.data({3});
