@@ -50,7 +50,11 @@ TEST_F(Bf16, Sums) {
                                                                {{8, 300}, {0}},
                                                                {{4, 32, 7, 7}, {0, 2, 3}},
                                                                {{2, 64, 33}, {0, 2}},
-                                                               {{3, 2000}, {1}}}) {
+                                                               {{3, 2000}, {1}},
+                                                               // Over leading and middle axes
+                                                               // (bias gradients), threaded.
+                                                               {{64, 32, 130}, {0, 1}},
+                                                               {{6, 50, 24}, {1}}}) {
     int64_t k = 1;
     for (int64_t a : axes) k *= s[a];
     if (axes.empty()) k = s[0];

@@ -244,6 +244,11 @@ LOCKSTEP_TARGET_CLONES float sum_run_f32(const float* p, int64_t n) {
   return s;
 }
 
+LOCKSTEP_TARGET_CLONES void add_widened(const float* __restrict p, int64_t n,
+                                        double* __restrict acc) {
+  for (int64_t i = 0; i < n; ++i) acc[i] += p[i];
+}
+
 // The largest (kMax) or smallest value of a run, in kLanes independent lanes so it vectorizes;
 // inlined into each clone below, compiled for that clone's instruction set.
 template <bool kMax>

@@ -69,6 +69,8 @@ void reduce_f32(ir::Op op, const ReduceLayout& l, Read&& read, float* out, size_
 // result is deterministic but not the sequential left-to-right sum). max/min set *nan when the
 // run holds a NaN.
 float sum_run_f32(const float* p, int64_t n);
+// acc[i] += p[i] for i < n, in double, vectorized.
+void add_widened(const float* p, int64_t n, double* acc);
 float max_run_f32(const float* p, int64_t n, bool* nan);
 float min_run_f32(const float* p, int64_t n, bool* nan);
 
@@ -207,25 +209,6 @@ void sum_tiles_f32(const ReduceMap& m, size_t sources, Read&& read, const std::v
       for (size_t k = 0; k < sources; ++k) {
         const float* p = read(k, i0, len, tmp.data());
         double* ak = a + k * static_cast<size_t>(m.out_size);
-        if (m.div.size() == 1 && m.div[0] == m.run) {
-          // One kept dim right above the runs (per-channel sums of a feature map): consecutive
-          // runs go to consecutive outputs, counted along without divisions; short runs are
-          // added inline.
-          int64_t o = i0 / m.div[0] % m.mod[0], left = m.run - i0 % m.run;
-          for (int64_t j = 0; j < len;) {
-            const int64_t n = std::min(len - j, left);
-            float s = 0;
-            if (n < 16)
-              for (int64_t q = 0; q < n; ++q) s += p[j + q];
-            else
-              s = sum_run_f32(p + j, n);
-            ak[o] += s;
-            j += n;
-            left = m.run;
-            if (++o == m.mod[0]) o = 0;
-          }
-          continue;
-        }
         if (m.run == 1 && m.div.size() == 2 && m.div[0] == 1 && m.mod[0] == kBlock &&
             m.mul[0] == 1 && m.mul[1] == kBlock && m.div[1] % kBlock == 0 && i0 % kBlock == 0 &&
             len % kBlock == 0) {
@@ -249,6 +232,39 @@ void sum_tiles_f32(const ReduceMap& m, size_t sources, Read&& read, const std::v
               left = span;
               if (++b == blocks) b = 0;
             }
+          }
+          continue;
+        }
+        if (m.run == 1 && !m.div.empty() && m.div[0] == 1 && m.mul[0] == 1) {
+          // Sums over leading axes (a bias's gradient, [N, T, C] -> [C]): the innermost kept
+          // dim is the input's last, so consecutive values go to consecutive outputs, a
+          // segment at a time (the other kept dims' part of the output index once per segment).
+          for (int64_t j = 0; j < len;) {
+            const int64_t pos = i0 + j, c0 = pos % m.mod[0];
+            int64_t o = c0;
+            for (size_t d = 1; d < m.div.size(); ++d) o += pos / m.div[d] % m.mod[d] * m.mul[d];
+            const int64_t n = std::min(len - j, m.mod[0] - c0);
+            add_widened(p + j, n, ak + o);
+            j += n;
+          }
+          continue;
+        }
+        if (m.div.size() == 1 && m.div[0] == m.run) {
+          // One kept dim right above the runs (per-channel sums of a feature map): consecutive
+          // runs go to consecutive outputs, counted along without divisions; short runs are
+          // added inline.
+          int64_t o = i0 / m.div[0] % m.mod[0], left = m.run - i0 % m.run;
+          for (int64_t j = 0; j < len;) {
+            const int64_t n = std::min(len - j, left);
+            float s = 0;
+            if (n < 16)
+              for (int64_t q = 0; q < n; ++q) s += p[j + q];
+            else
+              s = sum_run_f32(p + j, n);
+            ak[o] += s;
+            j += n;
+            left = m.run;
+            if (++o == m.mod[0]) o = 0;
           }
           continue;
         }
