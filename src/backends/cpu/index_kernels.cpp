@@ -6,6 +6,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "backends/by_dtype.h"
 #include "backends/cpu/kernels.h"
 #include "ir/random_bits.h"
 #include "lockstep/dtype.h"
@@ -314,24 +315,7 @@ void iota(DType dtype, const Shape& shape, int64_t axis, void* out) {
 
 namespace {
 
-// Calls f(T{}) with the element type of `dtype`, bf16 as its bits (read by value_of).
-template <typename F>
-void by_dtype(DType dtype, F&& f) {
-  switch (dtype) {
-    case DType::F32:
-      return f(float{});
-    case DType::F64:
-      return f(double{});
-    case DType::I32:
-      return f(int32_t{});
-    case DType::I64:
-      return f(int64_t{});
-    case DType::Bool:
-      return f(bool{});
-    case DType::BF16:
-      return f(uint16_t{});
-  }
-}
+// An element as the value it holds: bf16, dispatched as its bits (by_dtype<uint16_t>), widened.
 template <typename T>
 inline auto value_of(T v) {
   if constexpr (std::is_same_v<T, uint16_t>)
@@ -354,7 +338,7 @@ void arg_reduce(bool is_max, DType dtype, const void* x, const Shape& xs,
   const ReduceLayout l = reduce_layout(xs, attrs);
   int64_t block = l.inner;
   for (int64_t d : l.rdim) block *= d;
-  by_dtype(dtype, [&](auto tag) {
+  by_dtype<uint16_t>(dtype, [&](auto tag) {
     using T = decltype(tag);
     const T* X = static_cast<const T*>(x);
 #pragma omp parallel for schedule(static) if (l.outer * block > 32768)
@@ -394,7 +378,7 @@ void argsort(DType dtype, const void* x, const Shape& xs, int64_t axis, bool des
   const int64_t inner = xs.empty() ? 1 : contiguous_strides(xs)[static_cast<size_t>(axis)];
   const int64_t total = shape_numel(xs);
   const int64_t outer = len * inner == 0 ? 0 : total / (len * inner);
-  by_dtype(dtype, [&](auto tag) {
+  by_dtype<uint16_t>(dtype, [&](auto tag) {
     using T = decltype(tag);
     const T* X = static_cast<const T*>(x);
     const bool down = descending;  // (clang's OpenMP: the sort's lambda captures this lambda's)

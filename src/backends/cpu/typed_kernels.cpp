@@ -9,6 +9,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "backends/by_dtype.h"
 #include "ir/attrs.h"
 #include "lockstep/dtype.h"
 #include "lockstep/error.h"
@@ -21,26 +22,6 @@ using ir::Op;
 
 // Loops over fewer elements than this (or products of fewer multiply-adds) run on one thread.
 constexpr int64_t kParallelElems = 1 << 15;
-
-// Calls f(T{}) with the C++ element type of `dtype`; bf16 as lockstep::bfloat16.
-template <typename F>
-void by_dtype(DType dtype, F&& f) {
-  switch (dtype) {
-    case DType::F32:
-      return f(float{});
-    case DType::F64:
-      return f(double{});
-    case DType::I32:
-      return f(int32_t{});
-    case DType::I64:
-      return f(int64_t{});
-    case DType::Bool:
-      return f(bool{});
-    case DType::BF16:
-      return f(bfloat16{});
-  }
-  util::internal_fail(__FILE__, __LINE__, "unknown dtype");
-}
 
 template <typename S>
 constexpr bool kBf16 = std::is_same_v<S, bfloat16>;
@@ -313,9 +294,9 @@ void typed_elementwise(Op op, DType out_dtype, const std::vector<TypedArg>& args
   if (n == 0) return;
   const ir::OpFamily family = ir::op_info(op).family;
   if (op == Op::Cast) {
-    return by_dtype(args[0].dtype, [&](auto from) {
+    return by_dtype<bfloat16>(args[0].dtype, [&](auto from) {
       using From = decltype(from);
-      by_dtype(out_dtype, [&](auto to) {
+      by_dtype<bfloat16>(out_dtype, [&](auto to) {
         using To = decltype(to);
         const From* x = static_cast<const From*>(args[0].data);
         To* y = static_cast<To*>(out);
@@ -325,7 +306,7 @@ void typed_elementwise(Op op, DType out_dtype, const std::vector<TypedArg>& args
     });
   }
   if (op == Op::LogicalNot || op == Op::IsFinite) {
-    return by_dtype(args[0].dtype, [&](auto tag) {
+    return by_dtype<bfloat16>(args[0].dtype, [&](auto tag) {
       using S = decltype(tag);
       using C = Calc<S>;
       const S* x = static_cast<const S*>(args[0].data);
@@ -341,13 +322,13 @@ void typed_elementwise(Op op, DType out_dtype, const std::vector<TypedArg>& args
     });
   }
   if (family == ir::OpFamily::Comparison) {
-    return by_dtype(args[0].dtype, [&](auto tag) {
+    return by_dtype<bfloat16>(args[0].dtype, [&](auto tag) {
       using S = decltype(tag);
       compare<S>(op, n, static_cast<const S*>(args[0].data), static_cast<const S*>(args[1].data),
                  static_cast<bool*>(out));
     });
   }
-  by_dtype(out_dtype, [&](auto tag) {
+  by_dtype<bfloat16>(out_dtype, [&](auto tag) {
     using S = decltype(tag);
     S* y = static_cast<S*>(out);
     if (op == Op::Where) {
@@ -495,11 +476,11 @@ void typed_reduce(Op op, DType out_dtype, TypedArg x, const Shape& xs,
   const ReduceWalk w(xs, attrs);
   if (w.out_n == 0) return;
   const bool threaded = w.out_n > 1 && w.out_n * std::max<int64_t>(w.block, 1) > kParallelElems;
-  by_dtype(x.dtype, [&](auto tag) {
+  by_dtype<bfloat16>(x.dtype, [&](auto tag) {
     using S = decltype(tag);
     const S* X = static_cast<const S*>(x.data);
     if (op == Op::Sum)
-      by_dtype(out_dtype, [&](auto otag) {
+      by_dtype<bfloat16>(out_dtype, [&](auto otag) {
         using O = decltype(otag);
         sum_over<S, O>(w, X, static_cast<O*>(out), threaded);
       });
@@ -694,7 +675,7 @@ void typed_matmul(DType dtype, TypedArg a, const Shape& as, TypedArg b, const Sh
     return through_f32(a, as, b, bs, out_shape, out, [&](const float* A, const float* B, float* Y) {
       matmul_as<float>(A, as, B, bs, out_shape, Y);
     });
-  by_dtype(dtype, [&](auto tag) {
+  by_dtype<bfloat16>(dtype, [&](auto tag) {
     using T = decltype(tag);
     if constexpr (kBf16<T>) {
     } else if constexpr (kBool<T>) {
@@ -721,7 +702,7 @@ void typed_conv(Op op, DType dtype, TypedArg a, const Shape& as, TypedArg b, con
     return through_f32(a, as, b, bs, out_shape, out, [&](const float* A, const float* B, float* Y) {
       conv_as<float>(op, g, A, B, Y);
     });
-  by_dtype(dtype, [&](auto tag) {
+  by_dtype<bfloat16>(dtype, [&](auto tag) {
     using T = decltype(tag);
     if constexpr (kBf16<T>) {
     } else if constexpr (kBool<T>) {
@@ -745,7 +726,7 @@ void typed_pool(Op op, TypedArg x, const Shape& xs, const int64_t* indices, cons
   const Shape& pooled = backward ? xs : out_shape;
   const int64_t planes = in[0] * in[1], H = in[2], W = in[3], HO = pooled[2], WO = pooled[3];
   const bool threaded = planes > 1 && planes * H * W > kParallelElems;
-  by_dtype(x.dtype, [&](auto tag) {
+  by_dtype<bfloat16>(x.dtype, [&](auto tag) {
     using S = decltype(tag);
     using C = Calc<S>;
     const S* X = static_cast<const S*>(x.data);

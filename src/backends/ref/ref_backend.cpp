@@ -207,9 +207,9 @@ To convert(From v) {
 }
 
 void cast(const Arr& x, DType to, void* out, int64_t n) {
-  dispatch(x.dtype, [&](auto from_tag) {
+  by_dtype<void>(x.dtype, [&](auto from_tag) {
     using From = decltype(from_tag);
-    dispatch(to, [&](auto to_tag) {
+    by_dtype<void>(to, [&](auto to_tag) {
       using To = decltype(to_tag);
       const From* src = x.as<From>();
       To* dst = static_cast<To*>(out);
@@ -247,7 +247,7 @@ void reduce(const ir::GraphNode& n, const Arr& x, void* out) {
   const int64_t out_n = shape_numel(n.shape);
   const ReduceMap m = reduce_map(x.shape, n.attrs);
   const int64_t in_n = shape_numel(x.shape);
-  dispatch(x.dtype, [&](auto tag) {
+  by_dtype<void>(x.dtype, [&](auto tag) {
     using T = decltype(tag);
     const T* src = x.as<T>();
     if (n.op == Op::Sum) {
@@ -261,7 +261,7 @@ void reduce(const ir::GraphNode& n, const Arr& x, void* out) {
         else
           acc[w.offset] = wrap_add<int64_t>(acc[w.offset], static_cast<int64_t>(src[i]));
       }
-      dispatch(n.dtype, [&](auto otag) {
+      by_dtype<void>(n.dtype, [&](auto otag) {
         using O = decltype(otag);
         O* dst = static_cast<O*>(out);
         for (int64_t i = 0; i < out_n; ++i) dst[i] = static_cast<O>(acc[i]);
@@ -308,7 +308,7 @@ void all_reduce(const ir::GraphNode& n, const Arr& x, void* out) {
                            util::cat("all_reduce recorded at ", util::where(n.origin.loc)));
   const double scale = ir::AllReduceAttrs::of(n.attrs).scale;
   if (scale == 1) return;
-  dispatch(n.dtype, [&](auto tag) {
+  by_dtype<void>(n.dtype, [&](auto tag) {
     using T = decltype(tag);
     if constexpr (kFloat<T>)
       for (int64_t i = 0; i < count; ++i)
@@ -470,7 +470,7 @@ void eval_exact(const ir::GraphNode& n, const std::vector<Arr>& a,
       util::internal_fail(__FILE__, __LINE__, "data nodes are inputs");
     case Op::Scalar: {
       const ir::ScalarValue v = scalars.at(n.input);
-      dispatch(n.dtype, [&](auto tag) {
+      by_dtype<void>(n.dtype, [&](auto tag) {
         using T = decltype(tag);
         *static_cast<T*>(out) = kFloat<T> ? static_cast<T>(v.f) : static_cast<T>(v.i);
       });
@@ -479,7 +479,7 @@ void eval_exact(const ir::GraphNode& n, const std::vector<Arr>& a,
     case Op::Iota: {
       const std::vector<int64_t> st = strides_of(n.shape);
       const int64_t axis = n.attrs[0];
-      dispatch(n.dtype, [&](auto tag) {
+      by_dtype<void>(n.dtype, [&](auto tag) {
         using T = decltype(tag);
         for (int64_t i = 0; i < count; ++i)
           static_cast<T*>(out)[i] = static_cast<T>((i / st[axis]) % n.shape[axis]);
@@ -516,7 +516,7 @@ void eval_exact(const ir::GraphNode& n, const std::vector<Arr>& a,
     case Op::Floor:
     case Op::Ceil:
     case Op::Sign:
-      dispatch(n.dtype, [&](auto tag) {
+      by_dtype<void>(n.dtype, [&](auto tag) {
         using T = decltype(tag);
         for (int64_t i = 0; i < count; ++i)
           static_cast<T*>(out)[i] = unary<T>(n.op, a[0].as<T>()[i]);
@@ -524,7 +524,7 @@ void eval_exact(const ir::GraphNode& n, const std::vector<Arr>& a,
       return;
     case Op::LogicalNot:
     case Op::IsFinite:
-      dispatch(a[0].dtype, [&](auto tag) {
+      by_dtype<void>(a[0].dtype, [&](auto tag) {
         using T = decltype(tag);
         for (int64_t i = 0; i < count; ++i) {
           const T v = a[0].as<T>()[i];
@@ -549,7 +549,7 @@ void eval_exact(const ir::GraphNode& n, const std::vector<Arr>& a,
     case Op::Pow:
     case Op::Maximum:
     case Op::Minimum:
-      dispatch(n.dtype, [&](auto tag) {
+      by_dtype<void>(n.dtype, [&](auto tag) {
         using T = decltype(tag);
         if constexpr (!std::is_same_v<T, bool>)
           for (int64_t i = 0; i < count; ++i)
@@ -564,14 +564,14 @@ void eval_exact(const ir::GraphNode& n, const std::vector<Arr>& a,
     case Op::Ge:
     case Op::LogicalAnd:
     case Op::LogicalOr:
-      dispatch(a[0].dtype, [&](auto tag) {
+      by_dtype<void>(a[0].dtype, [&](auto tag) {
         using T = decltype(tag);
         for (int64_t i = 0; i < count; ++i)
           static_cast<bool*>(out)[i] = compare<T>(n.op, a[0].as<T>()[i], a[1].as<T>()[i]);
       });
       return;
     case Op::Where:
-      dispatch(n.dtype, [&](auto tag) {
+      by_dtype<void>(n.dtype, [&](auto tag) {
         using T = decltype(tag);
         for (int64_t i = 0; i < count; ++i)
           static_cast<T*>(out)[i] = a[0].as<bool>()[i] ? a[1].as<T>()[i] : a[2].as<T>()[i];

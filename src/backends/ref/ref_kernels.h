@@ -1,4 +1,5 @@
-// Shared pieces of the ref backend's kernels: a plain array view, dtype dispatch, index helpers.
+// Shared pieces of the ref backend's kernels: a plain array view, index helpers (dtype dispatch:
+// backends/by_dtype.h, bf16 never dispatched: widened to f32 before any kernel sees it).
 #pragma once
 
 #include <cstdint>
@@ -7,6 +8,7 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "backends/by_dtype.h"
 #include "ir/ir.h"
 #include "lockstep/error.h"
 
@@ -22,25 +24,6 @@ struct Arr {
     return static_cast<const T*>(data);
   }
 };
-
-// Calls f(T{}) with the C++ element type of `dtype`.
-template <typename F>
-void dispatch(DType dtype, F&& f) {
-  switch (dtype) {
-    case DType::F32:
-      return f(float{});
-    case DType::F64:
-      return f(double{});
-    case DType::I32:
-      return f(int32_t{});
-    case DType::I64:
-      return f(int64_t{});
-    case DType::Bool:
-      return f(bool{});
-    case DType::BF16:
-      break;  // widened to f32 before any kernel sees it (eval_node)
-  }
-}
 
 inline std::vector<int64_t> strides_of(const Shape& shape) {
   std::vector<int64_t> s(shape.size());

@@ -99,7 +99,7 @@ void matmul(const ir::GraphNode& n, const Arr& a, const Arr& b, void* out) {
     }
   }
   const int64_t nb = shape_numel(batch);
-  dispatch(n.dtype, [&](auto tag) {
+  by_dtype<void>(n.dtype, [&](auto tag) {
     using T = decltype(tag);
     if constexpr (!std::is_same_v<T, bool>) {
       const T* A = a.as<T>();
@@ -128,7 +128,7 @@ void matmul(const ir::GraphNode& n, const Arr& a, const Arr& b, void* out) {
 
 void conv2d(const ir::GraphNode& n, const Arr& x, const Arr& w, void* out) {
   const ConvGeometry c(ir::ConvAttrs::of(n.attrs));
-  dispatch(n.dtype, [&](auto tag) {
+  by_dtype<void>(n.dtype, [&](auto tag) {
     using T = decltype(tag);
     std::vector<Acc<T>> acc(shape_numel(n.shape), 0);
     const T* X = x.as<T>();
@@ -142,7 +142,7 @@ void conv2d(const ir::GraphNode& n, const Arr& x, const Arr& w, void* out) {
 
 void conv2d_backward_input(const ir::GraphNode& n, const Arr& gy, const Arr& w, void* out) {
   const ConvGeometry c(ir::ConvAttrs::of(n.attrs));
-  dispatch(n.dtype, [&](auto tag) {
+  by_dtype<void>(n.dtype, [&](auto tag) {
     using T = decltype(tag);
     std::vector<Acc<T>> acc(shape_numel(n.shape), 0);
     const T* GY = gy.as<T>();
@@ -156,7 +156,7 @@ void conv2d_backward_input(const ir::GraphNode& n, const Arr& gy, const Arr& w, 
 
 void conv2d_backward_weight(const ir::GraphNode& n, const Arr& x, const Arr& gy, void* out) {
   const ConvGeometry c(ir::ConvAttrs::of(n.attrs));
-  dispatch(n.dtype, [&](auto tag) {
+  by_dtype<void>(n.dtype, [&](auto tag) {
     using T = decltype(tag);
     std::vector<Acc<T>> acc(shape_numel(n.shape), 0);
     const T* X = x.as<T>();
@@ -172,7 +172,7 @@ void max_pool2d(const ir::GraphNode& n, const Arr& x, void* out, bool indices) {
   const PoolGeometry p(ir::PoolAttrs::of(n.attrs));
   const int64_t NC = x.shape[0] * x.shape[1], H = x.shape[2], W = x.shape[3];
   const int64_t HO = n.shape[2], WO = n.shape[3];
-  dispatch(x.dtype, [&](auto tag) {
+  by_dtype<void>(x.dtype, [&](auto tag) {
     using T = decltype(tag);
     const T* X = x.as<T>();
     for (int64_t plane = 0; plane < NC; ++plane)
@@ -205,7 +205,7 @@ void max_pool2d(const ir::GraphNode& n, const Arr& x, void* out, bool indices) {
 void max_pool2d_backward(const ir::GraphNode& n, const Arr& gy, const Arr& idx, void* out) {
   const int64_t NC = n.shape[0] * n.shape[1], HW = n.shape[2] * n.shape[3];
   const int64_t OHW = gy.shape[2] * gy.shape[3];
-  dispatch(n.dtype, [&](auto tag) {
+  by_dtype<void>(n.dtype, [&](auto tag) {
     using T = decltype(tag);
     std::vector<Acc<T>> acc(shape_numel(n.shape), 0);
     const T* GY = gy.as<T>();
@@ -248,7 +248,7 @@ void for_each_avg_window(const Shape& in, const Shape& outs, const PoolGeometry&
 void avg_pool2d(const ir::GraphNode& n, const Arr& x, void* out) {
   const PoolGeometry p(ir::PoolAttrs::of(n.attrs));
   const int64_t H = x.shape[2], W = x.shape[3];
-  dispatch(n.dtype, [&](auto tag) {
+  by_dtype<void>(n.dtype, [&](auto tag) {
     using T = decltype(tag);
     const T* X = x.as<T>();
     T* Y = static_cast<T*>(out);
@@ -267,7 +267,7 @@ void avg_pool2d(const ir::GraphNode& n, const Arr& x, void* out) {
 void avg_pool2d_backward(const ir::GraphNode& n, const Arr& gy, void* out) {
   const PoolGeometry p(ir::PoolAttrs::of(n.attrs));
   const int64_t H = n.shape[2], W = n.shape[3];
-  dispatch(n.dtype, [&](auto tag) {
+  by_dtype<void>(n.dtype, [&](auto tag) {
     using T = decltype(tag);
     std::vector<Acc<T>> acc(shape_numel(n.shape), 0);
     const T* GY = gy.as<T>();
@@ -328,7 +328,7 @@ void argsort(const ir::GraphNode& n, const Arr& x, void* out) {
   const int64_t inner = x.shape.empty() ? 1 : strides_of(x.shape)[axis];
   const int64_t outer = len * inner == 0 ? 0 : shape_numel(x.shape) / (len * inner);
   int64_t* Y = static_cast<int64_t*>(out);
-  dispatch(x.dtype, [&](auto tag) {
+  by_dtype<void>(x.dtype, [&](auto tag) {
     using T = decltype(tag);
     const T* X = x.as<T>();
     // NaN is the largest value (PyTorch's order); ties keep their order (stable).
@@ -355,7 +355,7 @@ void argsort(const ir::GraphNode& n, const Arr& x, void* out) {
 
 void scatter_add(const ir::GraphNode& n, const Arr& x, const Arr& idx, const Arr& src, void* out) {
   const std::vector<int64_t> ss = strides_of(src.shape);
-  dispatch(n.dtype, [&](auto tag) {
+  by_dtype<void>(n.dtype, [&](auto tag) {
     using T = decltype(tag);
     T* Y = static_cast<T*>(out);
     const T* S = src.as<T>();
