@@ -16,7 +16,9 @@ using ir::Op;
 // resumed run continues exactly). Winograd mixes the values of a tile: it rounds a little
 // differently from direct and spreads a non-finite input (an inf becomes NaNs in its 4x4 output
 // tile); small problems keep direct's exact summation order. Where oneDNN has no Winograd for a
-// problem, the convolution falls back to direct when it is built (lower).
+// problem (on CPUs without AVX-512), lockstep's own F(4x4, 3x3) runs it where its stricter rule
+// says it pays (WinogradConv::pays), else the convolution falls back to direct when it is built
+// (lower).
 void choose_conv_algorithms(plan::Plan& p) {
   const ConvAlgo setting = conv_algo();
   const ir::Graph& g = p.graph;

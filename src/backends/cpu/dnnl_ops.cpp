@@ -19,6 +19,7 @@
 #include <dnnl.hpp>
 
 #include "backends/cpu/kernels.h"
+#include "backends/cpu/winograd.h"
 #include "ir/attrs.h"
 #include "lockstep/error.h"
 #include "runtime/metrics.h"
@@ -328,6 +329,7 @@ void DnnlMatMul::run(const void* a, const void* b, void* out) {
 
 struct DnnlConv::Impl {
   Kind kind;
+  std::unique_ptr<WinogradConv> own_winograd;  // lockstep's, where oneDNN has no Winograd
   Bf16Emulation emulation;
   Operand in0, in1, out;
   memory::desc pad_md;  // the primitive's scratchpad, after the operands' blocked copies
@@ -430,6 +432,14 @@ void run_conv(DnnlConv::Impl& impl, const void* in0, const void* in1, void* out,
   stream().wait();
 }
 
+// Whether oneDNN's kernels run AVX-512 here (its ISA values are bit sets: avx2_vnni's is
+// numerically larger than avx512_core's without containing it).
+bool direct_avx512() {
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  const auto avx512 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core);
+  return (isa & avx512) == avx512;
+}
+
 std::atomic<int>& conv_algo_knob() {
   static std::atomic<int> knob{[] {
     const std::string& s = util::option(util::Option::ConvAlgo);
@@ -455,6 +465,22 @@ DnnlConv::DnnlConv(Kind kind, const Shape& x, const Shape& w, const Shape& y,
       } catch (const dnnl::error&) {
         impl_ = std::make_unique<Impl>();  // not implemented for this problem or machine
       }
+      // lockstep's own (AVX2 machines: oneDNN's needs AVX-512), where it beats direct, or
+      // wherever it takes the problem when Winograd is asked for everywhere (set_conv_algo).
+      const auto wk = kind == Kind::Forward        ? WinogradConv::Kind::Forward
+                      : kind == Kind::BackwardData ? WinogradConv::Kind::BackwardData
+                                                   : WinogradConv::Kind::BackwardWeights;
+      if (dtype == DType::F32 && WinogradConv::takes(x, w, a) &&
+          (conv_algo() == ConvAlgo::Winograd ||
+           WinogradConv::pays(wk, x, w, y, blocked.in0, blocked.in1, blocked.out,
+                              direct_avx512()))) {
+        impl_->kind = kind;
+        impl_->own_winograd =
+            std::make_unique<WinogradConv>(wk, x, w, y, a, blocked.in0, blocked.in1, blocked.out);
+        impl_->scratch_floats = impl_->own_winograd->scratch_floats();
+        runtime::count(runtime::Counter::WinogradConvolutions);
+        return;
+      }
     }
     try {
       build_conv(kind, x, w, y, a, blocked, dnnl::algorithm::convolution_direct, ddt, *impl_);
@@ -473,6 +499,11 @@ DnnlConv::DnnlConv(Kind kind, const Shape& x, const Shape& w, const Shape& y,
 DnnlConv::~DnnlConv() = default;
 
 void DnnlConv::run(const void* in0, const void* in1, void* out, Copy copy0, Copy copy1) {
+  if (impl_->own_winograd) {
+    impl_->own_winograd->run(static_cast<const float*>(in0), static_cast<const float*>(in1),
+                             static_cast<float*>(out), scratch(impl_->scratch_floats));
+    return;
+  }
   const Bf16Emulation& e = impl_->emulation;
   try {
     if (e.on) {

@@ -42,7 +42,8 @@ std::string onednn_version();
 // groups. Weights are plain OIHW; activations and their gradients plain NCHW or, as `blocked`
 // says, oneDNN's nChw16c; oneDNN's preferred layouts inside, reordered to and from. With
 // `winograd` (chosen by the choose_conv_algorithms pass) the convolution runs as Winograd where
-// oneDNN has it for the problem, else direct.
+// oneDNN has it for the problem, else as lockstep's own Winograd (winograd.h) where that pays
+// (or takes the problem, with ConvAlgo::Winograd), else direct.
 // Where a convolution operand's copy in oneDNN's layout lives (see DnnlConv::run): by default
 // in the shared scratch, written and used by one run. With `keep`, the copy is written there for
 // a later convolution to read; with `ready`, it is already there (written by an earlier
@@ -107,8 +108,8 @@ class DnnlAvgPool {
 // How programs compiled from now on pick their convolutions' algorithm (the
 // choose_conv_algorithms pass): Auto (default) uses Winograd for 3x3 stride-1 problems of at
 // least 16 channels in and out and 64 output pixels, direct otherwise; Direct never uses
-// Winograd; Winograd uses it wherever oneDNN has it. The environment's
-// LOCKSTEP_CONV_ALGO=auto|direct|winograd sets the initial value.
+// Winograd; Winograd uses it wherever oneDNN or lockstep's own (winograd.h) has it. The
+// environment's LOCKSTEP_CONV_ALGO=auto|direct|winograd sets the initial value.
 enum class ConvAlgo { Auto, Direct, Winograd };
 void set_conv_algo(ConvAlgo algo);
 ConvAlgo conv_algo();
