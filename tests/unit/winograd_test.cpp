@@ -159,6 +159,9 @@ TEST(Winograd, PaysOnlyWhereItBeatDirect) {
   // ResNet-18's first stage on an AVX2 machine: blocked activations.
   EXPECT_TRUE(WinogradConv::pays(K::Forward, x, w, y, true, false, true, false));
   EXPECT_TRUE(WinogradConv::pays(K::BackwardWeights, x, w, y, true, true, false, false));
+  // ResNet-50's third stage at 224x224: 14x14 maps (16x16 of tiles).
+  EXPECT_TRUE(WinogradConv::pays(K::Forward, {32, 256, 14, 14}, {256, 256, 3, 3}, {32, 256, 14, 14},
+                                 true, false, true, false));
   // Where direct runs AVX-512 on blocked activations, it was faster.
   EXPECT_FALSE(WinogradConv::pays(K::Forward, x, w, y, true, false, true, true));
   // Few channels, small maps, little work, or 4x4 tiles of which a 9x9 map fills little.

@@ -339,7 +339,9 @@ bool WinogradConv::pays(Kind kind, const Shape& x, const Shape& w, const Shape& 
   const int64_t c = x[1], k = w[0], ho = y[2], wo = y[3];
   if (c < 64 || k < 64 || ho < 8 || wo < 8) return false;
   const int64_t tiled = (ho + kM - 1) / kM * kM * ((wo + kM - 1) / kM * kM);
-  if (tiled * 4 > ho * wo * 5) return false;  // more than 25% of the tiles' outputs dropped
+  // At most a quarter of what the tiles compute dropped at the edges (14x14 maps drop 23% and
+  // still ran 1.3-1.5x faster; 9x9 ones drop 44%).
+  if (tiled * 3 > ho * wo * 4) return false;
   const bool blocked =
       kind == Kind::BackwardWeights ? blocked_in0 && blocked_in1 : blocked_in0 && blocked_out;
   if (!blocked && (ho < 16 || wo < 16)) return false;

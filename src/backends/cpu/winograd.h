@@ -26,12 +26,13 @@ class WinogradConv {
   // Whether it computes this problem: f32, 3x3 kernel, stride 1, no dilation, no groups,
   // padding at most 2 (x: [N, C, H, W], w: [K, C, 3, 3], attrs as ir::Node's).
   static bool takes(const Shape& x, const Shape& w, const std::vector<int64_t>& attrs);
-  // Whether it beats oneDNN's direct convolution on this problem, by a rule (measured, see
-  // bench/README.md): at least 64 channels in and out, an output of at least 8x8 whose 4x4 tiles
-  // waste little, enough work to spread over the threads, and for activations held plain (its
-  // slower path) at least 16x16; for the weight gradient, the threads' sums in bounds. Where
-  // oneDNN's direct runs AVX-512 (`direct_avx512`), only plain activations (channel counts not
-  // a multiple of 16, which direct runs slowly): on blocked ones direct was faster.
+  // Whether it beats oneDNN's direct convolution on this problem, by a rule (measured with
+  // bench/conv_bench.cpp, see bench/README.md): at least 64 channels in and out, an output of at
+  // least 8x8 of which its 4x4 tiles drop at most a quarter at the edges, enough work to spread
+  // over the threads, and for activations held plain (its slower path) at least 16x16; for the
+  // weight gradient, the threads' sums in bounds. Where oneDNN's direct runs AVX-512
+  // (`direct_avx512`), only plain activations (channel counts not a multiple of 16, which direct
+  // runs slowly): on blocked ones direct was faster.
   static bool pays(Kind kind, const Shape& x, const Shape& w, const Shape& y, bool blocked_in0,
                    bool blocked_in1, bool blocked_out, bool direct_avx512);
   // Operands and result as DnnlConv's: forward (x, w -> y), backward data (dy, w -> dx), backward
