@@ -1,6 +1,7 @@
 // lockstep's own F(4x4, 3x3) Winograd convolution (backends/cpu/winograd.h), all three
 // directions, against a direct sum in double precision written here, over paddings 0 to 2,
-// sizes that are not multiples of the tile, and plain, blocked and mixed layouts.
+// sizes that are not multiples of the tile, and plain, blocked and mixed layouts; blocked ones
+// both whole (few tiles) and in chunks.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -97,11 +98,18 @@ std::vector<float> run(WinogradConv::Kind kind, const Case& s, const std::vector
 
 TEST(Winograd, EveryDirectionMatchesADirectSumInDouble) {
   const Case cases[] = {
-      {2, 16, 16, 8, 8, 1, false, false},  {2, 32, 48, 13, 11, 1, false, false},
-      {1, 16, 32, 9, 14, 0, false, false}, {2, 32, 16, 7, 6, 2, false, false},
-      {2, 32, 48, 13, 11, 1, true, true},  {3, 16, 32, 10, 5, 0, true, true},
-      {1, 48, 16, 6, 9, 2, true, true},    {2, 32, 32, 12, 12, 1, true, false},
-      {2, 32, 32, 12, 12, 1, false, true}, {1, 3, 5, 5, 5, 1, false, false},
+      {2, 16, 16, 8, 8, 1, false, false},
+      {2, 32, 48, 13, 11, 1, false, false},
+      {1, 16, 32, 9, 14, 0, false, false},
+      {2, 32, 16, 7, 6, 2, false, false},
+      {2, 32, 48, 13, 11, 1, true, true},
+      {3, 16, 32, 10, 5, 0, true, true},
+      {1, 48, 16, 6, 9, 2, true, true},
+      {2, 32, 32, 12, 12, 1, true, false},
+      {2, 32, 32, 12, 12, 1, false, true},
+      {1, 3, 5, 5, 5, 1, false, false},
+      // Blocked with more tiles than run whole (576): in chunks of tile rows.
+      {9, 16, 32, 31, 30, 1, true, true},
   };
   for (const Case& s : cases) {
     SCOPED_TRACE(::testing::Message()
@@ -159,16 +167,25 @@ TEST(Winograd, PaysOnlyWhereItBeatDirect) {
   // ResNet-18's first stage on an AVX2 machine: blocked activations.
   EXPECT_TRUE(WinogradConv::pays(K::Forward, x, w, y, true, false, true, false));
   EXPECT_TRUE(WinogradConv::pays(K::BackwardWeights, x, w, y, true, true, false, false));
+  // Few tiles over many channels run whole: ResNet-18's last stage (4x4 maps), ResNet-50's at
+  // 224x224 (7x7).
+  EXPECT_TRUE(WinogradConv::pays(K::BackwardWeights, {64, 512, 4, 4}, {512, 512, 3, 3},
+                                 {64, 512, 4, 4}, true, true, false, false));
+  EXPECT_TRUE(WinogradConv::pays(K::Forward, {32, 512, 7, 7}, {512, 512, 3, 3}, {32, 512, 7, 7},
+                                 true, false, true, false));
   // ResNet-50's third stage at 224x224: 14x14 maps (16x16 of tiles).
   EXPECT_TRUE(WinogradConv::pays(K::Forward, {32, 256, 14, 14}, {256, 256, 3, 3}, {32, 256, 14, 14},
                                  true, false, true, false));
   // Where direct runs AVX-512 on blocked activations, it was faster.
   EXPECT_FALSE(WinogradConv::pays(K::Forward, x, w, y, true, false, true, true));
-  // Few channels, small maps, little work, or 4x4 tiles of which a 9x9 map fills little.
+  // Few channels, 2x2 maps, small maps in chunks, little work, or 4x4 tiles of which a 9x9 map
+  // fills little.
   EXPECT_FALSE(WinogradConv::pays(K::Forward, {64, 32, 32, 32}, {64, 32, 3, 3}, y, true, false,
                                   true, false));
-  EXPECT_FALSE(WinogradConv::pays(K::Forward, {64, 512, 4, 4}, {512, 512, 3, 3}, {64, 512, 4, 4},
+  EXPECT_FALSE(WinogradConv::pays(K::Forward, {64, 512, 2, 2}, {512, 512, 3, 3}, {64, 512, 2, 2},
                                   true, false, true, false));
+  EXPECT_FALSE(WinogradConv::pays(K::Forward, {1024, 512, 4, 4}, {512, 512, 3, 3},
+                                  {1024, 512, 4, 4}, true, false, true, false));  // in chunks
   EXPECT_FALSE(WinogradConv::pays(K::Forward, {2, 64, 32, 32}, w, {2, 64, 32, 32}, true, false,
                                   true, false));
   EXPECT_FALSE(
@@ -188,7 +205,13 @@ TEST(Winograd, ConvolutionsWithoutOneDnnWinogradRunItAndAgreeWithDirect) {
   const std::vector<float> xv = random_values(104 * 72 * 256, 4),
                            wv = random_values(72 * 72 * 9, 5);
   std::vector<float> a(xv.size()), b(xv.size());
+  struct Restore {
+    ConvAlgo was = conv_algo();
+    ~Restore() { set_conv_algo(was); }
+  } restore;
+  set_conv_algo(ConvAlgo::Direct);
   DnnlConv direct(DnnlConv::Kind::Forward, x, w, y, attrs, {}, false);
+  set_conv_algo(ConvAlgo::Auto);
   DnnlConv winograd(DnnlConv::Kind::Forward, x, w, y, attrs, {}, true);
   direct.run(xv.data(), wv.data(), a.data());
   winograd.run(xv.data(), wv.data(), b.data());

@@ -465,22 +465,24 @@ DnnlConv::DnnlConv(Kind kind, const Shape& x, const Shape& w, const Shape& y,
       } catch (const dnnl::error&) {
         impl_ = std::make_unique<Impl>();  // not implemented for this problem or machine
       }
-      // lockstep's own (AVX2 machines: oneDNN's needs AVX-512), where it beats direct, or
-      // wherever it takes the problem when Winograd is asked for everywhere (set_conv_algo).
-      const auto wk = kind == Kind::Forward        ? WinogradConv::Kind::Forward
-                      : kind == Kind::BackwardData ? WinogradConv::Kind::BackwardData
-                                                   : WinogradConv::Kind::BackwardWeights;
-      if (dtype == DType::F32 && WinogradConv::takes(x, w, a) &&
-          (conv_algo() == ConvAlgo::Winograd ||
-           WinogradConv::pays(wk, x, w, y, blocked.in0, blocked.in1, blocked.out,
-                              direct_avx512()))) {
-        impl_->kind = kind;
-        impl_->own_winograd =
-            std::make_unique<WinogradConv>(wk, x, w, y, a, blocked.in0, blocked.in1, blocked.out);
-        impl_->scratch_floats = impl_->own_winograd->scratch_floats();
-        runtime::count(runtime::Counter::WinogradConvolutions);
-        return;
-      }
+    }
+    // lockstep's own Winograd where oneDNN's did not take the problem: by its own rule under
+    // ConvAlgo::Auto (on CPUs without AVX-512 its rule also takes the small maps the pass leaves
+    // to direct: they have few tiles, run whole), wherever it takes the problem when Winograd is
+    // asked for everywhere, never under ConvAlgo::Direct.
+    const ConvAlgo setting = conv_algo();
+    const auto wk = kind == Kind::Forward        ? WinogradConv::Kind::Forward
+                    : kind == Kind::BackwardData ? WinogradConv::Kind::BackwardData
+                                                 : WinogradConv::Kind::BackwardWeights;
+    if (dtype == DType::F32 && setting != ConvAlgo::Direct && WinogradConv::takes(x, w, a) &&
+        ((setting == ConvAlgo::Winograd && winograd) ||
+         WinogradConv::pays(wk, x, w, y, blocked.in0, blocked.in1, blocked.out, direct_avx512()))) {
+      impl_->kind = kind;
+      impl_->own_winograd =
+          std::make_unique<WinogradConv>(wk, x, w, y, a, blocked.in0, blocked.in1, blocked.out);
+      impl_->scratch_floats = impl_->own_winograd->scratch_floats();
+      runtime::count(runtime::Counter::WinogradConvolutions);
+      return;
     }
     try {
       build_conv(kind, x, w, y, a, blocked, dnnl::algorithm::convolution_direct, ddt, *impl_);

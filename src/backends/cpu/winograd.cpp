@@ -16,6 +16,8 @@ namespace {
 
 // F(4x4, 3x3): 6x6 input tiles overlapping by 2, 4x4 output tiles, 36 transformed positions.
 constexpr int64_t kM = 4, kAlpha = 6, kPos = kAlpha * kAlpha;
+// Problems of at most this many tiles (blocked) run `whole` (Problem::whole).
+constexpr int64_t kWholeTiles = 512;
 
 // Tiles per chunk: the chunk's transformed input and products (36 * tiles * (C + K) floats)
 // sized to stay near a core's cache, but never so few tiles that the products get too thin for
@@ -337,17 +339,18 @@ bool WinogradConv::takes(const Shape& x, const Shape& w, const std::vector<int64
 bool WinogradConv::pays(Kind kind, const Shape& x, const Shape& w, const Shape& y, bool blocked_in0,
                         bool blocked_in1, bool blocked_out, bool direct_avx512) {
   const int64_t c = x[1], k = w[0], ho = y[2], wo = y[3];
-  if (c < 64 || k < 64 || ho < 8 || wo < 8) return false;
-  const int64_t tiled = (ho + kM - 1) / kM * kM * ((wo + kM - 1) / kM * kM);
-  // At most a quarter of what the tiles compute dropped at the edges (14x14 maps drop 23% and
-  // still ran 1.3-1.5x faster; 9x9 ones drop 44%).
-  if (tiled * 3 > ho * wo * 4) return false;
   const bool blocked =
       kind == Kind::BackwardWeights ? blocked_in0 && blocked_in1 : blocked_in0 && blocked_out;
-  if (!blocked && (ho < 16 || wo < 16)) return false;
+  if (c < 64 || k < 64 || ho < (blocked ? 4 : 16) || wo < (blocked ? 4 : 16)) return false;
   if (blocked && direct_avx512) return false;
-  if (x[0] * ho * wo * c * k < (int64_t{1} << 27)) return false;  // multiply-adds / 9
-  if (kind == Kind::BackwardWeights &&
+  const int64_t th = (ho + kM - 1) / kM, tw = (wo + kM - 1) / kM;
+  // At most a quarter of what the tiles compute dropped at the edges (14x14 and 7x7 maps drop
+  // 23% and still ran 1.2-2x faster; 9x9 ones drop 44%).
+  if (th * tw * kM * kM * 3 > ho * wo * 4) return false;
+  if (x[0] * ho * wo * c * k < (int64_t{1} << 26)) return false;  // multiply-adds / 9
+  const bool whole = blocked && x[0] * th * tw <= kWholeTiles;
+  if (!whole && (ho < 8 || wo < 8)) return false;  // in chunks of few tiles: 0.5x at 4x4
+  if (kind == Kind::BackwardWeights && !whole &&
       kPos * c * k * std::max(1, omp_get_max_threads()) > (int64_t{1} << 24))
     return false;  // the threads' sums over 64 MiB
   return true;
@@ -383,6 +386,7 @@ WinogradConv::WinogradConv(Kind kind, const Shape& x, const Shape& w, const Shap
   p.rows = std::max<int64_t>(1, chunk_tiles(p.in.c, p.k) / p.tw);
   // At least two chunks a thread where the problem has them, for balance.
   p.rows = std::min(p.rows, std::max<int64_t>(1, total_rows / (2 * threads_)));
+  p.whole = p.blocked && tiles() <= kWholeTiles;
 }
 
 size_t WinogradConv::chunk_floats() const {
@@ -396,6 +400,9 @@ size_t WinogradConv::chunk_floats() const {
 
 size_t WinogradConv::scratch_floats() const {
   const size_t kernel = static_cast<size_t>(round16(kPos * c_ * k_));
+  if (p_.whole)  // all tiles transformed, their products (or transformed gradient), the kernel
+    return static_cast<size_t>(round16(kPos * tiles() * p_.in.c) + round16(kPos * tiles() * p_.k)) +
+           kernel;
   const size_t chunks = chunk_floats() * static_cast<size_t>(threads_);
   // Backward weights: each thread's sums over its tiles; the others: the transformed kernel.
   return kind_ == Kind::BackwardWeights ? chunks + kernel * static_cast<size_t>(threads_)
@@ -581,29 +588,111 @@ void WinogradConv::weights(const float* x, const float* dy, float* dw, float* sc
   }
 }
 
-void WinogradConv::run(const float* in0, const float* in1, float* out, float* scratch) const {
-  if (kind_ == Kind::BackwardWeights) {
-    weights(in0, in1, out, scratch);
-    return;
-  }
-  // The transformed kernel, [pos][out channel][in channel], after the chunks' scratch.
-  float* u = scratch + chunk_floats() * static_cast<size_t>(threads_);
-  const int64_t ko = p_.k, ci = p_.in.c;
-#pragma omp parallel for schedule(static) num_threads(threads_)
-  for (int64_t o = 0; o < ko; ++o) {
-    for (int64_t i = 0; i < ci; ++i) {
-      float g[9];
-      if (kind_ == Kind::Forward) {
-        std::memcpy(g, in1 + (o * ci + i) * 9, sizeof g);  // w[o][i]
-      } else {
-        // Backward data: w'[o = c][i = k] = w[k][c] flipped.
-        const float* src = in1 + (i * ko + o) * 9;
-        for (int e = 0; e < 9; ++e) g[e] = src[8 - e];
+void WinogradConv::whole(const float* x, const float* u, const float* dy, float* out,
+                         float* scratch) const {
+  const Problem& p = p_;
+  const int64_t cin = p.in.c, k = p.k, tw = p.tw, per_image = p.th * tw, all = tiles();
+  const bool weights = kind_ == Kind::BackwardWeights;
+  float* v = scratch;
+  float* m = v + round16(kPos * all * cin);  // products, or the transformed gradient
+  float* acc = m + round16(kPos * all * k);  // weights: the sums, [pos][c][k]
+#pragma omp parallel num_threads(threads_)
+  {
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < all; ++t) {
+      const int64_t n = t / per_image, h0 = kM * (t % per_image / tw), w0 = kM * (t % tw);
+      for (int64_t cb = 0; cb < cin; cb += kLanes)
+        input_tile16(x + p.in.plane(n, cb), p.in.h, p.in.w, h0 - p.ph, w0 - p.pw, v + t * cin + cb,
+                     all * cin);
+      if (weights)
+        for (int64_t kb = 0; kb < k; kb += kLanes)
+          gradient_tile16(dy + p.out.plane(n, kb), p.out.h, p.out.w, h0, w0, m + t * k + kb,
+                          all * k);
+    }
+#pragma omp for schedule(static)
+    for (int64_t pos = 0; pos < kPos; ++pos) {
+      if (weights)
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<blasint>(cin),
+                    static_cast<blasint>(k), static_cast<blasint>(all), 1.0f, v + pos * all * cin,
+                    static_cast<blasint>(cin), m + pos * all * k, static_cast<blasint>(k), 0.0f,
+                    acc + pos * cin * k, static_cast<blasint>(k));
+      else
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<blasint>(all),
+                    static_cast<blasint>(k), static_cast<blasint>(cin), 1.0f, v + pos * all * cin,
+                    static_cast<blasint>(cin), u + pos * cin * k, static_cast<blasint>(k), 0.0f,
+                    m + pos * all * k, static_cast<blasint>(k));
+    }
+    if (weights) {
+      const int64_t pairs = k * cin;
+#pragma omp for schedule(static)
+      for (int64_t e = 0; e < pairs; ++e)  // dw[kk][c] from acc[pos][c][kk]
+        kernel_gradient(acc + e % cin * k + e / cin, pairs, out + e * 9);
+    } else {
+#pragma omp for schedule(static)
+      for (int64_t t = 0; t < all; ++t) {
+        const int64_t n = t / per_image, h0 = kM * (t % per_image / tw), w0 = kM * (t % tw);
+        for (int64_t kb = 0; kb < k; kb += kLanes)
+          output_tile16(m + t * k + kb, all * k, out + p.out.plane(n, kb), p.out.h, p.out.w, h0,
+                        w0);
       }
-      kernel_transform(g, p_.blocked ? u + i * ko + o : u + o * ci + i, ko * ci);
     }
   }
-  forward(p_, in0, u, out, scratch);
+}
+
+void WinogradConv::run(const float* in0, const float* in1, float* out, float* scratch) const {
+  if (kind_ == Kind::BackwardWeights) {
+    if (p_.whole)
+      whole(in0, nullptr, in1, out, scratch);
+    else
+      weights(in0, in1, out, scratch);
+    return;
+  }
+  // The transformed kernel, [pos][out channel][in channel] (blocked: [pos][in][out]), after the
+  // tiles' scratch.
+  float* u = scratch + (p_.whole ? scratch_floats() - static_cast<size_t>(round16(kPos * c_ * k_))
+                                 : chunk_floats() * static_cast<size_t>(threads_));
+  const int64_t ko = p_.k, ci = p_.in.c;
+  auto kernel_of = [&](int64_t o, int64_t i, float g[9]) {
+    if (kind_ == Kind::Forward) {
+      std::memcpy(g, in1 + (o * ci + i) * 9, 9 * sizeof(float));  // w[o][i]
+    } else {
+      // Backward data: w'[o = c][i = k] = w[k][c] flipped.
+      const float* src = in1 + (i * ko + o) * 9;
+      for (int e = 0; e < 9; ++e) g[e] = src[8 - e];
+    }
+  };
+  // Written along the transformed kernel's rows: [pos][o][i] (plain) a row of i at a time;
+  // [pos][i][o] (blocked) 16 o at a time through a small buffer (one o after another would
+  // write 36 scattered values each: 40 ms for 512 x 512 channels).
+  if (!p_.blocked) {
+#pragma omp parallel for schedule(static) num_threads(threads_)
+    for (int64_t o = 0; o < ko; ++o)
+      for (int64_t i = 0; i < ci; ++i) {
+        float g[9];
+        kernel_of(o, i, g);
+        kernel_transform(g, u + o * ci + i, ko * ci);
+      }
+  } else {
+#pragma omp parallel for schedule(static) num_threads(threads_)
+    for (int64_t ob = 0; ob < ko; ob += kLanes) {
+      const int64_t on = std::min<int64_t>(kLanes, ko - ob);
+      for (int64_t i = 0; i < ci; ++i) {
+        float t[kPos][kLanes];
+        for (int64_t oo = 0; oo < on; ++oo) {
+          float g[9];
+          kernel_of(ob + oo, i, g);
+          kernel_transform(g, &t[0][oo], kLanes);
+        }
+        for (int64_t pos = 0; pos < kPos; ++pos)
+          std::memcpy(u + pos * ko * ci + i * ko + ob, t[pos],
+                      static_cast<size_t>(on) * sizeof(float));
+      }
+    }
+  }
+  if (p_.whole)
+    whole(in0, u, nullptr, out, scratch);
+  else
+    forward(p_, in0, u, out, scratch);
 }
 
 }  // namespace lockstep::backends::cpu

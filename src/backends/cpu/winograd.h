@@ -27,12 +27,13 @@ class WinogradConv {
   // padding at most 2 (x: [N, C, H, W], w: [K, C, 3, 3], attrs as ir::Node's).
   static bool takes(const Shape& x, const Shape& w, const std::vector<int64_t>& attrs);
   // Whether it beats oneDNN's direct convolution on this problem, by a rule (measured with
-  // bench/conv_bench.cpp, see bench/README.md): at least 64 channels in and out, an output of at
-  // least 8x8 of which its 4x4 tiles drop at most a quarter at the edges, enough work to spread
-  // over the threads, and for activations held plain (its slower path) at least 16x16; for the
-  // weight gradient, the threads' sums in bounds. Where oneDNN's direct runs AVX-512
-  // (`direct_avx512`), only plain activations (channel counts not a multiple of 16, which direct
-  // runs slowly): on blocked ones direct was faster.
+  // bench/conv_bench.cpp, see bench/README.md): at least 64 channels in and out; maps of at
+  // least 4x4 for blocked activations that run whole (few tiles: Problem::whole), else 8x8, and
+  // 16x16 for plain ones (its slower path); at most a quarter of what the 4x4 tiles compute
+  // dropped at the edges; at least 2^26 multiply-adds / 9; for the weight gradient in chunks,
+  // the threads' sums in bounds. Where oneDNN's direct runs AVX-512 (`direct_avx512`), only
+  // plain activations (channel counts not a multiple of 16, which direct runs slowly): on blocked
+  // ones direct was faster.
   static bool pays(Kind kind, const Shape& x, const Shape& w, const Shape& y, bool blocked_in0,
                    bool blocked_in1, bool blocked_out, bool direct_avx512);
   // Operands and result as DnnlConv's: forward (x, w -> y), backward data (dy, w -> dx), backward
@@ -67,12 +68,20 @@ class WinogradConv {
     // transformed values are held [pos][tile][channel] (else [pos][channel][tile], rows of
     // tiles transformed at a time).
     bool blocked = false;
+    // Few tiles (small maps, a small batch) over many channels, blocked: all tiles transformed
+    // at once and the threads split the 36 products instead of the tiles, so each reads its
+    // transformed kernels once (a chunk of a few tiles per product re-read them all per chunk:
+    // ResNet-18's 4x4 stage ran at half direct's speed).
+    bool whole = false;
   };
   void forward(const Problem& p, const float* x, const float* u, float* y, float* scratch) const;
   // forward()'s chunk of tile rows r0 .. r1 when blocked, on the thread's v and m.
   void forward_blocked(const Problem& p, const float* x, const float* u, float* y, int64_t r0,
                        int64_t r1, float* v, float* m) const;
   void weights(const float* x, const float* dy, float* dw, float* scratch) const;
+  // The `whole` forms of forward() and weights(); dw: the kernel gradient, dy given.
+  void whole(const float* x, const float* u, const float* dy, float* out, float* scratch) const;
+  int64_t tiles() const { return p_.out.n * p_.th * p_.tw; }
   size_t chunk_floats() const;  // per thread
 
   Kind kind_;
