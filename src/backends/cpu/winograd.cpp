@@ -196,20 +196,28 @@ LOCKSTEP_TARGET_CLONES void output_tiles(const float* m, int64_t pos_stride, int
 // time, every step a loop over the 16 lanes.
 constexpr int kLanes = 16;
 
-// B^T d B of the tile whose input corner is (h0, w0) in one channel block (`src`: its H x W x 16
-// values; zeros outside), to v[pos * pos_stride + lane].
-LOCKSTEP_TARGET_CLONES void input_tile16(const float* src, int64_t height, int64_t width,
-                                         int64_t h0, int64_t w0, float* v, int64_t pos_stride) {
-  alignas(64) float d[6][6][kLanes];
-  alignas(64) float t[6][6][kLanes];
-  for (int i = 0; i < 6; ++i)
-    for (int j = 0; j < 6; ++j) {
+// The n x n pixels of one channel block (`src`: its H x W x 16 values) from (h0, w0), zeros
+// outside.
+template <int n>
+LS_ALWAYS_INLINE void load_patch(const float* src, int64_t height, int64_t width, int64_t h0,
+                                 int64_t w0, float (*d)[n][kLanes]) {
+  for (int i = 0; i < n; ++i)
+    for (int j = 0; j < n; ++j) {
       const int64_t h = h0 + i, w = w0 + j;
       if (h >= 0 && h < height && w >= 0 && w < width)
         std::memcpy(d[i][j], src + (h * width + w) * kLanes, sizeof d[i][j]);
       else
         std::memset(d[i][j], 0, sizeof d[i][j]);
     }
+}
+
+// B^T d B of the tile whose input corner is (h0, w0) in one channel block (`src`: its H x W x 16
+// values; zeros outside), to v[pos * pos_stride + lane].
+LOCKSTEP_TARGET_CLONES void input_tile16(const float* src, int64_t height, int64_t width,
+                                         int64_t h0, int64_t w0, float* v, int64_t pos_stride) {
+  alignas(64) float d[6][6][kLanes];
+  alignas(64) float t[6][6][kLanes];
+  load_patch<6>(src, height, width, h0, w0, d);
   for (int j = 0; j < 6; ++j)
     for (int l = 0; l < kLanes; ++l) {
       float o[6];
@@ -229,14 +237,7 @@ LOCKSTEP_TARGET_CLONES void gradient_tile16(const float* src, int64_t height, in
                                             int64_t h0, int64_t w0, float* v, int64_t pos_stride) {
   alignas(64) float d[4][4][kLanes];
   alignas(64) float t[6][4][kLanes];
-  for (int i = 0; i < 4; ++i)
-    for (int j = 0; j < 4; ++j) {
-      const int64_t h = h0 + i, w = w0 + j;
-      if (h < height && w < width)
-        std::memcpy(d[i][j], src + (h * width + w) * kLanes, sizeof d[i][j]);
-      else
-        std::memset(d[i][j], 0, sizeof d[i][j]);
-    }
+  load_patch<4>(src, height, width, h0, w0, d);
   for (int j = 0; j < 4; ++j)
     for (int l = 0; l < kLanes; ++l) {
       float o[6];
@@ -409,101 +410,177 @@ size_t WinogradConv::scratch_floats() const {
                                         : chunks + kernel;
 }
 
-void WinogradConv::forward_blocked(const Problem& p, const float* x, const float* u, float* y,
-                                   int64_t r0, int64_t r1, float* v, float* m) const {
-  const int64_t cin = p.in.c, k = p.k, tw = p.tw, tc = p.rows * tw;
-  const int64_t tiles = (r1 - r0) * tw;
-  for (int64_t r = r0; r < r1; ++r) {
-    const int64_t n = r / p.th, h0 = kM * (r % p.th) - p.ph;
-    for (int64_t q = 0; q < tw; ++q) {
-      float* vt = v + ((r - r0) * tw + q) * cin;
-      for (int64_t cb = 0; cb < cin; cb += kLanes)
-        input_tile16(x + p.in.plane(n, cb), p.in.h, p.in.w, h0, kM * q - p.pw, vt + cb, tc * cin);
+// The transformed values of tile rows r0 .. r1 (tile t = (r - r0) * tw + q): [pos][channel][t]
+// (plain) or [pos][t][channel] (blocked), `tc` tiles apart per position. rowbuf: the chunk's
+// row scratch (plain only).
+void WinogradConv::input_rows(const Problem& p, const float* x, int64_t r0, int64_t r1, int64_t tc,
+                              float* v, float* rowbuf) const {
+  const int64_t cin = p.in.c, tw = p.tw, len = kM * tw + 4;
+  if (p.blocked) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t n = r / p.th, h0 = kM * (r % p.th) - p.ph;
+      for (int64_t q = 0; q < tw; ++q)
+        for (int64_t cb = 0; cb < cin; cb += kLanes)
+          input_tile16(x + p.in.plane(n, cb), p.in.h, p.in.w, h0, kM * q - p.pw,
+                       v + ((r - r0) * tw + q) * cin + cb, tc * cin);
     }
+    return;
   }
-  for (int64_t pos = 0; pos < kPos; ++pos)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<blasint>(tiles),
-                static_cast<blasint>(k), static_cast<blasint>(cin), 1.0f, v + pos * tc * cin,
-                static_cast<blasint>(cin), u + pos * cin * k, static_cast<blasint>(k), 0.0f,
-                m + pos * tc * k, static_cast<blasint>(k));
-  for (int64_t r = r0; r < r1; ++r) {
-    const int64_t n = r / p.th, h0 = kM * (r % p.th);
-    for (int64_t q = 0; q < tw; ++q) {
-      const float* mt = m + ((r - r0) * tw + q) * k;
-      for (int64_t kb = 0; kb < k; kb += kLanes)
-        output_tile16(mt + kb, tc * k, y + p.out.plane(n, kb), p.out.h, p.out.w, h0, kM * q);
+  float* work = rowbuf + round16(6 * len);
+  for (int64_t c = 0; c < cin; ++c) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t n = r / p.th, h0 = kM * (r % p.th) - p.ph;
+      const float* plane = x + p.in.plane(n, c);
+      const float* rows[6];
+      for (int i = 0; i < 6; ++i) {
+        load_row(plane, h0 + i, p.in.h, p.in.w, p.in.ws(), p.pw, kM * tw + 2, rowbuf + i * len);
+        rows[i] = rowbuf + i * len;
+      }
+      input_tiles(rows, work, tw, v + c * tc + (r - r0) * tw, cin * tc);
     }
   }
 }
 
-void WinogradConv::forward(const Problem& p, const float* x, const float* u, float* y,
-                           float* scratch) const {
-  const int64_t cin = p.in.c, k = p.k, tw = p.tw, len = kM * tw + 4;
+// input_rows' layouts, for the gradient's tiles (dy, p.out).
+void WinogradConv::gradient_rows(const Problem& p, const float* dy, int64_t r0, int64_t r1,
+                                 int64_t tc, float* d, float* rowbuf) const {
+  const int64_t k = p.k, tw = p.tw, len = kM * tw + 4;
+  if (p.blocked) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t n = r / p.th, h0 = kM * (r % p.th);
+      for (int64_t q = 0; q < tw; ++q)
+        for (int64_t kb = 0; kb < k; kb += kLanes)
+          gradient_tile16(dy + p.out.plane(n, kb), p.out.h, p.out.w, h0, kM * q,
+                          d + ((r - r0) * tw + q) * k + kb, tc * k);
+    }
+    return;
+  }
+  float* work = rowbuf + round16(6 * len);
+  for (int64_t kk = 0; kk < k; ++kk) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t n = r / p.th, h = kM * (r % p.th);
+      const float* plane = dy + p.out.plane(n, kk);
+      const float* rows[4];
+      for (int b = 0; b < 4; ++b) {
+        load_row(plane, h + b, p.out.h, p.out.w, p.out.ws(), 0, kM * tw, rowbuf + b * len);
+        rows[b] = rowbuf + b * len;
+      }
+      gradient_tiles(rows, work, tw, d + kk * tc + (r - r0) * tw, k * tc);
+    }
+  }
+}
+
+// The outputs of tile rows r0 .. r1 from their products, laid out as input_rows' values
+// ([pos][k][t] plain, [pos][t][k] blocked).
+void WinogradConv::output_rows(const Problem& p, const float* m, int64_t r0, int64_t r1, int64_t tc,
+                               float* y, float* rowbuf) const {
+  const int64_t k = p.k, tw = p.tw, len = kM * tw + 4;
+  if (p.blocked) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t n = r / p.th, h0 = kM * (r % p.th);
+      for (int64_t q = 0; q < tw; ++q)
+        for (int64_t kb = 0; kb < k; kb += kLanes)
+          output_tile16(m + ((r - r0) * tw + q) * k + kb, tc * k, y + p.out.plane(n, kb), p.out.h,
+                        p.out.w, h0, kM * q);
+    }
+    return;
+  }
+  float* work = rowbuf + round16(6 * len);
+  float* o[4];
+  for (int b = 0; b < 4; ++b) o[b] = rowbuf + b * len;
+  const int64_t ws = p.out.ws();
+  for (int64_t kk = 0; kk < k; ++kk) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t n = r / p.th, h = kM * (r % p.th);
+      output_tiles(m + kk * tc + (r - r0) * tw, k * tc, tw, work, o);
+      float* plane = y + p.out.plane(n, kk);
+      for (int64_t b = 0; b < kM && h + b < p.out.h; ++b) {
+        float* dst = plane + (h + b) * p.out.w * ws;
+        if (ws == 1) {
+          std::memcpy(dst, o[b], static_cast<size_t>(p.out.w) * sizeof(float));
+        } else {
+          for (int64_t j = 0; j < p.out.w; ++j) dst[j * ws] = o[b][j];
+        }
+      }
+    }
+  }
+}
+
+// The products of one position: tiles x k from tiles x cin values (blocked) or k x tiles from
+// cin x tiles (plain), `tc` the values' and products' tile stride.
+void WinogradConv::products(const Problem& p, const float* v, const float* u, int64_t tiles,
+                            int64_t tc, float* m) const {
+  const auto cin = static_cast<blasint>(p.in.c), k = static_cast<blasint>(p.k);
+  const auto t = static_cast<blasint>(tiles), ld = static_cast<blasint>(tc);
+  if (p.blocked)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, t, k, cin, 1.0f, v, cin, u, k, 0.0f, m,
+                k);
+  else
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, k, t, cin, 1.0f, u, cin, v, ld, 0.0f, m,
+                ld);
+}
+
+// One position's weight-gradient sums: acc ([c][k] blocked, [k][c] plain) += the gradient's
+// transformed tiles times the input's.
+void WinogradConv::gradient_sums(const Problem& p, const float* v, const float* d, int64_t tiles,
+                                 int64_t tc, float beta, float* acc) const {
+  const auto cin = static_cast<blasint>(p.in.c), k = static_cast<blasint>(p.k);
+  const auto t = static_cast<blasint>(tiles), ld = static_cast<blasint>(tc);
+  if (p.blocked)
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cin, k, t, 1.0f, v, cin, d, k, beta, acc,
+                k);
+  else
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, k, cin, t, 1.0f, d, ld, v, ld, beta, acc,
+                cin);
+}
+
+// G^T x G of the summed positions to the kernel gradient dw[k][c] (sums [pos][c][k] blocked,
+// [pos][k][c] plain; `copies` of them, `copy` floats apart, added in order).
+void WinogradConv::kernel_gradients(const float* sums, int copies, size_t copy, float* dw) const {
+  const int64_t cin = p_.in.c, k = p_.k, pairs = k * cin;
+#pragma omp parallel for schedule(static) num_threads(threads_)
+  for (int64_t e = 0; e < pairs; ++e) {
+    const int64_t at = p_.blocked ? e % cin * k + e / cin : e;
+    float x6[kPos];
+    for (int64_t pos = 0; pos < kPos; ++pos) {
+      float s = 0.0f;
+      for (int t = 0; t < copies; ++t) s += sums[copy * static_cast<size_t>(t) + pos * pairs + at];
+      x6[pos] = s;
+    }
+    kernel_gradient(x6, 1, dw + e * 9);
+  }
+}
+
+void WinogradConv::forward(const float* x, const float* u, float* y, float* scratch) const {
+  const Problem& p = p_;
   const int64_t total_rows = p.out.n * p.th;
   const int64_t chunks = (total_rows + p.rows - 1) / p.rows;
-  const int64_t tc = p.rows * tw;  // tiles in a full chunk (the products' row stride)
+  const int64_t tc = p.rows * p.tw;  // tiles in a full chunk (the values' tile stride)
   const size_t per_thread = chunk_floats();
 #pragma omp parallel num_threads(threads_)
   {
     float* v = scratch + per_thread * static_cast<size_t>(omp_get_thread_num());
-    float* m = v + round16(kPos * tc * cin);
-    float* rowbuf = m + round16(kPos * tc * k);
-    float* work = rowbuf + round16(6 * len);
+    float* m = v + round16(kPos * tc * p.in.c);
+    float* rowbuf = m + round16(kPos * tc * p.k);
 #pragma omp for schedule(static)
     for (int64_t ch = 0; ch < chunks; ++ch) {
       const int64_t r0 = ch * p.rows, r1 = std::min(total_rows, r0 + p.rows);
-      const int64_t tiles = (r1 - r0) * tw;
-      if (p.blocked) {
-        forward_blocked(p, x, u, y, r0, r1, v, m);
-        continue;
-      }
-      for (int64_t c = 0; c < cin; ++c) {
-        for (int64_t r = r0; r < r1; ++r) {
-          const int64_t n = r / p.th, h0 = kM * (r % p.th) - p.ph;
-          const float* plane = x + p.in.plane(n, c);
-          const float* rows[6];
-          for (int i = 0; i < 6; ++i) {
-            load_row(plane, h0 + i, p.in.h, p.in.w, p.in.ws(), p.pw, kM * tw + 2, rowbuf + i * len);
-            rows[i] = rowbuf + i * len;
-          }
-          input_tiles(rows, work, tw, v + c * tc + (r - r0) * tw, cin * tc);
-        }
-      }
+      input_rows(p, x, r0, r1, tc, v, rowbuf);
       for (int64_t pos = 0; pos < kPos; ++pos)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<blasint>(k),
-                    static_cast<blasint>(tiles), static_cast<blasint>(cin), 1.0f, u + pos * k * cin,
-                    static_cast<blasint>(cin), v + pos * cin * tc, static_cast<blasint>(tc), 0.0f,
-                    m + pos * k * tc, static_cast<blasint>(tc));
-      float* o[4];
-      for (int b = 0; b < 4; ++b) o[b] = rowbuf + b * len;
-      const int64_t ws = p.out.ws();
-      for (int64_t kk = 0; kk < k; ++kk) {
-        for (int64_t r = r0; r < r1; ++r) {
-          const int64_t n = r / p.th, h = kM * (r % p.th);
-          output_tiles(m + kk * tc + (r - r0) * tw, k * tc, tw, work, o);
-          float* plane = y + p.out.plane(n, kk);
-          for (int64_t b = 0; b < kM && h + b < p.out.h; ++b) {
-            float* dst = plane + (h + b) * p.out.w * ws;
-            if (ws == 1) {
-              std::memcpy(dst, o[b], static_cast<size_t>(p.out.w) * sizeof(float));
-            } else {
-              for (int64_t j = 0; j < p.out.w; ++j) dst[j * ws] = o[b][j];
-            }
-          }
-        }
-      }
+        products(p, v + pos * tc * p.in.c, u + pos * p.in.c * p.k, (r1 - r0) * p.tw, tc,
+                 m + pos * tc * p.k);
+      output_rows(p, m, r0, r1, tc, y, rowbuf);
     }
   }
 }
 
 void WinogradConv::weights(const float* x, const float* dy, float* dw, float* scratch) const {
   const Problem& p = p_;
-  const int64_t cin = p.in.c, k = p.k, tw = p.tw, len = kM * tw + 4;
   const int64_t total_rows = p.out.n * p.th;
   const int64_t chunks = (total_rows + p.rows - 1) / p.rows;
-  const int64_t tc = p.rows * tw;
+  const int64_t tc = p.rows * p.tw;
   const size_t per_thread = chunk_floats();
-  const size_t kernel = static_cast<size_t>(round16(kPos * cin * k));
+  const size_t kernel = static_cast<size_t>(round16(kPos * p.in.c * p.k));
   float* sums = scratch + per_thread * static_cast<size_t>(threads_);
   int used = 1;
 #pragma omp parallel num_threads(threads_)
@@ -512,131 +589,54 @@ void WinogradConv::weights(const float* x, const float* dy, float* dw, float* sc
 #pragma omp single
     used = omp_get_num_threads();
     float* v = scratch + per_thread * static_cast<size_t>(t);
-    float* d = v + round16(kPos * tc * cin);
-    float* rowbuf = d + round16(kPos * tc * k);
-    float* work = rowbuf + round16(6 * len);
+    float* d = v + round16(kPos * tc * p.in.c);
+    float* rowbuf = d + round16(kPos * tc * p.k);
     float* acc = sums + kernel * static_cast<size_t>(t);
     std::memset(acc, 0, kernel * sizeof(float));
 #pragma omp for schedule(static)
     for (int64_t ch = 0; ch < chunks; ++ch) {
       const int64_t r0 = ch * p.rows, r1 = std::min(total_rows, r0 + p.rows);
-      const int64_t tiles = (r1 - r0) * tw;
-      if (p.blocked) {
-        for (int64_t r = r0; r < r1; ++r) {
-          const int64_t n = r / p.th, h0 = kM * (r % p.th);
-          for (int64_t q = 0; q < tw; ++q) {
-            const int64_t t = (r - r0) * tw + q;
-            for (int64_t cb = 0; cb < cin; cb += kLanes)
-              input_tile16(x + p.in.plane(n, cb), p.in.h, p.in.w, h0 - p.ph, kM * q - p.pw,
-                           v + t * cin + cb, tc * cin);
-            for (int64_t kb = 0; kb < k; kb += kLanes)
-              gradient_tile16(dy + p.out.plane(n, kb), p.out.h, p.out.w, h0, kM * q, d + t * k + kb,
-                              tc * k);
-          }
-        }
-        for (int64_t pos = 0; pos < kPos; ++pos)
-          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<blasint>(cin),
-                      static_cast<blasint>(k), static_cast<blasint>(tiles), 1.0f,
-                      v + pos * tc * cin, static_cast<blasint>(cin), d + pos * tc * k,
-                      static_cast<blasint>(k), 1.0f, acc + pos * cin * k, static_cast<blasint>(k));
-        continue;
-      }
-      for (int64_t c = 0; c < cin; ++c) {
-        for (int64_t r = r0; r < r1; ++r) {
-          const int64_t n = r / p.th, h0 = kM * (r % p.th) - p.ph;
-          const float* plane = x + p.in.plane(n, c);
-          const float* rows[6];
-          for (int i = 0; i < 6; ++i) {
-            load_row(plane, h0 + i, p.in.h, p.in.w, p.in.ws(), p.pw, kM * tw + 2, rowbuf + i * len);
-            rows[i] = rowbuf + i * len;
-          }
-          input_tiles(rows, work, tw, v + c * tc + (r - r0) * tw, cin * tc);
-        }
-      }
-      for (int64_t kk = 0; kk < k; ++kk) {
-        for (int64_t r = r0; r < r1; ++r) {
-          const int64_t n = r / p.th, h = kM * (r % p.th);
-          const float* plane = dy + p.out.plane(n, kk);
-          const float* rows[4];
-          for (int b = 0; b < 4; ++b) {
-            load_row(plane, h + b, p.out.h, p.out.w, p.out.ws(), 0, kM * tw, rowbuf + b * len);
-            rows[b] = rowbuf + b * len;
-          }
-          gradient_tiles(rows, work, tw, d + kk * tc + (r - r0) * tw, k * tc);
-        }
-      }
+      input_rows(p, x, r0, r1, tc, v, rowbuf);
+      gradient_rows(p, dy, r0, r1, tc, d, rowbuf);
       for (int64_t pos = 0; pos < kPos; ++pos)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(k),
-                    static_cast<blasint>(cin), static_cast<blasint>(tiles), 1.0f, d + pos * k * tc,
-                    static_cast<blasint>(tc), v + pos * cin * tc, static_cast<blasint>(tc), 1.0f,
-                    acc + pos * k * cin, static_cast<blasint>(cin));
+        gradient_sums(p, v + pos * tc * p.in.c, d + pos * tc * p.k, (r1 - r0) * p.tw, tc, 1.0f,
+                      acc + pos * p.in.c * p.k);
     }
   }
   // The threads' sums in thread order (the same bits for the same thread count), then G^T x G.
-  const int64_t pairs = k * cin;
-#pragma omp parallel for schedule(static) num_threads(threads_)
-  for (int64_t e = 0; e < pairs; ++e) {
-    // The sums are [pos][k][c], or [pos][c][k] when blocked.
-    const int64_t at = p.blocked ? e % cin * k + e / cin : e;
-    float x6[kPos];
-    for (int64_t pos = 0; pos < kPos; ++pos) {
-      float s = 0.0f;
-      for (int t = 0; t < used; ++t) s += sums[kernel * static_cast<size_t>(t) + pos * pairs + at];
-      x6[pos] = s;
-    }
-    kernel_gradient(x6, 1, dw + e * 9);
-  }
+  kernel_gradients(sums, used, kernel, dw);
 }
 
 void WinogradConv::whole(const float* x, const float* u, const float* dy, float* out,
                          float* scratch) const {
   const Problem& p = p_;
-  const int64_t cin = p.in.c, k = p.k, tw = p.tw, per_image = p.th * tw, all = tiles();
+  const int64_t cin = p.in.c, k = p.k, all = tiles(), rows = p.out.n * p.th;
   const bool weights = kind_ == Kind::BackwardWeights;
   float* v = scratch;
   float* m = v + round16(kPos * all * cin);  // products, or the transformed gradient
-  float* acc = m + round16(kPos * all * k);  // weights: the sums, [pos][c][k]
+  float* acc = m + round16(kPos * all * k);  // weights: the sums
 #pragma omp parallel num_threads(threads_)
   {
 #pragma omp for schedule(static)
-    for (int64_t t = 0; t < all; ++t) {
-      const int64_t n = t / per_image, h0 = kM * (t % per_image / tw), w0 = kM * (t % tw);
-      for (int64_t cb = 0; cb < cin; cb += kLanes)
-        input_tile16(x + p.in.plane(n, cb), p.in.h, p.in.w, h0 - p.ph, w0 - p.pw, v + t * cin + cb,
-                     all * cin);
-      if (weights)
-        for (int64_t kb = 0; kb < k; kb += kLanes)
-          gradient_tile16(dy + p.out.plane(n, kb), p.out.h, p.out.w, h0, w0, m + t * k + kb,
-                          all * k);
+    for (int64_t r = 0; r < rows; ++r) {
+      input_rows(p, x, r, r + 1, all, v + r * p.tw * cin, nullptr);
+      if (weights) gradient_rows(p, dy, r, r + 1, all, m + r * p.tw * k, nullptr);
     }
 #pragma omp for schedule(static)
     for (int64_t pos = 0; pos < kPos; ++pos) {
       if (weights)
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<blasint>(cin),
-                    static_cast<blasint>(k), static_cast<blasint>(all), 1.0f, v + pos * all * cin,
-                    static_cast<blasint>(cin), m + pos * all * k, static_cast<blasint>(k), 0.0f,
-                    acc + pos * cin * k, static_cast<blasint>(k));
+        gradient_sums(p, v + pos * all * cin, m + pos * all * k, all, all, 0.0f,
+                      acc + pos * cin * k);
       else
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<blasint>(all),
-                    static_cast<blasint>(k), static_cast<blasint>(cin), 1.0f, v + pos * all * cin,
-                    static_cast<blasint>(cin), u + pos * cin * k, static_cast<blasint>(k), 0.0f,
-                    m + pos * all * k, static_cast<blasint>(k));
+        products(p, v + pos * all * cin, u + pos * cin * k, all, all, m + pos * all * k);
     }
-    if (weights) {
-      const int64_t pairs = k * cin;
+    if (!weights) {
 #pragma omp for schedule(static)
-      for (int64_t e = 0; e < pairs; ++e)  // dw[kk][c] from acc[pos][c][kk]
-        kernel_gradient(acc + e % cin * k + e / cin, pairs, out + e * 9);
-    } else {
-#pragma omp for schedule(static)
-      for (int64_t t = 0; t < all; ++t) {
-        const int64_t n = t / per_image, h0 = kM * (t % per_image / tw), w0 = kM * (t % tw);
-        for (int64_t kb = 0; kb < k; kb += kLanes)
-          output_tile16(m + t * k + kb, all * k, out + p.out.plane(n, kb), p.out.h, p.out.w, h0,
-                        w0);
-      }
+      for (int64_t r = 0; r < rows; ++r)
+        output_rows(p, m + r * p.tw * k, r, r + 1, all, out, nullptr);
     }
   }
+  if (weights) kernel_gradients(acc, 1, 0, out);
 }
 
 void WinogradConv::run(const float* in0, const float* in1, float* out, float* scratch) const {
@@ -692,7 +692,7 @@ void WinogradConv::run(const float* in0, const float* in1, float* out, float* sc
   if (p_.whole)
     whole(in0, u, nullptr, out, scratch);
   else
-    forward(p_, in0, u, out, scratch);
+    forward(in0, u, out, scratch);
 }
 
 }  // namespace lockstep::backends::cpu

@@ -74,13 +74,25 @@ class WinogradConv {
     // ResNet-18's 4x4 stage ran at half direct's speed).
     bool whole = false;
   };
-  void forward(const Problem& p, const float* x, const float* u, float* y, float* scratch) const;
-  // forward()'s chunk of tile rows r0 .. r1 when blocked, on the thread's v and m.
-  void forward_blocked(const Problem& p, const float* x, const float* u, float* y, int64_t r0,
-                       int64_t r1, float* v, float* m) const;
+  // The chunked directions (a thread's chunks of tile rows, transformed, multiplied and
+  // transformed back on its own scratch) and the whole one (all tiles at once, the threads
+  // splitting the 36 products); dy given for the weight gradient, u (the transformed kernel)
+  // for the others.
+  void forward(const float* x, const float* u, float* y, float* scratch) const;
   void weights(const float* x, const float* dy, float* dw, float* scratch) const;
-  // The `whole` forms of forward() and weights(); dw: the kernel gradient, dy given.
   void whole(const float* x, const float* u, const float* dy, float* out, float* scratch) const;
+  // Their steps (winograd.cpp says each one's layouts).
+  void input_rows(const Problem& p, const float* x, int64_t r0, int64_t r1, int64_t tc, float* v,
+                  float* rowbuf) const;
+  void gradient_rows(const Problem& p, const float* dy, int64_t r0, int64_t r1, int64_t tc,
+                     float* d, float* rowbuf) const;
+  void output_rows(const Problem& p, const float* m, int64_t r0, int64_t r1, int64_t tc, float* y,
+                   float* rowbuf) const;
+  void products(const Problem& p, const float* v, const float* u, int64_t tiles, int64_t tc,
+                float* m) const;
+  void gradient_sums(const Problem& p, const float* v, const float* d, int64_t tiles, int64_t tc,
+                     float beta, float* acc) const;
+  void kernel_gradients(const float* sums, int copies, size_t copy, float* dw) const;
   int64_t tiles() const { return p_.out.n * p_.th * p_.tw; }
   size_t chunk_floats() const;  // per thread
 
