@@ -65,9 +65,10 @@ int main(int argc, char** argv) {
     const auto wk = static_cast<cpu::WinogradConv::Kind>(d);
     const bool weights = d == 2;
     const cpu::ConvBlocked b{blocked, weights && blocked, !weights && blocked};
+    const cpu::ConvAlgo was = cpu::conv_algo();
     cpu::set_conv_algo(cpu::ConvAlgo::Direct);  // else DnnlConv may run lockstep's Winograd
     cpu::DnnlConv direct(dk, x, w, y, attrs, b, false);
-    cpu::set_conv_algo(cpu::ConvAlgo::Auto);
+    cpu::set_conv_algo(was);
     cpu::WinogradConv own(wk, x, w, y, attrs, b.in0, b.in1, b.out);
     std::vector<float> scratch(own.scratch_floats() + 16);
     float* aligned =

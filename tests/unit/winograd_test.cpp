@@ -29,21 +29,17 @@ std::vector<float> random_values(size_t count, uint32_t seed) {
   return v;
 }
 
-// Plain NCHW to nChw16c and back (C a multiple of 16).
-std::vector<float> to_blocked(const std::vector<float>& x, int64_t n, int64_t c, int64_t hw) {
+// Plain NCHW to nChw16c (blocked) or back (C a multiple of 16).
+std::vector<float> relayout(const std::vector<float>& x, int64_t n, int64_t c, int64_t hw,
+                            bool to_blocked) {
   std::vector<float> out(x.size());
   for (int64_t i = 0; i < n; ++i)
     for (int64_t j = 0; j < c; ++j)
-      for (int64_t p = 0; p < hw; ++p)
-        out[((i * (c / 16) + j / 16) * hw + p) * 16 + j % 16] = x[(i * c + j) * hw + p];
-  return out;
-}
-std::vector<float> to_plain(const std::vector<float>& x, int64_t n, int64_t c, int64_t hw) {
-  std::vector<float> out(x.size());
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t j = 0; j < c; ++j)
-      for (int64_t p = 0; p < hw; ++p)
-        out[(i * c + j) * hw + p] = x[((i * (c / 16) + j / 16) * hw + p) * 16 + j % 16];
+      for (int64_t p = 0; p < hw; ++p) {
+        const int64_t plain = (i * c + j) * hw + p;
+        const int64_t blocked = ((i * (c / 16) + j / 16) * hw + p) * 16 + j % 16;
+        out[to_blocked ? blocked : plain] = x[to_blocked ? plain : blocked];
+      }
   return out;
 }
 
@@ -127,10 +123,10 @@ TEST(Winograd, EveryDirectionMatchesADirectSumInDouble) {
     });
     // Each operand and result in the layout the case gives (blocked: a multiple of 16).
     auto act = [](const std::vector<float>& v, int64_t n, int64_t c, int64_t hw, bool blocked) {
-      return blocked ? to_blocked(v, n, c, hw) : v;
+      return blocked ? relayout(v, n, c, hw, true) : v;
     };
     auto back = [](const std::vector<float>& v, int64_t n, int64_t c, int64_t hw, bool blocked) {
-      return blocked ? to_plain(v, n, c, hw) : v;
+      return blocked ? relayout(v, n, c, hw, false) : v;
     };
     const int64_t xhw = s.h * s.w, yhw = d.ho * d.wo;
     const std::vector<float> y =

@@ -19,6 +19,9 @@ constexpr int64_t kM = 4, kAlpha = 6, kPos = kAlpha * kAlpha;
 // Problems of at most this many tiles (blocked) run `whole` (Problem::whole).
 constexpr int64_t kWholeTiles = 512;
 
+// 4x4 output tiles along a side of n outputs.
+int64_t tiles_along(int64_t n) { return (n + kM - 1) / kM; }
+
 // Tiles per chunk: the chunk's transformed input and products (36 * tiles * (C + K) floats)
 // sized to stay near a core's cache, but never so few tiles that the products get too thin for
 // OpenBLAS's kernels.
@@ -128,7 +131,7 @@ LS_ALWAYS_INLINE void at4_rows(In m0, In m1, In m2, In m3, In m4, In m5, Out s0,
 }
 
 // B^T d B of one row of tiles (6 input rows r[0..5], each 4 * tiles + 2 long) to
-// v[pos * pos_stride + t]; `t` holds 10 * (4 * tiles + 4) floats.
+// v[pos * pos_stride + t]; `t` holds 28 * (tiles + 1) floats.
 LOCKSTEP_TARGET_CLONES void input_tiles(const float* const r[6], float* t, int64_t tiles, float* v,
                                         int64_t pos_stride) {
   const int64_t len = kM * tiles + 2, q1 = tiles + 1, rl = kM * q1;
@@ -149,7 +152,7 @@ LOCKSTEP_TARGET_CLONES void input_tiles(const float* const r[6], float* t, int64
 }
 
 // A e A^T of one row of 4x4 gradient tiles (rows d[0..3], each 4 * tiles long) to
-// v[pos * pos_stride + t]; `t` holds 10 * 4 * tiles floats.
+// v[pos * pos_stride + t]; `t` holds 28 * tiles floats.
 LOCKSTEP_TARGET_CLONES void gradient_tiles(const float* const d[4], float* t, int64_t tiles,
                                            float* v, int64_t pos_stride) {
   const int64_t len = kM * tiles;
@@ -211,45 +214,46 @@ LS_ALWAYS_INLINE void load_patch(const float* src, int64_t height, int64_t width
     }
 }
 
+// The separable 2D transform of an n x n patch of 16-lane values to 6 x 6: f (6 from n) down
+// each column, then along each row, to v[(i * 6 + j) * pos_stride + lane].
+template <int n, typename F>
+LS_ALWAYS_INLINE void transform_tile16(const float (*d)[n][kLanes], F f, float* v,
+                                       int64_t pos_stride) {
+  alignas(64) float t[6][n][kLanes];
+  for (int j = 0; j < n; ++j)
+    for (int l = 0; l < kLanes; ++l) {
+      float in[n], o[6];
+      for (int i = 0; i < n; ++i) in[i] = d[i][j][l];
+      f(in, o);
+      for (int i = 0; i < 6; ++i) t[i][j][l] = o[i];
+    }
+  for (int i = 0; i < 6; ++i)
+    for (int l = 0; l < kLanes; ++l) {
+      float in[n], o[6];
+      for (int j = 0; j < n; ++j) in[j] = t[i][j][l];
+      f(in, o);
+      for (int j = 0; j < 6; ++j) v[(i * 6 + j) * pos_stride + l] = o[j];
+    }
+}
+
 // B^T d B of the tile whose input corner is (h0, w0) in one channel block (`src`: its H x W x 16
 // values; zeros outside), to v[pos * pos_stride + lane].
 LOCKSTEP_TARGET_CLONES void input_tile16(const float* src, int64_t height, int64_t width,
                                          int64_t h0, int64_t w0, float* v, int64_t pos_stride) {
   alignas(64) float d[6][6][kLanes];
-  alignas(64) float t[6][6][kLanes];
   load_patch<6>(src, height, width, h0, w0, d);
-  for (int j = 0; j < 6; ++j)
-    for (int l = 0; l < kLanes; ++l) {
-      float o[6];
-      bt6(d[0][j][l], d[1][j][l], d[2][j][l], d[3][j][l], d[4][j][l], d[5][j][l], o);
-      for (int i = 0; i < 6; ++i) t[i][j][l] = o[i];
-    }
-  for (int i = 0; i < 6; ++i)
-    for (int l = 0; l < kLanes; ++l) {
-      float o[6];
-      bt6(t[i][0][l], t[i][1][l], t[i][2][l], t[i][3][l], t[i][4][l], t[i][5][l], o);
-      for (int j = 0; j < 6; ++j) v[(i * 6 + j) * pos_stride + l] = o[j];
-    }
+  transform_tile16<6>(
+      d, [](const float* e, float* o) { bt6(e[0], e[1], e[2], e[3], e[4], e[5], o); }, v,
+      pos_stride);
 }
 
 // A e A^T of the 4x4 gradient tile at (h0, w0) of one channel block (zeros outside).
 LOCKSTEP_TARGET_CLONES void gradient_tile16(const float* src, int64_t height, int64_t width,
                                             int64_t h0, int64_t w0, float* v, int64_t pos_stride) {
   alignas(64) float d[4][4][kLanes];
-  alignas(64) float t[6][4][kLanes];
   load_patch<4>(src, height, width, h0, w0, d);
-  for (int j = 0; j < 4; ++j)
-    for (int l = 0; l < kLanes; ++l) {
-      float o[6];
-      a6(d[0][j][l], d[1][j][l], d[2][j][l], d[3][j][l], o);
-      for (int i = 0; i < 6; ++i) t[i][j][l] = o[i];
-    }
-  for (int i = 0; i < 6; ++i)
-    for (int l = 0; l < kLanes; ++l) {
-      float o[6];
-      a6(t[i][0][l], t[i][1][l], t[i][2][l], t[i][3][l], o);
-      for (int j = 0; j < 6; ++j) v[(i * 6 + j) * pos_stride + l] = o[j];
-    }
+  transform_tile16<4>(
+      d, [](const float* e, float* o) { a6(e[0], e[1], e[2], e[3], o); }, v, pos_stride);
 }
 
 // A^T m A of one tile of one channel block (m[pos * pos_stride + lane]) to its output corner
@@ -344,7 +348,7 @@ bool WinogradConv::pays(Kind kind, const Shape& x, const Shape& w, const Shape& 
       kind == Kind::BackwardWeights ? blocked_in0 && blocked_in1 : blocked_in0 && blocked_out;
   if (c < 64 || k < 64 || ho < (blocked ? 4 : 16) || wo < (blocked ? 4 : 16)) return false;
   if (blocked && direct_avx512) return false;
-  const int64_t th = (ho + kM - 1) / kM, tw = (wo + kM - 1) / kM;
+  const int64_t th = tiles_along(ho), tw = tiles_along(wo);
   // At most a quarter of what the tiles compute dropped at the edges (14x14 and 7x7 maps drop
   // 23% and still ran 1.2-2x faster; 9x9 ones drop 44%).
   if (th * tw * kM * kM * 3 > ho * wo * 4) return false;
@@ -381,8 +385,8 @@ WinogradConv::WinogradConv(Kind kind, const Shape& x, const Shape& w, const Shap
       break;
   }
   p.blocked = p.in.blocked && p.out.blocked;
-  p.th = (p.out.h + kM - 1) / kM;
-  p.tw = (p.out.w + kM - 1) / kM;
+  p.th = tiles_along(p.out.h);
+  p.tw = tiles_along(p.out.w);
   const int64_t total_rows = p.out.n * p.th;
   p.rows = std::max<int64_t>(1, chunk_tiles(p.in.c, p.k) / p.tw);
   // At least two chunks a thread where the problem has them, for balance.
@@ -393,8 +397,9 @@ WinogradConv::WinogradConv(Kind kind, const Shape& x, const Shape& w, const Shap
 size_t WinogradConv::chunk_floats() const {
   const Problem& p = p_;
   const int64_t tiles = p.rows * p.tw, len = kM * p.tw + 4;
-  // Transformed input, products (or transformed gradient), 6 loaded rows and the transforms'
-  // rows (input_tiles: 6 rows and 4 column sets; output_tiles: 24 rows of tiles, 4 output rows).
+  // Transformed input, products (or transformed gradient), 6 loaded rows (or 4 output rows) and
+  // the transforms' work rows (input_tiles: 28 * (tw + 1) floats, gradient_tiles 28 * tw,
+  // output_tiles 40 * tw).
   return static_cast<size_t>(round16(kPos * tiles * p.in.c) + round16(kPos * tiles * p.k) +
                              round16(6 * len) + round16(10 * len + 4 * (p.tw + 1)));
 }
@@ -410,70 +415,63 @@ size_t WinogradConv::scratch_floats() const {
                                         : chunks + kernel;
 }
 
-// The transformed values of tile rows r0 .. r1 (tile t = (r - r0) * tw + q): [pos][channel][t]
-// (plain) or [pos][t][channel] (blocked), `tc` tiles apart per position. rowbuf: the chunk's
-// row scratch (plain only).
-void WinogradConv::input_rows(const Problem& p, const float* x, int64_t r0, int64_t r1, int64_t tc,
-                              float* v, float* rowbuf) const {
-  const int64_t cin = p.in.c, tw = p.tw, len = kM * tw + 4;
-  if (p.blocked) {
+// The n x n tiles of rows r0 .. r1 of tiles (tw a row, th an image) of activation `a`, 16
+// channels at a time (tile16, blocked) or a row of tiles of one channel at a time (row_tiles,
+// from n loaded rows), transformed to `v` as input_rows says. The tiles' corners lie at 4 * the
+// tile's row and column less (ph, pw).
+template <int n, typename Act, typename Tile16, typename RowTiles>
+void transform_rows(const Act& a, const float* src, bool blocked, int64_t th, int64_t tw,
+                    int64_t ph, int64_t pw, int64_t r0, int64_t r1, int64_t tc, float* v,
+                    float* rowbuf, Tile16 tile16, RowTiles row_tiles) {
+  if (blocked) {
     for (int64_t r = r0; r < r1; ++r) {
-      const int64_t n = r / p.th, h0 = kM * (r % p.th) - p.ph;
+      const int64_t img = r / th, h0 = kM * (r % th) - ph;
       for (int64_t q = 0; q < tw; ++q)
-        for (int64_t cb = 0; cb < cin; cb += kLanes)
-          input_tile16(x + p.in.plane(n, cb), p.in.h, p.in.w, h0, kM * q - p.pw,
-                       v + ((r - r0) * tw + q) * cin + cb, tc * cin);
+        for (int64_t cb = 0; cb < a.c; cb += kLanes)
+          tile16(src + a.plane(img, cb), a.h, a.w, h0, kM * q - pw,
+                 v + ((r - r0) * tw + q) * a.c + cb, tc * a.c);
     }
     return;
   }
+  const int64_t len = kM * tw + 4;
   float* work = rowbuf + round16(6 * len);
-  for (int64_t c = 0; c < cin; ++c) {
+  for (int64_t c = 0; c < a.c; ++c) {
     for (int64_t r = r0; r < r1; ++r) {
-      const int64_t n = r / p.th, h0 = kM * (r % p.th) - p.ph;
-      const float* plane = x + p.in.plane(n, c);
-      const float* rows[6];
-      for (int i = 0; i < 6; ++i) {
-        load_row(plane, h0 + i, p.in.h, p.in.w, p.in.ws(), p.pw, kM * tw + 2, rowbuf + i * len);
+      const int64_t img = r / th, h0 = kM * (r % th) - ph;
+      const float* plane = src + a.plane(img, c);
+      const float* rows[n];
+      for (int i = 0; i < n; ++i) {
+        load_row(plane, h0 + i, a.h, a.w, a.ws(), pw, kM * tw + n - 4, rowbuf + i * len);
         rows[i] = rowbuf + i * len;
       }
-      input_tiles(rows, work, tw, v + c * tc + (r - r0) * tw, cin * tc);
+      row_tiles(rows, work, tw, v + c * tc + (r - r0) * tw, a.c * tc);
     }
   }
 }
 
+// The transformed values of tile rows r0 .. r1 (tile t = (r - r0) * tw + q): [pos][channel][t]
+// (plain) or [pos][t][channel] (blocked), `tc` tiles apart per position. rowbuf: the chunk's
+// row scratch (plain only).
+void WinogradConv::input_rows(const float* x, int64_t r0, int64_t r1, int64_t tc, float* v,
+                              float* rowbuf) const {
+  const Problem& p = p_;
+  transform_rows<6>(p.in, x, p.blocked, p.th, p.tw, p.ph, p.pw, r0, r1, tc, v, rowbuf, input_tile16,
+                    input_tiles);
+}
+
 // input_rows' layouts, for the gradient's tiles (dy, p.out).
-void WinogradConv::gradient_rows(const Problem& p, const float* dy, int64_t r0, int64_t r1,
-                                 int64_t tc, float* d, float* rowbuf) const {
-  const int64_t k = p.k, tw = p.tw, len = kM * tw + 4;
-  if (p.blocked) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const int64_t n = r / p.th, h0 = kM * (r % p.th);
-      for (int64_t q = 0; q < tw; ++q)
-        for (int64_t kb = 0; kb < k; kb += kLanes)
-          gradient_tile16(dy + p.out.plane(n, kb), p.out.h, p.out.w, h0, kM * q,
-                          d + ((r - r0) * tw + q) * k + kb, tc * k);
-    }
-    return;
-  }
-  float* work = rowbuf + round16(6 * len);
-  for (int64_t kk = 0; kk < k; ++kk) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const int64_t n = r / p.th, h = kM * (r % p.th);
-      const float* plane = dy + p.out.plane(n, kk);
-      const float* rows[4];
-      for (int b = 0; b < 4; ++b) {
-        load_row(plane, h + b, p.out.h, p.out.w, p.out.ws(), 0, kM * tw, rowbuf + b * len);
-        rows[b] = rowbuf + b * len;
-      }
-      gradient_tiles(rows, work, tw, d + kk * tc + (r - r0) * tw, k * tc);
-    }
-  }
+void WinogradConv::gradient_rows(const float* dy, int64_t r0, int64_t r1, int64_t tc, float* d,
+                                 float* rowbuf) const {
+  const Problem& p = p_;
+  transform_rows<4>(p.out, dy, p.blocked, p.th, p.tw, 0, 0, r0, r1, tc, d, rowbuf, gradient_tile16,
+                    gradient_tiles);
 }
 
 // The outputs of tile rows r0 .. r1 from their products, laid out as input_rows' values
 // ([pos][k][t] plain, [pos][t][k] blocked).
-void WinogradConv::output_rows(const Problem& p, const float* m, int64_t r0, int64_t r1, int64_t tc,
-                               float* y, float* rowbuf) const {
+void WinogradConv::output_rows(const float* m, int64_t r0, int64_t r1, int64_t tc, float* y,
+                               float* rowbuf) const {
+  const Problem& p = p_;
   const int64_t k = p.k, tw = p.tw, len = kM * tw + 4;
   if (p.blocked) {
     for (int64_t r = r0; r < r1; ++r) {
@@ -508,8 +506,9 @@ void WinogradConv::output_rows(const Problem& p, const float* m, int64_t r0, int
 
 // The products of one position: tiles x k from tiles x cin values (blocked) or k x tiles from
 // cin x tiles (plain), `tc` the values' and products' tile stride.
-void WinogradConv::products(const Problem& p, const float* v, const float* u, int64_t tiles,
-                            int64_t tc, float* m) const {
+void WinogradConv::products(const float* v, const float* u, int64_t tiles, int64_t tc,
+                            float* m) const {
+  const Problem& p = p_;
   const auto cin = static_cast<blasint>(p.in.c), k = static_cast<blasint>(p.k);
   const auto t = static_cast<blasint>(tiles), ld = static_cast<blasint>(tc);
   if (p.blocked)
@@ -522,8 +521,9 @@ void WinogradConv::products(const Problem& p, const float* v, const float* u, in
 
 // One position's weight-gradient sums: acc ([c][k] blocked, [k][c] plain) += the gradient's
 // transformed tiles times the input's.
-void WinogradConv::gradient_sums(const Problem& p, const float* v, const float* d, int64_t tiles,
-                                 int64_t tc, float beta, float* acc) const {
+void WinogradConv::gradient_sums(const float* v, const float* d, int64_t tiles, int64_t tc,
+                                 float beta, float* acc) const {
+  const Problem& p = p_;
   const auto cin = static_cast<blasint>(p.in.c), k = static_cast<blasint>(p.k);
   const auto t = static_cast<blasint>(tiles), ld = static_cast<blasint>(tc);
   if (p.blocked)
@@ -565,11 +565,11 @@ void WinogradConv::forward(const float* x, const float* u, float* y, float* scra
 #pragma omp for schedule(static)
     for (int64_t ch = 0; ch < chunks; ++ch) {
       const int64_t r0 = ch * p.rows, r1 = std::min(total_rows, r0 + p.rows);
-      input_rows(p, x, r0, r1, tc, v, rowbuf);
+      input_rows(x, r0, r1, tc, v, rowbuf);
       for (int64_t pos = 0; pos < kPos; ++pos)
-        products(p, v + pos * tc * p.in.c, u + pos * p.in.c * p.k, (r1 - r0) * p.tw, tc,
+        products(v + pos * tc * p.in.c, u + pos * p.in.c * p.k, (r1 - r0) * p.tw, tc,
                  m + pos * tc * p.k);
-      output_rows(p, m, r0, r1, tc, y, rowbuf);
+      output_rows(m, r0, r1, tc, y, rowbuf);
     }
   }
 }
@@ -596,10 +596,10 @@ void WinogradConv::weights(const float* x, const float* dy, float* dw, float* sc
 #pragma omp for schedule(static)
     for (int64_t ch = 0; ch < chunks; ++ch) {
       const int64_t r0 = ch * p.rows, r1 = std::min(total_rows, r0 + p.rows);
-      input_rows(p, x, r0, r1, tc, v, rowbuf);
-      gradient_rows(p, dy, r0, r1, tc, d, rowbuf);
+      input_rows(x, r0, r1, tc, v, rowbuf);
+      gradient_rows(dy, r0, r1, tc, d, rowbuf);
       for (int64_t pos = 0; pos < kPos; ++pos)
-        gradient_sums(p, v + pos * tc * p.in.c, d + pos * tc * p.k, (r1 - r0) * p.tw, tc, 1.0f,
+        gradient_sums(v + pos * tc * p.in.c, d + pos * tc * p.k, (r1 - r0) * p.tw, tc, 1.0f,
                       acc + pos * p.in.c * p.k);
     }
   }
@@ -619,21 +619,19 @@ void WinogradConv::whole(const float* x, const float* u, const float* dy, float*
   {
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
-      input_rows(p, x, r, r + 1, all, v + r * p.tw * cin, nullptr);
-      if (weights) gradient_rows(p, dy, r, r + 1, all, m + r * p.tw * k, nullptr);
+      input_rows(x, r, r + 1, all, v + r * p.tw * cin, nullptr);
+      if (weights) gradient_rows(dy, r, r + 1, all, m + r * p.tw * k, nullptr);
     }
 #pragma omp for schedule(static)
     for (int64_t pos = 0; pos < kPos; ++pos) {
       if (weights)
-        gradient_sums(p, v + pos * all * cin, m + pos * all * k, all, all, 0.0f,
-                      acc + pos * cin * k);
+        gradient_sums(v + pos * all * cin, m + pos * all * k, all, all, 0.0f, acc + pos * cin * k);
       else
-        products(p, v + pos * all * cin, u + pos * cin * k, all, all, m + pos * all * k);
+        products(v + pos * all * cin, u + pos * cin * k, all, all, m + pos * all * k);
     }
     if (!weights) {
 #pragma omp for schedule(static)
-      for (int64_t r = 0; r < rows; ++r)
-        output_rows(p, m + r * p.tw * k, r, r + 1, all, out, nullptr);
+      for (int64_t r = 0; r < rows; ++r) output_rows(m + r * p.tw * k, r, r + 1, all, out, nullptr);
     }
   }
   if (weights) kernel_gradients(acc, 1, 0, out);

@@ -1,16 +1,17 @@
-// lockstep's own Winograd convolution, F(2x2, 3x3) (Lavin and Gray, "Fast Algorithms for
+// lockstep's own Winograd convolution, F(4x4, 3x3) (Lavin and Gray, "Fast Algorithms for
 // Convolutional Neural Networks", 2015), for f32 3x3 stride-1 convolutions on CPUs where oneDNN
 // has none (its Winograd needs AVX-512: on an AVX2 machine every such convolution ran direct).
-// All three directions are 16 matrix products in the transformed domain, computed on OpenBLAS
-// (one product per transformed position and chunk of tiles, each thread its own chunks, so the
-// transformed chunk stays in the thread's cache):
-//   forward          y  = A^T [ (G g G^T) . (B^T d B) ] A          per 2x2 output tile
+// All three directions are 36 matrix products in the transformed domain (one per position of a
+// 6x6 transformed tile), computed on OpenBLAS: per chunk of tiles, each thread its own chunks so
+// the transformed chunk stays in its cache, or, for few tiles over many channels, all tiles at
+// once with the threads splitting the products:
+//   forward          y  = A^T [ (G g G^T) . (B^T d B) ] A          per 4x4 output tile
 //   backward data    the forward of dy with the kernel flipped and its channels swapped
 //                    (padding 2 - p)
 //   backward weights dw = G^T [ sum over tiles (A dy A^T) . (B^T d B) ] G
-// Against direct it multiplies 2.25x less and rounds differently (the transforms add and
-// subtract up to 4x4 inputs before the product): tests/unit/winograd_test.cpp bounds the
-// difference against the ref backend.
+// Against direct it multiplies 4x less and rounds differently (the transforms add and subtract
+// up to 6x6 inputs, with weights up to 8, before the product): tests/unit/winograd_test.cpp
+// bounds the difference against a direct sum in double precision.
 #pragma once
 
 #include <cstdint>
@@ -45,6 +46,7 @@ class WinogradConv {
   void run(const float* in0, const float* in1, float* out, float* scratch) const;
   size_t scratch_floats() const;
 
+ private:
   // An activation's layout: element (n, c, h, w) of [N, C, H, W] at
   // (n * C + c) * H * W + h * W + w (plain) or in blocks of 16 channels (nChw16c).
   struct Act {
@@ -55,8 +57,6 @@ class WinogradConv {
     }
     int64_t ws() const { return blocked ? 16 : 1; }  // between (h, w) and (h, w + 1)
   };
-
- private:
   // One forward problem: in [N, C, H, W] (3x3 kernel, padding ph, pw) -> out [N, K, Ho, Wo].
   struct Problem {
     Act in, out;
@@ -82,16 +82,15 @@ class WinogradConv {
   void weights(const float* x, const float* dy, float* dw, float* scratch) const;
   void whole(const float* x, const float* u, const float* dy, float* out, float* scratch) const;
   // Their steps (winograd.cpp says each one's layouts).
-  void input_rows(const Problem& p, const float* x, int64_t r0, int64_t r1, int64_t tc, float* v,
+  void input_rows(const float* x, int64_t r0, int64_t r1, int64_t tc, float* v,
                   float* rowbuf) const;
-  void gradient_rows(const Problem& p, const float* dy, int64_t r0, int64_t r1, int64_t tc,
-                     float* d, float* rowbuf) const;
-  void output_rows(const Problem& p, const float* m, int64_t r0, int64_t r1, int64_t tc, float* y,
+  void gradient_rows(const float* dy, int64_t r0, int64_t r1, int64_t tc, float* d,
+                     float* rowbuf) const;
+  void output_rows(const float* m, int64_t r0, int64_t r1, int64_t tc, float* y,
                    float* rowbuf) const;
-  void products(const Problem& p, const float* v, const float* u, int64_t tiles, int64_t tc,
-                float* m) const;
-  void gradient_sums(const Problem& p, const float* v, const float* d, int64_t tiles, int64_t tc,
-                     float beta, float* acc) const;
+  void products(const float* v, const float* u, int64_t tiles, int64_t tc, float* m) const;
+  void gradient_sums(const float* v, const float* d, int64_t tiles, int64_t tc, float beta,
+                     float* acc) const;
   void kernel_gradients(const float* sums, int copies, size_t copy, float* dw) const;
   int64_t tiles() const { return p_.out.n * p_.th * p_.tw; }
   size_t chunk_floats() const;  // per thread
