@@ -40,6 +40,12 @@ TEST_F(Bf16, Elementwise) {
     const ls::Tensor xf = ls::cast(x[0], ls::f32);
     return Tensors{ls::cast((xf - x[1]) * x[1] + 1.0, bf) + x[2], x[0] * x[2]};
   });
+  // Row values over short rows (a softmax's backward under autocast): read run by run.
+  check("bf16 row values", {{{64, 4, 32, 32}, bf}, {{64, 4, 32, 1}}, {{64, 4, 32, 1}, bf}},
+        [](const Tensors& x) {
+          const ls::Tensor xf = ls::cast(x[0], ls::f32);
+          return Tensors{ls::cast(ls::exp(xf - x[1]), bf) * x[2], x[0] - x[2]};
+        });
 }
 
 LS_COVERS(Bf16, Sums, Op::Sum, Op::Cast);

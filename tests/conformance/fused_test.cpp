@@ -81,6 +81,17 @@ TEST_F(Fused, BroadcastLeaves) {
                            ls::sum(t, {0, 2, 3}), ls::max(t + v[2], {1})};
           });
   }
+  // Row values over short rows (a softmax's max and sum over [B, H, T, T]'s rows): one period
+  // would be the whole tree, so they are read run by run (runs under 16 values inline), in
+  // trees and in the sums that read them.
+  for (const auto& [x, row] : {std::pair{ls::Shape{64, 4, 32, 32}, ls::Shape{64, 4, 32, 1}},
+                               std::pair{ls::Shape{700, 3}, ls::Shape{700, 1}},
+                               std::pair{ls::Shape{9, 130, 40}, ls::Shape{9, 130, 1}}})
+    check("row values over " + str(x), {{x}, {row}, {row, ls::f32, Fill::Positive}},
+          [](const Tensors& v) {
+            const ls::Tensor p = ls::exp(v[0] - v[1]) / v[2];
+            return Tensors{p, ls::sum(p * v[0], {-1}), ls::max(v[0] * v[2], {-1})};
+          });
   // Broadcast of a computed (non-leaf) value, and of a bool comparison result.
   check("broadcast computed values", {{{6, 1, 9}}, {{6, 7, 9}}}, [](const Tensors& v) {
     const ls::Tensor m = ls::exp(v[0]) > 1.0f;

@@ -322,7 +322,9 @@ int FusedTree::add_leaf(const ir::Graph& g, int32_t node, const Shape& out_shape
       leaf.mod.clear();
       leaf.stride.clear();
     } else if (leaf.div.size() == 1 && leaf.div[0] > 1 && leaf.div[0] <= kShortRun &&
-               leaf.div[0] * leaf.mod[0] <= kMaxPeriod) {
+               leaf.div[0] * leaf.mod[0] <= kMaxPeriod && leaf.div[0] * leaf.mod[0] < numel_) {
+      // (A period as long as the tree would be the whole broadcast written out by one thread
+      // before the pass: read run by run instead.)
       leaf.period = leaf.div[0] * leaf.mod[0];
     } else if (blocked_order_ && leaf.div.size() == 2 && leaf.div[0] == 1 &&
                leaf.mod[0] == kBlock && leaf.stride[0] == 1 && leaf.div[1] % kBlock == 0) {
@@ -348,27 +350,27 @@ int FusedTree::add_leaf(const ir::Graph& g, int32_t node, const Shape& out_shape
 }
 
 std::vector<const void*> FusedTree::bind(const std::vector<void*>& ptr,
-                                         std::vector<std::vector<float>>& expanded) const {
+                                         RunBuffers& expanded) const {
   std::vector<const void*> out;
   out.reserve(leaves_.size());
   for (size_t k = 0; k < leaves_.size(); ++k) {
     const Leaf& leaf = leaves_[k];
     const void* p = ptr[leaf_nodes_[k]];
     if (leaf.period > 0) {
-      std::vector<float>& e = expanded.emplace_back(leaf.period);
-      load_source(leaf, p, 0, leaf.period, e.data());
-      p = e.data();
+      float* e = expanded.take(leaf.period);
+      load_source(leaf, p, 0, leaf.period, e);
+      p = e;
     } else if (leaf.per_block) {
       // Block b's 16 channels, kTile / 16 times over, at b * kTile.
       const int64_t blocks = leaf.mod[1], st = leaf.stride[1];
-      std::vector<float>& e = expanded.emplace_back(blocks * kTile);
+      float* e = expanded.take(blocks * kTile);
       for (int64_t b = 0; b < blocks; ++b) {
-        float* row = e.data() + b * kTile;
+        float* row = e + b * kTile;
         for (int64_t q = 0; q < kBlock; ++q) row[q] = read_value(leaf.dtype, p, b * st + q);
         for (int64_t r = kBlock; r < kTile; r += kBlock)
           std::memcpy(row + r, row, kBlock * sizeof(float));
       }
-      p = e.data();
+      p = e;
     }
     out.push_back(p);
   }
@@ -438,7 +440,11 @@ void FusedTree::load_source(const Leaf& leaf, const void* src, int64_t i0, int64
     int64_t c = i0 / repeat % mod, left = repeat - i0 % repeat;
     for (int64_t i = 0; i < len;) {
       const int64_t n = std::min(len - i, left);
-      fill_run(dst + i, n, read_value(dt, src, c * st));
+      const float v = read_value(dt, src, c * st);
+      if (n < 16)  // short runs inline, not a call each
+        for (int64_t q = 0; q < n; ++q) dst[i + q] = v;
+      else
+        fill_run(dst + i, n, v);
       i += n;
       left = repeat;
       if (++c == mod) c = 0;

@@ -39,9 +39,9 @@ class FusedTree {
   // The leaf pointers eval() and run_group() take, from each node's memory (`ptr`, by node).
   // A leaf broadcast per channel over short runs (a small feature map) is read from one period
   // of its values written out in full, and a per-channel leaf in blocked order from a tile's
-  // worth of each block's channels; both into `expanded`, which must outlive the pointers.
-  std::vector<const void*> bind(const std::vector<void*>& ptr,
-                                std::vector<std::vector<float>>& expanded) const;
+  // worth of each block's channels; both into buffers taken from `expanded`, which must outlive
+  // the pointers.
+  std::vector<const void*> bind(const std::vector<void*>& ptr, RunBuffers& expanded) const;
   // Trees of the same numel (one or more), tile by tile: for each tile, each tree in order (a
   // tree may read an earlier one's output, element for element); outs[k] may be one of tree k's
   // leaves (an update in place).
@@ -71,7 +71,7 @@ class FusedTree {
   std::string describe() const;
 
   // Broadcast runs this short or shorter are read from an expanded period (see bind()), of at most
-  // kMaxPeriod floats.
+  // kMaxPeriod floats and repeated at least twice over the tree.
   static constexpr int64_t kShortRun = 64;
   static constexpr int64_t kMaxPeriod = 262144;
 

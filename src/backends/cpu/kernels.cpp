@@ -33,6 +33,35 @@ LOCKSTEP_TARGET_CLONES void f32_to_bf16(const float* src, int64_t n, uint16_t* d
   for (int64_t i = 0; i < n; ++i) dst[i] = bfloat16(src[i]).bits;
 }
 
+namespace {
+// A thread's buffers for RunBuffers: the first `used` are taken.
+struct RunPool {
+  std::vector<std::unique_ptr<float[]>> buffers;
+  std::vector<int64_t> sizes;
+  size_t used = 0;
+};
+RunPool& run_pool() {
+  thread_local RunPool pool;
+  return pool;
+}
+}  // namespace
+
+RunBuffers::RunBuffers() : base_(run_pool().used) {}
+RunBuffers::~RunBuffers() { run_pool().used = base_; }
+float* RunBuffers::take(int64_t n) {
+  RunPool& pool = run_pool();
+  const size_t i = pool.used++;
+  if (i == pool.buffers.size()) {
+    pool.buffers.emplace_back();
+    pool.sizes.push_back(0);
+  }
+  if (pool.sizes[i] < n) {
+    pool.buffers[i] = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(n));
+    pool.sizes[i] = n;
+  }
+  return pool.buffers[i].get();
+}
+
 ReduceLayout reduce_layout(const Shape& in, const std::vector<int64_t>& attrs) {
   const size_t r = in.size();
   std::vector<bool> reduced(r, false);

@@ -227,7 +227,7 @@ std::function<void(Ctx&)> run_fused(std::shared_ptr<const FusedMembers> members)
   return [members](Ctx& c) {
     std::vector<const FusedTree*> trees;
     std::vector<std::vector<const void*>> leaves;
-    std::vector<std::vector<float>> expanded;
+    RunBuffers expanded;
     std::vector<void*> outs;
     for (const auto& [node, tree] : *members) {
       trees.push_back(tree.get());
@@ -251,7 +251,7 @@ std::function<void(Ctx&)> run_sums(SumParts parts) {
   }
   return [parts = std::move(parts), layout, map, tmp_floats](Ctx& c) {
     std::vector<std::vector<const void*>> leaves(parts.size());
-    std::vector<std::vector<float>> expanded;
+    RunBuffers expanded;
     std::vector<float*> outs;
     // bf16 sums are computed in f32 here, then rounded into their outputs.
     std::vector<std::vector<float>> staged(parts.size());
@@ -487,7 +487,7 @@ void lower_tree_reduction(Lowering& l) {
     const ReduceLayout layout = reduce_layout(p.graph.nodes[n.operands[0]].shape, n.attrs);
     const Op op = n.op;
     cs.run = [tree, layout, op, id](Ctx& c) {
-      std::vector<std::vector<float>> expanded;
+      RunBuffers expanded;
       const std::vector<const void*> leaves = tree->bind(c.ptr, expanded);
       reduce_f32(
           op, layout,
