@@ -72,6 +72,27 @@ void add_scratchpad(std::unordered_map<int, memory>* args, const memory::desc& m
   if (md.get_size() > 0) args->insert({DNNL_ARG_SCRATCHPAD, memory(md, engine(), at)});
 }
 
+// A primitive's arguments, made once and pointed at each run's memory: making a dnnl::memory and
+// the map that holds it allocates, and a small product spent about as long on that as on its
+// arithmetic. Primitives run one at a time on the runtime thread (as scratch() assumes).
+class BoundArgs {
+ public:
+  // An argument of layout `md` (none for an empty scratchpad).
+  void add(int arg, const memory::desc& md) {
+    if (arg == DNNL_ARG_SCRATCHPAD && md.get_size() == 0) return;
+    map_.emplace(arg, memory(md, engine(), nullptr));
+  }
+  // The run's memory for `arg`, if it has one.
+  void bind(int arg, const void* at) {
+    const auto it = map_.find(arg);
+    if (it != map_.end()) it->second.set_data_handle(const_cast<void*>(at));
+  }
+  const std::unordered_map<int, memory>& map() const { return map_; }
+
+ private:
+  std::unordered_map<int, memory> map_;
+};
+
 [[noreturn]] void rethrow(const dnnl::error& e, const char* what) {
   throw BackendError(util::cat("oneDNN ", what, ": ", e.what(), " (status ", e.status, ")"));
 }
@@ -256,6 +277,7 @@ struct DnnlMatMul::Impl {
   memory::desc a_md, b_md, c_md, pad_md;
   std::string implementation;
   std::unique_ptr<dnnl::matmul> prim;
+  BoundArgs args;
   Bf16Emulation emulation;
 };
 
@@ -279,6 +301,11 @@ DnnlMatMul::DnnlMatMul(const Shape& a, const std::vector<int64_t>& as, const Sha
     impl_->pad_md = pd.scratchpad_desc();
     impl_->implementation = pd.impl_info_str();
     impl_->prim = std::make_unique<dnnl::matmul>(pd);
+    impl_->args = BoundArgs();
+    impl_->args.add(DNNL_ARG_SRC, impl_->a_md);
+    impl_->args.add(DNNL_ARG_WEIGHTS, impl_->b_md);
+    impl_->args.add(DNNL_ARG_DST, impl_->c_md);
+    impl_->args.add(DNNL_ARG_SCRATCHPAD, impl_->pad_md);
   };
   try {
     try {
@@ -311,13 +338,12 @@ void DnnlMatMul::run(const void* a, const void* b, void* out) {
     b = e.widen(1, b);
   }
   try {
-    memory am(impl_->a_md, engine(), const_cast<void*>(a));
-    memory bm(impl_->b_md, engine(), const_cast<void*>(b));
-    memory cm(impl_->c_md, engine(), e.on ? e.result() : out);
-    std::unordered_map<int, memory> args{
-        {DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
-    add_scratchpad(&args, impl_->pad_md, scratch(floats_for(impl_->pad_md)));
-    impl_->prim->execute(stream(), args);
+    BoundArgs& args = impl_->args;
+    args.bind(DNNL_ARG_SRC, a);
+    args.bind(DNNL_ARG_WEIGHTS, b);
+    args.bind(DNNL_ARG_DST, e.on ? e.result() : out);
+    args.bind(DNNL_ARG_SCRATCHPAD, scratch(floats_for(impl_->pad_md)));
+    impl_->prim->execute(stream(), args.map());
     stream().wait();
     if (e.on) e.round(out);
   } catch (const dnnl::error& e) {
@@ -527,6 +553,8 @@ struct DnnlAvgPool::Impl {
   memory::desc in_md, out_md, pad_md;
   std::unique_ptr<dnnl::primitive> prim;
   bool backward = false;
+  BoundArgs args;
+  int in_arg = 0, out_arg = 0;
   Bf16Emulation emulation;
 };
 
@@ -576,6 +604,12 @@ DnnlAvgPool::DnnlAvgPool(bool backward, const Shape& x, const Shape& y,
       impl_->pad_md = bpd.scratchpad_desc();
       impl_->prim = std::make_unique<dnnl::pooling_backward>(bpd);
     }
+    impl_->in_arg = backward ? DNNL_ARG_DIFF_DST : DNNL_ARG_SRC;
+    impl_->out_arg = backward ? DNNL_ARG_DIFF_SRC : DNNL_ARG_DST;
+    impl_->args = BoundArgs();
+    impl_->args.add(impl_->in_arg, impl_->in_md);
+    impl_->args.add(impl_->out_arg, impl_->out_md);
+    impl_->args.add(DNNL_ARG_SCRATCHPAD, impl_->pad_md);
   };
   try {
     try {
@@ -602,15 +636,11 @@ void DnnlAvgPool::run(const void* in, void* out) {
     out = e.result();
   }
   try {
-    memory im(impl_->in_md, engine(), const_cast<void*>(in));
-    memory om(impl_->out_md, engine(), out);
-    std::unordered_map<int, memory> args;
-    if (impl_->backward)
-      args = {{DNNL_ARG_DIFF_DST, im}, {DNNL_ARG_DIFF_SRC, om}};
-    else
-      args = {{DNNL_ARG_SRC, im}, {DNNL_ARG_DST, om}};
-    add_scratchpad(&args, impl_->pad_md, scratch(floats_for(impl_->pad_md)));
-    impl_->prim->execute(stream(), args);
+    BoundArgs& args = impl_->args;
+    args.bind(impl_->in_arg, in);
+    args.bind(impl_->out_arg, out);
+    args.bind(DNNL_ARG_SCRATCHPAD, scratch(floats_for(impl_->pad_md)));
+    impl_->prim->execute(stream(), args.map());
     stream().wait();
     if (e.on) e.round(dst);
   } catch (const dnnl::error& e) {
