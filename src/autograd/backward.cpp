@@ -36,14 +36,13 @@ const std::vector<ir::NodePtr>& inputs_of(const ir::Node& n, std::vector<ir::Nod
 }
 
 // A gradient that is a value padded with zeros along one axis (a slice's, a split's or a
-// chunk's gradient): the value, the axis and where it lies along it.
+// chunk's gradient): the value, the axis and where it lies along it; `padded` is the padded node.
 struct ZeroPadded {
-  ir::NodePtr value;
+  ir::NodePtr value, padded;
   int64_t axis = -1, begin = 0, end = 0;
 };
 
-std::optional<ZeroPadded> zero_padded(const Tensor& t, const Loc& loc) {
-  const ir::NodePtr& n = runtime::node_of(t, "backward", loc);
+std::optional<ZeroPadded> zero_padded(const ir::NodePtr& n) {
   if (n->op != ir::Op::Pad || n->operands[1]->op != ir::Op::Scalar) return std::nullopt;
   const ir::ScalarValue zero = n->operands[1]->binding.scalar;
   if (zero.f != 0 || zero.i != 0 || std::signbit(zero.f)) return std::nullopt;
@@ -55,9 +54,38 @@ std::optional<ZeroPadded> zero_padded(const Tensor& t, const Loc& loc) {
   }
   if (z.axis < 0) return std::nullopt;
   z.value = n->operands[0];
+  z.padded = n;
   z.begin = n->attrs[2 * z.axis];
   z.end = z.begin + z.value->shape[z.axis];
   return z;
+}
+
+// Pieces summed before they could be joined (an LSTM's gate gradients arrive o, f, i, g: the
+// first two are not neighbours) are looked through, up to this many.
+constexpr size_t kMaxPaddedPieces = 64;
+
+// A gradient that is one zero-padded piece, or a sum of such pieces (sums of sums included) along
+// one axis: the pieces, in the order found. Empty when it is neither.
+std::vector<ZeroPadded> padded_pieces(const Tensor& t, const Loc& loc) {
+  std::vector<ZeroPadded> pieces;
+  std::vector<ir::NodePtr> todo{runtime::node_of(t, "backward", loc)};
+  const Shape shape = todo.back()->shape;
+  while (!todo.empty()) {
+    const ir::NodePtr n = std::move(todo.back());
+    todo.pop_back();
+    if (pieces.size() + todo.size() >= kMaxPaddedPieces) return {};
+    if (n->op == ir::Op::Add && n->operands.size() == 2 && n->operands[0]->shape == shape &&
+        n->operands[1]->shape == shape && n->operands[0]->dtype == n->dtype &&
+        n->operands[1]->dtype == n->dtype) {
+      todo.push_back(n->operands[1]);
+      todo.push_back(n->operands[0]);
+      continue;
+    }
+    std::optional<ZeroPadded> z = zero_padded(n);
+    if (!z || (!pieces.empty() && z->axis != pieces[0].axis)) return {};
+    pieces.push_back(std::move(*z));
+  }
+  return pieces;
 }
 
 // A gradient that is a product over rows, x^T y with x [m, k] and y [m, n] (recorded as
@@ -117,9 +145,11 @@ Tensor rows_of(const ir::NodePtr& a, const ir::NodePtr& b, const Loc& loc) {
 constexpr int64_t kMaxGatheredBytes = int64_t{1} << 28;
 
 // The sum of two gradients, by rules that give the same sum with fewer and larger kernels:
-// - Two pieces of the same value side by side (the gradients of two slices or split pieces of
-//   it) become one piece, their concatenation: a split into k pieces gets a gradient of one copy
-//   instead of k padded copies and k - 1 sums (an LSTM's gates, an attention's q, k, v).
+// - Pieces of the same value side by side (the gradients of slices or split pieces of it)
+//   become one piece, their concatenation: a split into k pieces gets a gradient of one copy
+//   instead of k padded copies and k - 1 sums (an LSTM's gates, an attention's q, k, v), in
+//   whatever order the pieces arrive (pieces not yet side by side are summed, and the sum is
+//   looked through when the piece between them arrives).
 // - Two products over rows, x1^T y1 + x2^T y2, become one, [x1; x2]^T [y1; y2]: a weight used
 //   at every time step (an RNN's) gets its gradient from one product over all of them instead
 //   of one small product per step and their sums. Under bf16 autocast, widened bf16 products
@@ -136,26 +166,47 @@ Tensor sum_of(const Tensor& a, const Tensor& b, const Loc& loc) {
     const Tensor product = matmul(transpose(x, 0, 1, loc), y, loc);
     return ra->widened ? cast(product, DType::F32, loc) : product;
   }
-  const std::optional<ZeroPadded> pa = zero_padded(a, loc), pb = zero_padded(b, loc);
-  if (!pa || !pb || pa->axis != pb->axis || pa->value->dtype != pb->value->dtype ||
-      (pa->end != pb->begin && pb->end != pa->begin))
-    return add(a, b, loc);
-  const ZeroPadded& first = pa->end == pb->begin ? *pa : *pb;
-  const ZeroPadded& second = pa->end == pb->begin ? *pb : *pa;
-  // A piece that is itself a concatenation along the axis contributes its parts.
-  std::vector<Tensor> parts;
-  for (const ZeroPadded* p : {&first, &second}) {
-    if (p->value->op == ir::Op::Concat && p->value->attrs[0] == p->axis)
-      for (const ir::NodePtr& part : p->value->operands) parts.push_back(runtime::new_tensor(part));
-    else
-      parts.push_back(runtime::new_tensor(p->value));
+  std::vector<ZeroPadded> pieces = padded_pieces(a, loc);
+  const std::vector<ZeroPadded> more = padded_pieces(b, loc);
+  if (pieces.empty() || more.empty() || pieces[0].axis != more[0].axis) return add(a, b, loc);
+  pieces.insert(pieces.end(), more.begin(), more.end());
+  const int64_t axis = pieces[0].axis;
+  std::sort(pieces.begin(), pieces.end(),
+            [](const ZeroPadded& x, const ZeroPadded& y) { return x.begin < y.begin; });
+  for (size_t k = 0; k < pieces.size(); ++k)
+    if (pieces[k].value->dtype != pieces[0].value->dtype ||
+        (k > 0 && pieces[k].begin < pieces[k - 1].end))
+      return add(a, b, loc);  // overlapping pieces: a plain sum
+  // Neighbouring pieces joined into one concatenation (a piece that is itself a concatenation
+  // along the axis contributing its parts), each run padded to the whole, the runs summed.
+  const int64_t size = runtime::node_of(a, "backward", loc)->shape[axis];
+  Tensor sum;
+  for (size_t k = 0; k < pieces.size();) {
+    size_t e = k + 1;
+    while (e < pieces.size() && pieces[e].begin == pieces[e - 1].end) ++e;
+    Tensor run;
+    if (e == k + 1) {
+      run = runtime::new_tensor(pieces[k].padded);  // alone: as it was
+    } else {
+      std::vector<Tensor> parts;
+      for (size_t j = k; j < e; ++j) {
+        const ir::NodePtr& v = pieces[j].value;
+        if (v->op == ir::Op::Concat && v->attrs[0] == axis)
+          for (const ir::NodePtr& part : v->operands) parts.push_back(runtime::new_tensor(part));
+        else
+          parts.push_back(runtime::new_tensor(v));
+      }
+      run = concat(parts, axis, loc);
+      if (pieces[k].begin != 0 || pieces[e - 1].end != size) {
+        std::vector<std::pair<int64_t, int64_t>> pads(run.dim(), {0, 0});
+        pads[axis] = {pieces[k].begin, size - pieces[e - 1].end};
+        run = pad(run, pads, 0, loc);
+      }
+    }
+    sum = sum.defined() ? add(sum, run, loc) : run;
+    k = e;
   }
-  const Tensor joined = concat(parts, first.axis, loc);
-  const int64_t size = runtime::node_of(a, "backward", loc)->shape[first.axis];
-  if (first.begin == 0 && second.end == size) return joined;
-  std::vector<std::pair<int64_t, int64_t>> pads(joined.dim(), {0, 0});
-  pads[first.axis] = {first.begin, size - second.end};
-  return pad(joined, pads, 0, loc);
+  return sum;
 }
 
 void accumulate(std::unordered_map<const ir::Node*, Tensor>& grads, const ir::Node* n,
