@@ -31,17 +31,27 @@ ir::Graph commute_casts(const ir::Graph& g) {
     if (live[i])
       for (int32_t o : g.nodes[i].operands) live[o] = true;
   std::vector<int> readers(n, 0);
-  std::vector<bool> products_read(n, true);  // every reader a matmul
+  std::vector<bool> matmuls_read(n, true);  // every reader a matmul
   for (size_t i = 0; i < n; ++i)
     if (live[i])
       for (int32_t o : g.nodes[i].operands) {
         ++readers[o];
-        products_read[o] = products_read[o] && g.nodes[i].op == Op::MatMul;
+        matmuls_read[o] = matmuls_read[o] && g.nodes[i].op == Op::MatMul;
       }
   for (int32_t o : g.outputs) {
     ++readers[o];
-    products_read[o] = false;
+    matmuls_read[o] = false;
   }
+  // Every reader a matmul or a permute that only matmuls read: autocast's weight cast is read by
+  // the forward product and, transposed, by the input gradient's.
+  std::vector<bool> products_read(n, true);
+  for (int32_t o : g.outputs) products_read[o] = false;
+  for (size_t i = 0; i < n; ++i)
+    if (live[i])
+      for (int32_t o : g.nodes[i].operands)
+        products_read[o] = products_read[o] &&
+                           (g.nodes[i].op == Op::MatMul ||
+                            (g.nodes[i].op == Op::Permute && matmuls_read[i] && readers[i] > 0));
   auto only_reader = [&](int32_t k, Op op) { return g.nodes[k].op == op && readers[k] == 1; };
   ir::Graph out;
   out.device = g.device;
@@ -80,9 +90,9 @@ ir::Graph commute_casts(const ir::Graph& g) {
   return out;
 }
 
-}  // namespace
-
-ir::Graph simplify(const ir::Graph& g) {
+// Permutes of permutes composed, reshapes of reshapes joined, ops that return their operand
+// unchanged dropped.
+ir::Graph fold_movements(const ir::Graph& g) {
   std::vector<bool> is_output(g.nodes.size(), false);
   for (int32_t o : g.outputs) is_output[o] = true;
   ir::Graph out;
@@ -117,7 +127,13 @@ ir::Graph simplify(const ir::Graph& g) {
     out.nodes.push_back(std::move(n));
   }
   for (int32_t o : g.outputs) out.outputs.push_back(remap[o]);
-  return commute_casts(out);
+  return out;
 }
+
+}  // namespace
+
+// Once more after the casts moved: the transpose of a weight's cast that the input gradient's
+// product reads is then a transpose of a transpose, nothing.
+ir::Graph simplify(const ir::Graph& g) { return fold_movements(commute_casts(fold_movements(g))); }
 
 }  // namespace lockstep::passes

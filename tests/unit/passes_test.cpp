@@ -90,8 +90,10 @@ TEST(Passes, SimplifyDropsIdentitiesButKeepsOutputs) {
 
 // Under autocast a linear layer reads cast(transpose(w)) and its weight's gradient is
 // transpose(cast(x^T g)): the casts move to the permutes' other side, so each permute meets its
-// product (read through strides, or computed as B^T A^T). Not where the inner value has another
-// reader, nor for a cast that something other than a product reads (it fuses with that).
+// product (read through strides, or computed as B^T A^T), also where the input gradient's
+// product reads the cast transposed back. Not where the inner value has another reader, nor for
+// a cast that something other than a product (or a transpose only products read) reads (it
+// fuses with that).
 TEST(Passes, SimplifyMovesCastsSoPermutesMeetTheirProducts) {
   Builder b;
   const int32_t x = b.data({4, 3}), w = b.data({5, 3});
@@ -116,6 +118,26 @@ TEST(Passes, SimplifyMovesCastsSoPermutesMeetTheirProducts) {
             "%8 = permute(%7) {1, 0} bf16[5, 3]\n"
             "%9 = cast(%8) f32[5, 3]\n"
             "return %5, %9\n");
+  // The input gradient's product reads the cast weight transposed back: the cast still moves,
+  // and that product reads the cast weight itself (a transpose of a transpose is nothing).
+  Builder d;
+  const int32_t x2 = d.add(Op::Cast, {d.data({4, 3})}, {}, {4, 3}, DType::BF16);
+  const int32_t w2 = d.data({5, 3});
+  const int32_t w2tb =
+      d.add(Op::Cast, {d.add(Op::Permute, {w2}, {1, 0}, {3, 5})}, {}, {3, 5}, DType::BF16);
+  const int32_t y2 = d.add(Op::MatMul, {x2, w2tb}, {}, {4, 5}, DType::BF16);
+  const int32_t back = d.add(Op::Permute, {w2tb}, {1, 0}, {5, 3}, DType::BF16);
+  const int32_t dx = d.add(Op::MatMul, {y2, back}, {}, {4, 3}, DType::BF16);
+  d.g.outputs = {y2, dx};
+  EXPECT_EQ(text(passes::cse(passes::simplify(d.g))),
+            "%0 = data(#0) f32[4, 3]\n"
+            "%1 = cast(%0) bf16[4, 3]\n"
+            "%2 = data(#1) f32[5, 3]\n"
+            "%3 = cast(%2) bf16[5, 3]\n"
+            "%4 = permute(%3) {1, 0} bf16[3, 5]\n"
+            "%5 = mat_mul(%1, %4) bf16[4, 5]\n"
+            "%6 = mat_mul(%5, %3) bf16[4, 3]\n"
+            "return %5, %6\n");
   // The transposed weight read by an elementwise op too, the cast also by a negation, the
   // widened product also returned: each stays where it was.
   Builder c;
