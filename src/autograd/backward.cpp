@@ -128,15 +128,18 @@ std::optional<RowProduct> row_product(const Tensor& t, const Loc& loc) {
   return p;
 }
 
+// `v` as parts of a concatenation along `axis`: its own parts if it is one along that axis.
+void append_parts(const ir::NodePtr& v, int64_t axis, std::vector<Tensor>& parts) {
+  if (v->op == ir::Op::Concat && v->attrs[0] == axis)
+    for (const ir::NodePtr& part : v->operands) parts.push_back(runtime::new_tensor(part));
+  else
+    parts.push_back(runtime::new_tensor(v));
+}
+
 // `a` and `b` concatenated along axis 0, a concatenation along it contributing its parts.
 Tensor rows_of(const ir::NodePtr& a, const ir::NodePtr& b, const Loc& loc) {
   std::vector<Tensor> parts;
-  for (const ir::NodePtr& v : {a, b}) {
-    if (v->op == ir::Op::Concat && v->attrs[0] == 0)
-      for (const ir::NodePtr& part : v->operands) parts.push_back(runtime::new_tensor(part));
-    else
-      parts.push_back(runtime::new_tensor(v));
-  }
+  for (const ir::NodePtr& v : {a, b}) append_parts(v, 0, parts);
   return concat(parts, 0, loc);
 }
 
@@ -179,7 +182,7 @@ Tensor sum_of(const Tensor& a, const Tensor& b, const Loc& loc) {
       return add(a, b, loc);  // overlapping pieces: a plain sum
   // Neighbouring pieces joined into one concatenation (a piece that is itself a concatenation
   // along the axis contributing its parts), each run padded to the whole, the runs summed.
-  const int64_t size = runtime::node_of(a, "backward", loc)->shape[axis];
+  const int64_t size = pieces[0].padded->shape[axis];
   Tensor sum;
   for (size_t k = 0; k < pieces.size();) {
     size_t e = k + 1;
@@ -189,13 +192,7 @@ Tensor sum_of(const Tensor& a, const Tensor& b, const Loc& loc) {
       run = runtime::new_tensor(pieces[k].padded);  // alone: as it was
     } else {
       std::vector<Tensor> parts;
-      for (size_t j = k; j < e; ++j) {
-        const ir::NodePtr& v = pieces[j].value;
-        if (v->op == ir::Op::Concat && v->attrs[0] == axis)
-          for (const ir::NodePtr& part : v->operands) parts.push_back(runtime::new_tensor(part));
-        else
-          parts.push_back(runtime::new_tensor(v));
-      }
+      for (size_t j = k; j < e; ++j) append_parts(pieces[j].value, axis, parts);
       run = concat(parts, axis, loc);
       if (pieces[k].begin != 0 || pieces[e - 1].end != size) {
         std::vector<std::pair<int64_t, int64_t>> pads(run.dim(), {0, 0});

@@ -22,7 +22,8 @@ bool is_identity(const std::vector<int64_t>& perm) {
 // permute (the gradient of such a weight, widened to f32). A cast commutes with any permute;
 // each rewrite only where the inner value has no other reader, so nothing is computed twice,
 // and a cast only where products alone read it (elsewhere it fuses with its reader).
-ir::Graph commute_casts(const ir::Graph& g) {
+// `moved`: whether any cast moved.
+ir::Graph commute_casts(const ir::Graph& g, bool* moved) {
   const size_t n = g.nodes.size();
   // Readers per node, among the nodes an output needs (the graph may hold dead ones).
   std::vector<bool> live(n, false);
@@ -49,9 +50,8 @@ ir::Graph commute_casts(const ir::Graph& g) {
   for (size_t i = 0; i < n; ++i)
     if (live[i])
       for (int32_t o : g.nodes[i].operands)
-        products_read[o] = products_read[o] &&
-                           (g.nodes[i].op == Op::MatMul ||
-                            (g.nodes[i].op == Op::Permute && matmuls_read[i] && readers[i] > 0));
+        products_read[o] = products_read[o] && (g.nodes[i].op == Op::MatMul ||
+                                                (g.nodes[i].op == Op::Permute && matmuls_read[i]));
   auto only_reader = [&](int32_t k, Op op) { return g.nodes[k].op == op && readers[k] == 1; };
   ir::Graph out;
   out.device = g.device;
@@ -68,6 +68,7 @@ ir::Graph commute_casts(const ir::Graph& g) {
                        (node.op == Op::Cast && products_read[i] && only_reader(a, Op::Permute) &&
                         g.nodes[g.nodes[a].operands[0]].op != Op::MatMul));
     if (swap) {
+      *moved = true;
       // node(a(x)) as a(node(x)): the inner op is this node's on x, the outer one a's.
       const ir::GraphNode& mid = g.nodes[a];
       const int32_t x = mid.operands[0];
@@ -132,8 +133,12 @@ ir::Graph fold_movements(const ir::Graph& g) {
 
 }  // namespace
 
-// Once more after the casts moved: the transpose of a weight's cast that the input gradient's
-// product reads is then a transpose of a transpose, nothing.
-ir::Graph simplify(const ir::Graph& g) { return fold_movements(commute_casts(fold_movements(g))); }
+ir::Graph simplify(const ir::Graph& g) {
+  bool moved = false;
+  ir::Graph out = commute_casts(fold_movements(g), &moved);
+  // Once more where casts moved: the transpose of a weight's cast that the input gradient's
+  // product reads is then a transpose of a transpose, nothing.
+  return moved ? fold_movements(out) : out;
+}
 
 }  // namespace lockstep::passes

@@ -36,8 +36,11 @@ LOCKSTEP_TARGET_CLONES void f32_to_bf16(const float* src, int64_t n, uint16_t* d
 namespace {
 // A thread's buffers for RunBuffers: the first `used` are taken.
 struct RunPool {
-  std::vector<std::unique_ptr<float[]>> buffers;
-  std::vector<int64_t> sizes;
+  struct Buffer {
+    std::unique_ptr<float[]> floats;
+    int64_t size = 0;
+  };
+  std::vector<Buffer> buffers;
   size_t used = 0;
 };
 RunPool& run_pool() {
@@ -51,15 +54,13 @@ RunBuffers::~RunBuffers() { run_pool().used = base_; }
 float* RunBuffers::take(int64_t n) {
   RunPool& pool = run_pool();
   const size_t i = pool.used++;
-  if (i == pool.buffers.size()) {
-    pool.buffers.emplace_back();
-    pool.sizes.push_back(0);
+  if (i == pool.buffers.size()) pool.buffers.emplace_back();
+  RunPool::Buffer& b = pool.buffers[i];
+  if (b.size < n) {
+    b.floats = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(n));
+    b.size = n;
   }
-  if (pool.sizes[i] < n) {
-    pool.buffers[i] = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(n));
-    pool.sizes[i] = n;
-  }
-  return pool.buffers[i].get();
+  return b.floats.get();
 }
 
 ReduceLayout reduce_layout(const Shape& in, const std::vector<int64_t>& attrs) {
