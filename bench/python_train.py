@@ -6,7 +6,8 @@ Prints "result <workload> <framework> ms_per_step <x> first_step_ms <y> loss <z>
 scripts/bench-python runs it against the C++ loops.
 """
 import sys
-import time
+
+from step_timing import time_steps
 
 WORKLOADS = {  # batch, channels, side, stem
     "resnet18": (64, 3, 32, "small"),
@@ -128,20 +129,9 @@ def main():
         sys.exit(__doc__)
     step, wait, read = (lockstep_loop if framework == "lockstep" else pytorch_loop)(workload,
                                                                                   threads)
-    t0 = time.perf_counter()
-    step()
-    wait()
-    first = time.perf_counter() - t0
-    for _ in range(3):
-        step()
-    wait()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        loss = step()
-    wait()
-    s = time.perf_counter() - t0
+    first, ms, loss = time_steps(step, wait, steps)
     name = "lockstep-python" if framework == "lockstep" else "pytorch"
-    print(f"result {workload} {name} ms_per_step {1e3 * s / steps:.2f} first_step_ms "
+    print(f"result {workload} {name} ms_per_step {ms:.2f} first_step_ms "
           f"{1e3 * first:.1f} loss {read(loss):.4f}", flush=True)
 
 

@@ -14,7 +14,8 @@ import contextlib
 import math
 import os
 import sys
-import time
+
+from step_timing import time_steps
 
 PROGRAMS = ["mlp_tiny", "mlp_mnist", "mlp_wide", "lenet", "lenet_b8", "strided", "mobilenet",
             "mixcnn", "nanogpt_tiny", "nanogpt", "gpt_long", "gpt_wide", "encoder_drop", "gru",
@@ -283,21 +284,8 @@ def main():
     else:
         step, wait = body, (lambda: None)
 
-    t0 = time.perf_counter()
-    step()
-    wait()
-    first = time.perf_counter() - t0
-    for _ in range(3):
-        step()
-    wait()
     # Rounds of STEPS steps until half a second has passed (a tiny program's step takes 0.2 ms).
-    t0, n = time.perf_counter(), 0
-    while n == 0 or time.perf_counter() - t0 < 0.5:
-        for _ in range(STEPS):
-            loss = step()
-        wait()
-        n += STEPS
-    ms = (time.perf_counter() - t0) * 1000 / n
+    first, ms, loss = time_steps(step, wait, STEPS, min_seconds=0.5)
     print(f"result {W} {FW} ms {ms:.3f} first {first * 1000:.0f} loss {loss.item():.4f}")
     if FW == "lockstep" and os.environ.get("LOCKSTEP_PROFILE"):
         print(L.metrics.report())
