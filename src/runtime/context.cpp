@@ -5,6 +5,7 @@
 #include <memory>
 #include <vector>
 
+#include "runtime/executor.h"
 #include "util/check.h"
 
 namespace lockstep::runtime {
@@ -55,6 +56,7 @@ struct ContextHandle {
   Context* ctx = nullptr;
   ~ContextHandle() {
     if (!ctx) return;
+    release_spent(*ctx);
     bool empty;
     {
       std::lock_guard<std::recursive_mutex> cl(ctx->mu);

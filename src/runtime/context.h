@@ -53,6 +53,9 @@ struct Context {
     std::exception_ptr error;
   };
   std::vector<FailedStep> failed;
+  // Whether a thread owns this context and frees its steps' spent rollback records (executor.h):
+  // set as it queues a program, cleared when the thread ends.
+  bool keeps_spent = false;
 
   explicit Context(int n) : ordinal(n) {}
   std::string name() const;

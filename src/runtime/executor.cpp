@@ -7,6 +7,7 @@
 #include <deque>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 #include <unordered_set>
 #include <utility>
 
@@ -37,6 +38,11 @@ struct Executor {
   // first run may create static state in the libraries it calls (oneDNN's kernels, its CPU
   // dispatch), to be destroyed at exit before a drain registered earlier would run it.
   std::unordered_set<const backends::Executable*> queued, ran;
+  // Rollback records their programs no longer need, kept for their step's thread to free
+  // (take_spent_locked): their nodes and tensors were allocated there, and freeing them on the
+  // runtime thread would make the two threads contend for the allocator's lock on every step.
+  // Only for contexts whose thread lives (Context::keeps_spent).
+  std::unordered_map<const Context*, std::vector<std::shared_ptr<StepRollback>>> spent;
 
   void start_worker() {
     // Registered before the first program runs, again as each program is first queued (after
@@ -63,21 +69,30 @@ struct Executor {
       }
       space_cv.notify_all();
       Context* ctx = job.ctx;
-      run_job(job);
+      std::shared_ptr<StepRollback> record = run_job(job);
       bool register_drain = false;
       {
         std::lock_guard<std::mutex> lock(mu);
         --ctx->outstanding;
         --in_flight;
         register_drain = job.exe && ran.insert(job.exe.get()).second;
+        if (record && ctx->keeps_spent) spent[ctx].push_back(std::move(record));
       }
       if (register_drain) std::atexit(drain_at_exit);
       done_cv.notify_all();
     }
   }
 
-  void run_job(Job& job);
+  std::shared_ptr<StepRollback> run_job(Job& job);
 };
+
+// Swaps out `ctx`'s spent records (caller holds the queue lock), for the caller to free once it
+// has dropped the lock (a record's tensors take other locks as they die).
+std::vector<std::shared_ptr<StepRollback>> take_spent_locked(Executor& e, Context& ctx) {
+  std::vector<std::shared_ptr<StepRollback>> out;
+  if (auto it = e.spent.find(&ctx); it != e.spent.end()) out.swap(it->second);
+  return out;
+}
 
 Executor& ex() {
   static Executor* e = new Executor;  // never destroyed: the runtime thread may outlive main()
@@ -139,7 +154,9 @@ std::exception_ptr wrap_error(const std::string& origin, std::exception_ptr e, b
   }
 }
 
-void Executor::run_job(Job& job) {
+// Runs the job; returns its step's rollback record if the program no longer needs it and nothing
+// else holds it, for the step's thread to free.
+std::shared_ptr<StepRollback> Executor::run_job(Job& job) {
   std::exception_ptr err;
   std::vector<const Buffer*> lost;  // inputs a failed program overwrote
   for (const auto& in : job.inputs)
@@ -148,16 +165,19 @@ void Executor::run_job(Job& job) {
       break;
     }
   std::vector<std::shared_ptr<backends::Storage>> results;
+  std::shared_ptr<StepRollback> dropped;  // the record, once the program is past its data checks
+  std::vector<bool> donatable;
   if (!err && job.exe) {
     std::vector<std::shared_ptr<backends::Storage>> storages;
     storages.reserve(job.inputs.size());
-    const std::vector<bool> donatable = donatable_inputs(job.inputs, job.rollback.get());
+    donatable = donatable_inputs(job.inputs, job.rollback.get());
     for (const auto& in : job.inputs) storages.push_back(in->storage);
     const int64_t t0 = now_ns();
     try {
       // Once the program is past its data checks, the step's record of values to restore goes:
       // a later failure (a fault, not the data) poisons what the step changed instead.
-      results = job.exe->run(storages, job.scalars, donatable, [&job] { job.rollback.reset(); });
+      results = job.exe->run(storages, job.scalars, donatable,
+                             [&] { dropped = std::move(job.rollback); });
       if (results.size() != job.outputs.size())
         util::internal_fail(__FILE__, __LINE__, "executable returned the wrong number of outputs");
     } catch (const backends::RunError& e) {
@@ -183,6 +203,12 @@ void Executor::run_job(Job& job) {
         job.outputs[i]->storage = std::move(results[i]);
       job.outputs[i]->done.store(true);
     }
+    // A donated input's value is gone (overwritten, or freed here): nothing reads it again, and
+    // its storage, which the program's output may now hold, must not look shared to a later
+    // program's donation check while the record still holds the input.
+    if (!err)
+      for (size_t k = 0; k < donatable.size(); ++k)
+        if (donatable[k]) job.inputs[k]->storage.reset();
     if (err && !job.ctx->unreported) job.ctx->unreported = err;
     if (err && job.rollback) {  // undone on the step's thread (settle_failures)
       auto& failed = job.ctx->failed;
@@ -192,7 +218,15 @@ void Executor::run_job(Job& job) {
     }
   }
   done_cv.notify_all();
-  if (err) return;  // the step's values are not there: its closures do not run
+  // The spent record goes to the step's thread without the step's values (`after`): the tensors
+  // hold them, and a later program that reads one may update it in place only if nothing else
+  // does (donatable_inputs).
+  std::shared_ptr<StepRollback> spent_record;
+  if (dropped && dropped.use_count() == 1) {
+    for (StepRollback::Entry& e : dropped->entries) e.after.reset();
+    spent_record = std::move(dropped);
+  }
+  if (err) return spent_record;  // the step's values are not there: its closures do not run
   ActingFor acting(job.ctx);
   for (auto& fn : job.closures) {
     try {
@@ -202,6 +236,7 @@ void Executor::run_job(Job& job) {
       if (!job.ctx->unreported) job.ctx->unreported = std::current_exception();
     }
   }
+  return spent_record;
 }
 
 }  // namespace
@@ -219,9 +254,15 @@ void enqueue(std::vector<Job>& jobs) {
   if (jobs.empty()) return;
   Executor& e = ex();
   bool register_drain = false;
+  std::vector<std::shared_ptr<StepRollback>> spent;  // freed after the lock
   {
     std::lock_guard<std::mutex> lock(e.mu);
     if (!e.worker.joinable() && e.worker_id == std::thread::id()) e.start_worker();
+    if (std::this_thread::get_id() != e.worker_id) {
+      Context& ctx = *jobs.front().ctx;
+      spent = take_spent_locked(e, ctx);
+      ctx.keeps_spent = true;
+    }
     for (Job& job : jobs) {
       ++job.ctx->outstanding;
       ++e.in_flight;
@@ -243,8 +284,18 @@ void wait_buffer(Buffer& b) {
 
 void wait_idle(Context& ctx) {
   Executor& e = ex();
+  std::vector<std::shared_ptr<StepRollback>> spent;  // freed after the lock
   std::unique_lock<std::mutex> lock(e.mu);
   e.done_cv.wait(lock, [&] { return ctx.outstanding == 0; });
+  if (std::this_thread::get_id() != e.worker_id) spent = take_spent_locked(e, ctx);
+}
+
+void release_spent(Context& ctx) {
+  Executor& e = ex();
+  std::vector<std::shared_ptr<StepRollback>> spent;  // freed after the lock
+  std::lock_guard<std::mutex> lock(e.mu);
+  ctx.keeps_spent = false;
+  spent = take_spent_locked(e, ctx);
 }
 
 std::vector<Context::FailedStep> take_failed_steps(Context& ctx) {

@@ -41,6 +41,11 @@ void wait_for_room();
 void wait_buffer(Buffer& b);
 // Waits until every program of `ctx` has run.
 void wait_idle(Context& ctx);
+// The rollback records of `ctx`'s steps whose programs no longer need them are freed by its own
+// thread as it queues programs or waits for them to be idle: their nodes and tensors were
+// allocated there, and the allocator's per-thread caches take them back without a lock shared
+// with the runtime thread. This frees them now and stops keeping them (the thread is ending).
+void release_spent(Context& ctx);
 // Once `ctx` is idle: its steps whose programs failed, oldest first (and forgets them).
 std::vector<Context::FailedStep> take_failed_steps(Context& ctx);
 // The first execution error not yet raised on `ctx`'s thread (and forgets it); null if none.

@@ -186,3 +186,22 @@ TEST(RunTimeRollback, NegativeIndicesAreErrorsAsInPyTorch) {
     EXPECT_THAT(e.what(), HasSubstr("negative indices are errors"));
   }
 }
+
+TEST(RunTimeRollback, StepsQueuedBackToBackStillUpdateInPlace) {
+  // Each step's record goes back to the stepping thread to be freed after its program has run;
+  // what it still holds must not stop the next program, traced and queued meanwhile, from
+  // updating the parameters and momenta in place.
+  Classifier c;
+  c.train_step(kGood);
+  c.train_step(kGood);
+  ls::wait();
+  Delta one("in_place_outputs");
+  c.train_step(kGood);
+  ls::wait();
+  const int64_t per_step = one.get();
+  ASSERT_GT(per_step, 0);
+  Delta many("in_place_outputs");
+  for (int i = 0; i < 20; ++i) c.train_step(kGood);
+  ls::wait();
+  EXPECT_EQ(many.get(), 20 * per_step);
+}
