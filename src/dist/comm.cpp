@@ -47,7 +47,7 @@ std::chrono::milliseconds timeout_from_env() {
   return std::chrono::milliseconds(static_cast<int64_t>(s * 1000 + 0.5));
 }
 
-std::string seconds(std::chrono::milliseconds t) {
+[[maybe_unused]] std::string seconds(std::chrono::milliseconds t) {
   char text[32];
   std::snprintf(text, sizeof text, "%g s", static_cast<double>(t.count()) / 1000);
   return text;
@@ -76,7 +76,7 @@ World& world() {
   return *w;
 }
 
-[[noreturn]] void throw_broken() {
+[[noreturn, maybe_unused]] void throw_broken() {
   World& w = world();
   std::lock_guard<std::mutex> lock(w.mu);
   throw Error(cat("dist: rank ", w.rank, ": the world is broken (", w.broken_why,
@@ -84,13 +84,13 @@ World& world() {
                   "the job from its last checkpoint"));
 }
 
-void break_world(const std::string& why) {
+[[maybe_unused]] void break_world(const std::string& why) {
   World& w = world();
   std::lock_guard<std::mutex> lock(w.mu);
   if (!w.broken.exchange(true)) w.broken_why = why;
 }
 
-void keep_until_exit(std::shared_ptr<void> p) {
+[[maybe_unused]] void keep_until_exit(std::shared_ptr<void> p) {
   World& w = world();
   std::lock_guard<std::mutex> lock(w.abandoned_mu);
   w.abandoned.push_back(std::move(p));
@@ -109,7 +109,7 @@ bool poll_until(F&& done, Clock::time_point deadline) {
 }
 
 // "rank 1", "ranks 1, 3".
-std::string ranks_text(const std::vector<int>& ranks) {
+[[maybe_unused]] std::string ranks_text(const std::vector<int>& ranks) {
   std::string s = ranks.size() > 1 ? "ranks " : "rank ";
   for (size_t k = 0; k < ranks.size(); ++k) s += cat(k ? ", " : "", ranks[k]);
   return s;
@@ -383,8 +383,9 @@ std::mutex g_flight_mu;
 std::condition_variable g_flight_cv;  // a collective started, or the progress thread must stop
 std::vector<std::shared_ptr<InFlight>> g_flight;
 std::atomic<int> g_flight_count{0};
-bool g_progress_stop = false;
-std::thread* g_progress = nullptr;  // started with the first collective; never destroyed
+[[maybe_unused]] bool g_progress_stop = false;
+[[maybe_unused]] std::thread* g_progress =
+    nullptr;  // started with the first collective; never destroyed
 
 #if LOCKSTEP_WITH_MPI
 // Whether `op` is done (or failed: rc). Under g_flight_mu.
@@ -850,6 +851,8 @@ void check_same_on_all_ranks(const std::vector<Tensor>& tensors, const std::stri
                     ranks_text(differ), " hold other values than rank 0 (hashes: ", hashes,
                     "). Load the same checkpoint on every rank, or build the model through "
                     "dist::DataParallel, which takes rank 0's values"));
+#else
+  (void)h, (void)what;  // one rank: nothing to compare with
 #endif
 }
 
