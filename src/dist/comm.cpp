@@ -384,8 +384,8 @@ std::condition_variable g_flight_cv;  // a collective started, or the progress t
 std::vector<std::shared_ptr<InFlight>> g_flight;
 std::atomic<int> g_flight_count{0};
 [[maybe_unused]] bool g_progress_stop = false;
-[[maybe_unused]] std::thread* g_progress =
-    nullptr;  // started with the first collective; never destroyed
+// Started with the first collective; never destroyed.
+[[maybe_unused]] std::thread* g_progress = nullptr;
 
 #if LOCKSTEP_WITH_MPI
 // Whether `op` is done (or failed: rc). Under g_flight_mu.
