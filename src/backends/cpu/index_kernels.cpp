@@ -62,8 +62,7 @@ void gather(size_t elem, const void* x, const Shape& xs, const IndexView& index,
     using E = decltype(tag);
     const E* X = static_cast<const E*>(x);
     E* Y = static_cast<E*>(out);
-#pragma omp parallel for schedule(static) if (n * static_cast <int64_t>(elem) > kParallelBytes)
-    for (int64_t row = 0; row < rows; ++row) {
+    parallel_for(n * static_cast<int64_t>(elem) > kParallelBytes, rows, [&](int64_t row) {
       int64_t xo = 0, io = 0;
       int64_t pos = row;
       for (size_t d = r - 1; d-- > 0;) {
@@ -82,7 +81,7 @@ void gather(size_t elem, const void* x, const Shape& xs, const IndexView& index,
         const int64_t step = xst[axis];
         for (int64_t j = 0; j < last; ++j) y[j] = X[xo + j + index.data[io + j * ilast] * step];
       }
-    }
+    });
   });
 }
 
@@ -236,8 +235,7 @@ void pad(size_t elem, const void* x, const Shape& xs, const std::vector<int64_t>
     const E v = *static_cast<const E*>(value);
     const E* X = static_cast<const E*>(x);
     E* Y = static_cast<E*>(out);
-#pragma omp parallel for schedule(static) if (n * static_cast <int64_t>(elem) > kParallelBytes)
-    for (int64_t row = 0; row < rows; ++row) {
+    parallel_for(n * static_cast<int64_t>(elem) > kParallelBytes, rows, [&](int64_t row) {
       E* y = Y + row * last;
       int64_t xo = 0, pos = row;
       bool inside = true;
@@ -249,12 +247,12 @@ void pad(size_t elem, const void* x, const Shape& xs, const std::vector<int64_t>
       }
       if (!inside || lo == hi) {
         std::fill(y, y + last, v);
-        continue;
+        return;
       }
       std::fill(y, y + lo, v);
       std::memcpy(y + lo, X + xo + (lo - before), static_cast<size_t>(hi - lo) * sizeof(E));
       std::fill(y + hi, y + last, v);
-    }
+    });
   });
 }
 
@@ -273,14 +271,13 @@ void concat(size_t elem, const std::vector<const void*>& xs, const std::vector<S
   }
   const int64_t parts = outer * static_cast<int64_t>(xs.size());
   char* Y = static_cast<char*>(out);
-#pragma omp parallel for schedule(static) if (outer * out_row > kParallelBytes)
-  for (int64_t p = 0; p < parts; ++p) {
+  parallel_for(outer * out_row > kParallelBytes, parts, [&](int64_t p) {
     const int64_t o = p / static_cast<int64_t>(xs.size());
     const size_t k = static_cast<size_t>(p % static_cast<int64_t>(xs.size()));
     if (row[k])
       std::memcpy(Y + o * out_row + at[k], static_cast<const char*>(xs[k]) + o * row[k],
                   static_cast<size_t>(row[k]));
-  }
+  });
 }
 
 void iota(DType dtype, const Shape& shape, int64_t axis, void* out) {
@@ -290,8 +287,7 @@ void iota(DType dtype, const Shape& shape, int64_t axis, void* out) {
   auto fill = [&](auto tag) {
     using T = decltype(tag);
     T* Y = static_cast<T*>(out);
-#pragma omp parallel for schedule(static) if (n > 65536)
-    for (int64_t i = 0; i < n; ++i) Y[i] = static_cast<T>((i / stride) % size);
+    parallel_for(n > 65536, n, [&](int64_t i) { Y[i] = static_cast<T>((i / stride) % size); });
   };
   switch (dtype) {
     case DType::F32:
@@ -306,8 +302,9 @@ void iota(DType dtype, const Shape& shape, int64_t axis, void* out) {
       return fill(bool{});
     case DType::BF16: {
       uint16_t* Y = static_cast<uint16_t*>(out);
-#pragma omp parallel for schedule(static) if (n > 65536)
-      for (int64_t i = 0; i < n; ++i) Y[i] = bfloat16(static_cast<float>((i / stride) % size)).bits;
+      parallel_for(n > 65536, n, [&](int64_t i) {
+        Y[i] = bfloat16(static_cast<float>((i / stride) % size)).bits;
+      });
       return;
     }
   }
@@ -341,8 +338,7 @@ void arg_reduce(bool is_max, DType dtype, const void* x, const Shape& xs,
   by_dtype<uint16_t>(dtype, [&](auto tag) {
     using T = decltype(tag);
     const T* X = static_cast<const T*>(x);
-#pragma omp parallel for schedule(static) if (l.outer * block > 32768)
-    for (int64_t o = 0; o < l.outer; ++o) {
+    parallel_for(l.outer * block > 32768, l.outer, [&](int64_t o) {
       int64_t base = 0, pos = o;
       for (size_t d = l.kdim.size(); d-- > 0;) {
         base += pos % l.kdim[d] * l.kstride[d];
@@ -368,7 +364,7 @@ void arg_reduce(bool is_max, DType dtype, const void* x, const Shape& xs,
         }
       }
       out[o] = at;
-    }
+    });
   });
 }
 
@@ -382,8 +378,7 @@ void argsort(DType dtype, const void* x, const Shape& xs, int64_t axis, bool des
     using T = decltype(tag);
     const T* X = static_cast<const T*>(x);
     const bool down = descending;  // (clang's OpenMP: the sort's lambda captures this lambda's)
-#pragma omp parallel if (total > 16384)
-    {
+    parallel_region(total > 16384, [&] {
       std::vector<int64_t> order(static_cast<size_t>(len));
 #pragma omp for schedule(static)
       for (int64_t row = 0; row < outer * inner; ++row) {
@@ -400,15 +395,14 @@ void argsort(DType dtype, const void* x, const Shape& xs, int64_t axis, bool des
                          [&](int64_t a, int64_t b) { return down ? above(a, b) : above(b, a); });
         for (int64_t k = 0; k < len; ++k) out[base + k * inner] = order[static_cast<size_t>(k)];
       }
-    }
+    });
   });
 }
 
 void random_uniform(DType dtype, const int64_t* state, int64_t count, void* out) {
   const uint64_t seed = static_cast<uint64_t>(state[0]);
   const uint64_t counter = static_cast<uint64_t>(state[1]);
-#pragma omp parallel for schedule(static) if (count > 16384)
-  for (int64_t i = 0; i < count; ++i) {
+  parallel_for(count > 16384, count, [&](int64_t i) {
     const uint64_t c = counter + static_cast<uint64_t>(i);
     if (dtype == DType::F32)
       static_cast<float*>(out)[i] = ir::random_uniform_f32(seed, c);
@@ -416,7 +410,7 @@ void random_uniform(DType dtype, const int64_t* state, int64_t count, void* out)
       static_cast<uint16_t*>(out)[i] = bfloat16(ir::random_uniform_bf16(seed, c)).bits;
     else
       static_cast<double*>(out)[i] = ir::random_uniform_f64(seed, c);
-  }
+  });
 }
 
 }  // namespace lockstep::backends::cpu

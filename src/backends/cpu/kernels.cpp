@@ -141,8 +141,7 @@ bool reduce_columns(ir::Op op, const float* x, const Shape& in, const std::vecto
   // Per band and column: the partial sum, or the extreme and whether a NaN was seen.
   std::vector<double> part(bands == 1 ? 0 : static_cast<size_t>(a * bands * k));
   std::vector<char> part_bad(bands == 1 || is_sum ? 0 : static_cast<size_t>(a * bands * k));
-#pragma omp parallel for schedule(static) if (a * r * k > 32768)
-  for (int64_t job = 0; job < a * chunks * bands; ++job) {
+  parallel_for(a * r * k > 32768, a * chunks * bands, [&](int64_t job) {
     const int64_t bi = job % bands, ci = job / bands % chunks, ai = job / bands / chunks;
     const int64_t k0 = ci * kChunk, len = std::min(kChunk, k - k0);
     const int64_t r0 = bi * rows, r1 = std::min(r, r0 + rows);
@@ -178,7 +177,7 @@ bool reduce_columns(ir::Op op, const float* x, const Shape& in, const std::vecto
         }
       }
     }
-  }
+  });
   if (bands == 1) return true;
   if (is_sum) {  // band by band, each column's bands in order (rows of `part` read whole)
     std::vector<double> acc(static_cast<size_t>(k));
@@ -381,8 +380,7 @@ bool transpose_copy(const E* s, const Shape& out_shape, const std::vector<int64_
   static const bool avx2 = __builtin_cpu_supports("avx2");
 #endif
   const int64_t outer = shape_numel(out_shape) / (rows * cols);
-#pragma omp parallel for schedule(static) if (outer * rows * cols > 65536)
-  for (int64_t job = 0; job < outer * row_tiles; ++job) {
+  parallel_for(outer * rows * cols > 65536, outer * row_tiles, [&](int64_t job) {
     int64_t rest = job / row_tiles, so = src_offset, oo = 0;
     for (size_t k = dims.size(); k-- > 0;) {
       so += rest % dims[k] * sst[k];
@@ -407,7 +405,7 @@ bool transpose_copy(const E* s, const Shape& out_shape, const std::vector<int64_
         for (int64_t j = j0; j < j1; ++j) to[j] = from[j * cstride];
       }
     }
-  }
+  });
   return true;
 }
 
@@ -425,8 +423,7 @@ void strided_copy(const void* src, const Shape& out_shape, const std::vector<int
   const int64_t rows = n / last;
   const E* s = static_cast<const E*>(src);
   E* o = static_cast<E*>(out);
-#pragma omp parallel for schedule(static) if (n > 65536)
-  for (int64_t row = 0; row < rows; ++row) {
+  parallel_for(n > 65536, rows, [&](int64_t row) {
     int64_t off = src_offset, rest = row;
     for (size_t d = r ? r - 1 : 0; d-- > 0;) {
       off += rest % out_shape[d] * strides[d];
@@ -437,7 +434,7 @@ void strided_copy(const void* src, const Shape& out_shape, const std::vector<int
       std::memcpy(dst, s + off, last * sizeof(E));
     else
       for (int64_t i = 0; i < last; ++i) dst[i] = s[off + i * last_stride];
-  }
+  });
 }
 }  // namespace
 

@@ -20,6 +20,7 @@
 #include <memory>
 #include <vector>
 
+#include "backends/cpu/parallel.h"
 #include "ir/ir.h"
 
 namespace lockstep::backends::cpu {
@@ -186,8 +187,7 @@ void reduce_f32(ir::Op op, const ReduceLayout& l, Read&& read, float* out, size_
     return;
   }
   const bool is_max = op == ir::Op::Max;
-#pragma omp parallel if (l.outer > 1 && l.outer * l.groups * l.inner > 32768)
-  {
+  parallel_region(l.outer > 1 && l.outer * l.groups * l.inner > 32768, [&] {
     std::vector<float> tmp(tmp_floats);
     std::vector<int64_t> idx(l.rdim.size());
 #pragma omp for schedule(static)
@@ -207,7 +207,7 @@ void reduce_f32(ir::Op op, const ReduceLayout& l, Read&& read, float* out, size_
       }
       out[o] = nan ? __builtin_nanf("") : best;
     }
-  }
+  });
 }
 
 template <typename Read>
@@ -217,8 +217,7 @@ void sum_tiles_f32(const ReduceMap& m, size_t sources, Read&& read, const std::v
   const int threads = m.numel >= kParallelMin ? omp_get_max_threads() : 1;
   const size_t per_thread = sources * static_cast<size_t>(m.out_size);
   std::vector<double> acc(static_cast<size_t>(threads) * per_thread, 0.0);
-#pragma omp parallel num_threads(threads)
-  {
+  parallel_region(threads > 1, [&] {
     std::vector<float> tmp(std::max<size_t>(tmp_floats, kTile));
     double* a = acc.data() + static_cast<size_t>(omp_get_thread_num()) * per_thread;
 #pragma omp for schedule(static)
@@ -296,7 +295,7 @@ void sum_tiles_f32(const ReduceMap& m, size_t sources, Read&& read, const std::v
         }
       }
     }
-  }
+  });
   for (size_t k = 0; k < sources; ++k)
     for (int64_t o = 0; o < m.out_size; ++o) {
       double s = 0;
@@ -309,8 +308,7 @@ void sum_tiles_f32(const ReduceMap& m, size_t sources, Read&& read, const std::v
 template <typename Read>
 void sum_multi_f32(const ReduceLayout& l, size_t sources, Read&& read,
                    const std::vector<float*>& out, size_t tmp_floats) {
-#pragma omp parallel if (l.outer > 1 && l.outer * l.groups * l.inner > 32768)
-  {
+  parallel_region(l.outer > 1 && l.outer * l.groups * l.inner > 32768, [&] {
     std::vector<float> tmp(tmp_floats);
     std::vector<int64_t> idx(l.rdim.size());
     std::vector<double> sum(sources);
@@ -329,7 +327,7 @@ void sum_multi_f32(const ReduceLayout& l, size_t sources, Read&& read,
       }
       for (size_t k = 0; k < sources; ++k) out[k][o] = static_cast<float>(sum[k]);
     }
-  }
+  });
 }
 
 }  // namespace lockstep::backends::cpu

@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "backends/by_dtype.h"
+#include "backends/cpu/parallel.h"
 #include "ir/attrs.h"
 #include "lockstep/dtype.h"
 #include "lockstep/error.h"
@@ -86,8 +87,7 @@ To convert(From v) {
 // y[i] = f(x[i]...) over n elements, threaded when large. f takes and returns computed values.
 template <typename Y, typename F, typename... X>
 void map(int64_t n, Y* y, F f, const X*... x) {
-#pragma omp parallel for schedule(static) if (n > kParallelElems)
-  for (int64_t i = 0; i < n; ++i) y[i] = store<Y>(f(load(x[i])...));
+  parallel_for(n > kParallelElems, n, [&](int64_t i) { y[i] = store<Y>(f(load(x[i])...)); });
 }
 
 template <typename S>
@@ -300,8 +300,7 @@ void typed_elementwise(Op op, DType out_dtype, const std::vector<TypedArg>& args
         using To = decltype(to);
         const From* x = static_cast<const From*>(args[0].data);
         To* y = static_cast<To*>(out);
-#pragma omp parallel for schedule(static) if (n > kParallelElems)
-        for (int64_t i = 0; i < n; ++i) y[i] = convert<To>(x[i]);
+        parallel_for(n > kParallelElems, n, [&](int64_t i) { y[i] = convert<To>(x[i]); });
       });
     });
   }
@@ -335,8 +334,7 @@ void typed_elementwise(Op op, DType out_dtype, const std::vector<TypedArg>& args
       const bool* c = static_cast<const bool*>(args[0].data);
       const S* a = static_cast<const S*>(args[1].data);
       const S* b = static_cast<const S*>(args[2].data);
-#pragma omp parallel for schedule(static) if (n > kParallelElems)
-      for (int64_t i = 0; i < n; ++i) y[i] = c[i] ? a[i] : b[i];
+      parallel_for(n > kParallelElems, n, [&](int64_t i) { y[i] = c[i] ? a[i] : b[i]; });
     } else if (family == ir::OpFamily::Unary) {
       unary<S>(op, n, static_cast<const S*>(args[0].data), y);
     } else if (family == ir::OpFamily::Binary) {
@@ -420,8 +418,7 @@ namespace {
 template <typename S, typename O>
 void sum_over(const ReduceWalk& w, const S* X, O* Y, bool threaded) {
   using C = Calc<S>;
-#pragma omp parallel for schedule(static) if (threaded)
-  for (int64_t o = 0; o < w.out_n; ++o) {
+  parallel_for(threaded, w.out_n, [&](int64_t o) {
     Acc<C> acc = 0;
     w.visit(o, [&acc, X](int64_t off, int64_t) {
       if constexpr (kFloat<C>)
@@ -435,7 +432,7 @@ void sum_over(const ReduceWalk& w, const S* X, O* Y, bool threaded) {
       Y[o] = acc != 0;
     else
       Y[o] = static_cast<O>(acc);
-  }
+  });
 }
 
 // The first largest (is_max) or smallest value of each block and its position; NaN wins and
@@ -444,8 +441,7 @@ template <typename S>
 void extreme_over(const ReduceWalk& w, const S* X, bool is_max, bool want_index, void* out,
                   bool threaded) {
   using C = Calc<S>;
-#pragma omp parallel for schedule(static) if (threaded)
-  for (int64_t o = 0; o < w.out_n; ++o) {
+  parallel_for(threaded, w.out_n, [&](int64_t o) {
     C best{};
     int64_t at = -1;
     w.visit(o, [&best, &at, X, is_max](int64_t off, int64_t pos) {
@@ -466,7 +462,7 @@ void extreme_over(const ReduceWalk& w, const S* X, bool is_max, bool want_index,
       static_cast<int64_t*>(out)[o] = at;
     else
       static_cast<S*>(out)[o] = store<S>(best);
-  }
+  });
 }
 
 }  // namespace
@@ -516,8 +512,7 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t
   } else {
     using U = std::make_unsigned_t<T>;
     const bool threaded = !omp_in_parallel() && M > 1 && M * N * K > kParallelElems;
-#pragma omp parallel if (threaded)
-    {
+    parallel_region(threaded, [&] {
       std::vector<U> row(static_cast<size_t>(N));
 #pragma omp for schedule(static)
       for (int64_t i = 0; i < M; ++i) {
@@ -529,7 +524,7 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t
         }
         for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = static_cast<T>(row[j]);
       }
-    }
+    });
   }
 }
 
@@ -567,8 +562,7 @@ void matmul_as(const T* A, const Shape& as, const T* B, const Shape& bs, const S
   const int64_t nb = shape_numel(batch);
   // Many small products: one per thread (BLAS runs single-threaded inside a parallel region).
   const bool threaded = nb > 1 && M * N * K < (1 << 20) && nb * M * N * K > kParallelElems;
-#pragma omp parallel for schedule(static) if (threaded)
-  for (int64_t bi = 0; bi < nb; ++bi) {
+  parallel_for(threaded, nb, [&](int64_t bi) {
     int64_t a_off = 0, b_off = 0, rest = bi;
     for (size_t d = batch.size(); d-- > 0;) {
       const int64_t i = rest % batch[d];
@@ -577,7 +571,7 @@ void matmul_as(const T* A, const Shape& as, const T* B, const Shape& bs, const S
       b_off += i * b_stride[d];
     }
     gemm<T>(false, false, M, N, K, A + a_off, K, B + b_off, N, Y + bi * M * N, N, false);
-  }
+  });
 }
 
 struct ConvGeometry {
@@ -647,8 +641,7 @@ void conv_as(Op op, const ConvGeometry& g, const T* a, const T* b, T* y) {
   }
   if (op == Op::Conv2dBackwardInput) std::fill(y, y + g.N * image, T(0));
   const bool threaded = g.N > 1 && g.N * g.O * R * P > kParallelElems;
-#pragma omp parallel if (threaded)
-  {
+  parallel_region(threaded, [&] {
     std::vector<T> cols(static_cast<size_t>(R * P));
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < g.N; ++n)
@@ -663,7 +656,7 @@ void conv_as(Op op, const ConvGeometry& g, const T* a, const T* b, T* y) {
           col2im(g, cols.data(), grp, y + n * image);
         }
       }
-  }
+  });
 }
 
 }  // namespace
@@ -731,8 +724,7 @@ void typed_pool(Op op, TypedArg x, const Shape& xs, const int64_t* indices, cons
     using C = Calc<S>;
     const S* X = static_cast<const S*>(x.data);
     if (op == Op::MaxPool2d || op == Op::MaxPool2dIndices) {
-#pragma omp parallel for schedule(static) if (threaded)
-      for (int64_t plane = 0; plane < planes; ++plane)
+      parallel_for(threaded, planes, [&](int64_t plane) {
         for (int64_t ho = 0; ho < HO; ++ho)
           for (int64_t wo = 0; wo < WO; ++wo) {
             C best{};
@@ -761,6 +753,7 @@ void typed_pool(Op op, TypedArg x, const Shape& xs, const int64_t* indices, cons
             else
               static_cast<S*>(out)[o] = store<S>(best);
           }
+      });
       return;
     }
     S* Y = static_cast<S*>(out);
@@ -779,8 +772,7 @@ void typed_pool(Op op, TypedArg x, const Shape& xs, const int64_t* indices, cons
       return p.count_include_pad ? pool_size : (h1 - h0) * (w1 - w0);
     };
     if (op == Op::AvgPool2d) {
-#pragma omp parallel for schedule(static) if (threaded)
-      for (int64_t plane = 0; plane < planes; ++plane)
+      parallel_for(threaded, planes, [&](int64_t plane) {
         for (int64_t ho = 0; ho < HO; ++ho)
           for (int64_t wo = 0; wo < WO; ++wo) {
             int64_t h0, h1, w0, w1;
@@ -791,11 +783,11 @@ void typed_pool(Op op, TypedArg x, const Shape& xs, const int64_t* indices, cons
             Y[(plane * HO + ho) * WO + wo] =
                 divisor > 0 ? store<S>(static_cast<C>(s / static_cast<Acc<C>>(divisor))) : S(0);
           }
+      });
       return;
     }
     // The gradients: each plane summed in its own accumulator, then stored.
-#pragma omp parallel if (threaded)
-    {
+    parallel_region(threaded, [&] {
       std::vector<Acc<C>> acc(static_cast<size_t>(H * W));
 #pragma omp for schedule(static)
       for (int64_t plane = 0; plane < planes; ++plane) {
@@ -818,7 +810,7 @@ void typed_pool(Op op, TypedArg x, const Shape& xs, const int64_t* indices, cons
         }
         for (int64_t i = 0; i < H * W; ++i) Y[plane * H * W + i] = store<S>(static_cast<C>(acc[i]));
       }
-    }
+    });
   });
 }
 
