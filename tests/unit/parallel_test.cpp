@@ -1,0 +1,69 @@
+// parallel_for and parallel_region (src/backends/cpu/parallel.h): below the size threshold the
+// body runs on the calling thread without OpenMP, and a body called by a thread of another team
+// still does all of its own work (its `omp for` does not share out the enclosing team's).
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "backends/cpu/parallel.h"
+
+namespace cpu = lockstep::backends::cpu;
+
+namespace {
+
+// Two OpenMP threads while alive, whatever the machine; then the count as it was.
+struct TwoThreads {
+  int before = omp_get_max_threads();
+  TwoThreads() { omp_set_num_threads(2); }
+  ~TwoThreads() { omp_set_num_threads(before); }
+};
+
+TEST(Parallel, SmallWorkRunsInOrderOnTheCallingThread) {
+  std::vector<int64_t> order;
+  cpu::parallel_for(false, 100, [&](int64_t i) {
+    EXPECT_EQ(omp_get_level(), 0);
+    order.push_back(i);
+  });
+  ASSERT_EQ(order.size(), 100u);
+  for (int64_t i = 0; i < 100; ++i) EXPECT_EQ(order[static_cast<size_t>(i)], i);
+  int calls = 0;
+  cpu::parallel_region(false, [&] {
+    EXPECT_EQ(omp_get_level(), 0);
+    EXPECT_EQ(omp_get_num_threads(), 1);
+    ++calls;
+  });
+  EXPECT_EQ(calls, 1);
+}
+
+TEST(Parallel, LargeWorkCoversEveryIndexOnce) {
+  const TwoThreads two;
+  std::vector<int> hits(10000, 0);
+  cpu::parallel_for(true, 10000, [&](int64_t i) { ++hits[static_cast<size_t>(i)]; });
+  for (int h : hits) ASSERT_EQ(h, 1);
+  std::vector<int> rows(1000, 0);
+  cpu::parallel_region(true, [&] {
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < 1000; ++i) ++rows[static_cast<size_t>(i)];
+  });
+  for (int h : rows) ASSERT_EQ(h, 1);
+}
+
+TEST(Parallel, ARegionInsideAnotherTeamDoesAllOfItsWork) {
+  // Each outer iteration runs a region whose `omp for` must cover all its rows: bound to the
+  // outer team instead, each thread would do only its share of every inner loop.
+  const TwoThreads two;
+  std::vector<std::vector<int>> rows(8, std::vector<int>(64, 0));
+#pragma omp parallel for schedule(static)
+  for (int64_t outer = 0; outer < 8; ++outer)
+    for (bool threaded : {false, true})
+      cpu::parallel_region(threaded, [&] {
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < 64; ++i) ++rows[static_cast<size_t>(outer)][static_cast<size_t>(i)];
+      });
+  for (const auto& r : rows)
+    for (int h : r) ASSERT_EQ(h, 2);
+}
+
+}  // namespace
