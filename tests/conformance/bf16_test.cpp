@@ -136,6 +136,7 @@ TEST_F(Bf16, PoolingAndBlockedChains) {
                                                  {.kernel = {3, 3}, .stride = {2, 2}}),
                          a, ls::avg_pool2d_backward(a, {2, 16, 10, 10}, {.kernel = {2, 2}})};
         });
+  const int64_t before = ls::metrics::counter("blocked_activations");
   check(
       "bf16 conv relu pool conv chain",
       {{{4, 16, 12, 12}, bf}, {{32, 16, 3, 3}, bf}, {{32, 32, 3, 3}, bf}},
@@ -146,12 +147,16 @@ TEST_F(Bf16, PoolingAndBlockedChains) {
         const ls::Tensor gy = ls::cast(ls::sigmoid(y), bf);
         const ls::Tensor gp = ls::conv2d_backward_input(gy, x[2], p.shape(), {.padding = {1, 1}});
         const ls::Tensor gh = ls::max_pool2d_backward(gp, i, h.shape(), {.kernel = {2, 2}});
-        // Read only by convolutions, pooling, trees and per-channel sums, h, p, gy and gh are
-        // held blocked.
+        // Read only by convolutions, pooling, trees and per-channel sums (into f32 and into
+        // bf16, of a tree and of a stored value, as a bias's gradient under autocast), h, p, gy
+        // and gh are held blocked.
         return Tensors{ls::sum(ls::cast(y, ls::f32), {0, 2, 3}),
-                       ls::sum(ls::where(h > 0, gh, 0.0), {0, 2, 3})};
+                       ls::sum(ls::where(h > 0, gh, 0.0), {0, 2, 3}), ls::sum(gh, {0, 2, 3}),
+                       ls::sum(gy, {0, 2, 3}, true)};
       },
       32 * 9 * 4 * 36);
+  EXPECT_GT(ls::metrics::counter("blocked_activations"), before)
+      << "no activation was blocked: the chain checks nothing new";
 }
 
 }  // namespace

@@ -78,7 +78,7 @@ void choose_layouts(plan::Plan& p) {
       // result: the values and indices of one pooling, and the gradients that use those
       // indices, all share one layout.
       for (int32_t o : node.operands) join(o, id);
-    } else if (node.op == Op::Sum && node.dtype == DType::F32 &&
+    } else if (node.op == Op::Sum && (node.dtype == DType::F32 || node.dtype == DType::BF16) &&
                sum_takes_blocked(p.graph.nodes[node.operands[0]].shape, node.attrs)) {
       const int32_t x = node.operands[0];
       const Shape& shape = p.graph.nodes[x].shape;
