@@ -10,6 +10,7 @@
 #include <string>
 
 #include "backends/cpu/executable.h"
+#include "backends/cpu/parallel.h"
 #include "backends/cpu/passes.h"
 #include "lockstep/runtime.h"
 #include "passes/passes.h"
@@ -37,12 +38,7 @@ class CpuBackend final : public Backend {
   // it: compile_setting).
   std::unique_ptr<Executable> compile(const ir::Graph& graph) override {
     const int threads = num_threads();
-    const int before = omp_get_max_threads();
-    omp_set_num_threads(threads);
-    struct Restore {
-      int n;
-      ~Restore() { omp_set_num_threads(n); }
-    } restore{before};
+    const ThreadCount count(threads);
     plan::Plan p(passes::cse(passes::simplify(graph)));
     plan::run_pipeline(p, pipeline(), "cpu");
     return std::make_unique<CpuExecutable>(std::move(p), threads);

@@ -19,6 +19,7 @@
 #include <dnnl.hpp>
 
 #include "backends/cpu/kernels.h"
+#include "backends/cpu/parallel.h"
 #include "backends/cpu/winograd.h"
 #include "ir/attrs.h"
 #include "lockstep/error.h"
@@ -278,24 +279,6 @@ struct Operand {
 // thread, 5.5 us on two; [128 x 64] x [64 x 64] 4.8 against 6.8; even at twice this size).
 constexpr int64_t kOneThreadFlops = int64_t{1} << 20;
 
-// While alive, the calling thread's OpenMP thread count is one (oneDNN builds a primitive for
-// the count of the thread that creates it, and its gemm kernels split by the count of the thread
-// that runs them).
-class OneThread {
- public:
-  explicit OneThread(bool on) : before_(on ? omp_get_max_threads() : 1) {
-    if (before_ != 1) omp_set_num_threads(1);
-  }
-  ~OneThread() {
-    if (before_ != 1) omp_set_num_threads(before_);
-  }
-  OneThread(const OneThread&) = delete;
-  OneThread& operator=(const OneThread&) = delete;
-
- private:
-  int before_;
-};
-
 struct DnnlMatMul::Impl {
   memory::desc a_md, b_md, c_md, pad_md;
   std::string implementation;
@@ -317,7 +300,7 @@ DnnlMatMul::DnnlMatMul(const Shape& a, const std::vector<int64_t>& as, const Sha
   }
   if (!out_strides.empty()) cs = Shape(out_strides.begin(), out_strides.end());
   impl_->one_thread = !a.empty() && 2 * shape_numel(out) * a.back() <= kOneThreadFlops;
-  const OneThread one(impl_->one_thread);
+  const ThreadCount count(impl_->one_thread ? 1 : omp_get_max_threads());
   auto build = [&](dt in_dt, dt out_dt) {
     impl_->a_md = memory::desc(dims_of(a), in_dt, memory::dims(as.begin(), as.end()));
     impl_->b_md = memory::desc(dims_of(b), in_dt, memory::dims(bs.begin(), bs.end()));
@@ -370,7 +353,7 @@ void DnnlMatMul::run(const void* a, const void* b, void* out) {
     args.bind(DNNL_ARG_DST, e.on ? e.result() : out);
     args.bind(DNNL_ARG_SCRATCHPAD, scratch(floats_for(impl_->pad_md)));
     {
-      const OneThread one(impl_->one_thread);
+      const ThreadCount count(impl_->one_thread ? 1 : omp_get_max_threads());
       impl_->prim->execute(stream(), args.map());
       stream().wait();
     }

@@ -1,7 +1,8 @@
-// Parallel loops and regions for the cpu backend's own kernels that stay on the calling thread
-// when the work is small. OpenMP's `parallel ... if (false)` still builds a team of one thread,
-// about a microsecond in libgomp (an allocation among it), which every small kernel of a small
-// step would pay; these skip OpenMP altogether instead.
+// The cpu backend's OpenMP thread control: a scoped thread count, and parallel loops and regions
+// for its own kernels that stay on the calling thread when the work is small. OpenMP's `parallel
+// ... if (false)` still builds a team of one thread, about a microsecond in libgomp (an allocation
+// among it), which every small kernel of a small step would pay; these skip OpenMP altogether
+// instead.
 #pragma once
 
 #include <omp.h>
@@ -9,6 +10,25 @@
 #include <cstdint>
 
 namespace lockstep::backends::cpu {
+
+// While alive, the calling thread's OpenMP thread count is `n`; then it is what it was. (oneDNN
+// builds a primitive for the count of the thread that creates it, and its gemm kernels split by
+// the count of the thread that runs them.)
+class ThreadCount {
+ public:
+  explicit ThreadCount(int n) : before_(omp_get_max_threads()), changed_(n != before_) {
+    if (changed_) omp_set_num_threads(n);
+  }
+  ~ThreadCount() {
+    if (changed_) omp_set_num_threads(before_);
+  }
+  ThreadCount(const ThreadCount&) = delete;
+  ThreadCount& operator=(const ThreadCount&) = delete;
+
+ private:
+  int before_;
+  bool changed_;
+};
 
 // body() on the threads of a parallel region if `threaded`, else once on the calling thread,
 // where omp_get_thread_num() is 0, omp_get_num_threads() 1, and an `omp for` inside takes the
