@@ -47,11 +47,13 @@ std::chrono::milliseconds timeout_from_env() {
   return std::chrono::milliseconds(static_cast<int64_t>(s * 1000 + 0.5));
 }
 
-[[maybe_unused]] std::string seconds(std::chrono::milliseconds t) {
+#if LOCKSTEP_WITH_MPI
+std::string seconds(std::chrono::milliseconds t) {
   char text[32];
   std::snprintf(text, sizeof text, "%g s", static_cast<double>(t.count()) / 1000);
   return text;
 }
+#endif
 
 struct World {
   std::mutex mu;  // init, finalize, broken_why
@@ -76,7 +78,8 @@ World& world() {
   return *w;
 }
 
-[[noreturn, maybe_unused]] void throw_broken() {
+#if LOCKSTEP_WITH_MPI
+[[noreturn]] void throw_broken() {
   World& w = world();
   std::lock_guard<std::mutex> lock(w.mu);
   throw Error(cat("dist: rank ", w.rank, ": the world is broken (", w.broken_why,
@@ -84,13 +87,13 @@ World& world() {
                   "the job from its last checkpoint"));
 }
 
-[[maybe_unused]] void break_world(const std::string& why) {
+void break_world(const std::string& why) {
   World& w = world();
   std::lock_guard<std::mutex> lock(w.mu);
   if (!w.broken.exchange(true)) w.broken_why = why;
 }
 
-[[maybe_unused]] void keep_until_exit(std::shared_ptr<void> p) {
+void keep_until_exit(std::shared_ptr<void> p) {
   World& w = world();
   std::lock_guard<std::mutex> lock(w.abandoned_mu);
   w.abandoned.push_back(std::move(p));
@@ -109,7 +112,7 @@ bool poll_until(F&& done, Clock::time_point deadline) {
 }
 
 // "rank 1", "ranks 1, 3".
-[[maybe_unused]] std::string ranks_text(const std::vector<int>& ranks) {
+std::string ranks_text(const std::vector<int>& ranks) {
   std::string s = ranks.size() > 1 ? "ranks " : "rank ";
   for (size_t k = 0; k < ranks.size(); ++k) s += cat(k ? ", " : "", ranks[k]);
   return s;
@@ -120,7 +123,6 @@ constexpr const char* kAfterDeadline =
     "The step's changes are undone; exit the process (non-zero) and restart the job from its "
     "last checkpoint (deadline: ls::dist::set_timeout, LOCKSTEP_DIST_TIMEOUT)";
 
-#if LOCKSTEP_WITH_MPI
 void check(int rc, const char* call, const std::string& what) {
   if (rc == MPI_SUCCESS) return;
   char msg[MPI_MAX_ERROR_STRING];
@@ -383,11 +385,9 @@ std::mutex g_flight_mu;
 std::condition_variable g_flight_cv;  // a collective started, or the progress thread must stop
 std::vector<std::shared_ptr<InFlight>> g_flight;
 std::atomic<int> g_flight_count{0};
-[[maybe_unused]] bool g_progress_stop = false;
-// Started with the first collective; never destroyed.
-[[maybe_unused]] std::thread* g_progress = nullptr;
-
 #if LOCKSTEP_WITH_MPI
+bool g_progress_stop = false;
+std::thread* g_progress = nullptr;  // started with the first collective; never destroyed
 // Whether `op` is done (or failed: rc). Under g_flight_mu.
 bool test_locked(InFlight& op, int* rc) {
   if (op.done) return true;
