@@ -43,6 +43,9 @@ Tensor from_blob(const void* data, const Shape& shape, DType dtype, Device devic
 void manual_seed(uint64_t seed);
 Tensor rand(const Shape& shape, TensorOptions options = {}, Loc loc = Loc::current());
 Tensor randn(const Shape& shape, TensorOptions options = {}, Loc loc = Loc::current());
+// The same with t's shape, dtype and device (torch.rand_like, torch.randn_like).
+Tensor rand_like(const Tensor& t, Loc loc = Loc::current());
+Tensor randn_like(const Tensor& t, Loc loc = Loc::current());
 // Integers uniform in [low, high).
 Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions options = {DType::I64},
                Loc loc = Loc::current());

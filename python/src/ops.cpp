@@ -60,6 +60,10 @@ void init_ops(py::module_& m) {
   m.def(
       "ones_like", [](const Tensor& x) { return ones_like(x, caller()); }, arg("input"));
   m.def(
+      "rand_like", [](const Tensor& x) { return rand_like(x, caller()); }, arg("input"));
+  m.def(
+      "randn_like", [](const Tensor& x) { return randn_like(x, caller()); }, arg("input"));
+  m.def(
       "full_like", [](const Tensor& x, Scalar v) { return full_like(x, v, caller()); },
       arg("input"), arg("fill_value"));
   m.def(

@@ -50,6 +50,17 @@ def test_dtypes_and_reads():
     assert h.float().tolist() == [1.0, 1.0, 1.0]
 
 
+def test_like_creation_takes_shape_and_dtype():
+    x = lockstep.zeros(2, 3, dtype=lockstep.float64)
+    lockstep.manual_seed(3)
+    z, u = lockstep.randn_like(x), lockstep.rand_like(x)
+    assert z.shape == (2, 3) and z.dtype == lockstep.float64 and u.dtype == lockstep.float64
+    lockstep.manual_seed(3)
+    assert z.tolist() == lockstep.randn(2, 3, dtype=lockstep.float64).tolist()
+    assert u.min().item() >= 0 and u.max().item() < 1
+    assert lockstep.zeros_like(x).tolist() == [[0.0] * 3] * 2
+
+
 def test_iteration_yields_rows():
     rows = list(lockstep.tensor([[1, 2], [3, 4], [5, 6]]))
     assert [r.tolist() for r in rows] == [[1, 2], [3, 4], [5, 6]]

@@ -208,6 +208,15 @@ Tensor randn(const Shape& shape, TensorOptions options, Loc loc) {
   return mul(r, cos(mul(u2, 2.0 * std::numbers::pi, loc), loc), loc);
 }
 
+Tensor rand_like(const Tensor& t, Loc loc) {
+  const ir::NodePtr& n = node(t, "rand_like", loc);
+  return rand(n->shape, TensorOptions(n->dtype, n->device), loc);
+}
+Tensor randn_like(const Tensor& t, Loc loc) {
+  const ir::NodePtr& n = node(t, "randn_like", loc);
+  return randn(n->shape, TensorOptions(n->dtype, n->device), loc);
+}
+
 Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions options, Loc loc) {
   if (high <= low)
     util::fail(loc, "randint", cat("empty range [", low, ", ", high, ")"), "Pass low < high");

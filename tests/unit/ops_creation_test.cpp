@@ -195,6 +195,20 @@ TEST_F(OpsRandom, RandnHasZeroMeanUnitStd) {
   EXPECT_TRUE(std::isfinite(ls::randn({}).item<float>()));
 }
 
+TEST_F(OpsRandom, LikeFormsTakeShapeAndDtypeAndDrawTheSameStream) {
+  const ls::Tensor x = ls::zeros({3, 4}, ls::f64);
+  ls::manual_seed(5);
+  const ls::Tensor u = ls::rand_like(x);
+  const ls::Tensor z = ls::randn_like(x);
+  EXPECT_EQ(u.shape(), (ls::Shape{3, 4}));
+  EXPECT_EQ(z.dtype(), ls::f64);
+  ls::manual_seed(5);
+  EXPECT_EQ(u.to_vector<double>(), ls::rand({3, 4}, ls::f64).to_vector<double>());
+  EXPECT_EQ(z.to_vector<double>(), ls::randn({3, 4}, ls::f64).to_vector<double>());
+  EXPECT_LS_ERROR(ls::randn_like(ls::zeros({2}, ls::i64)), "randn", "float");
+  EXPECT_LS_ERROR(ls::rand_like(ls::Tensor()), "rand_like", "empty");
+}
+
 TEST_F(OpsRandom, RandintCoversTheHalfOpenRange) {
   ls::manual_seed(99);
   const std::vector<int64_t> v = ls::randint(-3, 4, {10000}).to_vector<int64_t>();
