@@ -132,17 +132,6 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
 // The primitive (ls::erf), under F.erf's name.
 Tensor erf(const Tensor& x, Loc loc) { return lockstep::erf(x, loc); }
 
-Tensor gelu(const Tensor& x, GeluApproximation approximate, Loc loc) {
-  if (approximate == GeluApproximation::Tanh) {
-    // 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))).
-    const double k = std::numbers::sqrt2 / std::sqrt(std::numbers::pi);
-    const Tensor inner = mul(add(x, mul(mul(mul(x, x, loc), x, loc), 0.044715, loc), loc), k, loc);
-    return mul(mul(x, 0.5, loc), add(tanh(inner, loc), 1.0, loc), loc);
-  }
-  return mul(mul(x, 0.5, loc),
-             add(lockstep::erf(mul(x, 1.0 / std::numbers::sqrt2, loc), loc), 1.0, loc), loc);
-}
-
 namespace {
 void check_activation(const Tensor& x, const char* op, const Loc& loc) {
   if (!x.defined())
@@ -151,46 +140,81 @@ void check_activation(const Tensor& x, const char* op, const Loc& loc) {
     util::fail(loc, op, cat("needs a floating-point tensor, got ", dtype_name(x.dtype())),
                "Cast it first, e.g. ls::cast(x, ls::f32)");
 }
+
+// An activation built from several primitives computes a bf16 input in f32 and rounds its result
+// once, as PyTorch's kernels do (in their "opmath" type): rounding after each primitive would
+// lose precision at each, and cost a pass over each fused tile. Forward and backward alike: the
+// gradient goes through the two casts.
+template <typename F>
+Tensor in_f32(const Tensor& x, const Loc& loc, F f) {
+  if (x.dtype() != DType::BF16) return f(x);
+  return cast(f(cast(x, DType::F32, loc)), DType::BF16, loc);
+}
 }  // namespace
+
+Tensor gelu(const Tensor& x_in, GeluApproximation approximate, Loc loc) {
+  check_activation(x_in, "gelu", loc);
+  return in_f32(x_in, loc, [&](const Tensor& x) {
+    if (approximate == GeluApproximation::Tanh) {
+      // 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))).
+      const double k = std::numbers::sqrt2 / std::sqrt(std::numbers::pi);
+      const Tensor inner =
+          mul(add(x, mul(mul(mul(x, x, loc), x, loc), 0.044715, loc), loc), k, loc);
+      return mul(mul(x, 0.5, loc), add(tanh(inner, loc), 1.0, loc), loc);
+    }
+    return mul(mul(x, 0.5, loc),
+               add(lockstep::erf(mul(x, 1.0 / std::numbers::sqrt2, loc), loc), 1.0, loc), loc);
+  });
+}
 
 Tensor leaky_relu(const Tensor& x, double negative_slope, Loc loc) {
   check_activation(x, "leaky_relu", loc);
   return where(gt(x, 0, loc), x, mul(x, negative_slope, loc), loc);
 }
 
-Tensor elu(const Tensor& x, double alpha, Loc loc) {
-  check_activation(x, "elu", loc);
-  // exp of min(x, 0) so the branch not taken stays finite.
-  const Tensor neg_part = mul(sub(exp(minimum(x, 0, loc), loc), 1, loc), alpha, loc);
-  return where(gt(x, 0, loc), x, neg_part, loc);
+Tensor elu(const Tensor& x_in, double alpha, Loc loc) {
+  check_activation(x_in, "elu", loc);
+  return in_f32(x_in, loc, [&](const Tensor& x) {
+    // exp of min(x, 0) so the branch not taken stays finite.
+    const Tensor neg_part = mul(sub(exp(minimum(x, 0, loc), loc), 1, loc), alpha, loc);
+    return where(gt(x, 0, loc), x, neg_part, loc);
+  });
 }
 
-Tensor silu(const Tensor& x, Loc loc) {
-  check_activation(x, "silu", loc);
-  return mul(x, sigmoid(x, loc), loc);
+Tensor silu(const Tensor& x_in, Loc loc) {
+  check_activation(x_in, "silu", loc);
+  return in_f32(x_in, loc, [&](const Tensor& x) { return mul(x, sigmoid(x, loc), loc); });
 }
 
-Tensor softplus(const Tensor& x, double beta, double threshold, Loc loc) {
-  check_activation(x, "softplus", loc);
-  const Tensor z = mul(x, beta, loc);
-  const Tensor soft = div(log1p(exp(minimum(z, threshold, loc), loc), loc), beta, loc);
-  return where(gt(z, threshold, loc), x, soft, loc);
+Tensor softplus(const Tensor& x_in, double beta, double threshold, Loc loc) {
+  check_activation(x_in, "softplus", loc);
+  return in_f32(x_in, loc, [&](const Tensor& x) {
+    const Tensor z = mul(x, beta, loc);
+    const Tensor soft = div(log1p(exp(minimum(z, threshold, loc), loc), loc), beta, loc);
+    return where(gt(z, threshold, loc), x, soft, loc);
+  });
 }
 
-Tensor hardswish(const Tensor& x, Loc loc) {
-  check_activation(x, "hardswish", loc);
-  return div(mul(x, clamp(add(x, 3, loc), 0, 6, loc), loc), 6, loc);
+Tensor hardswish(const Tensor& x_in, Loc loc) {
+  check_activation(x_in, "hardswish", loc);
+  return in_f32(x_in, loc, [&](const Tensor& x) {
+    return div(mul(x, clamp(add(x, 3, loc), 0, 6, loc), loc), 6, loc);
+  });
 }
 
-Tensor mish(const Tensor& x, Loc loc) {
-  check_activation(x, "mish", loc);
-  return mul(x, tanh(softplus(x, 1.0, 20.0, loc), loc), loc);
+Tensor mish(const Tensor& x_in, Loc loc) {
+  check_activation(x_in, "mish", loc);
+  return in_f32(x_in, loc, [&](const Tensor& x) {
+    return mul(x, tanh(softplus(x, 1.0, 20.0, loc), loc), loc);
+  });
 }
 
-Tensor log_sigmoid(const Tensor& x, Loc loc) {
-  check_activation(x, "log_sigmoid", loc);
-  // min(x, 0) - log1p(exp(-|x|)): no overflow either way (PyTorch's formula).
-  return sub(minimum(x, 0, loc), log1p(exp(neg(abs(x, loc), loc), loc), loc), loc);
+Tensor log_sigmoid(const Tensor& x_in, Loc loc) {
+  check_activation(x_in, "log_sigmoid", loc);
+  return in_f32(x_in, loc, [&](const Tensor& x) {
+    // min(x, 0) - log1p(exp(-|x|)): no overflow either way (PyTorch's formula).
+    return sub(minimum(x, 0, loc), log1p(exp(neg(abs(x, loc), loc), loc), loc), loc);
+  });
 }
 
 Tensor dropout(const Tensor& x, double p, bool training, Loc loc) {

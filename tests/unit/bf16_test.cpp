@@ -3,8 +3,10 @@
 // safetensors BF16 both ways, against values PyTorch wrote (tests/golden/make_bf16_fixture.py).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
+#include <functional>
 #include <limits>
 
 #include <lockstep/lockstep.h>
@@ -85,6 +87,71 @@ TEST(Bf16, OpsAreComputedInF32AndRoundedOnce) {
     const ls::Tensor tiny = ls::cast(ls::full({1}, 0x1p-8, {ls::f32, d}), ls::bf16);
     EXPECT_EQ((one + tiny).to_vector<float>()[0], 1.0f);
     EXPECT_EQ(ls::cast(one + tiny, ls::f32).item<float>(), 1.0f);
+  }
+}
+
+// An activation built from several primitives is computed in f32 and rounded once, as PyTorch's
+// bf16 kernels are: against each formula in double, rounded to bf16, nearly all values match bit
+// for bit and none is more than one bf16 ulp away (rounding after each primitive misses by
+// several ulps on a good share of them). Gradients likewise go through f32. kAbs: f32's own
+// cancellation where a value is tiny beside its terms (gelu at -8: 1 + erf is 0 in f32).
+TEST(Bf16, CompositeActivationsRoundOnce) {
+  namespace F = ls::nn;
+  std::vector<float> xs;
+  for (int i = 0; i < 2048; ++i) xs.push_back(static_cast<float>(ls::bfloat16(-8.0f + i / 128.0f)));
+  const double kInvSqrt2 = 0.70710678118654752, kSqrt2OverPi = 0.79788456080286536;
+  const float kAbs = 1e-6f;
+  auto sigmoid = [](double v) { return 1 / (1 + std::exp(-v)); };
+  auto softplus = [](double v) { return v > 20 ? v : std::log1p(std::exp(v)); };
+  const std::vector<std::pair<std::string, std::function<double(double)>>> refs = {
+      {"gelu", [&](double v) { return 0.5 * v * (1 + std::erf(v * kInvSqrt2)); }},
+      {"gelu_tanh",
+       [&](double v) {
+         return 0.5 * v * (1 + std::tanh(kSqrt2OverPi * (v + 0.044715 * v * v * v)));
+       }},
+      {"silu", [&](double v) { return v * sigmoid(v); }},
+      {"elu", [](double v) { return v > 0 ? v : std::expm1(v); }},
+      {"softplus", softplus},
+      {"mish", [&](double v) { return v * std::tanh(softplus(v)); }},
+      {"hardswish", [](double v) { return v * std::clamp(v + 3, 0.0, 6.0) / 6; }},
+      {"log_sigmoid", [&](double v) { return std::log(sigmoid(v)); }}};
+  for (const char* dev : {"ref", "cpu"}) {
+    SCOPED_TRACE(dev);
+    const ls::Tensor x = ls::cast(ls::from_vector(xs).to(ls::parse_device(dev)), ls::bf16);
+    const std::vector<std::pair<std::string, ls::Tensor>> ours = {
+        {"gelu", F::gelu(x)},           {"gelu_tanh", F::gelu(x, ls::nn::GeluApproximation::Tanh)},
+        {"silu", F::silu(x)},           {"elu", F::elu(x)},
+        {"softplus", F::softplus(x)},   {"mish", F::mish(x)},
+        {"hardswish", F::hardswish(x)}, {"log_sigmoid", F::log_sigmoid(x)}};
+    for (size_t k = 0; k < ours.size(); ++k) {
+      const auto& [name, t] = ours[k];
+      ASSERT_EQ(t.dtype(), ls::bf16) << name;
+      const std::vector<float> got = t.to_vector<float>();
+      int exact = 0;
+      for (size_t i = 0; i < xs.size(); ++i) {
+        const float want =
+            static_cast<float>(ls::bfloat16(static_cast<float>(refs[k].second(xs[i]))));
+        exact += std::abs(got[i] - want) <= kAbs;
+        EXPECT_LE(std::abs(got[i] - want), std::abs(want) * 0x1p-7f + kAbs)
+            << name << "(" << xs[i] << "): " << got[i] << " vs " << want;
+      }
+      EXPECT_GE(exact, static_cast<int>(xs.size()) * 99 / 100) << name;
+    }
+    // The gradient of a bf16 gelu is the f32 gradient rounded once.
+    ls::Tensor xg = ls::from_vector(xs).to(ls::parse_device(dev));
+    xg.set_requires_grad(true);
+    ls::sum(ls::cast(F::gelu(ls::cast(xg, ls::bf16)), ls::f32)).backward();
+    const std::vector<float> g = xg.grad().to_vector<float>();
+    int exact = 0;
+    for (size_t i = 0; i < xs.size(); ++i) {
+      const double v = xs[i];
+      const double d =
+          0.5 * (1 + std::erf(v * kInvSqrt2)) + v * std::exp(-0.5 * v * v) * 0.39894228040143268;
+      const float want = static_cast<float>(ls::bfloat16(static_cast<float>(d)));
+      exact += std::abs(g[i] - want) <= kAbs;
+      EXPECT_LE(std::abs(g[i] - want), std::abs(want) * 0x1p-7f + kAbs) << "gelu'(" << v << ")";
+    }
+    EXPECT_GE(exact, static_cast<int>(xs.size()) * 99 / 100);
   }
 }
 

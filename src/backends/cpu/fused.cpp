@@ -410,6 +410,28 @@ void FusedTree::load(const Leaf& leaf, const void* src, int64_t i0, int64_t len,
   }
 }
 
+namespace {
+// n values of dtype dt from element `off` of src, `st` elements apart, as floats: a run is
+// copied or widened whole, not read a value at a time through the dtype's switch.
+void copy_run(DType dt, const void* src, int64_t off, int64_t st, int64_t n, float* dst) {
+  if (dt == DType::F32) {
+    const float* s = static_cast<const float*>(src) + off;
+    if (st == 1)
+      std::memcpy(dst, s, n * sizeof(float));
+    else
+      for (int64_t j = 0; j < n; ++j) dst[j] = s[j * st];
+  } else if (dt == DType::BF16) {
+    const uint16_t* s = static_cast<const uint16_t*>(src) + off;
+    if (st == 1)
+      bf16_to_f32(s, n, dst);
+    else
+      for (int64_t j = 0; j < n; ++j) dst[j] = bf16_value(s[j * st]);
+  } else {
+    for (int64_t j = 0; j < n; ++j) dst[j] = read_value(dt, src, off + j * st);
+  }
+}
+}  // namespace
+
 void FusedTree::load_source(const Leaf& leaf, const void* src, int64_t i0, int64_t len,
                             float* dst) const {
   if (leaf.numel == 1) {
@@ -460,11 +482,7 @@ void FusedTree::load_source(const Leaf& leaf, const void* src, int64_t i0, int64
     int64_t b = i0 / span % blocks, left = span - i0 % span, q = i0 % kBlock;
     for (int64_t i = 0; i < len;) {
       const int64_t n = std::min(len - i, kBlock - q);
-      const int64_t off = b * st + q;
-      if (dt == DType::F32)
-        std::memcpy(dst + i, static_cast<const float*>(src) + off, n * sizeof(float));
-      else
-        for (int64_t j = 0; j < n; ++j) dst[i + j] = read_value(dt, src, off + j);
+      copy_run(dt, src, b * st + q, 1, n, dst + i);
       i += n;
       left -= n;
       q = 0;
@@ -485,15 +503,7 @@ void FusedTree::load_source(const Leaf& leaf, const void* src, int64_t i0, int64
       // batch): copied, not read a value at a time through the dtype's switch.
       const int64_t c0 = o % leaf.mod[0];
       const int64_t n = std::min(len - i, leaf.mod[0] - c0);
-      const int64_t st = leaf.stride[0];
-      if (dt == DType::F32 && st == 1) {
-        std::memcpy(dst + i, static_cast<const float*>(src) + off, n * sizeof(float));
-      } else if (dt == DType::F32) {
-        const float* s = static_cast<const float*>(src) + off;
-        for (int64_t j = 0; j < n; ++j) dst[i + j] = s[j * st];
-      } else {
-        for (int64_t j = 0; j < n; ++j) dst[i + j] = read_value(dt, src, off + j * st);
-      }
+      copy_run(dt, src, off, leaf.stride[0], n, dst + i);
       i += n;
     } else {
       const int64_t n = std::min(len - i, repeat - o % repeat);
