@@ -1,12 +1,16 @@
 // parallel_for and parallel_region (src/backends/cpu/parallel.h): below the size threshold the
 // body runs on the calling thread without OpenMP, and a body called by a thread of another team
-// still does all of its own work (its `omp for` does not share out the enclosing team's).
+// still does all of its own work (its `omp for` does not share out the enclosing team's). The
+// user's thread, which compiles, never starts an OpenMP team of its own.
 #include <gtest/gtest.h>
 #include <omp.h>
 
 #include <cstdint>
+#include <filesystem>
+#include <thread>
 #include <vector>
 
+#include <lockstep/lockstep.h>
 #include "backends/cpu/parallel.h"
 
 namespace cpu = lockstep::backends::cpu;
@@ -67,3 +71,32 @@ TEST(Parallel, ARegionInsideAnotherTeamDoesAllOfItsWork) {
 }
 
 }  // namespace
+
+namespace {
+// The threads of this process.
+size_t process_threads() {
+  size_t n = 0;
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator("/proc/self/task"))
+    ++n;
+  return n;
+}
+}  // namespace
+
+// A team started by a user's thread stays, idle, beside the runtime thread's: libgomp then
+// manages more threads than there are cores and cuts every team's spinning to almost nothing,
+// so the runtime's threads sleep and are woken by the kernel between parallel regions. Compiling
+// a program happens on the user's thread; the process's first product (oneDNN's setup) too.
+TEST(Parallel, CompilingOnAUsersThreadStartsNoTeamThere) {
+  lockstep::set_num_threads(2);
+  // The runtime thread and its team, from a program without products.
+  (lockstep::rand({1 << 20}) + 1).sum().item<float>();
+  size_t before = 0, after = 0;
+  std::thread user([&] {
+    before = process_threads();
+    const lockstep::Tensor a = lockstep::rand({256, 256}), b = lockstep::rand({256, 256});
+    lockstep::matmul(a, b).sum().item<float>();
+    after = process_threads();
+  });
+  user.join();
+  EXPECT_EQ(after, before) << "the user's thread started threads of its own";
+}
