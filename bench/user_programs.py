@@ -2,8 +2,9 @@
 each model and training step, run by lockstep or by PyTorch eager (whichever module is imported as
 `L`; the two share PyTorch's names), on fixed fake batches. They are the suite's check from
 outside: other layers (5x5, strided and depthwise convolutions, average pooling, dropout, GRU,
-bidirectional LSTM), hand-written attention, other optimizers, and sizes from a 6k-parameter MLP
-to a 22M-parameter GPT.
+bidirectional LSTM, BatchNorm1d), hand-written attention, other losses (a VAE's sampled latent and
+KL term, a contrastive loss over normalized embeddings, regression), other optimizers, and sizes
+from a 6k-parameter MLP to a 22M-parameter GPT.
     python3 bench/user_programs.py <program> <lockstep|pytorch> [steps=10] [threads=2]
 Times rounds of `steps` steps until half a second has passed, after a first step and 3 warm-up
 steps; prints "result <program> <framework> ms <ms per step> first <first step ms> loss <loss>".
@@ -18,8 +19,8 @@ import sys
 from step_timing import time_steps
 
 PROGRAMS = ["mlp_tiny", "mlp_mnist", "mlp_wide", "lenet", "lenet_b8", "strided", "mobilenet",
-            "mixcnn", "nanogpt_tiny", "nanogpt", "gpt_long", "gpt_wide", "encoder_drop", "gru",
-            "bilstm"]
+            "mixcnn", "vgg", "nanogpt_tiny", "nanogpt", "gpt_long", "gpt_wide", "encoder_drop",
+            "gru", "bilstm", "vae", "tabular", "contrastive"]
 if len(sys.argv) < 3 or sys.argv[1] not in PROGRAMS or sys.argv[2] not in ("lockstep", "pytorch"):
     sys.exit(__doc__ + "programs: " + " ".join(PROGRAMS))
 W, FW = sys.argv[1], sys.argv[2]
@@ -199,6 +200,57 @@ class MixCNN(nn.Module):  # SiLU, LeakyReLU, AvgPool, dropout, 5x5 + 3x3 + 1x1
         return self.fc(self.drop(x.flatten(1)))
 
 
+class VAE(nn.Module):  # MNIST-sized variational autoencoder, reparameterized sampling
+    def __init__(self):
+        super().__init__()
+        self.enc = nn.Linear(784, 400)
+        self.mu, self.logvar = nn.Linear(400, 20), nn.Linear(400, 20)
+        self.dec1, self.dec2 = nn.Linear(20, 400), nn.Linear(400, 784)
+
+    def forward(self, x):
+        h = F.relu(self.enc(x))
+        mu, logvar = self.mu(h), self.logvar(h)
+        z = mu + L.randn_like(mu) * L.exp(0.5 * logvar)
+        return self.dec2(F.relu(self.dec1(z))), mu, logvar
+
+
+def vae_loss(m, x):
+    logits, mu, logvar = m(x)
+    bce = F.binary_cross_entropy_with_logits(logits, x, reduction="sum")
+    kl = -0.5 * L.sum(1 + logvar - mu.pow(2) - logvar.exp())
+    return (bce + kl) / x.shape[0]
+
+
+class Tabular(nn.Module):  # regression MLP with BatchNorm1d and dropout
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(64, 256), nn.BatchNorm1d(256), nn.SiLU(),
+                                 nn.Dropout(0.3), nn.Linear(256, 256), nn.BatchNorm1d(256),
+                                 nn.SiLU(), nn.Dropout(0.3), nn.Linear(256, 1))
+
+    def forward(self, x):
+        return self.net(x).squeeze(1)
+
+
+class Projector(nn.Module):  # SimCLR-style: two views, normalized embeddings, InfoNCE loss
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 128))
+
+    def forward(self, a, b):
+        za, zb = self.net(a), self.net(b)
+        za = za / za.norm(dim=1, keepdim=True)
+        zb = zb / zb.norm(dim=1, keepdim=True)
+        logits = za @ zb.t() / 0.1
+        target = L.arange(a.shape[0])
+        return (F.cross_entropy(logits, target) + F.cross_entropy(logits.t(), target)) / 2
+
+
+def vgg_stage(i, o):
+    return [nn.Conv2d(i, o, 3, padding=1), nn.BatchNorm2d(o), nn.ReLU(),
+            nn.Conv2d(o, o, 3, padding=1), nn.BatchNorm2d(o), nn.ReLU(), nn.MaxPool2d(2)]
+
+
 # vocab, block, d_model, heads, layers, batch
 GPTS = {"nanogpt_tiny": (50, 32, 64, 4, 2, 64), "nanogpt": (256, 128, 256, 4, 4, 8),
         "gpt_long": (256, 512, 256, 4, 4, 4), "gpt_wide": (5000, 256, 768, 12, 2, 4)}
@@ -257,6 +309,24 @@ def build():
     if W == "mixcnn":
         m = MixCNN()
         return classify(m, L.optim.RMSprop(m.parameters(), lr=1e-3), L.randn(64, 3, 32, 32), 10)
+    if W == "vgg":
+        m = nn.Sequential(*(vgg_stage(3, 32) + vgg_stage(32, 64) + vgg_stage(64, 128)),
+                          nn.Flatten(), nn.Linear(128 * 4 * 4, 10))
+        return classify(m, L.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, nesterov=True),
+                        L.randn(64, 3, 32, 32), 10)
+    if W == "vae":
+        m = VAE()
+        x = L.rand(128, 784)
+        return m, L.optim.Adam(m.parameters(), lr=1e-3), lambda: vae_loss(m, x)
+    if W == "tabular":
+        m = Tabular()
+        x, y = L.randn(512, 64), L.randn(512)
+        return m, L.optim.AdamW(m.parameters(), lr=1e-3), lambda: F.mse_loss(m(x), y)
+    if W == "contrastive":
+        m = Projector()
+        a = L.randn(256, 256)
+        b = a + 0.1 * L.randn(256, 256)
+        return m, L.optim.Adam(m.parameters(), lr=1e-3), lambda: m(a, b)
     raise AssertionError("no program " + W)
 
 def main():
