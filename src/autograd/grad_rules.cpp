@@ -117,6 +117,17 @@ std::vector<Tensor> operand_grads(const ir::NodePtr& np, const Tensor& g) {
       return {mul(
           g, mul(exp(neg(mul(x, x, loc), loc), loc), 2.0 / std::sqrt(std::numbers::pi), loc), loc)};
     }
+    case Op::Gelu:  // from the input: nothing stored but x
+      return {mul(
+          g, frontend::record(Op::GeluDerivative, {frontend::node(in(0), "gelu", loc)}, {}, loc),
+          loc)};
+    case Op::GeluDerivative: {  // phi(x) (2 - x^2)
+      const Tensor& x = in(0);
+      const Tensor x2 = mul(x, x, loc);
+      const Tensor phi =
+          mul(exp(mul(x2, -0.5, loc), loc), 1.0 / std::sqrt(2 * std::numbers::pi), loc);
+      return {mul(g, mul(phi, sub(2.0, x2, loc), loc), loc)};
+    }
     case Op::Floor:
     case Op::Ceil:
     case Op::Sign:

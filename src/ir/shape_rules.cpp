@@ -194,6 +194,8 @@ void infer(Op op, const std::vector<NodePtr>& in, const std::vector<int64_t>& at
     case Op::Sin:
     case Op::Cos:
     case Op::Erf:
+    case Op::Gelu:
+    case Op::GeluDerivative:
       c.floating(0);
       *shape = in[0]->shape;
       *dtype = in[0]->dtype;

@@ -43,18 +43,37 @@ void unary_cases(const std::vector<NamedUnary>& ops, const std::vector<ls::DType
 }
 
 LS_COVERS(Elementwise, FloatUnary, Op::Exp, Op::Log, Op::Sqrt, Op::Rsqrt, Op::Tanh, Op::Sigmoid,
-          Op::Sin, Op::Cos, Op::Erf, Op::Slice, Op::Permute);
+          Op::Sin, Op::Cos, Op::Erf, Op::Gelu, Op::Slice, Op::Permute);
 TEST_F(Elementwise, FloatUnary) {
-  unary_cases({{"exp", ls::exp},
-               {"log", ls::log},
-               {"sqrt", ls::sqrt},
-               {"rsqrt", ls::rsqrt},
-               {"tanh", ls::tanh},
-               {"sigmoid", ls::sigmoid},
-               {"sin", ls::sin},
-               {"cos", ls::cos},
-               {"erf", ls::erf}},
-              kFloats);
+  unary_cases(
+      {{"exp", ls::exp},
+       {"log", ls::log},
+       {"sqrt", ls::sqrt},
+       {"rsqrt", ls::rsqrt},
+       {"tanh", ls::tanh},
+       {"sigmoid", ls::sigmoid},
+       {"sin", ls::sin},
+       {"cos", ls::cos},
+       {"erf", ls::erf},
+       {"gelu", [](const ls::Tensor& x,
+                   ls::Loc loc) { return ls::nn::gelu(x, ls::nn::GeluApproximation::None, loc); }}},
+      kFloats);
+}
+
+// GELU's gradient is its own op (Phi(x) + x phi(x), recomputed from x), special values too.
+LS_COVERS(Elementwise, GeluGradient, Op::Gelu, Op::GeluDerivative);
+TEST_F(Elementwise, GeluGradient) {
+  for (ls::DType dt : {ls::f32, ls::f64})
+    for (const ls::Shape& s : shapes_small())
+      for (Fill fill : {Fill::Normal, Fill::Special}) {
+        check(std::string("gelu gradient ") + str(dt) + (fill == Fill::Special ? " special" : ""),
+              {{s, dt, fill}}, [](const Tensors& in) {
+                const ls::Tensor x = in[0].detach().set_requires_grad();
+                const ls::Tensor y = ls::nn::gelu(x);
+                ls::backward(ls::sum(y * 0.5));
+                return Tensors{y, x.grad()};
+              });
+      }
 }
 
 LS_COVERS(Elementwise, NumericUnary, Op::Neg, Op::Abs, Op::Relu, Op::Sign, Op::Floor, Op::Ceil);

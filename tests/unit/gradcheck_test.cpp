@@ -12,6 +12,7 @@
 #include <lockstep/lockstep.h>
 #include "ir/ir.h"
 #include "runtime/lazy.h"
+#include "tensor/frontend.h"
 
 namespace ls = lockstep;
 using ls::ir::Op;
@@ -58,6 +59,13 @@ std::map<Op, Case> cases() {
   c[Op::Sin] = {{{3, 4}}, -2, 2, [](V x) { return ls::sin(x[0]); }};
   c[Op::Cos] = {{{3, 4}}, -2, 2, [](V x) { return ls::cos(x[0]); }};
   c[Op::Erf] = {{{3, 4}}, -2, 2, [](V x) { return ls::erf(x[0]); }};
+  c[Op::Gelu] = {{{3, 4}}, -3, 3, [](V x) { return ls::nn::gelu(x[0]); }};
+  c[Op::GeluDerivative] = {{{3, 4}}, -3, 3, [](V x) {
+                             return ls::frontend::record(
+                                 Op::GeluDerivative,
+                                 {ls::runtime::node_of(x[0], "test", ls::Loc::current())}, {},
+                                 ls::Loc::current());
+                           }};
   c[Op::Floor] = {{{3, 4}}, -2, 2, [](V x) { return ls::floor(x[0]); }};
   c[Op::Ceil] = {{{3, 4}}, -2, 2, [](V x) { return ls::ceil(x[0]); }};
   c[Op::Sign] = {{{3, 4}}, -2, 2, [](V x) { return ls::sign(x[0]); }};

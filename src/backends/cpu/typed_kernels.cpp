@@ -135,6 +135,18 @@ void unary(Op op, int64_t n, const S* x, S* y) {
       case Op::Erf:
         return map(
             n, y, [](C v) { return std::erf(v); }, x);
+      case Op::Gelu:
+        return map(
+            n, y, [](C v) { return v * C(0.5) * (C(1) + std::erf(v * C(0.70710678118654752440))); },
+            x);
+      case Op::GeluDerivative:
+        return map(
+            n, y,
+            [](C v) {
+              return C(0.5) * (C(1) + std::erf(v * C(0.70710678118654752440))) +
+                     v * std::exp(v * v * C(-0.5)) * C(0.39894228040143267794);
+            },
+            x);
       case Op::Floor:
         return map(
             n, y, [](C v) { return std::floor(v); }, x);

@@ -71,6 +71,11 @@ T unary(Op op, T x) {
         return std::cos(x);
       case Op::Erf:
         return std::erf(x);
+      case Op::Gelu:
+        return x * T(0.5) * (T(1) + std::erf(x * T(0.70710678118654752440)));
+      case Op::GeluDerivative:
+        return T(0.5) * (T(1) + std::erf(x * T(0.70710678118654752440))) +
+               x * std::exp(x * x * T(-0.5)) * T(0.39894228040143267794);
       case Op::Floor:
         return std::floor(x);
       case Op::Ceil:
@@ -513,6 +518,8 @@ void eval_exact(const ir::GraphNode& n, const std::vector<Arr>& a,
     case Op::Sin:
     case Op::Cos:
     case Op::Erf:
+    case Op::Gelu:
+    case Op::GeluDerivative:
     case Op::Floor:
     case Op::Ceil:
     case Op::Sign:
