@@ -70,9 +70,6 @@ TEST(Parallel, ARegionInsideAnotherTeamDoesAllOfItsWork) {
     for (int h : r) ASSERT_EQ(h, 2);
 }
 
-}  // namespace
-
-namespace {
 // The threads of this process.
 size_t process_threads() {
   size_t n = 0;
@@ -80,7 +77,6 @@ size_t process_threads() {
     ++n;
   return n;
 }
-}  // namespace
 
 // A team started by a user's thread stays, idle, beside the runtime thread's: libgomp then
 // manages more threads than there are cores and cuts every team's spinning to almost nothing,
@@ -100,3 +96,5 @@ TEST(Parallel, CompilingOnAUsersThreadStartsNoTeamThere) {
   user.join();
   EXPECT_EQ(after, before) << "the user's thread started threads of its own";
 }
+
+}  // namespace

@@ -43,7 +43,8 @@ dnnl::engine& engine() {
     // registers as that program is queued) instead of under a program the drain waits for.
     // On one thread: this is the compiling thread (the user's), and an OpenMP team of its own
     // would leave libgomp with more threads than cores, which then makes every team's idle
-    // threads sleep at once instead of spinning (see parallel.h).
+    // threads sleep at once instead of spinning
+    // (Parallel.CompilingOnAUsersThreadStartsNoTeamThere).
     std::vector<float> a(64 * 64, 0.0f), c(64 * 64);
     const ThreadCount one(1);
     dnnl::sgemm('N', 'N', 64, 64, 64, 1.0f, a.data(), 64, a.data(), 64, 0.0f, c.data(), 64);
