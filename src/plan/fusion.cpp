@@ -7,9 +7,10 @@
 namespace lockstep::plan {
 
 // A fusible node is absorbed when every consumer can take it: a fusible node of its shape, or a
-// reduction that reads it through a tree (FusionRules::reduction_takes). With several consumers
-// the node is recomputed in each, which pays on a memory-bound machine as long as the recomputed
-// tree stays small.
+// reduction that reads it through a tree (FusionRules::reduction_takes). A view the trees read
+// through strides (FusionRules::view_leaf) is absorbed when every consumer is such a node. With
+// several consumers the node is recomputed in each, which pays on a memory-bound machine as long as
+// the recomputed tree stays small.
 void choose_fusion(Plan& p, const FusionRules& rules) {
   const ir::Graph& g = p.graph;
   const size_t n = g.nodes.size();
@@ -31,7 +32,8 @@ void choose_fusion(Plan& p, const FusionRules& rules) {
   for (size_t i = 0; i < n; ++i) {
     const int32_t id = static_cast<int32_t>(i);
     const ir::GraphNode& node = g.nodes[i];
-    if (p.is_output[i] || node.op == ir::Op::Scalar || !rules.fusible(g, id) ||
+    const bool view = rules.view_leaf && rules.view_leaf(g, id);
+    if (p.is_output[i] || node.op == ir::Op::Scalar || !(view || rules.fusible(g, id)) ||
         p.consumers[i].empty() || !p.run_time[i])
       continue;
     bool all_take = true;
@@ -40,7 +42,13 @@ void choose_fusion(Plan& p, const FusionRules& rules) {
       if (!p.run_time[c]) continue;  // computed at compile time, from its own copy
       if (std::find(distinct.begin(), distinct.end(), c) == distinct.end()) distinct.push_back(c);
       const bool tree = rules.fusible(g, c) && g.nodes[c].shape == node.shape;
-      all_take = all_take && (tree || rules.reduction_takes(g, c, id));
+      // (A view is read by trees alone: a reduction walks its operand's memory in order.)
+      all_take = all_take && (tree || (!view && rules.reduction_takes(g, c, id)));
+    }
+    if (view) {  // a load through strides: no instruction, and its operand is read in full
+      full_leaves[i] = {node.operands[0]};
+      p.absorbed[i] = all_take;
+      continue;
     }
     cost[i] = node.op == ir::Op::Expand ? 0 : 1;  // a broadcast is a load, not an instruction
     for (int32_t o : node.operands) {

@@ -17,6 +17,10 @@ struct FusionRules {
   // Whether reduction `consumer` can read operand `operand` through a tree (the backend's
   // reductions walk it in long enough contiguous runs).
   std::function<bool(const ir::Graph&, int32_t consumer, int32_t operand)> reduction_takes;
+  // Whether a node is a view that trees read as a leaf of its operand, through strides (a
+  // permute): absorbed when every consumer is a tree node of its shape; its operand stays in
+  // memory. May be empty.
+  std::function<bool(const ir::Graph&, int32_t)> view_leaf;
   // Largest tree (in instructions) recomputed in each of several consumers.
   int recompute_limit = 8;
 };

@@ -50,6 +50,45 @@ TEST_F(Fused, DeepExpressions) {
     }
 }
 
+LS_COVERS(Fused, PermutedLeaves, Op::Permute, Op::Reshape, Op::Add, Op::Mul, Op::Div, Op::Conv2d);
+TEST_F(Fused, PermutedLeaves) {
+  // Permutes keeping the last axis last are read by the trees that consume them, through
+  // strides, instead of copied: [T, B, C] <-> [B, T, C], attention's heads, a permute whose
+  // shape is its operand's (read beside the operand itself: no update in place), one with two
+  // consumers, one that is also an output, and short rows (copied instead).
+  for (ls::DType dt : {ls::f32, ls::bf16}) {
+    check("[T, B, C] to [B, T, C] " + str(dt), {{{33, 5, 48}, dt}, {{5, 33, 48}, dt}, {{48}, dt}},
+          [](const Tensors& v) {
+            const ls::Tensor x = ls::permute(v[0], {1, 0, 2});
+            return Tensors{(x + v[2]) * v[1], ls::relu(x) - v[1]};
+          });
+    check("attention heads " + str(dt), {{{64, 6, 128}, dt}, {{128}, dt}}, [](const Tensors& v) {
+      const ls::Tensor q = ls::reshape(v[0] + v[1], {64, 6 * 4, 32});  // [T, B * H, D]
+      const ls::Tensor heads = ls::permute(q, {1, 0, 2});              // [B * H, T, D]
+      return Tensors{heads / 8.0f, ls::permute(ls::exp(heads) * 0.5f, {1, 0, 2})};
+    });
+    check("permute of its own shape beside its operand " + str(dt), {{{16, 16, 3, 32}, dt}},
+          [](const Tensors& v) {
+            const ls::Tensor t = ls::permute(v[0], {1, 0, 2, 3});
+            return Tensors{v[0] * 2.0f + t, t, ls::permute(v[0] - 1.0f, {2, 1, 0, 3}) * 3.0f};
+          });
+    check("short rows " + str(dt), {{{40, 30, 4}, dt}, {{30, 40, 4}, dt}}, [](const Tensors& v) {
+      return Tensors{ls::permute(v[0], {1, 0, 2}) + v[1]};
+    });
+  }
+  // A convolution's output (held blocked between convolutions) read through a permute: plain.
+  ls::Conv2dOptions conv;
+  conv.padding = {1, 1};
+  check(
+      "permuted convolution output", {{{2, 3, 6, 16}}, {{16, 3, 3, 3}}},
+      [&](const Tensors& v) {
+        const ls::Tensor y = ls::relu(ls::conv2d(v[0], v[1], conv));
+        const ls::Tensor z = ls::conv2d(y, ls::ones({16, 16, 1, 1}), {});
+        return Tensors{ls::permute(y, {0, 2, 1, 3}) + 1.0f, z * 2.0f};
+      },
+      27);
+}
+
 LS_COVERS(Fused, BroadcastLeaves, Op::Expand, Op::Add, Op::Mul, Op::Where, Op::Gt);
 TEST_F(Fused, BroadcastLeaves) {
   // Leaves broadcast along inner, outer and middle dims of a large tensor, bools included.

@@ -90,6 +90,16 @@ bool fusible(const ir::Graph& g, int32_t id) {
   return true;
 }
 
+bool permute_leaf(const ir::Graph& g, int32_t id) {
+  // Runs shorter than this would be read a few values at a time: the copy is better then.
+  constexpr int64_t kMinRun = 16;
+  const ir::GraphNode& n = g.nodes[id];
+  const size_t r = n.attrs.size();
+  return n.op == Op::Permute && r >= 2 && n.attrs.back() == static_cast<int64_t>(r) - 1 &&
+         n.shape.back() >= kMinRun && fusible_dtype(n.dtype) &&
+         g.nodes[n.operands[0]].dtype == n.dtype;
+}
+
 bool blockable(const Shape& s) {
   return s.size() == 4 && s[0] > 0 && s[1] > 0 && s[1] % kBlock == 0 && s[2] * s[3] > 1;
 }
@@ -245,6 +255,7 @@ int FusedTree::visit(const ir::Graph& g, int32_t root, const std::vector<bool>& 
     const ir::GraphNode& n = g.nodes[id];
     if (!is_root && !absorbed[id]) return reg_of_[id] = add_leaf(g, id, n.shape);
     if (n.op == Op::Expand) return reg_of_[id] = add_leaf(g, n.operands[0], n.shape);
+    if (n.op == Op::Permute) return reg_of_[id] = add_leaf(g, n.operands[0], n.shape, &n.attrs);
     return -1;
   };
   if (auto it = reg_of_.find(root); it != reg_of_.end()) return it->second;
@@ -274,28 +285,34 @@ int FusedTree::visit(const ir::Graph& g, int32_t root, const std::vector<bool>& 
   return reg_of_.at(root);
 }
 
-int FusedTree::add_leaf(const ir::Graph& g, int32_t node, const Shape& out_shape) {
+int FusedTree::add_leaf(const ir::Graph& g, int32_t node, const Shape& out_shape,
+                        const std::vector<int64_t>* perm) {
   const ir::GraphNode& src = g.nodes[node];
   Leaf leaf;
   leaf.dtype = src.dtype;
   leaf.numel = shape_numel(src.shape);
+  leaf.permuted = perm != nullptr;
   // A blocked value is only read whole, by a tree in blocked order (choose_layouts).
   const bool src_blocked = blocked_ && (*blocked_)[node];
-  LS_INTERNAL_CHECK(!src_blocked || (blocked_order_ && src.shape == out_shape),
-                    "a blocked value read in plain order or through a broadcast");
+  LS_INTERNAL_CHECK(!src_blocked || (!perm && blocked_order_ && src.shape == out_shape),
+                    "a blocked value read in plain order, through a broadcast or a permute");
   leaf.contiguous =
-      src_blocked || (!blocked_order_ && (src.shape == out_shape || leaf.numel == numel_));
+      src_blocked || (!perm && !blocked_order_ && (src.shape == out_shape || leaf.numel == numel_));
   if (leaf.numel == 1) {
     leaf.contiguous = numel_ == 1;
   } else if (!leaf.contiguous) {
     // The source's stride along each output dim: src aligned to the right of out_shape, size-1
-    // (broadcast) dims stride 0.
+    // (broadcast) dims stride 0; through a permute, output dim d is source dim perm[d].
     const size_t r = out_shape.size(), lead = r - src.shape.size();
     std::vector<int64_t> size(out_shape.begin(), out_shape.end()), stride(r, 0);
     int64_t acc = 1;
     for (size_t d = r; d-- > lead;) {
       if (src.shape[d - lead] != 1) stride[d] = acc;
       acc *= src.shape[d - lead];
+    }
+    if (perm) {
+      const std::vector<int64_t> own = stride;
+      for (size_t d = 0; d < r; ++d) stride[d] = out_shape[d] == 1 ? 0 : own[(*perm)[d]];
     }
     if (blocked_order_) {
       // Walked as [N, C/16, H, W, 16]: the channel dim as blocks of 16 and the channel within.
@@ -493,23 +510,57 @@ void FusedTree::load_source(const Leaf& leaf, const void* src, int64_t i0, int64
     }
     return;
   }
+  if (inner_run) {
+    // Runs along the source's innermost present dim (a bias over rows, a mask over a batch,
+    // the rows of a permute), each copied, not read a value at a time through the dtype's
+    // switch. The source offset follows the output index as an odometer: a digit per present
+    // dim, and one per stretch of broadcast dims between two (stride 0), set with divisions
+    // once per tile; a run then costs a few adds (a permute's rows of 32 values cost more in
+    // divisions than in copying).
+    struct Digit {
+      int64_t size, stride, at;
+    };
+    thread_local std::vector<Digit> digits;
+    digits.clear();
+    int64_t off = 0;
+    for (size_t d = 0; d < rank; ++d) {
+      const int64_t at = i0 / leaf.div[d] % leaf.mod[d];
+      digits.push_back({leaf.mod[d], leaf.stride[d], at});
+      off += at * leaf.stride[d];
+      const int64_t span = leaf.div[d] * leaf.mod[d];
+      if (d + 1 < rank && leaf.div[d + 1] > span) {
+        const int64_t gap = leaf.div[d + 1] / span;
+        digits.push_back({gap, 0, i0 / span % gap});
+      }
+    }
+    Digit* dg = digits.data();
+    const size_t nd = digits.size();
+    for (int64_t i = 0;;) {
+      const int64_t n = std::min(len - i, dg[0].size - dg[0].at);
+      copy_run(dt, src, off, dg[0].stride, n, dst + i);
+      if ((i += n) >= len) return;
+      // The run reached the end of the innermost dim: back to its start, one on in the next
+      // digit, and so on while digits wrap (past the last, the outer broadcast dims).
+      off -= dg[0].at * dg[0].stride;
+      dg[0].at = 0;
+      for (size_t k = 1; k < nd; ++k) {
+        if (++dg[k].at < dg[k].size) {
+          off += dg[k].stride;
+          break;
+        }
+        off -= (dg[k].size - 1) * dg[k].stride;
+        dg[k].at = 0;
+      }
+    }
+  }
   int64_t i = 0;
   while (i < len) {
     const int64_t o = i0 + i;
     int64_t off = 0;
     for (size_t d = 0; d < rank; ++d) off += (o / leaf.div[d]) % leaf.mod[d] * leaf.stride[d];
-    if (inner_run) {
-      // A run along the source's innermost present dim (a bias over rows, a mask over a
-      // batch): copied, not read a value at a time through the dtype's switch.
-      const int64_t c0 = o % leaf.mod[0];
-      const int64_t n = std::min(len - i, leaf.mod[0] - c0);
-      copy_run(dt, src, off, leaf.stride[0], n, dst + i);
-      i += n;
-    } else {
-      const int64_t n = std::min(len - i, repeat - o % repeat);
-      fill_run(dst + i, n, read_value(dt, src, off));
-      i += n;
-    }
+    const int64_t n = std::min(len - i, repeat - o % repeat);
+    fill_run(dst + i, n, read_value(dt, src, off));
+    i += n;
   }
 }
 

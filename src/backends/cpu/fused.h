@@ -15,6 +15,11 @@ namespace lockstep::backends::cpu {
 
 // Whether node `id` can be part of a fused tree.
 bool fusible(const ir::Graph& g, int32_t id);
+// Whether node `id` is a permute that trees read as a leaf of its operand, through strides
+// (FusionRules::view_leaf): one that keeps the last axis last (attention's heads, [T, B, C] and
+// [B, T, C]), so that the tree reads runs along that axis, instead of a copy written and read
+// back.
+bool permute_leaf(const ir::Graph& g, int32_t id);
 
 // Activation layouts. A 4-D value [N, C, H, W] whose C is a multiple of kBlock (kernels.h) and
 // H * W > 1 may be held in oneDNN's blocked nChw16c layout, [N][C / 16][H][W][16 channels],
@@ -48,6 +53,8 @@ class FusedTree {
   static void run_group(const std::vector<const FusedTree*>& trees,
                         const std::vector<std::vector<const void*>>& leaves,
                         const std::vector<void*>& outs);
+  // Whether leaf k is read through a permute of its dims (in plain layout, whatever the tree's).
+  bool leaf_is_permuted(size_t k) const { return leaves_[k].permuted; }
   // Whether leaf k is read element for element (same numel, no broadcast).
   bool leaf_is_elementwise(size_t k) const {
     return leaves_[k].contiguous && leaves_[k].numel == numel_;
@@ -78,7 +85,8 @@ class FusedTree {
  private:
   struct Leaf {
     DType dtype;
-    bool contiguous;  // same shape as the tree: element i is at i
+    bool contiguous;        // same shape as the tree: element i is at i
+    bool permuted = false;  // read through a permute of its dims (an absorbed Permute)
     int64_t numel;
     // Otherwise: the source offset of output index i is sum_d ((i / div[d]) % mod[d]) * stride[d].
     std::vector<int64_t> div, mod, stride;
@@ -114,7 +122,11 @@ class FusedTree {
   // at once, not one per instruction (a chain of 100,000 adds took 400 MB of scratch per
   // thread). The first kKeptScalars scalar leaves keep theirs for the whole run.
   void assign_slots();
-  int add_leaf(const ir::Graph& g, int32_t node, const Shape& out_shape);
+  // A leaf: node's values read in the order of out_shape, broadcast (node's shape aligned to the
+  // right of out_shape) or, with perm, through a permute of node's dims (out dim d is node's
+  // dim perm[d]; same rank).
+  int add_leaf(const ir::Graph& g, int32_t node, const Shape& out_shape,
+               const std::vector<int64_t>* perm = nullptr);
   // Values [i0, i0 + len) of a leaf as floats: load() reads a periodic leaf from the period
   // bind() expanded, load_source() from the leaf's own memory.
   void load(const Leaf& leaf, const void* src, int64_t i0, int64_t len, float* dst) const;

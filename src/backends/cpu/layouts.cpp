@@ -32,10 +32,20 @@ void choose_layouts(plan::Plan& p) {
     return v;
   };
   auto join = [&](int32_t a, int32_t b) { parent[find(a)] = find(b); };
-  auto tree_leaves = [&](int32_t root) {
-    return FusedTree(p.graph, root, p.absorbed).leaf_nodes();
-  };
   const int32_t plain = static_cast<int32_t>(n);
+  // The leaves of the tree at `root` that it reads in its own order; those it reads through a
+  // permute are plain.
+  auto tree_leaves = [&](int32_t root) {
+    const FusedTree tree(p.graph, root, p.absorbed);
+    std::vector<int32_t> leaves;
+    for (size_t k = 0; k < tree.leaf_nodes().size(); ++k) {
+      if (tree.leaf_is_permuted(k))
+        join(tree.leaf_nodes()[k], plain);
+      else
+        leaves.push_back(tree.leaf_nodes()[k]);
+    }
+    return leaves;
+  };
   std::vector<bool> candidate(n, false);
   for (size_t i = 0; i < n; ++i) {
     const ir::GraphNode& node = p.graph.nodes[i];

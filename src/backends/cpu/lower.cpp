@@ -1073,6 +1073,7 @@ void lower(plan::Plan& p) {
 plan::FusionRules fusion_rules() {
   plan::FusionRules rules;
   rules.fusible = fusible;
+  rules.view_leaf = permute_leaf;
   // An f32 reduction takes a tree when it walks it in long contiguous runs (sums in shorter ones
   // too: they go by tiles).
   rules.reduction_takes = [](const ir::Graph& g, int32_t c, int32_t id) {
