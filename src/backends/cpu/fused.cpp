@@ -90,14 +90,17 @@ bool fusible(const ir::Graph& g, int32_t id) {
   return true;
 }
 
+bool keeps_last_axis(const ir::GraphNode& n) {
+  return n.op == Op::Permute && !n.attrs.empty() &&
+         n.attrs.back() == static_cast<int64_t>(n.attrs.size()) - 1;
+}
+
 bool permute_leaf(const ir::Graph& g, int32_t id) {
   // Runs shorter than this would be read a few values at a time: the copy is better then.
   constexpr int64_t kMinRun = 16;
   const ir::GraphNode& n = g.nodes[id];
-  const size_t r = n.attrs.size();
-  return n.op == Op::Permute && r >= 2 && n.attrs.back() == static_cast<int64_t>(r) - 1 &&
-         n.shape.back() >= kMinRun && fusible_dtype(n.dtype) &&
-         g.nodes[n.operands[0]].dtype == n.dtype;
+  return keeps_last_axis(n) && n.attrs.size() >= 2 && n.shape.back() >= kMinRun &&
+         fusible_dtype(n.dtype) && g.nodes[n.operands[0]].dtype == n.dtype;
 }
 
 bool blockable(const Shape& s) {
@@ -312,7 +315,7 @@ int FusedTree::add_leaf(const ir::Graph& g, int32_t node, const Shape& out_shape
     }
     if (perm) {
       const std::vector<int64_t> own = stride;
-      for (size_t d = 0; d < r; ++d) stride[d] = out_shape[d] == 1 ? 0 : own[(*perm)[d]];
+      for (size_t d = 0; d < r; ++d) stride[d] = own[(*perm)[d]];  // (0 for size-1 dims)
     }
     if (blocked_order_) {
       // Walked as [N, C/16, H, W, 16]: the channel dim as blocks of 16 and the channel within.

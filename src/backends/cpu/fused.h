@@ -15,6 +15,8 @@ namespace lockstep::backends::cpu {
 
 // Whether node `id` can be part of a fused tree.
 bool fusible(const ir::Graph& g, int32_t id);
+// A Permute that keeps the last axis last (it moves rows and batches: attention's heads).
+bool keeps_last_axis(const ir::GraphNode& n);
 // Whether node `id` is a permute that trees read as a leaf of its operand, through strides
 // (FusionRules::view_leaf): one that keeps the last axis last (attention's heads, [T, B, C] and
 // [B, T, C]), so that the tree reads runs along that axis, instead of a copy written and read

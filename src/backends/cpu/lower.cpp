@@ -67,11 +67,6 @@ const Shape& pool_input(const ir::Graph& g, const ir::GraphNode& n) {
 const Shape& pool_output(const ir::Graph& g, const ir::GraphNode& n) {
   return n.op == Op::AvgPool2dBackward ? g.nodes[n.operands[0]].shape : n.shape;
 }
-// A Permute that keeps the last axis last (it moves rows and batches: attention's heads).
-bool keeps_last_axis(const ir::GraphNode& n) {
-  return n.op == Op::Permute && !n.attrs.empty() &&
-         n.attrs.back() == static_cast<int64_t>(n.attrs.size()) - 1;
-}
 // Whether a matmul's right-hand operand is one matrix for its whole batch ([1..., K, N]).
 bool shared_right(const ir::Graph& g, const ir::GraphNode& mm) {
   const Shape& b = g.nodes[mm.operands[1]].shape;
