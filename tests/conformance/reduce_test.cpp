@@ -182,6 +182,31 @@ TEST_F(Reduce, OfElementwiseTrees) {
       650);
 }
 
+LS_COVERS(Reduce, ShortRows, Op::Sum, Op::Max, Op::Min, Op::Exp, Op::Sub);
+TEST_F(Reduce, ShortRows) {
+  // Reductions over trailing axes of at most 256 values (a softmax's or a layer norm's rows): the
+  // cpu backend reads whole rows a tile at a time, so these cut tiles into rows, leave a partial
+  // last tile, cross the threading threshold and reduce over two trailing axes, with NaN,
+  // infinities and signed zeros in some rows, from memory and through a tree, in f32 and bf16.
+  const std::vector<std::pair<ls::Shape, std::vector<int64_t>>> cases = {
+      {{4, 997, 64}, {2}}, {{300, 100}, {1}},        {{2, 50, 256}, {2}}, {{700, 3}, {1}},
+      {{33, 1}, {1}},      {{9, 40, 8, 16}, {2, 3}}, {{5, 7}, {1}}};
+  for (ls::DType dt : {ls::f32, ls::bf16})
+    for (const auto& [s, axes] : cases) {
+      const bool keep = s.size() % 2 == 0;
+      check(
+          "short rows " + str(dt) + " " + str(s) + " axes " + str(axes),
+          {{s, dt, Fill::NonFinite}, {s, dt}},
+          [&](const Tensors& x) {
+            const ls::Tensor shifted = ls::exp(x[1] - ls::max(x[1], axes, true));
+            return Tensors{ls::sum(x[0], axes, keep), ls::max(x[0], axes, keep),
+                           ls::min(x[0], axes, keep), ls::sum(shifted, axes, keep),
+                           ls::min(x[0] * x[1], axes, keep)};
+          },
+          reduced_length(s, axes));
+    }
+}
+
 LS_COVERS(Reduce, OfViews, Op::Sum, Op::Max, Op::ArgMin, Op::Permute, Op::Slice);
 TEST_F(Reduce, OfViews) {
   for (ls::DType dt : {ls::f32, ls::f64, ls::i32})

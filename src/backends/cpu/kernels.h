@@ -178,6 +178,36 @@ inline void next_group(const ReduceLayout& l, std::vector<int64_t>& idx, int64_t
   }
 }
 
+// Whether each output's input is one contiguous run and the runs lie end to end (output o's at
+// o * inner): a reduction over trailing axes, as a softmax's or a layer norm's rows.
+inline bool rows_end_to_end(const ReduceLayout& l) {
+  if (l.groups != 1) return false;
+  int64_t span = l.inner;
+  for (size_t d = l.kdim.size(); d-- > 0;) {
+    if (l.kstride[d] != span) return false;
+    span *= l.kdim[d];
+  }
+  return true;
+}
+// Short rows end to end are read a tile of whole rows at a time (a fused tree's evaluation costs
+// about as much per call as per element on rows of 64) and reduced row by row:
+// tile(o0, rows, tmp) reduces outputs [o0, o0 + rows), whose inputs are the rows * l.inner values
+// from o0 * l.inner (at most kTile); tmp holds max(tmp_floats, kTile) floats. Returns false,
+// doing nothing, for other layouts.
+template <typename Tile>
+bool reduce_short_rows(const ReduceLayout& l, size_t tmp_floats, Tile&& tile) {
+  if (!rows_end_to_end(l) || l.inner < 1 || l.inner * 2 > kTile) return false;
+  const int64_t per_tile = kTile / l.inner;
+  const int64_t tiles = (l.outer + per_tile - 1) / per_tile;
+  parallel_region(tiles > 1 && l.outer * l.inner > 32768, [&] {
+    std::vector<float> tmp(std::max<size_t>(tmp_floats, kTile));
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < tiles; ++t)
+      tile(t * per_tile, std::min(per_tile, l.outer - t * per_tile), tmp.data());
+  });
+  return true;
+}
+
 template <typename Read>
 void reduce_f32(ir::Op op, const ReduceLayout& l, Read&& read, float* out, size_t tmp_floats) {
   if (op == ir::Op::Sum) {
@@ -187,6 +217,17 @@ void reduce_f32(ir::Op op, const ReduceLayout& l, Read&& read, float* out, size_
     return;
   }
   const bool is_max = op == ir::Op::Max;
+  if (reduce_short_rows(l, tmp_floats, [&](int64_t o0, int64_t rows, float* tmp) {
+        const float* p = read(o0 * l.inner, rows * l.inner, tmp);
+        for (int64_t r = 0; r < rows; ++r) {
+          bool nan = false;
+          const float* run = p + r * l.inner;
+          const float b =
+              is_max ? max_run_f32(run, l.inner, &nan) : min_run_f32(run, l.inner, &nan);
+          out[o0 + r] = nan ? __builtin_nanf("") : b;
+        }
+      }))
+    return;
   parallel_region(l.outer > 1 && l.outer * l.groups * l.inner > 32768, [&] {
     std::vector<float> tmp(tmp_floats);
     std::vector<int64_t> idx(l.rdim.size());
@@ -308,6 +349,14 @@ void sum_tiles_f32(const ReduceMap& m, size_t sources, Read&& read, const std::v
 template <typename Read>
 void sum_multi_f32(const ReduceLayout& l, size_t sources, Read&& read,
                    const std::vector<float*>& out, size_t tmp_floats) {
+  // (Each row's float sum, as the walk below takes a run shorter than 512.)
+  if (reduce_short_rows(l, tmp_floats, [&](int64_t o0, int64_t rows, float* tmp) {
+        for (size_t k = 0; k < sources; ++k) {
+          const float* p = read(k, o0 * l.inner, rows * l.inner, tmp);
+          for (int64_t r = 0; r < rows; ++r) out[k][o0 + r] = sum_run_f32(p + r * l.inner, l.inner);
+        }
+      }))
+    return;
   parallel_region(l.outer > 1 && l.outer * l.groups * l.inner > 32768, [&] {
     std::vector<float> tmp(tmp_floats);
     std::vector<int64_t> idx(l.rdim.size());
