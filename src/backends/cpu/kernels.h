@@ -90,6 +90,9 @@ void reduce_f32(ir::Op op, const ReduceLayout& l, Read&& read, float* out, size_
 float sum_run_f32(const float* p, int64_t n);
 // acc[i] += p[i] for i < n, in double, vectorized.
 void add_widened(const float* p, int64_t n, double* acc);
+// part[q] += p[j * kBlock + q] for j < n, q < kBlock: the channels of a blocked (nChw16c) run,
+// one vector of 16 lanes.
+void add_blocks(const float* p, int64_t n, float* part);
 float max_run_f32(const float* p, int64_t n, bool* nan);
 float min_run_f32(const float* p, int64_t n, bool* nan);
 
@@ -275,17 +278,14 @@ void sum_tiles_f32(const ReduceMap& m, size_t sources, Read&& read, const std::v
           // A block's values are added up in floats along the tile, as runs are.
           const int64_t span = m.div[1], blocks = m.mod[1];
           int64_t b = i0 / span % blocks, left = span - i0 % span;
-          float part[kBlock] = {};
-          for (int64_t j = 0; j < len; j += kBlock) {
-            for (int q = 0; q < kBlock; ++q) part[q] += p[j + q];
-            left -= kBlock;
-            if (left == 0 || j + kBlock == len) {
-              double* o = ak + b * kBlock;
-              for (int q = 0; q < kBlock; ++q) {
-                o[q] += part[q];
-                part[q] = 0;
-              }
-            }
+          for (int64_t j = 0; j < len;) {
+            const int64_t n = std::min(left, len - j);  // this tile's values of block b
+            alignas(64) float part[kBlock] = {};
+            add_blocks(p + j, n / kBlock, part);
+            double* o = ak + b * kBlock;
+            for (int q = 0; q < kBlock; ++q) o[q] += part[q];
+            j += n;
+            left -= n;
             if (left == 0) {
               left = span;
               if (++b == blocks) b = 0;
