@@ -835,8 +835,8 @@ const float* FusedTree::eval(const std::vector<const void*>& leaf_ptrs, int64_t 
         reg[in.out] =
             static_cast<const float*>(leaf_ptrs[in.a]) + i0 / leaf.div[1] % leaf.mod[1] * kTile;
       } else if (leaf.numel == 1) {  // a tile of the one value, filled once per scratch
-        // (A thread's first tile is short only when it is its last: static schedules.)
-        if (!scalars_loaded || !in.kept) load(leaf, leaf_ptrs[in.a], 0, len, own);
+        // A kept tile is filled whole, for every later call whatever its length.
+        if (!scalars_loaded || !in.kept) load(leaf, leaf_ptrs[in.a], 0, in.kept ? kTile : len, own);
         reg[in.out] = own;
       } else {
         load(leaf, leaf_ptrs[in.a], i0, len, own);

@@ -218,7 +218,8 @@ void reduce_f32(ir::Op op, const float* x, const Shape& in, const std::vector<in
                 float* out) {
   if (reduce_layout(in, attrs).inner == 1 && reduce_columns(op, x, in, attrs, out)) return;
   reduce_f32(
-      op, reduce_layout(in, attrs), [x](int64_t off, int64_t, float*) { return x + off; }, out, 0);
+      op, reduce_layout(in, attrs), [x](int64_t off, int64_t, float*, bool) { return x + off; },
+      out, 0);
 }
 
 void merge_dims(std::vector<int64_t>& div, std::vector<int64_t>& mod, std::vector<int64_t>& step) {

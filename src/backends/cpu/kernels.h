@@ -18,6 +18,7 @@
 #include <bit>
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "backends/cpu/parallel.h"
@@ -79,8 +80,10 @@ class RunBuffers {
   size_t base_;
 };
 
-// Sum, Max or Min over a layout. read(offset, len, tmp) returns a pointer to the input values
-// [offset, offset + len) (len <= 512), possibly computing them into tmp (512 floats).
+// Sum, Max or Min over a layout. read(offset, len, tmp, again) returns a pointer to the input
+// values [offset, offset + len) (len <= 512), possibly computing them into tmp (tmp_floats, at
+// least 512); `again`: this thread read into the same tmp before (what a fused tree keeps there
+// from call to call, its one-value leaves' tiles, is still there).
 template <typename Read>
 void reduce_f32(ir::Op op, const ReduceLayout& l, Read&& read, float* out, size_t tmp_floats);
 
@@ -110,15 +113,17 @@ struct ReduceMap {
 ReduceMap reduce_map(const Shape& in, const std::vector<int64_t>& attrs);
 
 // Sums by tiles of the flattened input (good when the runs are short, e.g. per-channel sums of
-// small feature maps): each source is read through read(k, offset, len, tmp) (len <= 512) in
-// whole tiles, and the tile's runs are added to their outputs; per-thread partial sums are
-// combined in thread order, so results do not depend on timing.
+// small feature maps): each source is read through read(k, offset, len, tmp, again) (len <= 512;
+// tmp and again as for reduce_f32, per source) in whole tiles, and the tile's runs are added to
+// their outputs; per-thread partial sums are combined in thread order, so results do not depend on
+// timing.
 template <typename Read>
 void sum_tiles_f32(const ReduceMap& m, size_t sources, Read&& read, const std::vector<float*>& out,
                    size_t tmp_floats);
 
 // Several sums over the same layout in one walk (the batch norm backward's two per-channel
-// sums read the same values): read(k, offset, len, tmp) gives source k's values; out[k] its sums.
+// sums read the same values): read(k, offset, len, tmp, again) gives source k's values; out[k] its
+// sums.
 template <typename Read>
 void sum_multi_f32(const ReduceLayout& l, size_t sources, Read&& read,
                    const std::vector<float*>& out, size_t tmp_floats);
@@ -181,6 +186,21 @@ inline void next_group(const ReduceLayout& l, std::vector<int64_t>& idx, int64_t
   }
 }
 
+// A reduction thread's scratch for its sources' reads: source k's tmp (tmp_floats, at least a
+// tile), and whether the thread read source k into it before (see reduce_f32).
+class ReadScratch {
+ public:
+  ReadScratch(size_t sources, size_t tmp_floats)
+      : stride_(std::max<size_t>(tmp_floats, kTile)), buf_(sources * stride_), used_(sources) {}
+  float* tmp(size_t k) { return buf_.data() + k * stride_; }
+  bool again(size_t k) { return std::exchange(used_[k], char{1}) != 0; }
+
+ private:
+  size_t stride_;
+  std::vector<float> buf_;
+  std::vector<char> used_;  // (not vector<bool>, whose elements are no references)
+};
+
 // Whether each output's input is one contiguous run and the runs lie end to end (output o's at
 // o * inner): a reduction over trailing axes, as a softmax's or a layer norm's rows.
 inline bool rows_end_to_end(const ReduceLayout& l) {
@@ -195,18 +215,18 @@ inline bool rows_end_to_end(const ReduceLayout& l) {
 // Short rows end to end are read a tile of whole rows at a time (a fused tree's evaluation costs
 // about as much per call as per element on rows of 64) and reduced row by row:
 // tile(o0, rows, tmp) reduces outputs [o0, o0 + rows), whose inputs are the rows * l.inner values
-// from o0 * l.inner (at most kTile); tmp holds max(tmp_floats, kTile) floats. Returns false,
-// doing nothing, for other layouts.
+// from o0 * l.inner (at most kTile), reading them through `scratch`, its thread's (one source,
+// tmp_floats). Returns false, doing nothing, for other layouts.
 template <typename Tile>
 bool reduce_short_rows(const ReduceLayout& l, size_t tmp_floats, Tile&& tile) {
   if (!rows_end_to_end(l) || l.inner < 1 || l.inner * 2 > kTile) return false;
   const int64_t per_tile = kTile / l.inner;
   const int64_t tiles = (l.outer + per_tile - 1) / per_tile;
   parallel_region(tiles > 1 && l.outer * l.inner > 32768, [&] {
-    std::vector<float> tmp(std::max<size_t>(tmp_floats, kTile));
+    ReadScratch scratch(1, tmp_floats);
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < tiles; ++t)
-      tile(t * per_tile, std::min(per_tile, l.outer - t * per_tile), tmp.data());
+      tile(t * per_tile, std::min(per_tile, l.outer - t * per_tile), scratch);
   });
   return true;
 }
@@ -215,13 +235,16 @@ template <typename Read>
 void reduce_f32(ir::Op op, const ReduceLayout& l, Read&& read, float* out, size_t tmp_floats) {
   if (op == ir::Op::Sum) {
     sum_multi_f32(
-        l, 1, [&](size_t, int64_t off, int64_t len, float* tmp) { return read(off, len, tmp); },
+        l, 1,
+        [&](size_t, int64_t off, int64_t len, float* tmp, bool again) {
+          return read(off, len, tmp, again);
+        },
         {out}, tmp_floats);
     return;
   }
   const bool is_max = op == ir::Op::Max;
-  if (reduce_short_rows(l, tmp_floats, [&](int64_t o0, int64_t rows, float* tmp) {
-        const float* p = read(o0 * l.inner, rows * l.inner, tmp);
+  if (reduce_short_rows(l, tmp_floats, [&](int64_t o0, int64_t rows, ReadScratch& scratch) {
+        const float* p = read(o0 * l.inner, rows * l.inner, scratch.tmp(0), scratch.again(0));
         for (int64_t r = 0; r < rows; ++r) {
           bool nan = false;
           const float* run = p + r * l.inner;
@@ -232,7 +255,7 @@ void reduce_f32(ir::Op op, const ReduceLayout& l, Read&& read, float* out, size_
       }))
     return;
   parallel_region(l.outer > 1 && l.outer * l.groups * l.inner > 32768, [&] {
-    std::vector<float> tmp(tmp_floats);
+    ReadScratch scratch(1, tmp_floats);
     std::vector<int64_t> idx(l.rdim.size());
 #pragma omp for schedule(static)
     for (int64_t o = 0; o < l.outer; ++o) {
@@ -243,7 +266,7 @@ void reduce_f32(ir::Op op, const ReduceLayout& l, Read&& read, float* out, size_
       for (int64_t g = 0; g < l.groups; ++g) {
         for (int64_t c = 0; c < l.inner; c += 512) {
           const int64_t len = std::min<int64_t>(512, l.inner - c);
-          const float* p = read(off + c, len, tmp.data());
+          const float* p = read(off + c, len, scratch.tmp(0), scratch.again(0));
           const float b = is_max ? max_run_f32(p, len, &nan) : min_run_f32(p, len, &nan);
           best = is_max ? (b > best ? b : best) : (b < best ? b : best);
         }
@@ -262,13 +285,13 @@ void sum_tiles_f32(const ReduceMap& m, size_t sources, Read&& read, const std::v
   const size_t per_thread = sources * static_cast<size_t>(m.out_size);
   std::vector<double> acc(static_cast<size_t>(threads) * per_thread, 0.0);
   parallel_region(threads > 1, [&] {
-    std::vector<float> tmp(std::max<size_t>(tmp_floats, kTile));
+    ReadScratch scratch(sources, tmp_floats);
     double* a = acc.data() + static_cast<size_t>(omp_get_thread_num()) * per_thread;
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < tiles; ++t) {
       const int64_t i0 = t * kTile, len = std::min(kTile, m.numel - i0);
       for (size_t k = 0; k < sources; ++k) {
-        const float* p = read(k, i0, len, tmp.data());
+        const float* p = read(k, i0, len, scratch.tmp(k), scratch.again(k));
         double* ak = a + k * static_cast<size_t>(m.out_size);
         if (m.run == 1 && m.div.size() == 2 && m.div[0] == 1 && m.mod[0] == kBlock &&
             m.mul[0] == 1 && m.mul[1] == kBlock && m.div[1] % kBlock == 0 && i0 % kBlock == 0 &&
@@ -349,16 +372,8 @@ void sum_tiles_f32(const ReduceMap& m, size_t sources, Read&& read, const std::v
 template <typename Read>
 void sum_multi_f32(const ReduceLayout& l, size_t sources, Read&& read,
                    const std::vector<float*>& out, size_t tmp_floats) {
-  // (Each row's float sum, as the walk below takes a run shorter than 512.)
-  if (reduce_short_rows(l, tmp_floats, [&](int64_t o0, int64_t rows, float* tmp) {
-        for (size_t k = 0; k < sources; ++k) {
-          const float* p = read(k, o0 * l.inner, rows * l.inner, tmp);
-          for (int64_t r = 0; r < rows; ++r) out[k][o0 + r] = sum_run_f32(p + r * l.inner, l.inner);
-        }
-      }))
-    return;
   parallel_region(l.outer > 1 && l.outer * l.groups * l.inner > 32768, [&] {
-    std::vector<float> tmp(tmp_floats);
+    ReadScratch scratch(sources, tmp_floats);
     std::vector<int64_t> idx(l.rdim.size());
     std::vector<double> sum(sources);
 #pragma omp for schedule(static)
@@ -370,7 +385,7 @@ void sum_multi_f32(const ReduceLayout& l, size_t sources, Read&& read,
         for (int64_t c = 0; c < l.inner; c += 512) {
           const int64_t len = std::min<int64_t>(512, l.inner - c);
           for (size_t k = 0; k < sources; ++k)
-            sum[k] += sum_run_f32(read(k, off + c, len, tmp.data()), len);
+            sum[k] += sum_run_f32(read(k, off + c, len, scratch.tmp(k), scratch.again(k)), len);
         }
         next_group(l, idx, off);
       }

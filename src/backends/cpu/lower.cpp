@@ -260,7 +260,7 @@ std::function<void(Ctx&)> run_sums(SumParts parts) {
         outs.push_back(static_cast<float*>(c.ptr[parts[k].first]));
       }
     }
-    auto read = [&](size_t k, int64_t off, int64_t len, float* tmp) -> const float* {
+    auto read = [&](size_t k, int64_t off, int64_t len, float* tmp, bool again) -> const float* {
       const SumOf& of = *parts[k].second;
       if (!of.tree && of.input_dtype == DType::BF16) {
         bf16_to_f32(static_cast<const uint16_t*>(c.ptr[of.input]) + off, len, tmp);
@@ -268,7 +268,7 @@ std::function<void(Ctx&)> run_sums(SumParts parts) {
       }
       if (!of.tree) return static_cast<const float*>(c.ptr[of.input]) + off;
       of.tree->prefetch(leaves[k], off, len);
-      return of.tree->eval(leaves[k], off, len, tmp, nullptr);
+      return of.tree->eval(leaves[k], off, len, tmp, nullptr, again);
     };
     if (layout.inner < kLongRun)
       sum_tiles_f32(map, parts.size(), read, outs, tmp_floats);
@@ -486,8 +486,8 @@ void lower_tree_reduction(Lowering& l) {
       const std::vector<const void*> leaves = tree->bind(c.ptr, expanded);
       reduce_f32(
           op, layout,
-          [&](int64_t off, int64_t len, float* tmp) {
-            return tree->eval(leaves, off, len, tmp, nullptr);
+          [&](int64_t off, int64_t len, float* tmp, bool again) {
+            return tree->eval(leaves, off, len, tmp, nullptr, again);
           },
           static_cast<float*>(c.ptr[id]), tree->scratch_floats());
     };
