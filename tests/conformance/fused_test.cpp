@@ -278,6 +278,52 @@ TEST_F(Fused, DependentSumsOfBackwardPasses) {
         static_cast<double>(s.back()));
 }
 
+// Reductions over rows and the trees that read them along those rows run as one staged program,
+// tile by tile of whole rows (merge_row_steps): a masked softmax forward and backward, a layer
+// norm forward and backward, log-softmax, a reduction over the last two dims, rows of 16 to 512
+// (a tile of whole rows, or one row, or rows that leave part of a tile), NaN and infinite rows,
+// f32 and bf16 (autocast's f32 softmax of bf16 scores). Rows longer than a tile, and a
+// reduction over other dims of the same values, stay separate steps.
+LS_COVERS(Fused, RowPrograms, Op::Max, Op::Sum, Op::Exp, Op::Sub, Op::Div, Op::Where, Op::Rsqrt);
+TEST_F(Fused, RowPrograms) {
+  for (ls::DType dt : {ls::f32, ls::bf16})
+    for (const ls::Shape& s :
+         {ls::Shape{6, 16, 16}, ls::Shape{4, 33, 64}, ls::Shape{7, 100}, ls::Shape{3, 9, 256},
+          ls::Shape{5, 512}, ls::Shape{2, 600}, ls::Shape{2, 5, 8, 16}}) {
+      const int64_t t = s.back();
+      check(
+          "masked softmax forward and backward " + str(dt) + " " + str(s),
+          {{s, dt}, {s, dt}, {{t, t}, ls::f32, Fill::Range, 0, 2}},
+          [&](const Tensors& v) {
+            ls::Tensor x = ls::cast(v[0], ls::f32).detach().set_requires_grad();
+            // A mask of -inf where v[2] is 0 (a whole row of them in some shapes: NaN rows).
+            const ls::Tensor mask =
+                ls::where(v[2] > 0.5f, ls::zeros({t, t}), ls::full({t, t}, -INFINITY));
+            const ls::Tensor scores =
+                s.size() >= 2 && s[s.size() - 2] == t ? x * 0.125f + mask : x * 0.125f;
+            const ls::Tensor p = ls::softmax(scores, -1);
+            ls::backward(ls::sum(ls::cast(p, dt) * v[1]));
+            return Tensors{p, x.grad(), ls::log_softmax(x, -1)};
+          },
+          static_cast<double>(t));
+      check(
+          "layer norm forward and backward " + str(dt) + " " + str(s),
+          {{s, dt}, {{t}, dt}, {s, dt, Fill::NonFinite}},
+          [&](const Tensors& v) {
+            ls::Tensor x = ls::cast(v[0], ls::f32).detach().set_requires_grad();
+            const ls::Tensor mean = ls::mean(x, {-1}, true);
+            const ls::Tensor var = ls::mean(ls::square(x - mean), {-1}, true);
+            const ls::Tensor y = (x - mean) * ls::rsqrt(var + 1e-5) * ls::cast(v[1], ls::f32);
+            ls::backward(ls::sum(y * ls::cast(v[0], ls::f32)));
+            const ls::Tensor special = ls::cast(v[2], ls::f32);
+            return Tensors{y, x.grad(), special - ls::max(special, {-1}, true),
+                           ls::sum(ls::exp(x), {-2, -1}, true) - ls::sum(x, {-1}, true) * 0.0f,
+                           ls::sum(x - ls::min(x, {0}, true), {-1})};
+          },
+          static_cast<double>(t));
+    }
+}
+
 LS_COVERS(Fused, TreesAroundHeavyOps, Op::MatMul, Op::Conv2d, Op::MaxPool2d, Op::AvgPool2d,
           Op::Relu, Op::Add);
 TEST_F(Fused, TreesAroundHeavyOps) {

@@ -229,11 +229,11 @@ TEST(MemoryPass, TheArenaReusesDeadValues) {
 TEST(Pipeline, ThePassesInOrder) {
   std::vector<std::string> names;
   for (const plan::Pass& pass : cpu::pipeline()) names.push_back(pass.name);
-  EXPECT_EQ(names,
-            (std::vector<std::string>{"fold_constants", "choose_fusion", "choose_layouts",
-                                      "choose_conv_algorithms", "lower", "drop_unread_steps",
-                                      "merge_sums", "merge_fused_steps", "schedule", "add_checks",
-                                      "bucket_all_reduces", "share_conv_copies", "plan_memory"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"fold_constants", "choose_fusion", "choose_layouts",
+                                             "choose_conv_algorithms", "lower", "drop_unread_steps",
+                                             "merge_row_steps", "merge_sums", "merge_fused_steps",
+                                             "schedule", "add_checks", "bucket_all_reduces",
+                                             "share_conv_copies", "plan_memory"}));
 }
 
 TEST(LowerPass, AMatmulReadsATransposeThroughStridesAndTheTransposeIsDropped) {
@@ -314,6 +314,25 @@ TEST(MergePass, ConsecutiveFusedStepsOfOneSizeRunAsAGroup) {
   EXPECT_EQ(lines(p, "%"),
             "%3 fused_group f32[8192] <- %0[8192] %1[8192] %2[8192] %3[8192]  add(r0,r1)->r2 ; "
             "sub(r0,r1)->r2 \n");
+}
+
+TEST(MergePass, ASoftmaxRunsAsOneProgramOverItsRows) {
+  // max, exp(x - max) summed, then divided by the sum: one step, exp(x - max) computed once.
+  const plan::Plan p = run_until(
+      "%0 = data(#0) f32[64, 32]\n%1 = max(%0) {1, 1} f32[64, 1]\n%2 = expand(%1) f32[64, 32]\n"
+      "%3 = sub(%0, %2) f32[64, 32]\n%4 = exp(%3) f32[64, 32]\n"
+      "%5 = sum(%4) {1, 1} f32[64, 1]\n%6 = expand(%5) f32[64, 32]\n"
+      "%7 = div(%4, %6) f32[64, 32]\nreturn %7\n",
+      "merge_row_steps");
+  EXPECT_EQ(lines(p, "%"),
+            "%1 fused_rows f32[64, 1] <- %0[64, 32] %1[64, 1] %5[64, 1]  sub(r0,r1)->r2 "
+            "exp(r2)->r3 div(r3,r4)->r5 \n");
+  // Rows longer than a tile: separate steps.
+  const plan::Plan q = run_until(
+      "%0 = data(#0) f32[4, 1024]\n%1 = max(%0) {1, 1} f32[4, 1]\n%2 = expand(%1) f32[4, 1024]\n"
+      "%3 = sub(%0, %2) f32[4, 1024]\nreturn %3\n",
+      "merge_row_steps");
+  EXPECT_EQ(lines(q, "%").find("fused_rows"), std::string::npos);
 }
 
 // Two gradients (%3, then %6) that DataParallel averages (scale 0.5: the bits

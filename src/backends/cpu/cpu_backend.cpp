@@ -68,6 +68,7 @@ const std::vector<plan::Pass>& pipeline() {
         {"choose_conv_algorithms", choose_conv_algorithms},
         {"lower", lower},
         {"drop_unread_steps", plan::drop_unread_steps},
+        {"merge_row_steps", merge_row_steps},
         {"merge_sums", merge_sums},
         {"merge_fused_steps", merge_fused_steps},
         {"schedule", plan::schedule},

@@ -140,6 +140,35 @@ FusedTree::FusedTree(const ir::Graph& g, int32_t root, const std::vector<bool>& 
   assign_slots();
 }
 
+FusedTree::FusedTree(const ir::Graph& g, const std::vector<int32_t>& roots,
+                     const std::vector<bool>& computed, const std::vector<bool>& absorbed,
+                     int64_t row)
+    : row_(row) {
+  LS_INTERNAL_CHECK(!roots.empty() && row > 0 && row <= kTile, "a staged tree needs short rows");
+  numel_ = shape_numel(g.nodes[roots[0]].shape);
+  LS_INTERNAL_CHECK(numel_ % row == 0, "a staged tree's values are whole rows");
+  for (size_t k = 0; k < roots.size(); ++k) {
+    LS_INTERNAL_CHECK(shape_numel(g.nodes[roots[k]].shape) == numel_, "stages of one size");
+    const size_t first = instrs_.size();
+    const int32_t r = roots[k];
+    if (computed[k])
+      stage_root_.push_back(visit(g, r, absorbed));
+    else if (const auto it = reg_of_.find(r); it != reg_of_.end())  // an earlier stage's value
+      stage_root_.push_back(it->second);
+    else
+      stage_root_.push_back(reg_of_[r] = add_leaf(g, r, g.nodes[r].shape));
+    stage_dtype_.push_back(g.nodes[roots[k]].dtype);
+    for (size_t i = first; i < instrs_.size(); ++i) instrs_[i].stage = static_cast<int>(k);
+  }
+  out_dtype_ = stage_dtype_.back();
+  root_reg_ = stage_root_.back();
+  fold_scaled_sums();
+  stage_end_.assign(roots.size(), 0);
+  for (const Instr& in : instrs_) ++stage_end_[in.stage];
+  for (size_t k = 1; k < roots.size(); ++k) stage_end_[k] += stage_end_[k - 1];
+  assign_slots();
+}
+
 void FusedTree::assign_slots() {
   constexpr int kKeptScalars = 32;
   const size_t n = instrs_.size();
@@ -158,6 +187,10 @@ void FusedTree::assign_slots() {
         if (r >= 0) last[r] = std::max(last[r], i);
   }
   last[root_reg_] = n;
+  // A stage's result lives until its stage's values are stored or reduced, after its last
+  // instruction.
+  for (size_t k = 0; k < stage_root_.size(); ++k)
+    if (stage_end_[k] > 0) last[stage_root_[k]] = std::max(last[stage_root_[k]], stage_end_[k] - 1);
   if (pick_cond_leaf_ >= 0) last[instrs_.back().b] = last[instrs_.back().c] = n;
   for (size_t i = n; i-- > 0;) {  // a tile passed on lives as long as the value it became
     const Instr& in = instrs_[i];
@@ -193,6 +226,7 @@ void FusedTree::assign_slots() {
 void FusedTree::fold_scaled_sums() {
   std::vector<int> uses(num_regs_, 0), producer(num_regs_, -1);
   ++uses[root_reg_];
+  for (int r : stage_root_) ++uses[r];
   for (size_t i = 0; i < instrs_.size(); ++i) {
     const Instr& in = instrs_[i];
     producer[in.out] = static_cast<int>(i);
@@ -820,7 +854,14 @@ const float* FusedTree::eval(const std::vector<const void*>& leaf_ptrs, int64_t 
     result = yes ? instrs_.back().b : instrs_.back().c;
     needs = pick_needs_[yes ? 0 : 1].data();
   }
-  for (size_t i = 0; i < instrs_.size(); ++i) {
+  return run(leaf_ptrs, 0, instrs_.size(), result, needs, reg, i0, len, scratch, dst,
+             scalars_loaded);
+}
+
+const float* FusedTree::run(const std::vector<const void*>& leaf_ptrs, size_t begin, size_t end,
+                            int result, const char* needs, const float** reg, int64_t i0,
+                            int64_t len, float* scratch, float* dst, bool scalars_loaded) const {
+  for (size_t i = begin; i < end; ++i) {
     if (needs && !needs[i]) continue;
     const Instr& in = instrs_[i];
     float* own = scratch + static_cast<int64_t>(in.slot) * kTile;
@@ -953,6 +994,41 @@ void FusedTree::run_group(const std::vector<const FusedTree*>& trees,
     const int64_t t0 = id * chunk + std::min(id, extra);
     run_tiles(t0, t0 + chunk + (id < extra ? 1 : 0));
   }
+}
+
+void FusedTree::run_rows(const FusedTree& tree, const std::vector<ir::Op>& sinks,
+                         const std::vector<const void*>& leaves, const std::vector<void*>& outs) {
+  const int64_t row = tree.row_, rows = tree.numel_ / row;
+  const int64_t per_tile = kTile / row;  // whole rows
+  const int64_t tiles = (rows + per_tile - 1) / per_tile;
+  const size_t stages = tree.stage_root_.size();
+  parallel_region(tiles > 1 && tree.numel_ >= kParallelMin, [&] {
+    thread_local std::vector<float> scratch;
+    if (scratch.size() < tree.scratch_floats()) scratch.resize(tree.scratch_floats());
+    std::vector<const float*> reg(static_cast<size_t>(tree.num_regs_));
+    bool again = false;
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int64_t r0 = t * per_tile, n = std::min(per_tile, rows - r0);
+      const int64_t i0 = r0 * row, len = n * row;
+      for (size_t k = 0; k < stages; ++k) {
+        const float* v = tree.run(leaves, k == 0 ? 0 : tree.stage_end_[k - 1], tree.stage_end_[k],
+                                  tree.stage_root_[k], nullptr, reg.data(), i0, len, scratch.data(),
+                                  nullptr, again);
+        if (sinks[k] != Op::Data) {
+          reduce_rows_f32(sinks[k], v, n, row, static_cast<float*>(outs[k]) + r0);
+        } else if (tree.stage_dtype_[k] == DType::BF16) {
+          exact_to_bf16(v, len, static_cast<uint16_t*>(outs[k]) + i0);
+        } else if (tree.stage_dtype_[k] == DType::Bool) {
+          uint8_t* o = static_cast<uint8_t*>(outs[k]) + i0;
+          for (int64_t i = 0; i < len; ++i) o[i] = v[i] != 0.0f;
+        } else {
+          std::memcpy(static_cast<float*>(outs[k]) + i0, v, len * sizeof(float));
+        }
+      }
+      again = true;
+    }
+  });
 }
 
 }  // namespace lockstep::backends::cpu

@@ -41,6 +41,12 @@ class FusedTree {
   // blockable), else in plain order.
   FusedTree(const ir::Graph& g, int32_t root, const std::vector<bool>& absorbed,
             const std::vector<bool>* blocked = nullptr, bool blocked_order = false);
+  // Trees over the same rows of `row` values laid end to end (plain order), as one program of
+  // stages: stage k computes roots[k]'s tree (computed[k]; else reads roots[k] from memory),
+  // reusing any value an earlier stage computed rather than computing it again (a softmax's
+  // exp(x - max) for its sum and for its quotient). See run_rows().
+  FusedTree(const ir::Graph& g, const std::vector<int32_t>& roots,
+            const std::vector<bool>& computed, const std::vector<bool>& absorbed, int64_t row);
   // Nodes whose values the tree reads from memory, in the order run() takes their pointers.
   const std::vector<int32_t>& leaf_nodes() const { return leaf_nodes_; }
   // The leaf pointers eval() and run_group() take, from each node's memory (`ptr`, by node).
@@ -55,6 +61,17 @@ class FusedTree {
   static void run_group(const std::vector<const FusedTree*>& trees,
                         const std::vector<std::vector<const void*>>& leaves,
                         const std::vector<void*>& outs);
+  // A staged tree (the constructor above), tile by tile, each tile whole rows: per tile each stage
+  // in turn, whose values are then stored into outs[k] (sinks[k] Op::Data; f32, bf16 or bool as
+  // the root) or reduced row by row into outs[k] (Max, Min or Sum, f32; a row's NaN gives NaN
+  // for max and min), before the later stages run, which may read those row values (broadcast
+  // along their rows) or stored values (element for element) from memory.
+  static void run_rows(const FusedTree& tree, const std::vector<ir::Op>& sinks,
+                       const std::vector<const void*>& leaves, const std::vector<void*>& outs);
+  size_t stages() const { return stage_end_.size(); }
+  // Whether leaf k is read from a copy bind() makes (a period or a per-block table): one made
+  // before the run, so not a value the run itself writes.
+  bool leaf_is_expanded(size_t k) const { return leaves_[k].period > 0 || leaves_[k].per_block; }
   // Whether leaf k is read through a permute of its dims (in plain layout, whatever the tree's).
   bool leaf_is_permuted(size_t k) const { return leaves_[k].permuted; }
   // Whether leaf k is read element for element (same numel, no broadcast).
@@ -113,8 +130,14 @@ class FusedTree {
     bool relu = false;  // an Add or Sub that also applies the relu that read it
     int slot = -1;      // the scratch tile it writes (assign_slots), when it writes one
     bool kept = false;  // a scalar leaf whose tile stays filled from tile to tile
+    int stage = 0;      // the stage (root) whose tree it belongs to (staged trees)
   };
   int visit(const ir::Graph& g, int32_t root, const std::vector<bool>& absorbed);
+  // Instructions [begin, end) over values [i0, i0 + len) into registers `reg` (see eval());
+  // returns register `result`'s values. `needs`: the instructions to run (null: all).
+  const float* run(const std::vector<const void*>& leaves, size_t begin, size_t end, int result,
+                   const char* needs, const float** reg, int64_t i0, int64_t len, float* scratch,
+                   float* dst, bool scalars_loaded) const;
   // Folds each multiply that only an Add or Sub reads (of a tile by one value or by another
   // tile) into that Add or Sub (Instr::sa, sb), and a Relu of such a sum into the sum
   // (Instr::relu): one pass over the tile instead of two to four.
@@ -141,6 +164,12 @@ class FusedTree {
   int num_regs_ = 0;
   int num_slots_ = 0;  // scratch tiles (assign_slots)
   int root_reg_ = -1;
+  // Staged trees: per stage, its root's register, its result's dtype and the end of its
+  // instructions; the row length.
+  std::vector<int> stage_root_;
+  std::vector<DType> stage_dtype_;
+  std::vector<size_t> stage_end_;
+  int64_t row_ = 0;
   std::vector<Leaf> leaves_;
   std::vector<int32_t> leaf_nodes_;
   std::vector<Instr> instrs_;

@@ -263,7 +263,8 @@ namespace {
 constexpr int kLanes = 16;
 }
 
-LOCKSTEP_TARGET_CLONES float sum_run_f32(const float* p, int64_t n) {
+// The sum of a run in kLanes partial sums; inlined into each clone that uses it.
+inline float sum_lanes(const float* p, int64_t n) {
   float acc[kLanes] = {};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes)
@@ -273,6 +274,8 @@ LOCKSTEP_TARGET_CLONES float sum_run_f32(const float* p, int64_t n) {
   for (int j = 0; j < kLanes; ++j) s += acc[j];
   return s;
 }
+
+LOCKSTEP_TARGET_CLONES float sum_run_f32(const float* p, int64_t n) { return sum_lanes(p, n); }
 
 LOCKSTEP_TARGET_CLONES void add_blocks(const float* p, int64_t n, float* part) {
   // A vector of GCC's vector extension: written as a loop over 16 lanes, -O3 unrolls it into
@@ -335,6 +338,21 @@ LOCKSTEP_TARGET_CLONES float max_run_f32(const float* p, int64_t n, bool* nan) {
 
 LOCKSTEP_TARGET_CLONES float min_run_f32(const float* p, int64_t n, bool* nan) {
   return extreme_run<false>(p, n, nan);
+}
+
+LOCKSTEP_TARGET_CLONES void reduce_rows_f32(ir::Op op, const float* p, int64_t rows, int64_t len,
+                                            float* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* run = p + r * len;
+    bool nan = false;
+    if (op == ir::Op::Sum)
+      out[r] = sum_lanes(run, len);
+    else if (op == ir::Op::Max)
+      out[r] = extreme_run<true>(run, len, &nan);
+    else
+      out[r] = extreme_run<false>(run, len, &nan);
+    if (nan) out[r] = __builtin_nanf("");
+  }
 }
 
 namespace {

@@ -98,6 +98,10 @@ void add_widened(const float* p, int64_t n, double* acc);
 void add_blocks(const float* p, int64_t n, float* part);
 float max_run_f32(const float* p, int64_t n, bool* nan);
 float min_run_f32(const float* p, int64_t n, bool* nan);
+// out[r] = the sum, max or min (op) of p[r * len, (r + 1) * len) for r < rows, each as
+// sum_run_f32, max_run_f32 or min_run_f32 gives it (a NaN in a row: NaN for max and min), in one
+// call: rows of 64 cost a call each otherwise.
+void reduce_rows_f32(ir::Op op, const float* p, int64_t rows, int64_t len, float* out);
 
 // Index maps of the form sum_d ((i / div[d]) % mod[d]) * step[d] (broadcast reads, reduction
 // outputs) with neighbouring dims merged where one continues the other (div[d + 1] = div[d] *
@@ -245,13 +249,7 @@ void reduce_f32(ir::Op op, const ReduceLayout& l, Read&& read, float* out, size_
   const bool is_max = op == ir::Op::Max;
   if (reduce_short_rows(l, tmp_floats, [&](int64_t o0, int64_t rows, ReadScratch& scratch) {
         const float* p = read(o0 * l.inner, rows * l.inner, scratch.tmp(0), scratch.again(0));
-        for (int64_t r = 0; r < rows; ++r) {
-          bool nan = false;
-          const float* run = p + r * l.inner;
-          const float b =
-              is_max ? max_run_f32(run, l.inner, &nan) : min_run_f32(run, l.inner, &nan);
-          out[o0 + r] = nan ? __builtin_nanf("") : b;
-        }
+        reduce_rows_f32(op, p, rows, l.inner, out + o0);
       }))
     return;
   parallel_region(l.outer > 1 && l.outer * l.groups * l.inner > 32768, [&] {

@@ -2,6 +2,8 @@
 // walk their input together (merge_sums), and consecutive fused steps over the same number of
 // elements run tile by tile together (merge_fused_steps).
 #include <algorithm>
+#include <optional>
+#include <string_view>
 
 #include "backends/cpu/kernels.h"
 #include "backends/cpu/passes.h"
@@ -44,6 +46,180 @@ void merge_fused_steps(plan::Plan& p) {
       }
     }
     out.push_back(std::move(s));
+  }
+  p.steps = std::move(out);
+}
+
+namespace {
+
+// The dims of `shape` from which on its values come in rows of `row` (their product), or -1.
+int row_split(const Shape& shape, int64_t row) {
+  int64_t p = 1;
+  for (size_t d = shape.size(); d-- > 0;) {
+    p *= shape[d];
+    if (p == row) return static_cast<int>(d);
+    if (p > row) return -1;
+  }
+  return -1;
+}
+
+// A step merge_row_steps may take: a reduction over trailing dims (f32 result) of a fused tree
+// or of a stored f32 or bf16 value, or a fused elementwise tree; plain order, rows of 16 to kTile
+// values.
+struct RowMember {
+  int32_t node = -1;
+  int32_t root = -1;     // its tree's root: the reduction's operand, or the node itself
+  bool computed = true;  // the root is computed by its tree (false: a stored value, read)
+  Op sink = Op::Data;    // Max, Min, Sum, or Data for a stored tree
+  int64_t numel = 0, row = 0;
+};
+std::optional<RowMember> row_member(const plan::Plan& p, const plan::Step& s) {
+  const ir::Graph& g = p.graph;
+  const ir::GraphNode& n = g.nodes[s.node];
+  const CpuDecisions& d = static_cast<const CpuDecisions&>(*p.decisions);
+  if (!s.extras.empty() || d.blocked[s.node] || d.walk_blocked[s.node]) return std::nullopt;
+  RowMember m{s.node, s.node};
+  const std::string_view label = s.label;
+  if (label == "fused" && kernel(s).fused && kernel(s).fused->size() == 1) {
+    m.numel = shape_numel(n.shape);
+    // Any rows: the caller checks that the first member's fit its shape.
+    m.row = n.shape.empty() ? 0 : n.shape.back();
+  } else if ((n.op == Op::Max || n.op == Op::Min || n.op == Op::Sum) && n.dtype == DType::F32 &&
+             n.attrs.size() >= 2 && s.kind == plan::StepKind::Reduction) {
+    const ir::GraphNode& x = g.nodes[n.operands[0]];
+    m.root = n.operands[0];
+    m.computed = p.absorbed[m.root];
+    if (!m.computed && (d.blocked[m.root] || (x.dtype != DType::F32 && x.dtype != DType::BF16)))
+      return std::nullopt;
+    for (size_t k = 1; k < n.attrs.size(); ++k)  // the last dims, each once, in order
+      if (n.attrs[k] != static_cast<int64_t>(x.shape.size() - n.attrs.size() + k))
+        return std::nullopt;
+    m.sink = n.op;
+    m.numel = shape_numel(x.shape);
+    m.row = 1;
+    for (size_t k = 1; k < n.attrs.size(); ++k) m.row *= x.shape[n.attrs[k]];
+  } else {
+    return std::nullopt;
+  }
+  constexpr int64_t kMinRow = 16;
+  if (m.row < kMinRow || m.row > kTile || m.numel % m.row != 0) return std::nullopt;
+  return m;
+}
+
+}  // namespace
+
+// Reductions over the rows of a tree and the trees that read their results along those rows
+// (a softmax: max, sum of exp(x - max), exp(x - max) / sum; a layer norm's mean, variance and
+// normalization; their gradients), consecutive steps over the same rows, run as one staged tree
+// (FusedTree::run_rows): tile by tile of whole rows, so each reads the rows where the last left
+// them in cache, and a value one tree computed (the scores with their mask added, exp(x - max))
+// is computed once, not once per step. A member may read an earlier member's reduction only
+// broadcast along its rows and an earlier stored tree only element for element.
+void merge_row_steps(plan::Plan& p) {
+  const ir::Graph& g = p.graph;
+  // How a member reads each value: its tree's leaves, or the one stored value it reduces.
+  struct Read {
+    int32_t node;
+    bool elementwise, permuted, expanded;
+  };
+  auto reads_of = [&](const RowMember& m, const plan::Step& s) {
+    std::vector<Read> reads;
+    if (!m.computed) return std::vector<Read>{{m.root, true, false, false}};
+    auto tree = m.sink == Op::Data ? kernel(s).fused->front().second
+                                   : std::make_shared<FusedTree>(g, m.root, p.absorbed);
+    for (size_t k = 0; k < tree->leaf_nodes().size(); ++k)
+      reads.push_back({tree->leaf_nodes()[k], tree->leaf_is_elementwise(k),
+                       tree->leaf_is_permuted(k), tree->leaf_is_expanded(k)});
+    return reads;
+  };
+  std::vector<plan::Step> out;
+  size_t i = 0;
+  while (i < p.steps.size()) {
+    const std::optional<RowMember> first = row_member(p, p.steps[i]);
+    if (!first || first->sink == Op::Data) {
+      out.push_back(std::move(p.steps[i++]));
+      continue;
+    }
+    std::vector<RowMember> members{*first};
+    std::vector<std::vector<Read>> reads{reads_of(*first, p.steps[i])};
+    std::vector<size_t> taken{i}, scalars;
+    for (size_t j = i + 1; j < p.steps.size(); ++j) {
+      const plan::Step& s = p.steps[j];
+      if (g.nodes[s.node].op == Op::Scalar && s.extras.empty()) {  // reads nothing: moves ahead
+        scalars.push_back(j);
+        continue;
+      }
+      std::optional<RowMember> m = row_member(p, s);
+      // (A reduction over other dims of the same values, a longer row, is not one of these.)
+      if (!m || m->numel != first->numel || (m->sink != Op::Data && m->row != first->row)) break;
+      const Shape& shape = g.nodes[m->root].shape;
+      const int split = row_split(shape, first->row);
+      if (split < 0) break;
+      std::vector<Read> r = reads_of(*m, s);
+      bool ok = true;
+      for (const Read& leaf : r)
+        for (const RowMember& e : members) {
+          if (e.node != leaf.node) continue;
+          if (e.sink == Op::Data) {
+            ok = ok && leaf.elementwise && !leaf.permuted;
+          } else {  // the reduction's rows, one value each, broadcast along this tree's rows
+            const Shape& ls = g.nodes[leaf.node].shape;
+            ok = ok && !leaf.permuted && !leaf.expanded && ls.size() == shape.size();
+            for (size_t d = 0; ok && d < shape.size(); ++d)
+              ok = ls[d] == (static_cast<int>(d) < split ? shape[d] : 1);
+          }
+        }
+      if (!ok) break;
+      members.push_back(*m);
+      reads.push_back(std::move(r));
+      taken.push_back(j);
+    }
+    if (members.size() < 2) {
+      out.push_back(std::move(p.steps[i++]));
+      continue;
+    }
+    for (size_t j : scalars)
+      if (j < taken.back()) out.push_back(std::move(p.steps[j]));
+    std::vector<int32_t> roots, nodes;
+    std::vector<bool> computed;
+    std::vector<Op> sinks;
+    for (const RowMember& m : members) {
+      roots.push_back(m.root);
+      computed.push_back(m.computed);
+      sinks.push_back(m.sink);
+      nodes.push_back(m.node);
+    }
+    auto staged = std::make_shared<FusedTree>(g, roots, computed, p.absorbed, first->row);
+    plan::Step& s = p.steps[i];
+    s.kind = plan::StepKind::Elementwise;
+    s.label = "fused_rows";
+    s.detail = staged->describe();
+    s.members.clear();
+    for (size_t k = 0; k < members.size(); ++k) {
+      const plan::Step& t = p.steps[taken[k]];
+      if (k > 0) s.extras.push_back(t.node);
+      for (int32_t r : t.reads)
+        if (std::find(s.reads.begin(), s.reads.end(), r) == s.reads.end()) s.reads.push_back(r);
+      plan::Member mm;
+      mm.node = members[k].node;
+      for (const Read& r : reads[k]) {
+        mm.reads.push_back(r.node);
+        if (members[k].sink == Op::Data && r.elementwise) mm.elementwise_reads.push_back(r.node);
+      }
+      s.members.push_back(std::move(mm));
+    }
+    CpuStep& cs = kernel(s);
+    cs.fused = nullptr;
+    cs.sum = nullptr;
+    cs.run = [staged, sinks, nodes](Ctx& c) {
+      RunBuffers expanded;
+      const std::vector<const void*> leaves = staged->bind(c.ptr, expanded);
+      std::vector<void*> outs;
+      for (int32_t n : nodes) outs.push_back(c.ptr[n]);
+      FusedTree::run_rows(*staged, sinks, leaves, outs);
+    };
+    out.push_back(std::move(s));
+    i = taken.back() + 1;  // (scalars met after the last member stay where they are)
   }
   p.steps = std::move(out);
 }

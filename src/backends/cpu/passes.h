@@ -95,6 +95,7 @@ plan::FusionRules fusion_rules();
 void choose_layouts(plan::Plan& p);
 void choose_conv_algorithms(plan::Plan& p);
 void lower(plan::Plan& p);
+void merge_row_steps(plan::Plan& p);
 void merge_sums(plan::Plan& p);
 void merge_fused_steps(plan::Plan& p);
 void share_conv_copies(plan::Plan& p);
