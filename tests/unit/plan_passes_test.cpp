@@ -4,6 +4,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -327,6 +328,19 @@ TEST(MergePass, ASoftmaxRunsAsOneProgramOverItsRows) {
   EXPECT_EQ(lines(p, "%"),
             "%1 fused_rows f32[64, 1] <- %0[64, 32] %1[64, 1] %5[64, 1]  sub(r0,r1)->r2 "
             "exp(r2)->r3 div(r3,r4)->r5 \n");
+  // A layer norm: the mean and the inverse deviation from the sums are trees over one value per
+  // row, computed for each tile's rows between the reductions.
+  const plan::Plan ln = run_until(
+      "%0 = data(#0) f32[64, 32]\n%1 = sum(%0) {1, 1} f32[64, 1]\n%2 = scalar($0) f32[]\n"
+      "%3 = div(%1, %2) f32[64, 1]\n%4 = expand(%3) f32[64, 32]\n%5 = sub(%0, %4) f32[64, 32]\n"
+      "%6 = mul(%5, %5) f32[64, 32]\n%7 = sum(%6) {1, 1} f32[64, 1]\n"
+      "%8 = div(%7, %2) f32[64, 1]\n%9 = rsqrt(%8) f32[64, 1]\n%10 = expand(%9) f32[64, 32]\n"
+      "%11 = mul(%5, %10) f32[64, 32]\nreturn %11\n",
+      "merge_row_steps");
+  const std::string steps = lines(ln, "%");
+  EXPECT_THAT(steps, testing::StartsWith("%2 scalar"));
+  EXPECT_THAT(steps, testing::HasSubstr("\n%1 fused_rows f32[64, 1] <- %0[64, 32] %1[64, 1]"));
+  EXPECT_EQ(std::count(steps.begin(), steps.end(), '\n'), 2) << steps;
   // Rows longer than a tile: separate steps.
   const plan::Plan q = run_until(
       "%0 = data(#0) f32[4, 1024]\n%1 = max(%0) {1, 1} f32[4, 1]\n%2 = expand(%1) f32[4, 1024]\n"

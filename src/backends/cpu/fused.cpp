@@ -996,35 +996,58 @@ void FusedTree::run_group(const std::vector<const FusedTree*>& trees,
   }
 }
 
-void FusedTree::run_rows(const FusedTree& tree, const std::vector<ir::Op>& sinks,
-                         const std::vector<const void*>& leaves, const std::vector<void*>& outs) {
+namespace {
+
+// Values [at, at + len) of a result computed as floats, into `out` of `dtype`.
+void store(DType dtype, const float* v, void* out, int64_t at, int64_t len) {
+  if (dtype == DType::BF16) {
+    exact_to_bf16(v, len, static_cast<uint16_t*>(out) + at);  // bf16 values already
+  } else if (dtype == DType::Bool) {
+    uint8_t* o = static_cast<uint8_t*>(out) + at;
+    for (int64_t i = 0; i < len; ++i) o[i] = v[i] != 0.0f;
+  } else if (v != static_cast<float*>(out) + at) {
+    std::memcpy(static_cast<float*>(out) + at, v, len * sizeof(float));
+  }
+}
+
+}  // namespace
+
+void FusedTree::run_rows(const FusedTree& tree, const std::vector<const void*>& leaves,
+                         const std::vector<RowStep>& steps) {
   const int64_t row = tree.row_, rows = tree.numel_ / row;
   const int64_t per_tile = kTile / row;  // whole rows
   const int64_t tiles = (rows + per_tile - 1) / per_tile;
-  const size_t stages = tree.stage_root_.size();
+  // Scratch per thread: the staged tree's, then each per-row tree's own (its one-value leaves'
+  // tiles stay filled from tile to tile).
+  std::vector<size_t> base{tree.scratch_floats()};
+  for (const RowStep& s : steps)
+    base.push_back(base.back() + (s.per_row ? s.per_row->scratch_floats() : 0));
   parallel_region(tiles > 1 && tree.numel_ >= kParallelMin, [&] {
     thread_local std::vector<float> scratch;
-    if (scratch.size() < tree.scratch_floats()) scratch.resize(tree.scratch_floats());
+    if (scratch.size() < base.back()) scratch.resize(base.back());
     std::vector<const float*> reg(static_cast<size_t>(tree.num_regs_));
     bool again = false;
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < tiles; ++t) {
       const int64_t r0 = t * per_tile, n = std::min(per_tile, rows - r0);
       const int64_t i0 = r0 * row, len = n * row;
-      for (size_t k = 0; k < stages; ++k) {
-        const float* v = tree.run(leaves, k == 0 ? 0 : tree.stage_end_[k - 1], tree.stage_end_[k],
-                                  tree.stage_root_[k], nullptr, reg.data(), i0, len, scratch.data(),
-                                  nullptr, again);
-        if (sinks[k] != Op::Data) {
-          reduce_rows_f32(sinks[k], v, n, row, static_cast<float*>(outs[k]) + r0);
-        } else if (tree.stage_dtype_[k] == DType::BF16) {
-          exact_to_bf16(v, len, static_cast<uint16_t*>(outs[k]) + i0);
-        } else if (tree.stage_dtype_[k] == DType::Bool) {
-          uint8_t* o = static_cast<uint8_t*>(outs[k]) + i0;
-          for (int64_t i = 0; i < len; ++i) o[i] = v[i] != 0.0f;
-        } else {
-          std::memcpy(static_cast<float*>(outs[k]) + i0, v, len * sizeof(float));
+      for (size_t k = 0; k < steps.size(); ++k) {
+        const RowStep& s = steps[k];
+        if (s.per_row) {
+          float* dst =
+              s.per_row->out_dtype_ == DType::F32 ? static_cast<float*>(s.out) + r0 : nullptr;
+          const float* v = s.per_row->eval(s.leaves, r0, n, scratch.data() + base[k], dst, again);
+          store(s.per_row->out_dtype_, v, s.out, r0, n);
+          continue;
         }
+        const size_t begin = s.stage == 0 ? 0 : tree.stage_end_[s.stage - 1];
+        const float* v =
+            tree.run(leaves, begin, tree.stage_end_[s.stage], tree.stage_root_[s.stage], nullptr,
+                     reg.data(), i0, len, scratch.data(), nullptr, again);
+        if (s.sink != Op::Data)
+          reduce_rows_f32(s.sink, v, n, row, static_cast<float*>(s.out) + r0);
+        else
+          store(tree.stage_dtype_[s.stage], v, s.out, i0, len);
       }
       again = true;
     }

@@ -61,13 +61,22 @@ class FusedTree {
   static void run_group(const std::vector<const FusedTree*>& trees,
                         const std::vector<std::vector<const void*>>& leaves,
                         const std::vector<void*>& outs);
-  // A staged tree (the constructor above), tile by tile, each tile whole rows: per tile each stage
-  // in turn, whose values are then stored into outs[k] (sinks[k] Op::Data; f32, bf16 or bool as
-  // the root) or reduced row by row into outs[k] (Max, Min or Sum, f32; a row's NaN gives NaN
-  // for max and min), before the later stages run, which may read those row values (broadcast
-  // along their rows) or stored values (element for element) from memory.
-  static void run_rows(const FusedTree& tree, const std::vector<ir::Op>& sinks,
-                       const std::vector<const void*>& leaves, const std::vector<void*>& outs);
+  // One step of a staged run (run_rows), in order: `stage` of the staged tree, its values then
+  // stored into `out` (sink Op::Data; f32, bf16 or bool as its root) or reduced row by row into
+  // `out` (Max, Min or Sum, f32; a row's NaN gives NaN for max and min); or a tree over one value
+  // per row (`per_row`, its leaves bound: a layer norm's mean from its sum) for the tile's rows.
+  struct RowStep {
+    int stage = -1;
+    ir::Op sink = ir::Op::Data;
+    const FusedTree* per_row = nullptr;
+    std::vector<const void*> leaves;
+    void* out = nullptr;
+  };
+  // A staged tree (the constructor above), tile by tile, each tile whole rows: per tile each
+  // step in turn, so that a later stage reads the row values an earlier step wrote (broadcast
+  // along its rows) or its stored values (element for element) from memory.
+  static void run_rows(const FusedTree& tree, const std::vector<const void*>& leaves,
+                       const std::vector<RowStep>& steps);
   size_t stages() const { return stage_end_.size(); }
   // Whether leaf k is read from a copy bind() makes (a period or a per-block table): one made
   // before the run, so not a value the run itself writes.

@@ -71,7 +71,10 @@ struct RowMember {
   int32_t root = -1;     // its tree's root: the reduction's operand, or the node itself
   bool computed = true;  // the root is computed by its tree (false: a stored value, read)
   Op sink = Op::Data;    // Max, Min, Sum, or Data for a stored tree
+  bool per_row = false;  // a stored tree over one value per row (set by the caller)
   int64_t numel = 0, row = 0;
+  // Whether its values are one per row (a reduction's, a per-row tree's).
+  bool row_values() const { return sink != Op::Data || per_row; }
 };
 std::optional<RowMember> row_member(const plan::Plan& p, const plan::Step& s) {
   const ir::Graph& g = p.graph;
@@ -81,9 +84,8 @@ std::optional<RowMember> row_member(const plan::Plan& p, const plan::Step& s) {
   RowMember m{s.node, s.node};
   const std::string_view label = s.label;
   if (label == "fused" && kernel(s).fused && kernel(s).fused->size() == 1) {
-    m.numel = shape_numel(n.shape);
-    // Any rows: the caller checks that the first member's fit its shape.
-    m.row = n.shape.empty() ? 0 : n.shape.back();
+    m.numel = shape_numel(n.shape);  // its rows: the caller checks that the group's fit it
+    return m;
   } else if ((n.op == Op::Max || n.op == Op::Min || n.op == Op::Sum) && n.dtype == DType::F32 &&
              n.attrs.size() >= 2 && s.kind == plan::StepKind::Reduction) {
     const ir::GraphNode& x = g.nodes[n.operands[0]];
@@ -122,11 +124,14 @@ void merge_row_steps(plan::Plan& p) {
     int32_t node;
     bool elementwise, permuted, expanded;
   };
+  auto tree_of = [&](const RowMember& m, const plan::Step& s) {
+    return m.sink == Op::Data ? kernel(s).fused->front().second
+                              : std::make_shared<FusedTree>(g, m.root, p.absorbed);
+  };
   auto reads_of = [&](const RowMember& m, const plan::Step& s) {
     std::vector<Read> reads;
     if (!m.computed) return std::vector<Read>{{m.root, true, false, false}};
-    auto tree = m.sink == Op::Data ? kernel(s).fused->front().second
-                                   : std::make_shared<FusedTree>(g, m.root, p.absorbed);
+    const std::shared_ptr<FusedTree> tree = tree_of(m, s);
     for (size_t k = 0; k < tree->leaf_nodes().size(); ++k)
       reads.push_back({tree->leaf_nodes()[k], tree->leaf_is_elementwise(k),
                        tree->leaf_is_permuted(k), tree->leaf_is_expanded(k)});
@@ -140,6 +145,7 @@ void merge_row_steps(plan::Plan& p) {
       out.push_back(std::move(p.steps[i++]));
       continue;
     }
+    const int64_t rows = first->numel / first->row;
     std::vector<RowMember> members{*first};
     std::vector<std::vector<Read>> reads{reads_of(*first, p.steps[i])};
     std::vector<size_t> taken{i}, scalars;
@@ -150,23 +156,27 @@ void merge_row_steps(plan::Plan& p) {
         continue;
       }
       std::optional<RowMember> m = row_member(p, s);
+      if (!m) break;
+      m->per_row = m->sink == Op::Data && m->numel == rows && rows != first->numel;
       // (A reduction over other dims of the same values, a longer row, is not one of these.)
-      if (!m || m->numel != first->numel || (m->sink != Op::Data && m->row != first->row)) break;
+      if (!m->per_row &&
+          (m->numel != first->numel || (m->sink != Op::Data && m->row != first->row)))
+        break;
       const Shape& shape = g.nodes[m->root].shape;
-      const int split = row_split(shape, first->row);
+      const int split = m->per_row ? 0 : row_split(shape, first->row);
       if (split < 0) break;
       std::vector<Read> r = reads_of(*m, s);
       bool ok = true;
       for (const Read& leaf : r)
         for (const RowMember& e : members) {
           if (e.node != leaf.node) continue;
-          if (e.sink == Op::Data) {
-            ok = ok && leaf.elementwise && !leaf.permuted;
-          } else {  // the reduction's rows, one value each, broadcast along this tree's rows
+          if (e.row_values() && !m->per_row) {  // one value per row, along this tree's rows
             const Shape& ls = g.nodes[leaf.node].shape;
             ok = ok && !leaf.permuted && !leaf.expanded && ls.size() == shape.size();
             for (size_t d = 0; ok && d < shape.size(); ++d)
               ok = ls[d] == (static_cast<int>(d) < split ? shape[d] : 1);
+          } else {  // values of its own space, element for element
+            ok = ok && e.row_values() == m->per_row && leaf.elementwise && !leaf.permuted;
           }
         }
       if (!ok) break;
@@ -174,22 +184,35 @@ void merge_row_steps(plan::Plan& p) {
       reads.push_back(std::move(r));
       taken.push_back(j);
     }
+    // Trailing per-row trees gain nothing from the group.
+    while (members.size() > 1 && members.back().per_row) {
+      members.pop_back();
+      reads.pop_back();
+      taken.pop_back();
+    }
     if (members.size() < 2) {
       out.push_back(std::move(p.steps[i++]));
       continue;
     }
     for (size_t j : scalars)
       if (j < taken.back()) out.push_back(std::move(p.steps[j]));
-    std::vector<int32_t> roots, nodes;
+    std::vector<int32_t> roots;
     std::vector<bool> computed;
-    std::vector<Op> sinks;
-    for (const RowMember& m : members) {
-      roots.push_back(m.root);
-      computed.push_back(m.computed);
-      sinks.push_back(m.sink);
-      nodes.push_back(m.node);
-    }
+    for (const RowMember& m : members)
+      if (!m.per_row) {
+        roots.push_back(m.root);
+        computed.push_back(m.computed);
+      }
     auto staged = std::make_shared<FusedTree>(g, roots, computed, p.absorbed, first->row);
+    // Per member: its stage of the staged tree, or its own per-row tree, and the value it writes.
+    struct Part {
+      int stage;
+      Op sink;
+      std::shared_ptr<FusedTree> per_row;
+      int32_t node;
+    };
+    std::vector<Part> parts;
+    int stage = 0;
     plan::Step& s = p.steps[i];
     s.kind = plan::StepKind::Elementwise;
     s.label = "fused_rows";
@@ -197,26 +220,37 @@ void merge_row_steps(plan::Plan& p) {
     s.members.clear();
     for (size_t k = 0; k < members.size(); ++k) {
       const plan::Step& t = p.steps[taken[k]];
+      const RowMember& m = members[k];
+      if (m.per_row) {
+        parts.push_back({-1, Op::Data, kernel(t).fused->front().second, m.node});
+        s.detail += " ; per row: " + parts.back().per_row->describe();
+      } else {
+        parts.push_back({stage++, m.sink, nullptr, m.node});
+      }
       if (k > 0) s.extras.push_back(t.node);
       for (int32_t r : t.reads)
         if (std::find(s.reads.begin(), s.reads.end(), r) == s.reads.end()) s.reads.push_back(r);
       plan::Member mm;
-      mm.node = members[k].node;
+      mm.node = m.node;
       for (const Read& r : reads[k]) {
         mm.reads.push_back(r.node);
-        if (members[k].sink == Op::Data && r.elementwise) mm.elementwise_reads.push_back(r.node);
+        if (m.sink == Op::Data && r.elementwise) mm.elementwise_reads.push_back(r.node);
       }
       s.members.push_back(std::move(mm));
     }
     CpuStep& cs = kernel(s);
     cs.fused = nullptr;
     cs.sum = nullptr;
-    cs.run = [staged, sinks, nodes](Ctx& c) {
+    cs.run = [staged, parts](Ctx& c) {
       RunBuffers expanded;
       const std::vector<const void*> leaves = staged->bind(c.ptr, expanded);
-      std::vector<void*> outs;
-      for (int32_t n : nodes) outs.push_back(c.ptr[n]);
-      FusedTree::run_rows(*staged, sinks, leaves, outs);
+      std::vector<FusedTree::RowStep> steps;
+      for (const Part& part : parts) {
+        FusedTree::RowStep st{part.stage, part.sink, part.per_row.get(), {}, c.ptr[part.node]};
+        if (part.per_row) st.leaves = part.per_row->bind(c.ptr, expanded);
+        steps.push_back(std::move(st));
+      }
+      FusedTree::run_rows(*staged, leaves, steps);
     };
     out.push_back(std::move(s));
     i = taken.back() + 1;  // (scalars met after the last member stay where they are)
