@@ -4,6 +4,8 @@
 #include <cmath>
 #include <numeric>
 
+#include "autograd/grad_rules.h"
+#include "lockstep/autograd.h"
 #include "tensor/frontend.h"
 #include "util/check.h"
 
@@ -378,22 +380,53 @@ Tensor logsumexp(const Tensor& x_in, const std::vector<int64_t>& axes, bool keep
   return reshape(out, squeezed, loc);
 }
 
+// The softmax family's gradients are PyTorch's formulas from the output (with_grad_fn), not
+// what the primitives' rules give: softmax's dx = p (g - sum(g p)), log-softmax's
+// dx = g - exp(out) sum(g). The primitives' version reads the same values but computes
+// exp(x - max) / sum twice over and divides by the sum twice more, a quarter more passes over
+// every [B H, T, T] score tensor of an attention's backward.
 Tensor softmax(const Tensor& x_in, int64_t axis, Loc loc) {
   const Tensor x = f32_under_autocast(x_in, "softmax", loc);
   std::vector<int64_t> attrs;
-  const Tensor m = softmax_shift(x, {axis}, false, "softmax", loc, &attrs);
-  Tensor e = exp(sub(x, m, loc), loc);
-  return div(e, record(Op::Sum, {node(e, "softmax", loc)}, attrs, loc), loc);
+  Tensor p;
+  {
+    NoGrad no_grad;
+    const Tensor m = softmax_shift(x, {axis}, false, "softmax", loc, &attrs);
+    const Tensor e = exp(sub(x, m, loc), loc);
+    p = div(e, record(Op::Sum, {node(e, "softmax", loc)}, attrs, loc), loc);
+  }
+  const autograd::SavedValue saved(p, "softmax", loc);
+  const std::vector<int64_t> axes(attrs.begin() + 1, attrs.end());
+  return autograd::with_grad_fn(
+      p, {x},
+      [saved, axes, loc](const Tensor& g) {
+        const Tensor out = saved.get();
+        return std::vector<Tensor>{
+            mul(out, sub(g, sum(mul(g, out, loc), axes, true, loc), loc), loc)};
+      },
+      loc);
 }
 
 Tensor log_softmax(const Tensor& x_in, int64_t axis, Loc loc) {
   const Tensor x = f32_under_autocast(x_in, "log_softmax", loc);
   std::vector<int64_t> attrs;
-  const Tensor m = softmax_shift(x, {axis}, true, "log_softmax", loc, &attrs);
-  const Tensor e = exp(sub(x, m, loc), loc);
-  const Tensor s = record(Op::Sum, {node(e, "log_softmax", loc)}, attrs, loc);
-  const Tensor lse = add(log(s, loc), m, loc);
-  return sub(x, lse, loc);
+  Tensor y;
+  {
+    NoGrad no_grad;
+    const Tensor m = softmax_shift(x, {axis}, true, "log_softmax", loc, &attrs);
+    const Tensor e = exp(sub(x, m, loc), loc);
+    const Tensor s = record(Op::Sum, {node(e, "log_softmax", loc)}, attrs, loc);
+    y = sub(x, add(log(s, loc), m, loc), loc);
+  }
+  const autograd::SavedValue saved(y, "log_softmax", loc);
+  const std::vector<int64_t> axes(attrs.begin() + 1, attrs.end());
+  return autograd::with_grad_fn(
+      y, {x},
+      [saved, axes, loc](const Tensor& g) {
+        return std::vector<Tensor>{
+            sub(g, mul(exp(saved.get(), loc), sum(g, axes, true, loc), loc), loc)};
+      },
+      loc);
 }
 
 // ---- movement ------------------------------------------------------------------------------
