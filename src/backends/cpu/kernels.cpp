@@ -543,6 +543,18 @@ void pool_row(const float* xrow, int64_t lo, int64_t hi, int64_t sw, int64_t off
   }
 }
 
+// One window element for n outputs at once: v[j] at its plane index at_k[j] (-1: outside the
+// plane, never taken), taken as pool_row takes one, or as the first when nothing is yet (at < 0).
+LOCKSTEP_TARGET_CLONES void pool_take(const float* __restrict v, const int32_t* __restrict at_k,
+                                      int64_t n, float* __restrict best, int32_t* __restrict at) {
+  for (int64_t j = 0; j < n; ++j) {
+    const float x = v[j], b = best[j];
+    const bool take = (at_k[j] >= 0) & ((at[j] < 0) | (x > b) | ((x != x) & (b == b)));
+    best[j] = take ? x : b;
+    at[j] = take ? at_k[j] : at[j];
+  }
+}
+
 template <typename T>
 void max_pool2d_plain(const T* x, const Shape& in, const Shape& out, const std::vector<int64_t>& a,
                       T* values, int64_t* indices) {
@@ -552,6 +564,50 @@ void max_pool2d_plain(const T* x, const Shape& in, const Shape& out, const std::
                 ph = pool.padding[0], pw = pool.padding[1];
   if (H * W > INT32_MAX) {  // indices kept as int32 below
     throw BackendError(util::cat("max_pool2d: a plane of ", H * W, " elements is too large"));
+  }
+  // Short output rows (small maps: 14x14 pooled to 7x7) a whole plane at a time: rows of 7
+  // cost a few calls per window element each. Per window element k (row-major), the plane index
+  // each output reads there (-1 outside the plane), the same for every plane; per plane, those
+  // values gathered, then taken in window order for all its outputs at once.
+  const int64_t plane_out = HO * WO, window = kh * kw;
+  if (WO < 16 && plane_out * window <= 16384) {
+    std::vector<int32_t> at_k(static_cast<size_t>(window * plane_out));
+    for (int64_t ky = 0; ky < kh; ++ky)
+      for (int64_t kx = 0; kx < kw; ++kx)
+        for (int64_t ho = 0; ho < HO; ++ho)
+          for (int64_t wo = 0; wo < WO; ++wo) {
+            const int64_t h = ho * sh - ph + ky, w = wo * sw - pw + kx;
+            at_k[((ky * kw + kx) * HO + ho) * WO + wo] =
+                h >= 0 && h < H && w >= 0 && w < W ? static_cast<int32_t>(h * W + w) : -1;
+          }
+#pragma omp parallel
+    {
+      std::vector<float> v(static_cast<size_t>(plane_out)), best(v.size());
+      std::vector<int32_t> at(v.size());
+      std::vector<float> wide(std::is_same_v<T, float> ? 0 : static_cast<size_t>(H * W));
+#pragma omp for schedule(static)
+      for (int64_t p = 0; p < planes; ++p) {
+        const float* xp;
+        if constexpr (std::is_same_v<T, float>) {
+          xp = x + p * H * W;
+        } else {
+          bf16_to_f32(x + p * H * W, H * W, wide.data());
+          xp = wide.data();
+        }
+        std::fill(best.begin(), best.end(), 0.0f);  // an empty window: 0 at -1
+        std::fill(at.begin(), at.end(), -1);
+        for (int64_t k = 0; k < window; ++k) {
+          const int32_t* ak = at_k.data() + k * plane_out;
+          for (int64_t j = 0; j < plane_out; ++j) v[j] = ak[j] >= 0 ? xp[ak[j]] : 0.0f;
+          pool_take(v.data(), ak, plane_out, best.data(), at.data());
+        }
+        const int64_t o = p * plane_out;
+        if (values)
+          for (int64_t j = 0; j < plane_out; ++j) values[o + j] = from_float<T>(best[j]);
+        if (indices) std::copy(at.begin(), at.end(), indices + o);
+      }
+    }
+    return;
   }
 #pragma omp parallel
   {
