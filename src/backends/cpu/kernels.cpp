@@ -543,6 +543,18 @@ void pool_row(const float* xrow, int64_t lo, int64_t hi, int64_t sw, int64_t off
   }
 }
 
+// Plane p of x (plane values each) as floats: an f32 plane where it lies, a bf16 one widened
+// into `wide` (one vectorized pass).
+template <typename T>
+const float* plane_f32(const T* x, int64_t p, int64_t plane, std::vector<float>& wide) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x + p * plane;
+  } else {
+    bf16_to_f32(x + p * plane, plane, wide.data());
+    return wide.data();
+  }
+}
+
 // One window element for n outputs at once: v[j] at its plane index at_k[j] (-1: outside the
 // plane, never taken), taken as pool_row takes one, or as the first when nothing is yet (at < 0).
 LOCKSTEP_TARGET_CLONES void pool_take(const float* __restrict v, const int32_t* __restrict at_k,
@@ -587,13 +599,7 @@ void max_pool2d_plain(const T* x, const Shape& in, const Shape& out, const std::
       std::vector<float> wide(std::is_same_v<T, float> ? 0 : static_cast<size_t>(H * W));
 #pragma omp for schedule(static)
       for (int64_t p = 0; p < planes; ++p) {
-        const float* xp;
-        if constexpr (std::is_same_v<T, float>) {
-          xp = x + p * H * W;
-        } else {
-          bf16_to_f32(x + p * H * W, H * W, wide.data());
-          xp = wide.data();
-        }
+        const float* xp = plane_f32(x, p, H * W, wide);
         std::fill(best.begin(), best.end(), 0.0f);  // an empty window: 0 at -1
         std::fill(at.begin(), at.end(), -1);
         for (int64_t k = 0; k < window; ++k) {
@@ -616,17 +622,10 @@ void max_pool2d_plain(const T* x, const Shape& in, const Shape& out, const std::
     // ties go to the first). The outputs of a row are independent, so this vectorizes.
     std::vector<float> best(static_cast<size_t>(WO));
     std::vector<int32_t> at(static_cast<size_t>(WO));
-    // A bf16 plane is widened first (one vectorized pass), then pooled as f32.
     std::vector<float> wide(std::is_same_v<T, float> ? 0 : static_cast<size_t>(H * W));
 #pragma omp for schedule(static)
     for (int64_t p = 0; p < planes; ++p) {
-      const float* xp;
-      if constexpr (std::is_same_v<T, float>) {
-        xp = x + p * H * W;
-      } else {
-        bf16_to_f32(x + p * H * W, H * W, wide.data());
-        xp = wide.data();
-      }
+      const float* xp = plane_f32(x, p, H * W, wide);
       for (int64_t ho = 0; ho < HO; ++ho) {
         const int64_t h0 = ho * sh - ph;
         const int64_t hs = std::max<int64_t>(h0, 0), he = std::min(h0 + kh, H);
