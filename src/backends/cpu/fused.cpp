@@ -721,27 +721,12 @@ LOCKSTEP_TARGET_CLONES void apply(Op op, int64_t len, float* y, const float* a, 
     case Op::Erf:
       vector_math(MathFn::Erf, len, a, y);
       return;
-    case Op::Gelu: {
-      // x/2 (1 + erf(x / sqrt 2)); through a tile of its own, as y may be a.
-      alignas(64) thread_local float t[kTile];
-      for (int64_t i = 0; i < len; ++i) t[i] = a[i] * 0.70710678118654752f;
-      vector_math(MathFn::Erf, len, t, t);
-      for (int64_t i = 0; i < len; ++i) y[i] = 0.5f * a[i] * (1.0f + t[i]);
+    case Op::Gelu:
+      vector_gelu(false, len, a, y);
       return;
-    }
-    case Op::GeluDerivative: {
-      // (1 + erf(x / sqrt 2)) / 2 + x exp(-x^2 / 2) / sqrt(2 pi)
-      alignas(64) thread_local float t[kTile], u[kTile];
-      for (int64_t i = 0; i < len; ++i) {
-        t[i] = a[i] * 0.70710678118654752f;
-        u[i] = -0.5f * a[i] * a[i];
-      }
-      vector_math(MathFn::Erf, len, t, t);
-      vector_math(MathFn::Exp, len, u, u);
-      for (int64_t i = 0; i < len; ++i)
-        y[i] = 0.5f + 0.5f * t[i] + a[i] * u[i] * 0.39894228040143268f;
+    case Op::GeluDerivative:
+      vector_gelu(true, len, a, y);
       return;
-    }
     case Op::Floor:
       for (int64_t i = 0; i < len; ++i) y[i] = std::floor(a[i]);
       return;

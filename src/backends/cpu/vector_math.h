@@ -23,4 +23,9 @@ void vector_math(MathFn f, int64_t n, const float* x, float* y);
 // The same with a given ISA (tests); `isa` must be one this CPU runs.
 void vector_math(MathFn f, MathIsa isa, int64_t n, const float* x, float* y);
 
+// y[i] = gelu(x[i]) (exact: (x / 2) (1 + erf(x / sqrt 2))), or with `derivative` its derivative,
+// in one pass with the best ISA (erf and exp as vector_math computes them); y may be x.
+void vector_gelu(bool derivative, int64_t n, const float* x, float* y);
+void vector_gelu(bool derivative, MathIsa isa, int64_t n, const float* x, float* y);
+
 }  // namespace lockstep::backends::cpu
