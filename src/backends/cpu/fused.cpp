@@ -722,10 +722,10 @@ LOCKSTEP_TARGET_CLONES void apply(Op op, int64_t len, float* y, const float* a, 
       vector_math(MathFn::Erf, len, a, y);
       return;
     case Op::Gelu:
-      vector_gelu(false, len, a, y);
+      vector_math(MathFn::Gelu, len, a, y);
       return;
     case Op::GeluDerivative:
-      vector_gelu(true, len, a, y);
+      vector_math(MathFn::GeluDerivative, len, a, y);
       return;
     case Op::Floor:
       for (int64_t i = 0; i < len; ++i) y[i] = std::floor(a[i]);
@@ -928,6 +928,22 @@ std::string FusedTree::describe() const {
   return s;
 }
 
+namespace {
+
+// Values [at, at + len) of a result computed as floats, into `out` of `dtype`.
+void store(DType dtype, const float* v, void* out, int64_t at, int64_t len) {
+  if (dtype == DType::BF16) {
+    exact_to_bf16(v, len, static_cast<uint16_t*>(out) + at);  // bf16 values already
+  } else if (dtype == DType::Bool) {
+    uint8_t* o = static_cast<uint8_t*>(out) + at;
+    for (int64_t i = 0; i < len; ++i) o[i] = v[i] != 0.0f;
+  } else if (v != static_cast<float*>(out) + at) {
+    std::memcpy(static_cast<float*>(out) + at, v, len * sizeof(float));
+  }
+}
+
+}  // namespace
+
 void FusedTree::run_group(const std::vector<const FusedTree*>& trees,
                           const std::vector<std::vector<const void*>>& leaves,
                           const std::vector<void*>& outs) {
@@ -955,15 +971,7 @@ void FusedTree::run_group(const std::vector<const FusedTree*>& trees,
         float* direct = f32_out ? static_cast<float*>(outs[k]) + i0 : nullptr;
         const float* r =
             trees[k]->eval(leaves[k], i0, len, scratch.data() + base[k], direct, t > t0);
-        if (out_dtype == DType::Bool) {
-          uint8_t* o = static_cast<uint8_t*>(outs[k]) + i0;
-          for (int64_t i = 0; i < len; ++i) o[i] = r[i] != 0.0f;
-        } else if (out_dtype == DType::BF16) {
-          // Values a bf16 instruction (or leaf) gave: bf16 already.
-          exact_to_bf16(r, len, static_cast<uint16_t*>(outs[k]) + i0);
-        } else if (r != direct) {
-          std::memcpy(direct, r, len * sizeof(float));
-        }
+        store(out_dtype, r, outs[k], i0, len);
       }
     }
   };
@@ -980,22 +988,6 @@ void FusedTree::run_group(const std::vector<const FusedTree*>& trees,
     run_tiles(t0, t0 + chunk + (id < extra ? 1 : 0));
   }
 }
-
-namespace {
-
-// Values [at, at + len) of a result computed as floats, into `out` of `dtype`.
-void store(DType dtype, const float* v, void* out, int64_t at, int64_t len) {
-  if (dtype == DType::BF16) {
-    exact_to_bf16(v, len, static_cast<uint16_t*>(out) + at);  // bf16 values already
-  } else if (dtype == DType::Bool) {
-    uint8_t* o = static_cast<uint8_t*>(out) + at;
-    for (int64_t i = 0; i < len; ++i) o[i] = v[i] != 0.0f;
-  } else if (v != static_cast<float*>(out) + at) {
-    std::memcpy(static_cast<float*>(out) + at, v, len * sizeof(float));
-  }
-}
-
-}  // namespace
 
 void FusedTree::run_rows(const FusedTree& tree, const std::vector<const void*>& leaves,
                          const std::vector<RowStep>& steps) {

@@ -77,7 +77,6 @@ class FusedTree {
   // along its rows) or its stored values (element for element) from memory.
   static void run_rows(const FusedTree& tree, const std::vector<const void*>& leaves,
                        const std::vector<RowStep>& steps);
-  size_t stages() const { return stage_end_.size(); }
   // Whether leaf k is read from a copy bind() makes (a period or a per-block table): one made
   // before the run, so not a value the run itself writes.
   bool leaf_is_expanded(size_t k) const { return leaves_[k].period > 0 || leaves_[k].per_block; }

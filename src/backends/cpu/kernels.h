@@ -218,9 +218,9 @@ inline bool rows_end_to_end(const ReduceLayout& l) {
 }
 // Short rows end to end are read a tile of whole rows at a time (a fused tree's evaluation costs
 // about as much per call as per element on rows of 64) and reduced row by row:
-// tile(o0, rows, tmp) reduces outputs [o0, o0 + rows), whose inputs are the rows * l.inner values
-// from o0 * l.inner (at most kTile), reading them through `scratch`, its thread's (one source,
-// tmp_floats). Returns false, doing nothing, for other layouts.
+// tile(o0, rows, scratch) reduces outputs [o0, o0 + rows), whose inputs are the rows * l.inner
+// values from o0 * l.inner (at most kTile), reading them through `scratch`, its thread's (one
+// source, tmp_floats). Returns false, doing nothing, for other layouts.
 template <typename Tile>
 bool reduce_short_rows(const ReduceLayout& l, size_t tmp_floats, Tile&& tile) {
   if (!rows_end_to_end(l) || l.inner < 1 || l.inner * 2 > kTile) return false;

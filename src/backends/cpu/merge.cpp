@@ -1,6 +1,7 @@
 // The merge passes: sums over one layout that a few steps apart need nothing computed in between
-// walk their input together (merge_sums), and consecutive fused steps over the same number of
-// elements run tile by tile together (merge_fused_steps).
+// walk their input together (merge_sums), consecutive fused steps over the same number of
+// elements run tile by tile together (merge_fused_steps), and reductions over rows with the trees
+// that read them along those rows run as one program (merge_row_steps).
 #include <algorithm>
 #include <optional>
 #include <string_view>
@@ -11,6 +12,17 @@
 namespace lockstep::backends::cpu {
 
 using ir::Op;
+
+namespace {
+
+// A merged step reads what its members read, each value once.
+void add_reads(plan::Step& merged, const plan::Step& member) {
+  for (int32_t r : member.reads)
+    if (std::find(merged.reads.begin(), merged.reads.end(), r) == merged.reads.end())
+      merged.reads.push_back(r);
+}
+
+}  // namespace
 
 // Consecutive fused steps over the same number of elements run as one group: per tile, each
 // tree in turn, so a value one writes and the next reads (an optimizer's new momentum, then
@@ -36,8 +48,7 @@ void merge_fused_steps(plan::Plan& p) {
       if (ok) {
         kernel(g).fused->push_back(kernel(s).fused->front());
         g.extras.push_back(s.node);
-        for (int32_t r : s.reads)
-          if (std::find(g.reads.begin(), g.reads.end(), r) == g.reads.end()) g.reads.push_back(r);
+        add_reads(g, s);
         g.members = members_of(*kernel(g).fused);
         g.label = "fused_group";
         g.detail += "; " + s.detail;
@@ -124,14 +135,12 @@ void merge_row_steps(plan::Plan& p) {
     int32_t node;
     bool elementwise, permuted, expanded;
   };
-  auto tree_of = [&](const RowMember& m, const plan::Step& s) {
-    return m.sink == Op::Data ? kernel(s).fused->front().second
-                              : std::make_shared<FusedTree>(g, m.root, p.absorbed);
-  };
   auto reads_of = [&](const RowMember& m, const plan::Step& s) {
-    std::vector<Read> reads;
     if (!m.computed) return std::vector<Read>{{m.root, true, false, false}};
-    const std::shared_ptr<FusedTree> tree = tree_of(m, s);
+    const std::shared_ptr<FusedTree> tree =
+        m.sink == Op::Data ? kernel(s).fused->front().second
+                           : std::make_shared<FusedTree>(g, m.root, p.absorbed);
+    std::vector<Read> reads;
     for (size_t k = 0; k < tree->leaf_nodes().size(); ++k)
       reads.push_back({tree->leaf_nodes()[k], tree->leaf_is_elementwise(k),
                        tree->leaf_is_permuted(k), tree->leaf_is_expanded(k)});
@@ -228,8 +237,7 @@ void merge_row_steps(plan::Plan& p) {
         parts.push_back({stage++, m.sink, nullptr, m.node});
       }
       if (k > 0) s.extras.push_back(t.node);
-      for (int32_t r : t.reads)
-        if (std::find(s.reads.begin(), s.reads.end(), r) == s.reads.end()) s.reads.push_back(r);
+      add_reads(s, t);
       plan::Member mm;
       mm.node = m.node;
       for (const Read& r : reads[k]) {
@@ -294,8 +302,7 @@ void merge_sums(plan::Plan& p) {
       parts.emplace_back(p.steps[m].node, kernel(p.steps[m]).sum);
       if (m == i) continue;
       s.extras.push_back(p.steps[m].node);
-      for (int32_t r : p.steps[m].reads)
-        if (std::find(s.reads.begin(), s.reads.end(), r) == s.reads.end()) s.reads.push_back(r);
+      add_reads(s, p.steps[m]);
       s.detail += "; " + p.steps[m].detail;
     }
     s.label = "sums";

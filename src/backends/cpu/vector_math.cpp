@@ -95,69 +95,43 @@ __attribute__((target("avx512f"))) __m512 exp_avx512(__m512 v) {
   return _mm512_load_ps(out);
 }
 
-// GELU and its derivative, one pass per vector with libmvec's erf (and exp) inline, instead of
-// a pass per operation over the whole run; the same operations in the same order as the scalar
-// versions below (this file is built without fused multiply-adds), so every ISA rounds alike:
+// GELU and its derivative per vector, libmvec's erf (and exp) inline, so that run_avx2 and
+// run_avx512 compute them in one pass instead of a pass per operation; the same operations in
+// the same order as the scalar versions below (this file is built without fused multiply-adds),
+// so that the vector values are those of the separate passes:
 // gelu(x) = (x / 2) (1 + erf(x / sqrt 2)), gelu'(x) = (1 + erf(x / sqrt 2)) / 2 + x phi(x).
 constexpr float kRsqrt2 = 0.70710678118654752f, kRsqrt2Pi = 0.39894228040143268f;
 
-// (Lambdas do not take the enclosing function's target ISA, so each variant spells its loop.)
-template <__m256 (*Erf)(__m256), __m256 (*Exp)(__m256)>
-__attribute__((target("avx2,fma"))) __m256 gelu8(bool derivative, __m256 a) {
+template <__m256 (*Erf)(__m256)>
+__attribute__((target("avx2,fma"))) __m256 gelu_avx2(__m256 a) {
   const __m256 t = Erf(_mm256_mul_ps(a, _mm256_set1_ps(kRsqrt2)));
+  return _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), a),
+                       _mm256_add_ps(_mm256_set1_ps(1.0f), t));
+}
+
+template <__m256 (*Erf)(__m256), __m256 (*Exp)(__m256)>
+__attribute__((target("avx2,fma"))) __m256 gelu_derivative_avx2(__m256 a) {
   const __m256 half = _mm256_set1_ps(0.5f);
-  if (!derivative)
-    return _mm256_mul_ps(_mm256_mul_ps(half, a), _mm256_add_ps(_mm256_set1_ps(1), t));
+  const __m256 t = Erf(_mm256_mul_ps(a, _mm256_set1_ps(kRsqrt2)));
   const __m256 u = Exp(_mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(-0.5f), a), a));
   return _mm256_add_ps(_mm256_add_ps(half, _mm256_mul_ps(half, t)),
                        _mm256_mul_ps(_mm256_mul_ps(a, u), _mm256_set1_ps(kRsqrt2Pi)));
 }
 
-template <__m256 (*Erf)(__m256), __m256 (*Exp)(__m256)>
-__attribute__((target("avx2,fma"))) void gelu_avx2(bool derivative, int64_t n, const float* x,
-                                                   float* y) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(y + i, gelu8<Erf, Exp>(derivative, _mm256_loadu_ps(x + i)));
-  if (i < n) {  // the tail in a vector of its own, zeros in the unused lanes
-    float buf[8] = {};
-    std::memcpy(buf, x + i, static_cast<size_t>(n - i) * sizeof(float));
-    _mm256_storeu_ps(buf, gelu8<Erf, Exp>(derivative, _mm256_loadu_ps(buf)));
-    std::memcpy(y + i, buf, static_cast<size_t>(n - i) * sizeof(float));
-  }
+template <__m512 (*Erf)(__m512)>
+__attribute__((target("avx512f"))) __m512 gelu_avx512(__m512 a) {
+  const __m512 t = Erf(_mm512_mul_ps(a, _mm512_set1_ps(kRsqrt2)));
+  return _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5f), a),
+                       _mm512_add_ps(_mm512_set1_ps(1.0f), t));
 }
 
 template <__m512 (*Erf)(__m512), __m512 (*Exp)(__m512)>
-__attribute__((target("avx512f"))) __m512 gelu16(bool derivative, __m512 a) {
-  const __m512 t = Erf(_mm512_mul_ps(a, _mm512_set1_ps(kRsqrt2)));
+__attribute__((target("avx512f"))) __m512 gelu_derivative_avx512(__m512 a) {
   const __m512 half = _mm512_set1_ps(0.5f);
-  if (!derivative)
-    return _mm512_mul_ps(_mm512_mul_ps(half, a), _mm512_add_ps(_mm512_set1_ps(1), t));
+  const __m512 t = Erf(_mm512_mul_ps(a, _mm512_set1_ps(kRsqrt2)));
   const __m512 u = Exp(_mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(-0.5f), a), a));
   return _mm512_add_ps(_mm512_add_ps(half, _mm512_mul_ps(half, t)),
                        _mm512_mul_ps(_mm512_mul_ps(a, u), _mm512_set1_ps(kRsqrt2Pi)));
-}
-
-template <__m512 (*Erf)(__m512), __m512 (*Exp)(__m512)>
-__attribute__((target("avx512f"))) void gelu_avx512(bool derivative, int64_t n, const float* x,
-                                                    float* y) {
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    _mm512_storeu_ps(y + i, gelu16<Erf, Exp>(derivative, _mm512_loadu_ps(x + i)));
-  if (i < n) {
-    float buf[16] = {};
-    std::memcpy(buf, x + i, static_cast<size_t>(n - i) * sizeof(float));
-    _mm512_storeu_ps(buf, gelu16<Erf, Exp>(derivative, _mm512_loadu_ps(buf)));
-    std::memcpy(y + i, buf, static_cast<size_t>(n - i) * sizeof(float));
-  }
-}
-
-void gelu_scalar(bool derivative, int64_t n, const float* x, float* y) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float a = x[i], t = std::erf(a * kRsqrt2);
-    y[i] = derivative ? 0.5f + 0.5f * t + a * std::exp(-0.5f * a * a) * kRsqrt2Pi
-                      : 0.5f * a * (1.0f + t);
-  }
 }
 
 template <float (*F)(float)>
@@ -171,18 +145,25 @@ float tanh_f(float v) { return std::tanh(v); }
 float erf_f(float v) { return std::erf(v); }
 float sin_f(float v) { return std::sin(v); }
 float cos_f(float v) { return std::cos(v); }
+float gelu_f(float v) { return 0.5f * v * (1.0f + std::erf(v * kRsqrt2)); }
+float gelu_derivative_f(float v) {
+  return 0.5f + 0.5f * std::erf(v * kRsqrt2) + v * std::exp(-0.5f * v * v) * kRsqrt2Pi;
+}
 
 using Run = void (*)(int64_t, const float*, float*);
 
 // [isa][fn]
-constexpr Run kRuns[3][6] = {
+constexpr Run kRuns[3][8] = {
     {run_scalar<exp_f>, run_scalar<log_f>, run_scalar<tanh_f>, run_scalar<erf_f>, run_scalar<sin_f>,
-     run_scalar<cos_f>},
+     run_scalar<cos_f>, run_scalar<gelu_f>, run_scalar<gelu_derivative_f>},
     {run_avx2<exp_avx2<_ZGVdN8v_expf>>, run_avx2<_ZGVdN8v_logf>, run_avx2<_ZGVdN8v_tanhf>,
-     run_avx2<_ZGVdN8v_erff>, run_avx2<_ZGVdN8v_sinf>, run_avx2<_ZGVdN8v_cosf>},
+     run_avx2<_ZGVdN8v_erff>, run_avx2<_ZGVdN8v_sinf>, run_avx2<_ZGVdN8v_cosf>,
+     run_avx2<gelu_avx2<_ZGVdN8v_erff>>,
+     run_avx2<gelu_derivative_avx2<_ZGVdN8v_erff, exp_avx2<_ZGVdN8v_expf>>>},
     {run_avx512<exp_avx512<_ZGVeN16v_expf>>, run_avx512<_ZGVeN16v_logf>,
      run_avx512<_ZGVeN16v_tanhf>, run_avx512<_ZGVeN16v_erff>, run_avx512<_ZGVeN16v_sinf>,
-     run_avx512<_ZGVeN16v_cosf>},
+     run_avx512<_ZGVeN16v_cosf>, run_avx512<gelu_avx512<_ZGVeN16v_erff>>,
+     run_avx512<gelu_derivative_avx512<_ZGVeN16v_erff, exp_avx512<_ZGVeN16v_expf>>>},
 };
 
 MathIsa detect() {
@@ -214,24 +195,6 @@ const char* math_isa_name(MathIsa isa) {
 void vector_math(MathFn f, int64_t n, const float* x, float* y) {
   static const MathIsa isa = math_isa();
   kRuns[static_cast<int>(isa)][static_cast<int>(f)](n, x, y);
-}
-
-void vector_gelu(bool derivative, int64_t n, const float* x, float* y) {
-  static const MathIsa isa = math_isa();
-  vector_gelu(derivative, isa, n, x, y);
-}
-
-void vector_gelu(bool derivative, MathIsa isa, int64_t n, const float* x, float* y) {
-  LS_INTERNAL_CHECK(static_cast<int>(isa) <= static_cast<int>(math_isa()),
-                    "vector_gelu: this CPU does not run that ISA");
-  switch (isa) {
-    case MathIsa::Avx512:
-      return gelu_avx512<_ZGVeN16v_erff, exp_avx512<_ZGVeN16v_expf>>(derivative, n, x, y);
-    case MathIsa::Avx2:
-      return gelu_avx2<_ZGVdN8v_erff, exp_avx2<_ZGVdN8v_expf>>(derivative, n, x, y);
-    case MathIsa::Scalar:
-      return gelu_scalar(derivative, n, x, y);
-  }
 }
 
 void vector_math(MathFn f, MathIsa isa, int64_t n, const float* x, float* y) {

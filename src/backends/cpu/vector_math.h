@@ -10,7 +10,9 @@
 
 namespace lockstep::backends::cpu {
 
-enum class MathFn : uint8_t { Exp, Log, Tanh, Erf, Sin, Cos };
+// Gelu (exact: (x / 2) (1 + erf(x / sqrt 2))) and GeluDerivative are computed from these erf
+// and exp in one pass, their values those of the same float operations as separate passes.
+enum class MathFn : uint8_t { Exp, Log, Tanh, Erf, Sin, Cos, Gelu, GeluDerivative };
 enum class MathIsa : uint8_t { Scalar, Avx2, Avx512 };
 
 // The widest ISA this CPU runs (AVX-512F, else AVX2 with FMA, else scalar).
@@ -22,10 +24,5 @@ const char* math_isa_name(MathIsa isa);
 void vector_math(MathFn f, int64_t n, const float* x, float* y);
 // The same with a given ISA (tests); `isa` must be one this CPU runs.
 void vector_math(MathFn f, MathIsa isa, int64_t n, const float* x, float* y);
-
-// y[i] = gelu(x[i]) (exact: (x / 2) (1 + erf(x / sqrt 2))), or with `derivative` its derivative,
-// in one pass with the best ISA (erf and exp as vector_math computes them); y may be x.
-void vector_gelu(bool derivative, int64_t n, const float* x, float* y);
-void vector_gelu(bool derivative, MathIsa isa, int64_t n, const float* x, float* y);
 
 }  // namespace lockstep::backends::cpu
