@@ -381,6 +381,31 @@ __attribute__((target("avx2"))) void transpose8x8(const void* src, int64_t ss, v
     _mm256_storeu_ps(d + (k + 4) * dd, _mm256_permute2f128_ps(r[k], r[k + 4], 0x31));
   }
 }
+
+// The same for 2-byte values (bf16), in SSE2 registers: unpack 16-bit pairs, then 32-bit, then
+// 64-bit halves.
+void transpose8x8_2(const void* src, int64_t ss, void* dst, int64_t dd) {
+  const uint16_t* s = static_cast<const uint16_t*>(src);
+  uint16_t* d = static_cast<uint16_t*>(dst);
+  __m128i r[8], t[8];
+  for (int k = 0; k < 8; ++k) r[k] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + k * ss));
+  for (int k = 0; k < 8; k += 2) {
+    t[k] = _mm_unpacklo_epi16(r[k], r[k + 1]);
+    t[k + 1] = _mm_unpackhi_epi16(r[k], r[k + 1]);
+  }
+  for (int k = 0; k < 8; k += 4) {
+    r[k] = _mm_unpacklo_epi32(t[k], t[k + 2]);
+    r[k + 1] = _mm_unpackhi_epi32(t[k], t[k + 2]);
+    r[k + 2] = _mm_unpacklo_epi32(t[k + 1], t[k + 3]);
+    r[k + 3] = _mm_unpackhi_epi32(t[k + 1], t[k + 3]);
+  }
+  for (int k = 0; k < 4; ++k) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 2 * k * dd),
+                     _mm_unpacklo_epi64(r[k], r[k + 4]));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + (2 * k + 1) * dd),
+                     _mm_unpackhi_epi64(r[k], r[k + 4]));
+  }
+}
 #endif
 
 // A copy whose source runs along output dim u (stride 1) while the output runs along its last
@@ -428,11 +453,17 @@ bool transpose_copy(const E* s, const Shape& out_shape, const std::vector<int64_
     const int64_t i0 = job % row_tiles * kT, i1 = std::min(rows, i0 + kT);
     int64_t j_done = 0;  // columns done by 8x8 blocks
 #if defined(__x86_64__)
-    if (sizeof(E) == 4 && avx2 && i1 - i0 == kT) {
+    if (((sizeof(E) == 4 && avx2) || sizeof(E) == 2) && i1 - i0 == kT) {
       j_done = cols / 8 * 8;
       for (int64_t j = 0; j < j_done; j += 8)
-        for (int64_t i = i0; i < i1; i += 8)
-          transpose8x8(s + so + i + j * cstride, cstride, o + oo + i * orow + j, orow);
+        for (int64_t i = i0; i < i1; i += 8) {
+          const E* from = s + so + i + j * cstride;
+          E* to = o + oo + i * orow + j;
+          if (sizeof(E) == 4)
+            transpose8x8(from, cstride, to, orow);
+          else
+            transpose8x8_2(from, cstride, to, orow);
+        }
     }
 #endif
     for (int64_t j0 = j_done; j0 < cols; j0 += kT) {
@@ -456,22 +487,34 @@ void strided_copy(const void* src, const Shape& out_shape, const std::vector<int
   if (transpose_copy(static_cast<const E*>(src), out_shape, strides, src_offset,
                      static_cast<E*>(out)))
     return;
+  // Output rows (along the last dim) in blocks of up to kBlock consecutive rows of one matrix
+  // (the last two dims): a block's source offset is computed once, its rows step by the
+  // second-to-last dim's stride (a division per row cost more than copying rows of 64 bf16).
   const int64_t last = r ? out_shape[r - 1] : 1;
   const int64_t last_stride = r ? strides[r - 1] : 0;
-  const int64_t rows = n / last;
+  const int64_t mid = r >= 2 ? out_shape[r - 2] : 1;
+  const int64_t mid_stride = r >= 2 ? strides[r - 2] : 0;
+  const int64_t matrices = n / (last * mid);
+  constexpr int64_t kBlock = 64;
+  const int64_t blocks = (mid + kBlock - 1) / kBlock;
   const E* s = static_cast<const E*>(src);
   E* o = static_cast<E*>(out);
-  parallel_for(n > 65536, rows, [&](int64_t row) {
-    int64_t off = src_offset, rest = row;
-    for (size_t d = r ? r - 1 : 0; d-- > 0;) {
+  parallel_for(n > 65536, matrices * blocks, [&](int64_t job) {
+    const int64_t matrix = job / blocks, m0 = job % blocks * kBlock;
+    const int64_t m1 = std::min(mid, m0 + kBlock);
+    int64_t off = src_offset, rest = matrix;
+    for (size_t d = r >= 2 ? r - 2 : 0; d-- > 0;) {
       off += rest % out_shape[d] * strides[d];
       rest /= out_shape[d];
     }
-    E* dst = o + row * last;
-    if (last_stride == 1)
-      std::memcpy(dst, s + off, last * sizeof(E));
-    else
-      for (int64_t i = 0; i < last; ++i) dst[i] = s[off + i * last_stride];
+    for (int64_t m = m0; m < m1; ++m) {
+      const E* from = s + off + m * mid_stride;
+      E* dst = o + (matrix * mid + m) * last;
+      if (last_stride == 1)
+        std::memcpy(dst, from, last * sizeof(E));
+      else
+        for (int64_t i = 0; i < last; ++i) dst[i] = from[i * last_stride];
+    }
   });
 }
 }  // namespace
