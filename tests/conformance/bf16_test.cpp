@@ -93,6 +93,25 @@ TEST_F(Bf16, MatMul) {
             ls::transpose(ls::matmul(ls::transpose(x[0], 0, 1), ls::transpose(x[1], 0, 1)), 0, 1)};
       },
       47);
+  // Attention's heads: over a sequence-first [T, N, E] as [N * H, T, hd] (batches interleaved
+  // with rows: where that costs oneDNN its brgemm kernel the operands and result are copied),
+  // over a batch-first [N, T, E] as [N, H, T, hd] views, and a linear layer's transposed weight
+  // given a leading 1 ([1, in, out] against [N, T, in]) with the gradient's transpose of that.
+  check(
+      "bf16 attention head layouts", {{{40, 3, 64}, bf}, {{3, 40, 64}, bf}, {{48, 64}, bf}},
+      [](const Tensors& x) {
+        const ls::Tensor q = ls::transpose(ls::reshape(x[0], {40, 12, 16}), 0, 1);  // [12, 40, 16]
+        const ls::Tensor qk = ls::matmul(q, ls::transpose(q, 1, 2));                // [12, 40, 40]
+        const ls::Tensor o = ls::transpose(ls::matmul(qk, q), 0, 1);                // [40, 12, 16]
+        const ls::Tensor h = ls::permute(ls::reshape(x[1], {3, 40, 4, 16}), {0, 2, 1, 3});
+        const ls::Tensor hk = ls::matmul(h, ls::transpose(h, 2, 3));  // [3, 4, 40, 40]
+        const ls::Tensor ho = ls::permute(ls::matmul(hk, h), {0, 2, 1, 3});
+        const ls::Tensor wt = ls::reshape(ls::transpose(x[2], 0, 1), {1, 64, 48});
+        const ls::Tensor y = ls::matmul(x[1], wt);                    // [3, 40, 48]
+        const ls::Tensor g = ls::matmul(y, ls::transpose(wt, 1, 2));  // [3, 40, 64]
+        return Tensors{qk, o * 1.0f, hk, ho * 1.0f, y, g};
+      },
+      64 * 40);
 }
 
 LS_COVERS(Bf16, Convolutions, Op::Conv2d, Op::Conv2dBackwardInput, Op::Conv2dBackwardWeight);

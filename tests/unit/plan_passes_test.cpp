@@ -248,6 +248,19 @@ TEST(LowerPass, AMatmulReadsATransposeThroughStridesAndTheTransposeIsDropped) {
             "%2 mat_mul f32[4, 4] <- %0[8, 4] %0[8, 4]  \n");
 }
 
+TEST(LowerPass, ATransposeBehindLeadingOnesIsReadThroughStridesToo) {
+  // A linear layer's transposed weight as [1, in, out] against a [B, T, in] batch, and the
+  // input gradient's transpose of that: both products read the weight itself.
+  const std::string graph =
+      "%0 = data(#0) f32[6, 4]\n%1 = permute(%0) {1, 0} f32[4, 6]\n"
+      "%2 = reshape(%1) f32[1, 4, 6]\n%3 = data(#1) f32[2, 3, 4]\n"
+      "%4 = mat_mul(%3, %2) f32[2, 3, 6]\n%5 = permute(%2) {0, 2, 1} f32[1, 6, 4]\n"
+      "%6 = mat_mul(%4, %5) f32[2, 3, 4]\nreturn %4, %6\n";
+  EXPECT_EQ(lines(run_until(graph, "drop_unread_steps"), "%"),
+            "%4 mat_mul f32[2, 3, 6] <- %3[2, 3, 4] %0[6, 4]  \n"
+            "%6 mat_mul f32[2, 3, 4] <- %4[2, 3, 6] %0[6, 4]  \n");
+}
+
 TEST(ConvCopiesPass, AnInputTwoConvolutionsCopyIsCopiedOnce) {
   // The forward convolution and the weight gradient both copy x to oneDNN's layout: one copy,
   // written by the first, read by the second, in memory of its own.

@@ -345,6 +345,21 @@ std::string onednn_version() {
   return util::cat(v->major, ".", v->minor, ".", v->patch);
 }
 
+std::string matmul_implementation(const Shape& a, const std::vector<int64_t>& as, const Shape& b,
+                                  const std::vector<int64_t>& bs, const Shape& out,
+                                  const std::vector<int64_t>& os, DType dtype) {
+  try {
+    const dt d = dnnl_dtype(dtype);
+    const memory::desc a_md(dims_of(a), d, memory::dims(as.begin(), as.end()));
+    const memory::desc b_md(dims_of(b), d, memory::dims(bs.begin(), bs.end()));
+    const memory::desc c_md(dims_of(out), d, memory::dims(os.begin(), os.end()));
+    return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), engine())
+        .impl_info_str();
+  } catch (const dnnl::error&) {
+    return "";
+  }
+}
+
 void DnnlMatMul::run(const void* a, const void* b, void* out) {
   const Bf16Emulation& e = impl_->emulation;
   if (e.on) {

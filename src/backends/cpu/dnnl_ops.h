@@ -37,6 +37,13 @@ class DnnlMatMul {
 // oneDNN's version, "2.7.3".
 std::string onednn_version();
 
+// oneDNN's name for the kernel a product read and written with these strides would run on
+// (DnnlMatMul::implementation's, without creating it); "" where oneDNN has none for `dtype`.
+std::string matmul_implementation(const Shape& a, const std::vector<int64_t>& a_strides,
+                                  const Shape& b, const std::vector<int64_t>& b_strides,
+                                  const Shape& out, const std::vector<int64_t>& out_strides,
+                                  DType dtype);
+
 // Convolution forward (in0 = x, in1 = w -> y), backward data (in0 = dy, in1 = w -> dx) and
 // backward weights (in0 = x, in1 = dy -> dw). attrs as ir::Node's: stride, padding, dilation,
 // groups. Weights are plain OIHW; activations and their gradients plain NCHW or, as `blocked`

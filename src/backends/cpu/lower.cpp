@@ -345,30 +345,57 @@ bool matmul_applies(const Lowering& l) {
   return (n.op == Op::MatMul && (all_f32(p.graph, id) || all_bf16(p.graph, id))) ||
          transposed_matmul(p, id);
 }
-void lower_matmul(Lowering& l) {
-  plan::Plan& p = l.p;
-  const int32_t id = l.id;
-  const ir::GraphNode& n = l.n;
-  plan::Step& step = l.step;
-  CpuStep& cs = l.cs;
-  // A matmul; or the transpose of one, computed directly as B^T A^T; or a permute of one that
-  // keeps the last axis, written through the strides of the permuted layout. Operands that are
-  // transposes or such permutes are read through their strides instead of being copied.
+// How a product reads its operands and writes its result: the layout lower_matmul gives it.
+struct ProductLayout {
+  int32_t operand[2] = {-1, -1};
+  Shape shape[2], out_shape;
+  std::vector<int64_t> strides[2], out_strides;
+  bool through_permute = false;  // an operand read through a permute's strides, or the result
+                                 // written through them
+};
+
+// The layout of `n`'s product: a matmul; or the transpose of one, computed directly as B^T A^T;
+// or a permute of one that keeps the last axis, written through the strides of the permuted
+// layout. Operands that are transposes are read through their strides instead of being copied,
+// and with `through_permutes` so are permutes of them (see lower_matmul).
+ProductLayout product_layout(const plan::Plan& p, const ir::GraphNode& n, bool through_permutes) {
+  ProductLayout pl;
   const bool flip = is_last_two_swap(n);
   const bool permuted_out = !flip && n.op == Op::Permute;
   const ir::GraphNode& mm_node = n.op == Op::Permute ? p.graph.nodes[n.operands[0]] : n;
-  int32_t operand[2] = {mm_node.operands[0], mm_node.operands[1]};
+  int32_t* operand = pl.operand;
+  operand[0] = mm_node.operands[0];
+  operand[1] = mm_node.operands[1];
   if (flip) std::swap(operand[0], operand[1]);
-  Shape shape[2];
-  std::vector<int64_t> strides[2];
+  Shape* shape = pl.shape;
+  std::vector<int64_t>* strides = pl.strides;
   for (int k = 0; k < 2; ++k) {
     const ir::GraphNode& o = p.graph.nodes[operand[k]];
     bool transposed = flip;  // (A B)^T = B^T A^T: each operand is read transposed
     int32_t source = operand[k];
-    // A transpose feeding the matmul: read its input instead.
-    if (is_last_two_swap(o) && p.run_time[operand[k]]) {
-      source = o.operands[0];
-      transposed = !transposed;
+    // Views read through instead of copied, in any order: transposes of the last two axes (read
+    // with those strides swapped) and reshapes that only put 1-dims in front (a linear layer's
+    // transposed weight as [1, in, out] against a [B, T, in] batch, and its gradient's transpose
+    // of that).
+    size_t lead = 0;
+    for (;;) {
+      const ir::GraphNode& v = p.graph.nodes[source];
+      if (!p.run_time[source]) break;
+      if (is_last_two_swap(v)) {
+        source = v.operands[0];
+        transposed = !transposed;
+        continue;
+      }
+      if (v.op != Op::Reshape) break;
+      const Shape& us = p.graph.nodes[v.operands[0]].shape;
+      if (us.size() < 2 || us.size() >= v.shape.size()) break;
+      const auto added = static_cast<ptrdiff_t>(v.shape.size() - us.size());
+      if (!std::all_of(v.shape.begin(), v.shape.begin() + added,
+                       [](int64_t d) { return d == 1; }) ||
+          !std::equal(us.begin(), us.end(), v.shape.begin() + added))
+        break;
+      lead += static_cast<size_t>(added);
+      source = v.operands[0];
     }
     const Shape& ss = p.graph.nodes[source].shape;
     strides[k] = ref::strides_of(ss);
@@ -378,8 +405,8 @@ void lower_matmul(Lowering& l) {
     // Not the left operand of a product with one right-hand matrix for the batch: that one is
     // worth its copy, which lets the batch fold into one product (fold_matmul_batch).
     const bool keep_for_fold = k == (flip ? 1 : 0) && shared_right(p.graph, mm_node);
-    if (source == operand[k] && o.op == Op::Permute && p.run_time[operand[k]] && !keep_for_fold &&
-        o.dtype == p.graph.nodes[o.operands[0]].dtype) {
+    if (through_permutes && source == operand[k] && o.op == Op::Permute && p.run_time[operand[k]] &&
+        !keep_for_fold && o.dtype == p.graph.nodes[o.operands[0]].dtype) {
       const std::vector<int64_t> in = ref::strides_of(p.graph.nodes[o.operands[0]].shape);
       std::vector<int64_t> st;
       for (int64_t a : o.attrs) st.push_back(in[static_cast<size_t>(a)]);
@@ -387,6 +414,7 @@ void lower_matmul(Lowering& l) {
       if (r >= 2 && (st[r - 1] == 1 || st[r - 2] == 1)) {
         source = o.operands[0];
         strides[k] = st;
+        pl.through_permute = true;
       }
     }
     operand[k] = source;
@@ -395,25 +423,65 @@ void lower_matmul(Lowering& l) {
       std::swap(strides[k][r - 1], strides[k][r - 2]);
       std::swap(shape[k][r - 1], shape[k][r - 2]);
     }
+    shape[k].insert(shape[k].begin(), lead, 1);
+    strides[k].insert(strides[k].begin(), lead, shape_numel(ss));
   }
-  Shape out_shape = mm_node.shape;
-  std::vector<int64_t> out_strides = ref::strides_of(out_shape);
+  pl.out_shape = mm_node.shape;
+  pl.out_strides = ref::strides_of(pl.out_shape);
   if (permuted_out) {  // matmul axis attrs[i] lands at axis i of the permute's contiguous output
     const std::vector<int64_t> contiguous = ref::strides_of(n.shape);
     for (size_t i = 0; i < n.attrs.size(); ++i)
-      out_strides[static_cast<size_t>(n.attrs[i])] = contiguous[i];
+      pl.out_strides[static_cast<size_t>(n.attrs[i])] = contiguous[i];
+    pl.through_permute = true;
   } else {
-    out_shape = n.shape;
-    out_strides = ref::strides_of(out_shape);
-    fold_matmul_batch(shape, strides, out_shape);
-    out_strides = ref::strides_of(out_shape);
+    pl.out_shape = n.shape;
+    fold_matmul_batch(pl.shape, pl.strides, pl.out_shape);
+    pl.out_strides = ref::strides_of(pl.out_shape);
   }
-  auto mm = std::make_shared<cpu::MatMul>(shape[0], strides[0], shape[1], strides[1], out_shape,
-                                          mm_node.dtype, mm_node.dtype, out_strides);
+  return pl;
+}
+
+// Whether oneDNN runs the product on a brgemm kernel ("brg:avx512_core_bf16", ...), not on its
+// older gemm ("gemm:jit").
+bool on_brgemm(const ProductLayout& pl, DType dtype) {
+  return matmul_implementation(pl.shape[0], pl.strides[0], pl.shape[1], pl.strides[1], pl.out_shape,
+                               pl.out_strides, dtype)
+      .starts_with("brg");
+}
+
+void lower_strided_copy(Lowering& l);
+
+void lower_matmul(Lowering& l) {
+  plan::Plan& p = l.p;
+  const int32_t id = l.id;
+  const ir::GraphNode& n = l.n;
+  plan::Step& step = l.step;
+  CpuStep& cs = l.cs;
+  const ir::GraphNode& mm_node = n.op == Op::Permute ? p.graph.nodes[n.operands[0]] : n;
+  // Permuted operands and results are read and written through their strides, without a copy,
+  // unless that costs the product its brgemm kernel: oneDNN 2.x runs a batch whose matrices
+  // interleave in memory (an attention's heads over a sequence-first [T, B H, E]) on gemm:jit,
+  // which on AVX512-BF16 takes 1.2-1.5 ms where brgemm over dense copies takes 0.95-1.2 plus
+  // 0.07 for the copy ([96, 256, 64] x [96, 64, 256] bf16, two Zen 5 cores). Then the
+  // permutes are copied (their own steps) and the product reads or writes the copies.
+  ProductLayout pl = product_layout(p, n, true);
+  if (pl.through_permute && !on_brgemm(pl, mm_node.dtype)) {
+    const bool permuted_out = !is_last_two_swap(n) && n.op == Op::Permute;
+    const ProductLayout dense = product_layout(p, permuted_out ? mm_node : n, false);
+    bool copies_ready = true;  // each permute read as a copy is a step of its own
+    for (int k = 0; k < 2; ++k) copies_ready = copies_ready && !p.absorbed[dense.operand[k]];
+    if (copies_ready && on_brgemm(dense, mm_node.dtype)) {
+      if (permuted_out) return lower_strided_copy(l);  // the matmul is a step of its own
+      pl = dense;
+    }
+  }
+  auto mm =
+      std::make_shared<cpu::MatMul>(pl.shape[0], pl.strides[0], pl.shape[1], pl.strides[1],
+                                    pl.out_shape, mm_node.dtype, mm_node.dtype, pl.out_strides);
   step.scratch_bytes = mm->scratch_bytes();
-  step.reads = {operand[0], operand[1]};
+  step.reads = {pl.operand[0], pl.operand[1]};
   step.label = "mat_mul";
-  const int32_t a = operand[0], b = operand[1];
+  const int32_t a = pl.operand[0], b = pl.operand[1];
   cs.run = [mm, a, b, id](Ctx& c) { mm->run(c.ptr[a], c.ptr[b], c.ptr[id]); };
 }
 
