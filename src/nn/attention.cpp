@@ -98,14 +98,16 @@ MultiheadAttention::Output MultiheadAttention::forward(const Tensor& query, cons
                     shape_str(key.shape()), " and value ", shape_str(value.shape()),
                     " must be 3-d: ", batch_first ? "[N, L, E]" : "[L, N, E]",
                     " (unbatched inputs: unsqueeze a batch axis)"));
-  // PyTorch's arithmetic, in its [L, N, E] layout.
-  const Tensor q_in = batch_first ? transpose(query, 0, 1) : query;
-  const Tensor k_in = batch_first ? transpose(key, 0, 1) : key;
-  const Tensor v_in = batch_first ? transpose(value, 0, 1) : value;
-  const int64_t l = q_in.size(0), n = q_in.size(1), e = embed_dim, h = num_heads, hd = e / h;
-  const int64_t s = k_in.size(0);
-  if (q_in.size(2) != e || k_in.size(2) != e || v_in.size(2) != e || k_in.size(1) != n ||
-      v_in.size(1) != n || v_in.size(0) != s)
+  // PyTorch's arithmetic, each head's products over [N, H, T, hd] views of the projections in
+  // the inputs' own layout: batch-first rows [N, T, H, hd] keep the batch dims outermost, which
+  // lets oneDNN run the heads' products on its brgemm kernels without a copy (PyTorch's
+  // [N * H, T, hd] heads over a sequence-first [T, N, E] interleave the batch with the rows).
+  const int64_t t_axis = batch_first ? 1 : 0, n_axis = 1 - t_axis;
+  const int64_t l = query.size(t_axis), n = query.size(n_axis), e = embed_dim, h = num_heads,
+                hd = e / h;
+  const int64_t s = key.size(t_axis);
+  if (query.size(2) != e || key.size(2) != e || value.size(2) != e || key.size(n_axis) != n ||
+      value.size(n_axis) != n || value.size(t_axis) != s)
     throw Error(cat("MultiheadAttention(embed_dim ", e, "): query ", shape_str(query.shape()),
                     ", key ", shape_str(key.shape()), " and value ", shape_str(value.shape()),
                     " do not fit; each needs the batch size and embed_dim, key and value one "
@@ -113,13 +115,14 @@ MultiheadAttention::Output MultiheadAttention::forward(const Tensor& query, cons
   const std::vector<Tensor> w = chunk(in_proj_weight, 3, 0);
   const std::vector<Tensor> b =
       in_proj_bias.defined() ? chunk(in_proj_bias, 3, 0) : std::vector<Tensor>(3);
-  // [T, N, E] -> [N * H, T, hd]
+  // [N, T, E] or [T, N, E] -> [N, H, T, hd]
   auto heads = [&](const Tensor& x, int64_t t) {
-    return transpose(reshape(x, {t, n * h, hd}), 0, 1);
+    return batch_first ? permute(reshape(x, {n, t, h, hd}), {0, 2, 1, 3})
+                       : permute(reshape(x, {t, n, h, hd}), {1, 2, 0, 3});
   };
-  const Tensor q = heads(linear(q_in, w[0], b[0]), l);
-  const Tensor k = heads(linear(k_in, w[1], b[1]), s);
-  const Tensor v = heads(linear(v_in, w[2], b[2]), s);
+  const Tensor q = heads(linear(query, w[0], b[0]), l);
+  const Tensor k = heads(linear(key, w[1], b[1]), s);
+  const Tensor v = heads(linear(value, w[2], b[2]), s);
 
   // One float mask [N * H or 1, L, S] of 0 and -inf (PyTorch merges them the same way).
   Tensor mask;
@@ -145,18 +148,22 @@ MultiheadAttention::Output MultiheadAttention::forward(const Tensor& query, cons
     merge(reshape(expand(reshape(f, {n, 1, 1, s}), {n, h, 1, s}), {n * h, 1, s}));
   }
 
+  if (mask.defined())  // [N * H or 1, L or 1, S] -> [N, H or 1, L or 1, S]
+    mask = mask.size(0) == 1 ? unsqueeze(mask, 0) : reshape(mask, {n, h, mask.size(1), s});
+
   const Tensor qs = div(q, std::sqrt(static_cast<double>(hd)));
-  Tensor scores = matmul(qs, transpose(k, -2, -1));
+  Tensor scores = matmul(qs, transpose(k, -2, -1));  // [N, H, L, S]
   if (mask.defined()) scores = add(scores, mask);
   Tensor attn = softmax(scores, -1);
   if (dropout > 0 && is_training()) attn = nn::dropout(attn, dropout, true);
-  Tensor out = matmul(attn, v);                     // [N * H, L, hd]
-  out = reshape(transpose(out, 0, 1), {l * n, e});  // [L * N, E]
-  out = reshape((*out_proj)(out), {l, n, e});
-  if (batch_first) out = transpose(out, 0, 1);
+  Tensor out = matmul(attn, v);  // [N, H, L, hd] -> the input's layout, heads side by side
+  out = batch_first ? reshape(permute(out, {0, 2, 1, 3}), {n * l, e})
+                    : reshape(permute(out, {2, 0, 1, 3}), {l * n, e});
+  out = (*out_proj)(out);
+  out = batch_first ? reshape(out, {n, l, e}) : reshape(out, {l, n, e});
   Output result{out, Tensor()};
   if (need_weights) {
-    const Tensor weights = reshape(attn, {n, h, l, s});
+    const Tensor& weights = attn;  // [N, H, L, S]
     result.weights = average_attn_weights ? mean(weights, {1}) : weights;
   }
   return result;

@@ -23,7 +23,13 @@ std::optional<DType> autocast_dtype() { return t_autocast; }
 namespace frontend {
 
 NodePtr autocast_low(const NodePtr& n, const Loc& loc) {
-  if (!t_autocast || !is_floating(n->dtype)) return n;
+  if (!t_autocast || !is_floating(n->dtype) || n->dtype == *t_autocast) return n;
+  // A permute still to be computed (a linear layer's transposed weight) is cast below it: the
+  // same values, but the permute then moves the narrower ones, and feeding a product it is
+  // read through its strides instead of being copied at full width before the cast.
+  if (n->op == Op::Permute && !n->grad.fn && n->operands[0]->dtype == n->dtype)
+    return make(Op::Permute, {autocast_low(n->operands[0], loc)}, n->attrs, loc, n->shape,
+                *t_autocast);
   return cast_node(n, *t_autocast, loc);
 }
 

@@ -87,6 +87,43 @@ TEST(Autocast, MatmulAndConvolutionRunInBf16AndReductionsInF32) {
   }
 }
 
+TEST(Autocast, APermutedOperandIsCastBeforeItsPermute) {
+  // linear's transposed weight: cast to bf16 first, then permuted (half the bytes to move, and
+  // the product reads the transpose through its strides); the same values and gradients as the
+  // cast of the permute.
+  for (const char* dev : {"ref", "cpu"}) {
+    SCOPED_TRACE(dev);
+    const ls::Device d = ls::parse_device(dev);
+    const ls::Tensor x = ls::randn({2, 5, 8}, {ls::f32, d});
+    ls::Tensor w = ls::randn({6, 8}, {ls::f32, d});
+    w.set_requires_grad();
+    ls::Tensor y;
+    {
+      auto scope = ls::autocast(ls::bf16);
+      y = ls::matmul(x, ls::transpose(w, 0, 1));
+      (void)y.sum().item<float>();
+    }
+    const std::vector<std::string> casts = ir_lines("cast(");
+    const std::vector<std::string> permutes = ir_lines("permute(");
+    ASSERT_EQ(permutes.size(), 1u) << ls::debug::last_graph_text();
+    EXPECT_THAT(permutes[0], HasSubstr("bf16[8, 6]")) << permutes[0];
+    EXPECT_EQ(casts.size(), 3u) << ls::debug::last_graph_text();  // x, w, and sum's f32
+    ls::Tensor loss;
+    {
+      auto scope = ls::autocast(ls::bf16);
+      loss = ls::sum(ls::square(ls::cast(ls::matmul(x, ls::transpose(w, 0, 1)), ls::f32)));
+    }
+    loss.backward();
+    const std::vector<float> got = w.grad().to_vector<float>();
+    w.set_grad(ls::Tensor());
+    const ls::Tensor want_y =
+        ls::matmul(ls::cast(x, ls::bf16), ls::cast(ls::transpose(w, 0, 1), ls::bf16));
+    EXPECT_EQ(y.to_vector<float>(), want_y.to_vector<float>());
+    ls::sum(ls::square(ls::cast(want_y, ls::f32))).backward();
+    EXPECT_EQ(got, w.grad().to_vector<float>());
+  }
+}
+
 TEST(Autocast, NestedScopesAndRefusals) {
   {
     auto on = ls::autocast(ls::bf16);
