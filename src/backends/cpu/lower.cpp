@@ -352,6 +352,7 @@ struct ProductLayout {
   std::vector<int64_t> strides[2], out_strides;
   bool through_permute = false;  // an operand read through a permute's strides, or the result
                                  // written through them
+  bool permuted_out = false;     // the node is a permute of the product (not a transpose)
 };
 
 // The layout of `n`'s product: a matmul; or the transpose of one, computed directly as B^T A^T;
@@ -361,7 +362,7 @@ struct ProductLayout {
 ProductLayout product_layout(const plan::Plan& p, const ir::GraphNode& n, bool through_permutes) {
   ProductLayout pl;
   const bool flip = is_last_two_swap(n);
-  const bool permuted_out = !flip && n.op == Op::Permute;
+  pl.permuted_out = !flip && n.op == Op::Permute;
   const ir::GraphNode& mm_node = n.op == Op::Permute ? p.graph.nodes[n.operands[0]] : n;
   int32_t* operand = pl.operand;
   operand[0] = mm_node.operands[0];
@@ -428,7 +429,7 @@ ProductLayout product_layout(const plan::Plan& p, const ir::GraphNode& n, bool t
   }
   pl.out_shape = mm_node.shape;
   pl.out_strides = ref::strides_of(pl.out_shape);
-  if (permuted_out) {  // matmul axis attrs[i] lands at axis i of the permute's contiguous output
+  if (pl.permuted_out) {  // matmul axis attrs[i] lands at axis i of the permute's contiguous output
     const std::vector<int64_t> contiguous = ref::strides_of(n.shape);
     for (size_t i = 0; i < n.attrs.size(); ++i)
       pl.out_strides[static_cast<size_t>(n.attrs[i])] = contiguous[i];
@@ -466,12 +467,11 @@ void lower_matmul(Lowering& l) {
   // permutes are copied (their own steps) and the product reads or writes the copies.
   ProductLayout pl = product_layout(p, n, true);
   if (pl.through_permute && !on_brgemm(pl, mm_node.dtype)) {
-    const bool permuted_out = !is_last_two_swap(n) && n.op == Op::Permute;
-    const ProductLayout dense = product_layout(p, permuted_out ? mm_node : n, false);
+    const ProductLayout dense = product_layout(p, pl.permuted_out ? mm_node : n, false);
     bool copies_ready = true;  // each permute read as a copy is a step of its own
     for (int k = 0; k < 2; ++k) copies_ready = copies_ready && !p.absorbed[dense.operand[k]];
     if (copies_ready && on_brgemm(dense, mm_node.dtype)) {
-      if (permuted_out) return lower_strided_copy(l);  // the matmul is a step of its own
+      if (pl.permuted_out) return lower_strided_copy(l);  // the matmul is a step of its own
       pl = dense;
     }
   }
