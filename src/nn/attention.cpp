@@ -124,7 +124,8 @@ MultiheadAttention::Output MultiheadAttention::forward(const Tensor& query, cons
   const Tensor k = heads(linear(key, w[1], b[1]), s);
   const Tensor v = heads(linear(value, w[2], b[2]), s);
 
-  // One float mask [N * H or 1, L, S] of 0 and -inf (PyTorch merges them the same way).
+  // One float mask of 0 and -inf, [N or 1, H or 1, L or 1, S] against the scores [N, H, L, S]
+  // (PyTorch merges them the same way, over [N * H, L, S]).
   Tensor mask;
   auto merge = [&](const Tensor& m) { mask = mask.defined() ? add(mask, m) : m; };
   if (masks.attn_mask.defined()) {
@@ -135,21 +136,18 @@ MultiheadAttention::Output MultiheadAttention::forward(const Tensor& query, cons
       throw Error(cat("MultiheadAttention: attn_mask ", shape_str(am.shape()), " must be [", l,
                       ", ", s, "] or [", n * h, ", ", l, ", ", s, "]"));
     const Tensor f = am.dtype() == DType::Bool ? where(am, -kInf, 0.0) : am;
-    merge(ok2 ? unsqueeze(f, 0) : f);
+    merge(ok2 ? reshape(f, {1, 1, l, s}) : reshape(f, {n, h, l, s}));
   }
   if (masks.is_causal)
-    merge(unsqueeze(where(causal_allowed(l, s, q.device(), loc), 0.0, -kInf), 0));
+    merge(reshape(where(causal_allowed(l, s, q.device(), loc), 0.0, -kInf), {1, 1, l, s}));
   if (masks.key_padding_mask.defined()) {
     const Tensor& kp = masks.key_padding_mask;
     if (kp.dim() != 2 || kp.size(0) != n || kp.size(1) != s)
       throw Error(cat("MultiheadAttention: key_padding_mask ", shape_str(kp.shape()), " must be [",
                       n, ", ", s, "]"));
     const Tensor f = kp.dtype() == DType::Bool ? where(kp, -kInf, 0.0) : kp;
-    merge(reshape(expand(reshape(f, {n, 1, 1, s}), {n, h, 1, s}), {n * h, 1, s}));
+    merge(reshape(f, {n, 1, 1, s}));
   }
-
-  if (mask.defined())  // [N * H or 1, L or 1, S] -> [N, H or 1, L or 1, S]
-    mask = mask.size(0) == 1 ? unsqueeze(mask, 0) : reshape(mask, {n, h, mask.size(1), s});
 
   const Tensor qs = div(q, std::sqrt(static_cast<double>(hd)));
   Tensor scores = matmul(qs, transpose(k, -2, -1));  // [N, H, L, S]

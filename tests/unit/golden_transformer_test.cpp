@@ -70,6 +70,25 @@ TEST(GoldenTransformer, MultiheadAttentionMatchesPyTorchWithBothMasks) {
   expect_close(v.grad(), f["mha.grad_v"], 1e-5, "grad v");
   expect_close(mha.in_proj_weight.grad(), f["mha.grad_in_proj_weight"], 1e-5,
                "grad in_proj_weight");
+  // The same against PyTorch's values with both masks given as one per batch and head
+  // ([N * H, L, S]), and batch-first (inputs and output [N, L, E]; the heads are other views).
+  const ls::Tensor& am = f["mha.attn_mask"];
+  const ls::Tensor& kpm = f["mha.key_padding_mask"];
+  const ls::Tensor both =
+      ls::logical_or(ls::reshape(am, {1, 1, 5, 7}), ls::reshape(kpm, {3, 1, 1, 7}));
+  masks.attn_mask = ls::reshape(ls::expand(both, {3, 4, 5, 7}), {12, 5, 7});
+  masks.key_padding_mask = ls::Tensor();
+  const auto per_head = mha(q, k, v, masks);
+  expect_close(per_head.output, f["mha.out"], 1e-5, "output, per-head mask");
+  expect_close(per_head.weights, f["mha.weights"], 1e-5, "weights, per-head mask");
+  ls::nn::MultiheadAttention first(16, 4, 0.0, true, /*batch_first=*/true);
+  first.load_state_dict(f.with_prefix("mha.init."));
+  masks.attn_mask = am;
+  masks.key_padding_mask = kpm;
+  const auto bf =
+      first(ls::transpose(q, 0, 1), ls::transpose(k, 0, 1), ls::transpose(v, 0, 1), masks);
+  expect_close(ls::transpose(bf.output, 0, 1), f["mha.out"], 1e-5, "output, batch first");
+  expect_close(bf.weights, f["mha.weights"], 1e-5, "weights, batch first");
   // State dicts load both ways: ours has PyTorch's names, in PyTorch's order.
   std::vector<std::string> names;
   for (const auto& [n, t] : mha.state_dict()) names.push_back(n);
