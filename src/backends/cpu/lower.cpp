@@ -291,28 +291,22 @@ struct Lowering {
   CpuStep& cs;
   const bool f32;      // the node computes f32 values
   int32_t index = -1;  // the value an indexed op's kernel reads its indices from (its check's)
+
+  const ir::GraphNode& node(int32_t value) const { return p.graph.nodes[value]; }
+  const ir::GraphNode& operand(size_t k) const { return node(n.operands[k]); }
 };
 
 // Elementwise trees, fused into one pass over tiles (fused.cpp).
-bool fused_applies(const Lowering& l) {
-  const plan::Plan& p = l.p;
-  const int32_t id = l.id;
-  return fusible(p.graph, id);
-}
+bool fused_applies(const Lowering& l) { return fusible(l.p.graph, l.id); }
 void lower_fused(Lowering& l) {
-  plan::Plan& p = l.p;
-  const std::vector<bool>& mask = l.mask;
-  const int32_t id = l.id;
-  plan::Step& step = l.step;
-  CpuStep& cs = l.cs;
-  auto tree = std::make_shared<FusedTree>(p.graph, id, p.absorbed, &mask, mask[id]);
-  step.reads = tree->leaf_nodes();
-  step.label = "fused";
-  step.detail = tree->describe();
-  cs.fused = std::make_shared<FusedMembers>(1, std::make_pair(id, tree));
-  step.kind = plan::StepKind::Elementwise;
-  step.members = members_of(*cs.fused);
-  cs.run = run_fused(cs.fused);
+  auto tree = std::make_shared<FusedTree>(l.p.graph, l.id, l.p.absorbed, &l.mask, l.mask[l.id]);
+  l.step.reads = tree->leaf_nodes();
+  l.step.label = "fused";
+  l.step.detail = tree->describe();
+  l.cs.fused = std::make_shared<FusedMembers>(1, std::make_pair(l.id, tree));
+  l.step.kind = plan::StepKind::Elementwise;
+  l.step.members = members_of(*l.cs.fused);
+  l.cs.run = run_fused(l.cs.fused);
 }
 
 // A batch of products with one right-hand matrix ([P..., M, K] x [1..., K, N]: a linear layer
@@ -339,11 +333,8 @@ void fold_matmul_batch(Shape (&shape)[2], std::vector<int64_t> (&strides)[2], Sh
 
 // f32 and bf16 matmuls through oneDNN; also the transpose of one, computed directly as B^T A^T.
 bool matmul_applies(const Lowering& l) {
-  const plan::Plan& p = l.p;
-  const int32_t id = l.id;
-  const ir::GraphNode& n = l.n;
-  return (n.op == Op::MatMul && (all_f32(p.graph, id) || all_bf16(p.graph, id))) ||
-         transposed_matmul(p, id);
+  return (l.n.op == Op::MatMul && (all_f32(l.p.graph, l.id) || all_bf16(l.p.graph, l.id))) ||
+         transposed_matmul(l.p, l.id);
 }
 // How a product reads its operands and writes its result: the layout lower_matmul gives it.
 struct ProductLayout {
@@ -453,23 +444,18 @@ bool on_brgemm(const ProductLayout& pl, DType dtype) {
 void lower_strided_copy(Lowering& l);
 
 void lower_matmul(Lowering& l) {
-  plan::Plan& p = l.p;
-  const int32_t id = l.id;
-  const ir::GraphNode& n = l.n;
-  plan::Step& step = l.step;
-  CpuStep& cs = l.cs;
-  const ir::GraphNode& mm_node = n.op == Op::Permute ? p.graph.nodes[n.operands[0]] : n;
+  const ir::GraphNode& mm_node = l.n.op == Op::Permute ? l.operand(0) : l.n;
   // Permuted operands and results are read and written through their strides, without a copy,
   // unless that costs the product its brgemm kernel: oneDNN 2.x runs a batch whose matrices
   // interleave in memory (an attention's heads over a sequence-first [T, B H, E]) on gemm:jit,
   // which on AVX512-BF16 takes 1.2-1.5 ms where brgemm over dense copies takes 0.95-1.2 plus
   // 0.07 for the copy ([96, 256, 64] x [96, 64, 256] bf16, two Zen 5 cores). Then the
   // permutes are copied (their own steps) and the product reads or writes the copies.
-  ProductLayout pl = product_layout(p, n, true);
+  ProductLayout pl = product_layout(l.p, l.n, true);
   if (pl.through_permute && !on_brgemm(pl, mm_node.dtype)) {
-    const ProductLayout dense = product_layout(p, pl.permuted_out ? mm_node : n, false);
+    const ProductLayout dense = product_layout(l.p, pl.permuted_out ? mm_node : l.n, false);
     bool copies_ready = true;  // each permute read as a copy is a step of its own
-    for (int k = 0; k < 2; ++k) copies_ready = copies_ready && !p.absorbed[dense.operand[k]];
+    for (int k = 0; k < 2; ++k) copies_ready = copies_ready && !l.p.absorbed[dense.operand[k]];
     if (copies_ready && on_brgemm(dense, mm_node.dtype)) {
       if (pl.permuted_out) return lower_strided_copy(l);  // the matmul is a step of its own
       pl = dense;
@@ -478,78 +464,62 @@ void lower_matmul(Lowering& l) {
   auto mm =
       std::make_shared<cpu::MatMul>(pl.shape[0], pl.strides[0], pl.shape[1], pl.strides[1],
                                     pl.out_shape, mm_node.dtype, mm_node.dtype, pl.out_strides);
-  step.scratch_bytes = mm->scratch_bytes();
-  step.reads = {pl.operand[0], pl.operand[1]};
-  step.label = "mat_mul";
-  const int32_t a = pl.operand[0], b = pl.operand[1];
-  cs.run = [mm, a, b, id](Ctx& c) { mm->run(c.ptr[a], c.ptr[b], c.ptr[id]); };
+  l.step.scratch_bytes = mm->scratch_bytes();
+  l.step.reads = {pl.operand[0], pl.operand[1]};
+  l.step.label = "mat_mul";
+  const int32_t a = pl.operand[0], b = pl.operand[1], id = l.id;
+  l.cs.run = [mm, a, b, id](Ctx& c) { mm->run(c.ptr[a], c.ptr[b], c.ptr[id]); };
 }
 
 // f32 and bf16 convolutions and their gradients through oneDNN, direct or Winograd.
-bool convolution_applies(const Lowering& l) {
-  const plan::Plan& p = l.p;
-  const int32_t id = l.id;
-  return dnnl_conv(p.graph, id);
-}
+bool convolution_applies(const Lowering& l) { return dnnl_conv(l.p.graph, l.id); }
 void lower_convolution(Lowering& l) {
-  plan::Plan& p = l.p;
-  const std::vector<bool>& mask = l.mask;
-  const int32_t id = l.id;
-  const ir::GraphNode& n = l.n;
-  plan::Step& step = l.step;
-  CpuStep& cs = l.cs;
-  const ir::GraphNode& a = p.graph.nodes[n.operands[0]];
-  const ir::GraphNode& b = p.graph.nodes[n.operands[1]];
+  const ir::GraphNode& a = l.operand(0);
+  const ir::GraphNode& b = l.operand(1);
   std::shared_ptr<DnnlConv> conv;
-  const bool winograd = decisions(p).winograd[id];
-  const DnnlConv::Blocked blocked{mask[n.operands[0]], mask[n.operands[1]], mask[id]};
-  if (n.op == Op::Conv2d)
-    conv = std::make_shared<DnnlConv>(DnnlConv::Kind::Forward, a.shape, b.shape, n.shape, n.attrs,
-                                      blocked, winograd, n.dtype);
-  else if (n.op == Op::Conv2dBackwardInput)
-    conv = std::make_shared<DnnlConv>(DnnlConv::Kind::BackwardData, n.shape, b.shape, a.shape,
-                                      n.attrs, blocked, winograd, n.dtype);
+  const bool winograd = decisions(l.p).winograd[l.id];
+  const DnnlConv::Blocked blocked{l.mask[l.n.operands[0]], l.mask[l.n.operands[1]], l.mask[l.id]};
+  if (l.n.op == Op::Conv2d)
+    conv = std::make_shared<DnnlConv>(DnnlConv::Kind::Forward, a.shape, b.shape, l.n.shape,
+                                      l.n.attrs, blocked, winograd, l.n.dtype);
+  else if (l.n.op == Op::Conv2dBackwardInput)
+    conv = std::make_shared<DnnlConv>(DnnlConv::Kind::BackwardData, l.n.shape, b.shape, a.shape,
+                                      l.n.attrs, blocked, winograd, l.n.dtype);
   else
-    conv = std::make_shared<DnnlConv>(DnnlConv::Kind::BackwardWeights, a.shape, n.shape, b.shape,
-                                      n.attrs, blocked, winograd, n.dtype);
-  step.reads = n.operands;
-  cs.conv = conv;
-  step.kind = plan::StepKind::Conv;
-  step.scratch_bytes = conv->scratch_bytes();
-  cs.run = run_conv_step(conv, n.operands[0], n.operands[1], id);
+    conv = std::make_shared<DnnlConv>(DnnlConv::Kind::BackwardWeights, a.shape, l.n.shape, b.shape,
+                                      l.n.attrs, blocked, winograd, l.n.dtype);
+  l.step.reads = l.n.operands;
+  l.cs.conv = conv;
+  l.step.kind = plan::StepKind::Conv;
+  l.step.scratch_bytes = conv->scratch_bytes();
+  l.cs.run = run_conv_step(conv, l.n.operands[0], l.n.operands[1], l.id);
 }
 
 // f32 reductions (and bf16 sums) that compute the elementwise tree they read as they go.
 bool tree_reduction_applies(const Lowering& l) {
-  const plan::Plan& p = l.p;
-  const ir::GraphNode& n = l.n;
-  const bool f32 = l.f32;
-  return (n.op == Op::Sum || n.op == Op::Max || n.op == Op::Min) &&
-         (f32 || (n.op == Op::Sum && n.dtype == DType::BF16)) && p.absorbed[n.operands[0]];
+  return (l.n.op == Op::Sum || l.n.op == Op::Max || l.n.op == Op::Min) &&
+         (l.f32 || (l.n.op == Op::Sum && l.n.dtype == DType::BF16)) &&
+         l.p.absorbed[l.n.operands[0]];
 }
 void lower_tree_reduction(Lowering& l) {
-  plan::Plan& p = l.p;
-  const std::vector<bool>& mask = l.mask;
-  const int32_t id = l.id;
-  const ir::GraphNode& n = l.n;
-  plan::Step& step = l.step;
-  CpuStep& cs = l.cs;
-  step.kind = plan::StepKind::Reduction;
-  const bool walk_blocked = decisions(p).walk_blocked[id];
-  auto tree = std::make_shared<FusedTree>(p.graph, n.operands[0], p.absorbed, &mask, walk_blocked);
-  step.reads = tree->leaf_nodes();
-  step.label = "fused_reduce";
-  step.detail = tree->describe();
-  if (n.op == Op::Sum) {
-    auto [in, attrs] = walk_blocked ? blocked_sum(p.graph.nodes[n.operands[0]].shape, n.attrs)
-                                    : std::make_pair(p.graph.nodes[n.operands[0]].shape, n.attrs);
-    cs.sum = std::make_shared<SumOf>(SumOf{in, attrs, tree, -1});
-    cs.sum->bf16_out = n.dtype == DType::BF16;
-    cs.run = run_sums({{id, cs.sum}});
+  l.step.kind = plan::StepKind::Reduction;
+  const bool walk_blocked = decisions(l.p).walk_blocked[l.id];
+  auto tree =
+      std::make_shared<FusedTree>(l.p.graph, l.n.operands[0], l.p.absorbed, &l.mask, walk_blocked);
+  l.step.reads = tree->leaf_nodes();
+  l.step.label = "fused_reduce";
+  l.step.detail = tree->describe();
+  if (l.n.op == Op::Sum) {
+    auto [in, attrs] = walk_blocked ? blocked_sum(l.operand(0).shape, l.n.attrs)
+                                    : std::make_pair(l.operand(0).shape, l.n.attrs);
+    l.cs.sum = std::make_shared<SumOf>(SumOf{in, attrs, tree, -1});
+    l.cs.sum->bf16_out = l.n.dtype == DType::BF16;
+    l.cs.run = run_sums({{l.id, l.cs.sum}});
   } else {
-    const ReduceLayout layout = reduce_layout(p.graph.nodes[n.operands[0]].shape, n.attrs);
-    const Op op = n.op;
-    cs.run = [tree, layout, op, id](Ctx& c) {
+    const ReduceLayout layout = reduce_layout(l.operand(0).shape, l.n.attrs);
+    const Op op = l.n.op;
+    const int32_t id = l.id;
+    l.cs.run = [tree, layout, op, id](Ctx& c) {
       RunBuffers expanded;
       const std::vector<const void*> leaves = tree->bind(c.ptr, expanded);
       reduce_f32(
@@ -564,35 +534,28 @@ void lower_tree_reduction(Lowering& l) {
 
 // f32 reductions and bf16 sums of a computed value.
 bool reduction_applies(const Lowering& l) {
-  const plan::Plan& p = l.p;
-  const int32_t id = l.id;
-  const ir::GraphNode& n = l.n;
-  return (n.op == Op::Sum || n.op == Op::Max || n.op == Op::Min) &&
-         (all_f32(p.graph, id) || bf16_sum(p.graph, id));
+  return (l.n.op == Op::Sum || l.n.op == Op::Max || l.n.op == Op::Min) &&
+         (all_f32(l.p.graph, l.id) || bf16_sum(l.p.graph, l.id));
 }
 void lower_reduction(Lowering& l) {
-  plan::Plan& p = l.p;
-  const int32_t id = l.id;
-  const ir::GraphNode& n = l.n;
-  plan::Step& step = l.step;
-  CpuStep& cs = l.cs;
-  step.kind = plan::StepKind::Reduction;
-  step.reads = n.operands;
-  const int32_t x = n.operands[0];
-  const Shape in = p.graph.nodes[x].shape;
-  const std::vector<int64_t> attrs = n.attrs;
-  const Op op = n.op;
-  const DType in_dtype = p.graph.nodes[x].dtype;
-  const bool bf16_out = n.dtype == DType::BF16;
-  if (decisions(p).walk_blocked[id]) {
+  l.step.kind = plan::StepKind::Reduction;
+  l.step.reads = l.n.operands;
+  const int32_t id = l.id, x = l.n.operands[0];
+  const Shape in = l.node(x).shape;
+  const std::vector<int64_t> attrs = l.n.attrs;
+  const Op op = l.n.op;
+  const DType in_dtype = l.node(x).dtype;
+  const bool bf16_out = l.n.dtype == DType::BF16;
+  if (decisions(l.p).walk_blocked[id]) {
     auto [in5, attrs5] = blocked_sum(in, attrs);
-    cs.sum = std::make_shared<SumOf>(SumOf{in5, attrs5, nullptr, x, in_dtype, bf16_out});
-    cs.run = run_sums({{id, cs.sum}});
-  } else if (n.op == Op::Sum && (reduce_layout(in, attrs).inner >= 2 || !all_f32(p.graph, id))) {
-    cs.sum = std::make_shared<SumOf>(SumOf{in, attrs, nullptr, x, in_dtype, bf16_out});
-    cs.run = run_sums({{id, cs.sum}});
+    l.cs.sum = std::make_shared<SumOf>(SumOf{in5, attrs5, nullptr, x, in_dtype, bf16_out});
+    l.cs.run = run_sums({{id, l.cs.sum}});
+  } else if (l.n.op == Op::Sum &&
+             (reduce_layout(in, attrs).inner >= 2 || !all_f32(l.p.graph, id))) {
+    l.cs.sum = std::make_shared<SumOf>(SumOf{in, attrs, nullptr, x, in_dtype, bf16_out});
+    l.cs.run = run_sums({{id, l.cs.sum}});
   } else {  // Max, Min, and sums over axes below kept ones (by rows, see reduce_f32)
-    cs.run = [=](Ctx& c) {
+    l.cs.run = [=](Ctx& c) {
       reduce_f32(op, static_cast<const float*>(c.ptr[x]), in, attrs,
                  static_cast<float*>(c.ptr[id]));
     };
@@ -601,41 +564,33 @@ void lower_reduction(Lowering& l) {
 
 // Max pooling: values and indices of the same pooling in one pass, plain or blocked.
 bool max_pooling_applies(const Lowering& l) {
-  const plan::Plan& p = l.p;
-  const ir::GraphNode& n = l.n;
-  return (n.op == Op::MaxPool2d || n.op == Op::MaxPool2dIndices) &&
-         (is_f32(p.graph, n.operands[0]) || p.graph.nodes[n.operands[0]].dtype == DType::BF16) &&
-         shape_numel(n.shape) > 0;
+  return (l.n.op == Op::MaxPool2d || l.n.op == Op::MaxPool2dIndices) &&
+         (is_f32(l.p.graph, l.n.operands[0]) || l.operand(0).dtype == DType::BF16) &&
+         shape_numel(l.n.shape) > 0;
 }
 void lower_max_pooling(Lowering& l) {
-  plan::Plan& p = l.p;
-  const std::vector<bool>& mask = l.mask;
-  const int32_t id = l.id;
-  const ir::GraphNode& n = l.n;
-  plan::Step& step = l.step;
-  CpuStep& cs = l.cs;
   // Values and indices of the same pooling come from one pass.
-  const int32_t x = n.operands[0];
-  const Op other = n.op == Op::MaxPool2d ? Op::MaxPool2dIndices : Op::MaxPool2d;
-  for (int32_t k : p.consumers[x])
-    if (k != id && p.graph.nodes[k].op == other && p.graph.nodes[k].attrs == n.attrs &&
-        !p.absorbed[k] && p.run_time[k]) {
-      step.extras = {k};
-      p.merged[k] = true;
+  const int32_t x = l.n.operands[0];
+  const Op other = l.n.op == Op::MaxPool2d ? Op::MaxPool2dIndices : Op::MaxPool2d;
+  for (int32_t k : l.p.consumers[x])
+    if (k != l.id && l.node(k).op == other && l.node(k).attrs == l.n.attrs && !l.p.absorbed[k] &&
+        l.p.run_time[k]) {
+      l.step.extras = {k};
+      l.p.merged[k] = true;
       break;
     }
-  step.reads = n.operands;
-  const int32_t other_id = step.extras.empty() ? -1 : step.extras[0];
-  const int32_t values = n.op == Op::MaxPool2d ? id : other_id;
-  const int32_t indices = n.op == Op::MaxPool2d ? other_id : id;
-  const Shape in = p.graph.nodes[x].shape, out = n.shape;
-  const std::vector<int64_t> attrs = n.attrs;
-  const bool blocked = mask[x];
-  LS_INTERNAL_CHECK(mask[id] == blocked && (other_id < 0 || mask[other_id] == blocked),
+  l.step.reads = l.n.operands;
+  const int32_t other_id = l.step.extras.empty() ? -1 : l.step.extras[0];
+  const int32_t values = l.n.op == Op::MaxPool2d ? l.id : other_id;
+  const int32_t indices = l.n.op == Op::MaxPool2d ? other_id : l.id;
+  const Shape in = l.node(x).shape, out = l.n.shape;
+  const std::vector<int64_t> attrs = l.n.attrs;
+  const bool blocked = l.mask[x];
+  LS_INTERNAL_CHECK(l.mask[l.id] == blocked && (other_id < 0 || l.mask[other_id] == blocked),
                     "max pooling's input, values and indices in different layouts");
   if (blocked) runtime::count(runtime::Counter::BlockedMaxPooling);
-  if (p.graph.nodes[x].dtype == DType::BF16) {
-    cs.run = [=](Ctx& c) {
+  if (l.node(x).dtype == DType::BF16) {
+    l.cs.run = [=](Ctx& c) {
       uint16_t* v = values >= 0 ? static_cast<uint16_t*>(c.ptr[values]) : nullptr;
       int64_t* i = indices >= 0 ? static_cast<int64_t*>(c.ptr[indices]) : nullptr;
       const uint16_t* xs = static_cast<const uint16_t*>(c.ptr[x]);
@@ -645,7 +600,7 @@ void lower_max_pooling(Lowering& l) {
         max_pool2d_bf16(xs, in, out, attrs, v, i);
     };
   } else {
-    cs.run = [=](Ctx& c) {
+    l.cs.run = [=](Ctx& c) {
       float* v = values >= 0 ? static_cast<float*>(c.ptr[values]) : nullptr;
       int64_t* i = indices >= 0 ? static_cast<int64_t*>(c.ptr[indices]) : nullptr;
       if (blocked)
@@ -658,54 +613,38 @@ void lower_max_pooling(Lowering& l) {
 
 // Average pooling and its gradient through oneDNN.
 bool avg_pooling_applies(const Lowering& l) {
-  const plan::Plan& p = l.p;
-  const int32_t id = l.id;
-  const ir::GraphNode& n = l.n;
-  return (n.op == Op::AvgPool2d || n.op == Op::AvgPool2dBackward) &&
-         (all_f32(p.graph, id) || all_bf16(p.graph, id)) &&
-         DnnlAvgPool::fits(pool_input(p.graph, n), pool_output(p.graph, n), n.attrs);
+  return (l.n.op == Op::AvgPool2d || l.n.op == Op::AvgPool2dBackward) &&
+         (all_f32(l.p.graph, l.id) || all_bf16(l.p.graph, l.id)) &&
+         DnnlAvgPool::fits(pool_input(l.p.graph, l.n), pool_output(l.p.graph, l.n), l.n.attrs);
 }
 void lower_avg_pooling(Lowering& l) {
-  plan::Plan& p = l.p;
-  const int32_t id = l.id;
-  const ir::GraphNode& n = l.n;
-  plan::Step& step = l.step;
-  CpuStep& cs = l.cs;
-  auto pool = std::make_shared<DnnlAvgPool>(n.op == Op::AvgPool2dBackward, pool_input(p.graph, n),
-                                            pool_output(p.graph, n), n.attrs, n.dtype);
-  step.scratch_bytes = pool->scratch_bytes();
-  step.reads = n.operands;
-  const int32_t x = n.operands[0];
-  cs.run = [pool, x, id](Ctx& c) { pool->run(c.ptr[x], c.ptr[id]); };
+  auto pool =
+      std::make_shared<DnnlAvgPool>(l.n.op == Op::AvgPool2dBackward, pool_input(l.p.graph, l.n),
+                                    pool_output(l.p.graph, l.n), l.n.attrs, l.n.dtype);
+  l.step.scratch_bytes = pool->scratch_bytes();
+  l.step.reads = l.n.operands;
+  const int32_t x = l.n.operands[0], id = l.id;
+  l.cs.run = [pool, x, id](Ctx& c) { pool->run(c.ptr[x], c.ptr[id]); };
 }
 
 // The gradient of max pooling, plain or blocked.
 bool max_pooling_backward_applies(const Lowering& l) {
-  const plan::Plan& p = l.p;
-  const ir::GraphNode& n = l.n;
-  const bool f32 = l.f32;
-  return n.op == Op::MaxPool2dBackward && (f32 || n.dtype == DType::BF16) &&
-         p.graph.nodes[n.operands[0]].dtype == n.dtype && shape_numel(n.shape) > 0;
+  return l.n.op == Op::MaxPool2dBackward && (l.f32 || l.n.dtype == DType::BF16) &&
+         l.operand(0).dtype == l.n.dtype && shape_numel(l.n.shape) > 0;
 }
 void lower_max_pooling_backward(Lowering& l) {
-  plan::Plan& p = l.p;
-  const std::vector<bool>& mask = l.mask;
-  const int32_t id = l.id;
-  const ir::GraphNode& n = l.n;
-  plan::Step& step = l.step;
-  CpuStep& cs = l.cs;
-  step.reads = n.operands;
-  const int32_t gy = n.operands[0], idx = n.operands[1];
-  const Shape gys = p.graph.nodes[gy].shape, in = n.shape;
-  const bool blocked = mask[id];
-  LS_INTERNAL_CHECK(mask[gy] == blocked && mask[idx] == blocked,
+  l.step.reads = l.n.operands;
+  const int32_t id = l.id, gy = l.n.operands[0], idx = l.n.operands[1];
+  const Shape gys = l.node(gy).shape, in = l.n.shape;
+  const bool blocked = l.mask[id];
+  LS_INTERNAL_CHECK(l.mask[gy] == blocked && l.mask[idx] == blocked,
                     "max pooling's gradient, output gradient and indices in different layouts");
   if (blocked) runtime::count(runtime::Counter::BlockedMaxPooling);
   // Its indices are checked ahead unless the forward pooling computed them (see the end of
   // add_step); the kernel checks them again, before its threads start. A bf16 gradient is
   // summed in f32 and rounded once, as ref computes it.
-  const bool bf16 = n.dtype == DType::BF16;
-  cs.run = [=](Ctx& c) {
+  const bool bf16 = l.n.dtype == DType::BF16;
+  l.cs.run = [=](Ctx& c) {
     const int64_t* i = static_cast<const int64_t*>(c.ptr[idx]);
     if (bf16) {
       const uint16_t* g = static_cast<const uint16_t*>(c.ptr[gy]);
@@ -727,33 +666,27 @@ void lower_max_pooling_backward(Lowering& l) {
 
 // Permutes, slices and broadcasts of any dtype as strided copies.
 bool strided_copy_applies(const Lowering& l) {
-  const ir::GraphNode& n = l.n;
-  return n.op == Op::Permute || n.op == Op::Slice || n.op == Op::Expand;
+  return l.n.op == Op::Permute || l.n.op == Op::Slice || l.n.op == Op::Expand;
 }
 void lower_strided_copy(Lowering& l) {
-  plan::Plan& p = l.p;
-  const int32_t id = l.id;
-  const ir::GraphNode& n = l.n;
-  plan::Step& step = l.step;
-  CpuStep& cs = l.cs;
-  step.reads = n.operands;
-  const int32_t x = n.operands[0];
-  const std::vector<int64_t> xs = ref::strides_of(p.graph.nodes[x].shape);
+  l.step.reads = l.n.operands;
+  const int32_t id = l.id, x = l.n.operands[0];
+  const std::vector<int64_t> xs = ref::strides_of(l.node(x).shape);
   std::vector<int64_t> st;
   int64_t offset = 0;
-  if (n.op == Op::Permute) {
-    for (int64_t a : n.attrs) st.push_back(xs[a]);
-  } else if (n.op == Op::Expand) {
-    st = expand_strides(p.graph.nodes[x].shape, n.shape);
+  if (l.n.op == Op::Permute) {
+    for (int64_t a : l.n.attrs) st.push_back(xs[a]);
+  } else if (l.n.op == Op::Expand) {
+    st = expand_strides(l.node(x).shape, l.n.shape);
   } else {
-    const ir::SliceAttrs slice = ir::SliceAttrs::of(n.attrs);
+    const ir::SliceAttrs slice = ir::SliceAttrs::of(l.n.attrs);
     st = xs;
     st[slice.axis] *= slice.step;
     offset = slice.start * xs[slice.axis];
   }
-  const Shape out = n.shape;
-  const size_t elem = dtype_size(n.dtype);
-  cs.run = [=](Ctx& c) { strided_copy(elem, c.ptr[x], out, st, offset, c.ptr[id]); };
+  const Shape out = l.n.shape;
+  const size_t elem = dtype_size(l.n.dtype);
+  l.cs.run = [=](Ctx& c) { strided_copy(elem, c.ptr[x], out, st, offset, c.ptr[id]); };
 }
 
 // An index operand as the kernels read it: through an Expand that broadcasts a smaller index
@@ -767,13 +700,12 @@ std::pair<int32_t, std::vector<int64_t>> index_source(const plan::Plan& p, int32
 
 // Gather, scatter-add, pad, concat, index ramps and random bits: the index kernels, any dtype.
 bool index_applies(const Lowering& l) {
-  const ir::GraphNode& n = l.n;
-  switch (n.op) {
+  switch (l.n.op) {
     case Op::Gather:
     case Op::ScatterAdd:
     case Op::Pad:
     case Op::Concat:
-      return !n.shape.empty();
+      return !l.n.shape.empty();
     case Op::Iota:
     case Op::RandomUniform:
     case Op::Scalar:
@@ -781,44 +713,40 @@ bool index_applies(const Lowering& l) {
     case Op::ArgMax:
     case Op::ArgMin:
     case Op::Argsort:
-      return shape_numel(l.p.graph.nodes[n.operands[0]].shape) > 0;
+      return shape_numel(l.operand(0).shape) > 0;
     default:
       return false;
   }
 }
 void lower_index(Lowering& l) {
-  plan::Plan& p = l.p;
+  l.step.reads = l.n.operands;
   const int32_t id = l.id;
-  const ir::GraphNode& n = l.n;
-  plan::Step& step = l.step;
-  CpuStep& cs = l.cs;
-  step.reads = n.operands;
-  const Shape out = n.shape;
-  const DType dtype = n.dtype;
-  const size_t elem = dtype_size(n.dtype);
-  const std::vector<int64_t> attrs = n.attrs;
-  switch (n.op) {
+  const Shape out = l.n.shape;
+  const DType dtype = l.n.dtype;
+  const size_t elem = dtype_size(l.n.dtype);
+  const std::vector<int64_t> attrs = l.n.attrs;
+  switch (l.n.op) {
     case Op::Gather:
     case Op::ScatterAdd: {
-      const int32_t x = n.operands[0];
-      const std::pair<int32_t, std::vector<int64_t>> source = index_source(p, n.operands[1]);
+      const int32_t x = l.n.operands[0];
+      const std::pair<int32_t, std::vector<int64_t>> source = index_source(l.p, l.n.operands[1]);
       const int32_t index = source.first;
       const std::vector<int64_t> strides = source.second;
-      step.reads[1] = index;
+      l.step.reads[1] = index;
       l.index = index;
-      const Shape xs = p.graph.nodes[x].shape, is = p.graph.nodes[n.operands[1]].shape;
+      const Shape xs = l.node(x).shape, is = l.operand(1).shape;
       const int64_t axis = attrs[0];
-      if (n.op == Op::Gather) {
-        step.label = "gather";
-        cs.run = [=](Ctx& c) {
+      if (l.n.op == Op::Gather) {
+        l.step.label = "gather";
+        l.cs.run = [=](Ctx& c) {
           gather(elem, c.ptr[x], xs, {static_cast<const int64_t*>(c.ptr[index]), strides}, is, axis,
                  c.ptr[id]);
         };
       } else {
-        step.label = "scatter_add";
-        const int32_t src = n.operands[2];
-        const Shape ss = p.graph.nodes[src].shape;
-        cs.run = [=](Ctx& c) {
+        l.step.label = "scatter_add";
+        const int32_t src = l.n.operands[2];
+        const Shape ss = l.node(src).shape;
+        l.cs.run = [=](Ctx& c) {
           scatter_add(dtype, c.ptr[x], xs, {static_cast<const int64_t*>(c.ptr[index]), strides}, is,
                       c.ptr[src], ss, axis, c.ptr[id]);
         };
@@ -826,18 +754,18 @@ void lower_index(Lowering& l) {
       return;
     }
     case Op::Pad: {
-      const int32_t x = n.operands[0], value = n.operands[1];
-      const Shape xs = p.graph.nodes[x].shape;
-      step.label = "pad";
-      cs.run = [=](Ctx& c) { pad(elem, c.ptr[x], xs, attrs, c.ptr[value], out, c.ptr[id]); };
+      const int32_t x = l.n.operands[0], value = l.n.operands[1];
+      const Shape xs = l.node(x).shape;
+      l.step.label = "pad";
+      l.cs.run = [=](Ctx& c) { pad(elem, c.ptr[x], xs, attrs, c.ptr[value], out, c.ptr[id]); };
       return;
     }
     case Op::Concat: {
       std::vector<Shape> shapes;
-      for (int32_t o : n.operands) shapes.push_back(p.graph.nodes[o].shape);
-      const std::vector<int32_t> ops = n.operands;
-      step.label = "concat";
-      cs.run = [=](Ctx& c) {
+      for (int32_t o : l.n.operands) shapes.push_back(l.node(o).shape);
+      const std::vector<int32_t> ops = l.n.operands;
+      l.step.label = "concat";
+      l.cs.run = [=](Ctx& c) {
         std::vector<const void*> xs;
         for (int32_t o : ops) xs.push_back(c.ptr[o]);
         concat(elem, xs, shapes, attrs[0], out, c.ptr[id]);
@@ -845,44 +773,44 @@ void lower_index(Lowering& l) {
       return;
     }
     case Op::Iota:
-      step.label = "iota";
-      cs.run = [=](Ctx& c) { iota(dtype, out, attrs[0], c.ptr[id]); };
+      l.step.label = "iota";
+      l.cs.run = [=](Ctx& c) { iota(dtype, out, attrs[0], c.ptr[id]); };
       return;
     case Op::RandomUniform: {
-      const int32_t state = n.operands[0];
+      const int32_t state = l.n.operands[0];
       const int64_t count = shape_numel(out);
-      step.label = "rand";
-      cs.run = [=](Ctx& c) {
+      l.step.label = "rand";
+      l.cs.run = [=](Ctx& c) {
         random_uniform(dtype, static_cast<const int64_t*>(c.ptr[state]), count, c.ptr[id]);
       };
       return;
     }
     case Op::ArgMax:
     case Op::ArgMin: {
-      const int32_t x = n.operands[0];
-      const Shape xs = p.graph.nodes[x].shape;
-      const DType xd = p.graph.nodes[x].dtype;
-      const bool is_max = n.op == Op::ArgMax;
-      step.label = is_max ? "argmax" : "argmin";
-      cs.run = [=](Ctx& c) {
+      const int32_t x = l.n.operands[0];
+      const Shape xs = l.node(x).shape;
+      const DType xd = l.node(x).dtype;
+      const bool is_max = l.n.op == Op::ArgMax;
+      l.step.label = is_max ? "argmax" : "argmin";
+      l.cs.run = [=](Ctx& c) {
         arg_reduce(is_max, xd, c.ptr[x], xs, attrs, static_cast<int64_t*>(c.ptr[id]));
       };
       return;
     }
     case Op::Argsort: {
-      const int32_t x = n.operands[0];
-      const Shape xs = p.graph.nodes[x].shape;
-      const DType xd = p.graph.nodes[x].dtype;
-      step.label = "argsort";
-      cs.run = [=](Ctx& c) {
+      const int32_t x = l.n.operands[0];
+      const Shape xs = l.node(x).shape;
+      const DType xd = l.node(x).dtype;
+      l.step.label = "argsort";
+      l.cs.run = [=](Ctx& c) {
         argsort(xd, c.ptr[x], xs, attrs[0], attrs[1] != 0, static_cast<int64_t*>(c.ptr[id]));
       };
       return;
     }
     case Op::Scalar: {  // a host scalar of this run, written as the node's dtype (as ref does)
-      const int64_t input = n.input;
-      step.label = "scalar";
-      cs.run = [=](Ctx& c) {
+      const int64_t input = l.n.input;
+      l.step.label = "scalar";
+      l.cs.run = [=](Ctx& c) {
         const ir::ScalarValue v = c.scalars->at(static_cast<size_t>(input));
         void* out = c.ptr[id];
         switch (dtype) {
@@ -914,20 +842,13 @@ void lower_index(Lowering& l) {
 }
 
 // Reshapes: an alias (no step runs), or a copy when the result must own its memory.
-bool reshape_applies(const Lowering& l) {
-  const ir::GraphNode& n = l.n;
-  return n.op == Op::Reshape;
-}
+bool reshape_applies(const Lowering& l) { return l.n.op == Op::Reshape; }
 void lower_reshape(Lowering& l) {
-  const int32_t id = l.id;
-  const ir::GraphNode& n = l.n;
-  plan::Step& step = l.step;
-  CpuStep& cs = l.cs;
-  step.reads = n.operands;
-  const int32_t x = n.operands[0];
-  const size_t bytes = bytes_of(n);
+  l.step.reads = l.n.operands;
+  const int32_t id = l.id, x = l.n.operands[0];
+  const size_t bytes = bytes_of(l.n);
   // Usually an alias (no step runs); a copy only when the result must own its memory.
-  cs.run = [=](Ctx& c) {
+  l.cs.run = [=](Ctx& c) {
     if (c.ptr[id] != c.ptr[x] && bytes) std::memcpy(c.ptr[id], c.ptr[x], bytes);
   };
 }
@@ -955,20 +876,18 @@ bool typed_applies(const Lowering& l) {
   }
 }
 void lower_typed(Lowering& l) {
-  plan::Plan& p = l.p;
+  l.step.reads = l.n.operands;
   const int32_t id = l.id;
-  const ir::GraphNode& n = l.n;
-  l.step.reads = n.operands;
-  const Op op = n.op;
-  const DType dtype = n.dtype;
-  const Shape out = n.shape;
-  const std::vector<int64_t> attrs = n.attrs;
-  const std::vector<int32_t> operands = n.operands;
+  const Op op = l.n.op;
+  const DType dtype = l.n.dtype;
+  const Shape out = l.n.shape;
+  const std::vector<int64_t> attrs = l.n.attrs;
+  const std::vector<int32_t> operands = l.n.operands;
   std::vector<TypedArg> args;
   std::vector<Shape> shapes;
-  for (int32_t o : n.operands) {
-    args.push_back({nullptr, p.graph.nodes[o].dtype});
-    shapes.push_back(p.graph.nodes[o].shape);
+  for (int32_t o : l.n.operands) {
+    args.push_back({nullptr, l.node(o).dtype});
+    shapes.push_back(l.node(o).shape);
   }
   // Each run binds the operands' memory to a copy of `args`.
   auto bind = [args, operands](const Ctx& c) {
@@ -1003,7 +922,7 @@ void lower_typed(Lowering& l) {
       return;
     case ir::OpFamily::Movement:
     case ir::OpFamily::Index: {
-      const size_t bytes = bytes_of(n);
+      const size_t bytes = bytes_of(l.n);
       l.cs.run = [=](Ctx& c) {
         if (bytes) std::memcpy(c.ptr[id], c.ptr[operands[0]], bytes);
       };
@@ -1025,15 +944,14 @@ bool collective_applies(const Lowering& l) {
   return ir::op_info(l.n.op).family == ir::OpFamily::Collective;
 }
 void lower_collective(Lowering& l) {
-  const ir::GraphNode& n = l.n;
-  const int32_t id = l.id, x = n.operands[0];
-  l.step.reads = n.operands;
-  const DType dtype = n.dtype;
-  const int64_t count = shape_numel(n.shape);
-  const size_t bytes = bytes_of(n);
-  const std::string where = util::where(n.origin.loc);
-  if (n.op == Op::Broadcast) {
-    const int root = static_cast<int>(n.attrs[0]);
+  const int32_t id = l.id, x = l.n.operands[0];
+  l.step.reads = l.n.operands;
+  const DType dtype = l.n.dtype;
+  const int64_t count = shape_numel(l.n.shape);
+  const size_t bytes = bytes_of(l.n);
+  const std::string where = util::where(l.n.origin.loc);
+  if (l.n.op == Op::Broadcast) {
+    const int root = static_cast<int>(l.n.attrs[0]);
     const std::string what = util::cat("broadcast recorded at ", where);
     l.cs.run = [=](Ctx& c) {
       if (bytes && c.ptr[id] != c.ptr[x]) std::memcpy(c.ptr[id], c.ptr[x], bytes);
@@ -1041,7 +959,7 @@ void lower_collective(Lowering& l) {
     };
     return;
   }
-  const double scale = ir::AllReduceAttrs::of(n.attrs).scale;
+  const double scale = ir::AllReduceAttrs::of(l.n.attrs).scale;
   const std::string what = util::cat("all_reduce recorded at ", where);
   l.cs.run = [=](Ctx& c) {
     // bf16 values are summed in f32 and rounded once.
