@@ -46,13 +46,13 @@ class Tensor;
 namespace lockstep::ir {
 
 enum class Op : uint16_t {
-#define LS_OP(name, arity, family, props, user) name,
+#define LS_OP(name, arity, family, admits, props, user) name,
 #include "ir/ops.def"
 #undef LS_OP
 };
 
 inline constexpr int kNumOps = 0
-#define LS_OP(name, arity, family, props, user) +1
+#define LS_OP(name, arity, family, admits, props, user) +1
 #include "ir/ops.def"
 #undef LS_OP
     ;
@@ -74,6 +74,43 @@ enum class OpFamily : uint8_t {
   Collective,   // communicates with the other ranks of a data parallel job
 };
 const char* family_name(OpFamily family);
+
+// For switches over Op that treat every elementwise op (families Unary, Binary, Comparison,
+// Select) alike. Inside the switch,
+//   #define LS_OP(name, arity, family, admits, props, user) LS_IF_ELEMENTWISE_##family(case
+//   Op::name:) #include "ir/ops.def" #undef LS_OP
+// expands to their case labels, so a new elementwise op needs no edit there.
+#define LS_IF_ELEMENTWISE_Unary(...) __VA_ARGS__
+#define LS_IF_ELEMENTWISE_Binary(...) __VA_ARGS__
+#define LS_IF_ELEMENTWISE_Comparison(...) __VA_ARGS__
+#define LS_IF_ELEMENTWISE_Select(...) __VA_ARGS__
+#define LS_IF_ELEMENTWISE_Leaf(...)
+#define LS_IF_ELEMENTWISE_Random(...)
+#define LS_IF_ELEMENTWISE_Reduction(...)
+#define LS_IF_ELEMENTWISE_Movement(...)
+#define LS_IF_ELEMENTWISE_Index(...)
+#define LS_IF_ELEMENTWISE_Contraction(...)
+#define LS_IF_ELEMENTWISE_Convolution(...)
+#define LS_IF_ELEMENTWISE_Pooling(...)
+#define LS_IF_ELEMENTWISE_Collective(...)
+
+// The operand dtypes an elementwise op computes on (the table's admits column).
+enum class Admits : uint8_t {
+  Any,      // every dtype, bool included
+  Numeric,  // every dtype but bool
+  Float,    // f32, f64 and bf16
+};
+// The admits column, at compile time too (the kernels are instantiated for admitted types only).
+constexpr Admits op_admits(Op op) {
+  constexpr Admits column[] = {
+#define LS_OP(name, arity, family, admits, props, user) Admits::admits,
+#include "ir/ops.def"
+#undef LS_OP
+  };
+  return column[static_cast<int>(op)];
+}
+// Whether `admits` takes a dtype: operands are checked against it when an op is recorded.
+bool admits_dtype(Admits admits, DType dtype);
 
 // The table's property bits.
 enum OpProp : uint8_t {

@@ -27,8 +27,8 @@ struct OpTable {
   OpInfo info[kNumOps];
   OpTable() {
     int i = 0;
-#define LS_OP(name, arity, family, props, user) \
-  names[i] = snake(#name),                      \
+#define LS_OP(name, arity, family, admits, props, user) \
+  names[i] = snake(#name),                              \
   info[i] = {nullptr, user, arity, OpFamily::family, static_cast<uint8_t>(props), false}, ++i;
 #include "ir/ops.def"
 #undef LS_OP
@@ -50,6 +50,18 @@ const OpTable& table() {
 const OpInfo& op_info(Op op) { return table().info[static_cast<int>(op)]; }
 
 const char* user_name(Op op) { return op_info(op).user_name; }
+
+bool admits_dtype(Admits admits, DType dtype) {
+  switch (admits) {
+    case Admits::Any:
+      return true;
+    case Admits::Numeric:
+      return dtype != DType::Bool;
+    case Admits::Float:
+      return is_floating(dtype);
+  }
+  return false;
+}
 
 const char* family_name(OpFamily family) {
   switch (family) {

@@ -1,9 +1,11 @@
 // Shape and dtype rules of every primitive op: the checks that make a bad op fail at the user's
-// line. One case per op; no default, so a new op in ops.def must be handled here.
+// line. One rule for every elementwise op (from the table's columns), one case per other op; no
+// default, so a new op of another kind in ops.def must be handled here.
 #include <algorithm>
 #include <string>
 
 #include "ir/attrs.h"
+#include "ir/elementwise.h"
 #include "ir/ir.h"
 #include "util/check.h"
 
@@ -156,6 +158,39 @@ void check_reduce(const Checker& c, const std::vector<int64_t>& attrs, const Sha
                "Reduce only over non-empty axes");
 }
 
+// Every elementwise op: operands of one shape (broadcasting is an explicit Expand) and one dtype
+// that the op admits (ops.def's admits column); the result has the operands' dtype, or bool where
+// the op's formula is a predicate (ir/elementwise.h). A cast's dtype is its attribute; a select's
+// condition is bool.
+void elementwise_rule(const Checker& c, Shape* shape, DType* dtype) {
+  const std::vector<NodePtr>& in = c.in;
+  *shape = in[0]->shape;
+  if (c.op == Op::Cast) return;
+  if (c.op == Op::Where) {
+    if (in[0]->dtype != DType::Bool)
+      c.fail(cat("condition must be bool, got ", dtype_name(in[0]->dtype)),
+             "Compare to get a bool tensor, e.g. x > 0");
+    if (in[1]->dtype != in[2]->dtype)
+      c.fail(cat("branches have different dtypes: ", c.shapes()), "Cast one branch");
+    c.same_shape();
+    *dtype = in[1]->dtype;
+    return;
+  }
+  c.same_dtype();
+  switch (op_admits(c.op)) {
+    case Admits::Any:
+      break;
+    case Admits::Numeric:
+      c.numeric(0);
+      break;
+    case Admits::Float:
+      c.floating(0);
+      break;
+  }
+  c.same_shape();
+  *dtype = elementwise::yields_bool(c.op) ? DType::Bool : in[0]->dtype;
+}
+
 }  // namespace
 
 void infer(Op op, const std::vector<NodePtr>& in, const std::vector<int64_t>& attrs, Shape* shape,
@@ -185,76 +220,10 @@ void infer(Op op, const std::vector<NodePtr>& in, const std::vector<int64_t>& at
         c.fail(cat("random values must be floating-point, not ", dtype_name(*dtype)),
                "Use ls::f32 or ls::f64 (ls::randint for integers)");
       return;
-    case Op::Exp:
-    case Op::Log:
-    case Op::Sqrt:
-    case Op::Rsqrt:
-    case Op::Tanh:
-    case Op::Sigmoid:
-    case Op::Sin:
-    case Op::Cos:
-    case Op::Erf:
-    case Op::Gelu:
-    case Op::GeluDerivative:
-      c.floating(0);
-      *shape = in[0]->shape;
-      *dtype = in[0]->dtype;
-      return;
-    case Op::Neg:
-    case Op::Abs:
-    case Op::Relu:
-    case Op::Sign:
-    case Op::Floor:
-    case Op::Ceil:
-      c.numeric(0);
-      *shape = in[0]->shape;
-      *dtype = in[0]->dtype;
-      return;
-    case Op::LogicalNot:
-    case Op::IsFinite:
-      *shape = in[0]->shape;
-      *dtype = DType::Bool;
-      return;
-    case Op::Cast:
-      *shape = in[0]->shape;
-      return;
-    case Op::Add:
-    case Op::Sub:
-    case Op::Mul:
-    case Op::Div:
-    case Op::Fmod:
-    case Op::Pow:
-    case Op::Maximum:
-    case Op::Minimum:
-      c.same_dtype();
-      c.numeric(0);
-      c.same_shape();
-      *shape = in[0]->shape;
-      *dtype = in[0]->dtype;
-      return;
-    case Op::Eq:
-    case Op::Ne:
-    case Op::Lt:
-    case Op::Le:
-    case Op::Gt:
-    case Op::Ge:
-    case Op::LogicalAnd:
-    case Op::LogicalOr:
-      c.same_dtype();
-      c.same_shape();
-      *shape = in[0]->shape;
-      *dtype = DType::Bool;
-      return;
-    case Op::Where:
-      if (in[0]->dtype != DType::Bool)
-        c.fail(cat("condition must be bool, got ", dtype_name(in[0]->dtype)),
-               "Compare to get a bool tensor, e.g. x > 0");
-      if (in[1]->dtype != in[2]->dtype)
-        c.fail(cat("branches have different dtypes: ", c.shapes()), "Cast one branch");
-      c.same_shape();
-      *shape = in[0]->shape;
-      *dtype = in[1]->dtype;
-      return;
+#define LS_OP(name, arity, family, admits, props, user) LS_IF_ELEMENTWISE_##family(case Op::name:)
+#include "ir/ops.def"
+#undef LS_OP
+      return elementwise_rule(c, shape, dtype);
     case Op::Sum:
       check_reduce(c, attrs, in[0]->shape, shape);
       *dtype =

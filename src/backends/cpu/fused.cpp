@@ -11,6 +11,7 @@
 
 #include "backends/cpu/kernels.h"
 #include "backends/cpu/vector_math.h"
+#include "ir/elementwise.h"
 #include "util/check.h"
 
 namespace lockstep::backends::cpu {
@@ -25,21 +26,11 @@ bool fusible_dtype(DType d) { return d == DType::F32 || d == DType::Bool || d ==
 // Whether `op` on bf16 (or bool) operands yields bf16 values as they are: no rounding needed.
 bool exact_in_bf16(Op op, DType in) {
   if (in != DType::BF16 && in != DType::Bool) return false;
-  switch (op) {
-    case Op::Neg:
-    case Op::Abs:
-    case Op::Relu:
-    case Op::Sign:
-    case Op::Floor:
-    case Op::Ceil:
-    case Op::Maximum:
-    case Op::Minimum:
-    case Op::Where:
-    case Op::Cast:
-      return true;
-    default:
-      return false;
-  }
+  bool exact = false;
+  ir::elementwise::with_fn<float>(op, [&](auto fn) {
+    exact = requires { decltype(fn)::kExact; };
+  });
+  return exact;
 }
 
 // Element i of a leaf's memory as a float.
@@ -675,77 +666,65 @@ LOCKSTEP_TARGET_CLONES void apply_scaled(bool sub, bool relu, int ka, int kb, in
     scaled_sum_b<kByTile>(kb, sub, relu, len, y, a, sa, b, sb);
 }
 
+// An op by its formula (ir/elementwise.h) over a tile; bool values are 0/1 floats, which every
+// formula that admits bool computes on alike. One function per op, each with its AVX-512 and AVX2
+// clones, so that every loop vectorizes (inside one function holding all the ops, GCC 12 left a
+// third of them scalar).
+// A formula's result as a float: a predicate's as a select of 1 or 0, which vectorizes into a
+// masked blend (GCC 12 leaves a bool converted to float scalar).
+template <typename R>
+__attribute__((always_inline)) inline float as_float(R r) {
+  if constexpr (std::is_same_v<R, bool>)
+    return r ? 1.0f : 0.0f;
+  else
+    return r;
+}
+
+template <typename Fn>
+LOCKSTEP_TARGET_CLONES void apply_formula(int64_t len, float* y, const float* a, const float* b,
+                                          const float* c, unsigned scalars) {
+  if constexpr (requires(float v) { Fn::f(v); }) {
+    for (int64_t i = 0; i < len; ++i) y[i] = as_float(Fn::f(a[i]));
+  } else if constexpr (requires(float v) { Fn::f(v, v); }) {
+    binary(len, y, a, b, scalars, [](float u, float v) { return as_float(Fn::f(u, v)); });
+  } else {
+    for (int64_t i = 0; i < len; ++i) {
+      const float bv = b[i], cv = c[i];
+      y[i] = Fn::f(a[i] != 0.0f, bv, cv);
+    }
+  }
+}
+
 // One instruction over one tile. Separate, with AVX-512 and AVX2 clones picked at load time, so
 // every loop vectorizes. No restrict: y may be an operand's tile itself (a tree's root written
 // in place over a leaf), which each loop reads at an index before it writes that index; GCC's
 // runtime overlap check lets such loops run vectorized.
 LOCKSTEP_TARGET_CLONES void apply(Op op, int64_t len, float* y, const float* a, const float* b,
-                                  const float* c, unsigned scalars, DType in_dtype,
-                                  DType out_dtype) {
+                                  const float* c, unsigned scalars, DType out_dtype) {
+  // The SIMD bodies that replace a formula of ir/elementwise.h (conformance checks them against
+  // the ref backend's), and the casts (the conversion is the store's: see run()).
   switch (op) {
-    case Op::Neg:
-      for (int64_t i = 0; i < len; ++i) y[i] = -a[i];
-      return;
-    case Op::Abs:
-      for (int64_t i = 0; i < len; ++i) y[i] = std::fabs(a[i]);
-      return;
     case Op::Exp:
-      vector_math(MathFn::Exp, len, a, y);
-      return;
+      return vector_math(MathFn::Exp, len, a, y);
     case Op::Log:
-      vector_math(MathFn::Log, len, a, y);
-      return;
-    case Op::Sqrt:
-      for (int64_t i = 0; i < len; ++i) y[i] = std::sqrt(a[i]);
-      return;
-    case Op::Rsqrt:
-      for (int64_t i = 0; i < len; ++i) y[i] = 1.0f / std::sqrt(a[i]);
-      return;
+      return vector_math(MathFn::Log, len, a, y);
     case Op::Tanh:
-      vector_math(MathFn::Tanh, len, a, y);
-      return;
+      return vector_math(MathFn::Tanh, len, a, y);
     case Op::Sigmoid:
       for (int64_t i = 0; i < len; ++i) y[i] = -a[i];
       vector_math(MathFn::Exp, len, y, y);
       for (int64_t i = 0; i < len; ++i) y[i] = 1.0f / (1.0f + y[i]);
       return;
-    case Op::Relu:
-      for (int64_t i = 0; i < len; ++i) y[i] = a[i] < 0.0f ? 0.0f : a[i];
-      return;
     case Op::Sin:
-      vector_math(MathFn::Sin, len, a, y);
-      return;
+      return vector_math(MathFn::Sin, len, a, y);
     case Op::Cos:
-      vector_math(MathFn::Cos, len, a, y);
-      return;
+      return vector_math(MathFn::Cos, len, a, y);
     case Op::Erf:
-      vector_math(MathFn::Erf, len, a, y);
-      return;
+      return vector_math(MathFn::Erf, len, a, y);
     case Op::Gelu:
-      vector_math(MathFn::Gelu, len, a, y);
-      return;
+      return vector_math(MathFn::Gelu, len, a, y);
     case Op::GeluDerivative:
-      vector_math(MathFn::GeluDerivative, len, a, y);
-      return;
-    case Op::Floor:
-      for (int64_t i = 0; i < len; ++i) y[i] = std::floor(a[i]);
-      return;
-    case Op::Ceil:
-      for (int64_t i = 0; i < len; ++i) y[i] = std::ceil(a[i]);
-      return;
-    case Op::Sign:
-      for (int64_t i = 0; i < len; ++i)
-        y[i] = a[i] != a[i] ? a[i] : static_cast<float>((a[i] > 0) - (a[i] < 0));
-      return;
-    case Op::LogicalNot:
-      for (int64_t i = 0; i < len; ++i) y[i] = a[i] == 0.0f;
-      return;
-    case Op::IsFinite:
-      if (in_dtype == DType::Bool)
-        for (int64_t i = 0; i < len; ++i) y[i] = 1.0f;
-      else
-        for (int64_t i = 0; i < len; ++i) y[i] = (a[i] - a[i]) == 0.0f;  // inf-inf, NaN: NaN
-      return;
+      return vector_math(MathFn::GeluDerivative, len, a, y);
     case Op::Cast:
       // f32 <-> bool: to bool is "!= 0" (NaN is true); from bool, 0/1 already.
       if (out_dtype == DType::Bool)
@@ -753,71 +732,16 @@ LOCKSTEP_TARGET_CLONES void apply(Op op, int64_t len, float* y, const float* a, 
       else
         for (int64_t i = 0; i < len; ++i) y[i] = a[i];
       return;
-    case Op::Add:
-      binary(len, y, a, b, scalars, [](float x, float z) { return x + z; });
-      return;
-    case Op::Sub:
-      binary(len, y, a, b, scalars, [](float x, float z) { return x - z; });
-      return;
-    case Op::Mul:
-      binary(len, y, a, b, scalars, [](float x, float z) { return x * z; });
-      return;
-    case Op::Div:
-      binary(len, y, a, b, scalars, [](float x, float z) { return x / z; });
-      return;
-    case Op::Pow:
-      binary(len, y, a, b, scalars, [](float x, float z) { return std::pow(x, z); });
-      return;
-    case Op::Fmod:
-      binary(len, y, a, b, scalars, [](float x, float z) { return std::fmod(x, z); });
-      return;
-    case Op::Maximum:
-      binary(len, y, a, b, scalars,
-             [](float av, float bv) { return ((av != av) | (av > bv)) ? av : bv; });
-      return;
-    case Op::Minimum:
-      binary(len, y, a, b, scalars,
-             [](float av, float bv) { return ((av != av) | (av < bv)) ? av : bv; });
-      return;
-    case Op::Eq:
-      binary(len, y, a, b, scalars, [](float x, float z) { return static_cast<float>(x == z); });
-      return;
-    case Op::Ne:
-      binary(len, y, a, b, scalars, [](float x, float z) { return static_cast<float>(x != z); });
-      return;
-    case Op::Lt:
-      binary(len, y, a, b, scalars, [](float x, float z) { return static_cast<float>(x < z); });
-      return;
-    case Op::Le:
-      binary(len, y, a, b, scalars, [](float x, float z) { return static_cast<float>(x <= z); });
-      return;
-    case Op::Gt:
-      binary(len, y, a, b, scalars, [](float x, float z) { return static_cast<float>(x > z); });
-      return;
-    case Op::Ge:
-      binary(len, y, a, b, scalars, [](float x, float z) { return static_cast<float>(x >= z); });
-      return;
-    case Op::LogicalAnd:
-      binary(len, y, a, b, scalars,
-             [](float x, float z) { return static_cast<float>((x != 0.0f) & (z != 0.0f)); });
-      return;
-    case Op::LogicalOr:
-      binary(len, y, a, b, scalars,
-             [](float x, float z) { return static_cast<float>((x != 0.0f) | (z != 0.0f)); });
-      return;
-    case Op::Where:
-      // Both sides loaded unconditionally, so the loop vectorizes into a blend.
-      for (int64_t i = 0; i < len; ++i) {
-        const float bv = b[i], cv = c[i];
-        y[i] = a[i] != 0.0f ? bv : cv;
-      }
-      return;
     default:
       break;
   }
-  util::internal_fail(__FILE__, __LINE__,
-                      util::cat("no fused kernel for ", ir::op_info(op).name,
-                                ": fusible() takes its family, so apply() must compute it"));
+  // Every other op by its formula, inlined into each clone's loop so that it vectorizes.
+  const bool known = ir::elementwise::with_fn<float>(
+      op, [&](auto fn) { apply_formula<decltype(fn)>(len, y, a, b, c, scalars); });
+  if (!known)
+    util::internal_fail(__FILE__, __LINE__,
+                        util::cat("no fused kernel for ", ir::op_info(op).name,
+                                  ": fusible() takes its family, so apply() must compute it"));
 }
 
 }  // namespace
@@ -892,7 +816,7 @@ const float* FusedTree::run(const std::vector<const void*>& leaf_ptrs, size_t be
       if (in.out_dtype == DType::BF16) round_to_bf16(y, len);  // a bf16 sum with its relu
     } else {
       apply(in.op, len, y, reg[in.a], in.b >= 0 ? reg[in.b] : nullptr,
-            in.c >= 0 ? reg[in.c] : nullptr, in.scalars, in.in_dtype, in.out_dtype);
+            in.c >= 0 ? reg[in.c] : nullptr, in.scalars, in.out_dtype);
       // A bf16 result is rounded as the op's own, unless the op gives one of its bf16
       // operands' values (or an integer below 256, or 0/1 from bool) back exactly.
       if (in.out_dtype == DType::BF16 && !exact_in_bf16(in.op, in.in_dtype)) round_to_bf16(y, len);

@@ -12,6 +12,7 @@
 #include "backends/by_dtype.h"
 #include "backends/cpu/parallel.h"
 #include "ir/attrs.h"
+#include "ir/elementwise.h"
 #include "lockstep/dtype.h"
 #include "lockstep/error.h"
 #include "util/check.h"
@@ -54,249 +55,42 @@ S store(C v) {
     return static_cast<S>(v);
 }
 
-// Two's complement integer arithmetic: wraps instead of overflowing.
-template <typename T>
-T wrapping(T a, T b, Op op) {
-  using U = std::make_unsigned_t<T>;
-  const U x = static_cast<U>(a), y = static_cast<U>(b);
-  return static_cast<T>(op == Op::Add ? x + y : op == Op::Sub ? x - y : x * y);
-}
-
-// Conversion defined for every input: NaN gives 0 and out-of-range floats saturate in integers;
-// bf16 goes through f32 both ways.
-template <typename To, typename From>
-To convert(From v) {
-  if constexpr (kBf16<From>) {
-    return convert<To>(static_cast<float>(v));
-  } else if constexpr (kBf16<To>) {
-    return bfloat16(convert<float>(v));
-  } else if constexpr (kBool<To>) {
-    return v != From(0);
-  } else if constexpr (kFloat<From> && kInt<To>) {
-    if (std::isnan(v)) return 0;
-    if (v >= static_cast<From>(std::numeric_limits<To>::max()))
-      return std::numeric_limits<To>::max();
-    if (v <= static_cast<From>(std::numeric_limits<To>::min()))
-      return std::numeric_limits<To>::min();
-    return static_cast<To>(v);
-  } else {
-    return static_cast<To>(v);
-  }
-}
-
 // y[i] = f(x[i]...) over n elements, threaded when large. f takes and returns computed values.
 template <typename Y, typename F, typename... X>
 void map(int64_t n, Y* y, F f, const X*... x) {
   parallel_for(n > kParallelElems, n, [&](int64_t i) { y[i] = store<Y>(f(load(x[i])...)); });
 }
 
+// An elementwise op (ir/elementwise.h) over n elements of storage type S: each value computed
+// by the table's formula. Integer divisors are checked first, so that a failing op writes
+// nothing. False if the op does not admit S.
 template <typename S>
-void unary(Op op, int64_t n, const S* x, S* y) {
+bool elementwise(Op op, const std::vector<TypedArg>& args, int64_t n, void* out) {
   using C = Calc<S>;
-  if constexpr (kBool<S>) {
-    // The shape rules admit no arithmetic unary op on bool: the value as it is.
-    if (n) std::memcpy(y, x, static_cast<size_t>(n));
-    return;
-  } else if constexpr (kFloat<C>) {
-    switch (op) {
-      case Op::Neg:
-        return map(
-            n, y, [](C v) { return -v; }, x);
-      case Op::Abs:
-        return map(
-            n, y, [](C v) { return std::abs(v); }, x);
-      case Op::Exp:
-        return map(
-            n, y, [](C v) { return std::exp(v); }, x);
-      case Op::Log:
-        return map(
-            n, y, [](C v) { return std::log(v); }, x);
-      case Op::Sqrt:
-        return map(
-            n, y, [](C v) { return std::sqrt(v); }, x);
-      case Op::Rsqrt:
-        return map(
-            n, y, [](C v) { return C(1) / std::sqrt(v); }, x);
-      case Op::Tanh:
-        return map(
-            n, y, [](C v) { return std::tanh(v); }, x);
-      case Op::Sigmoid:
-        return map(
-            n, y, [](C v) { return C(1) / (C(1) + std::exp(-v)); }, x);
-      case Op::Relu:
-        return map(
-            n, y, [](C v) { return v < C(0) ? C(0) : v; }, x);
-      case Op::Sin:
-        return map(
-            n, y, [](C v) { return std::sin(v); }, x);
-      case Op::Cos:
-        return map(
-            n, y, [](C v) { return std::cos(v); }, x);
-      case Op::Erf:
-        return map(
-            n, y, [](C v) { return std::erf(v); }, x);
-      case Op::Gelu:
-        return map(
-            n, y, [](C v) { return v * C(0.5) * (C(1) + std::erf(v * C(0.70710678118654752440))); },
-            x);
-      case Op::GeluDerivative:
-        return map(
-            n, y,
-            [](C v) {
-              return C(0.5) * (C(1) + std::erf(v * C(0.70710678118654752440))) +
-                     v * std::exp(v * v * C(-0.5)) * C(0.39894228040143267794);
-            },
-            x);
-      case Op::Floor:
-        return map(
-            n, y, [](C v) { return std::floor(v); }, x);
-      case Op::Ceil:
-        return map(
-            n, y, [](C v) { return std::ceil(v); }, x);
-      case Op::Sign:
-        return map(
-            n, y, [](C v) { return std::isnan(v) ? v : static_cast<C>((v > 0) - (v < 0)); }, x);
-      default:
-        break;
+  const auto x = [&](size_t k) { return static_cast<const S*>(args[k].data); };
+  return ir::elementwise::with_fn<C>(op, [&](auto fn) {
+    using Fn = decltype(fn);
+    if constexpr (requires(C v) { Fn::f(v); }) {
+      using Y = std::conditional_t<kBool<decltype(Fn::f(C{}))>, bool, S>;
+      map(
+          n, static_cast<Y*>(out), [](C v) { return Fn::f(v); }, x(0));
+    } else if constexpr (requires(C v) { Fn::f(v, v); }) {
+      if constexpr (kInt<C> && requires { Fn::int_failure(C{}); }) {
+        for (int64_t i = 0; i < n; ++i)
+          if (const char* why = Fn::int_failure(x(1)[i]))
+            throw BackendError(util::cat(ir::op_info(op).name, ": ", why));
+      }
+      using Y = std::conditional_t<kBool<decltype(Fn::f(C{}, C{}))>, bool, S>;
+      map(
+          n, static_cast<Y*>(out), [](C u, C v) { return Fn::f(u, v); }, x(0), x(1));
+    } else {
+      const bool* c = static_cast<const bool*>(args[0].data);
+      const S* a = x(1);
+      const S* b = x(2);
+      S* y = static_cast<S*>(out);
+      parallel_for(n > kParallelElems, n, [&](int64_t i) { y[i] = Fn::f(c[i], a[i], b[i]); });
     }
-  } else {
-    switch (op) {
-      case Op::Neg:
-        return map(
-            n, y, [](C v) { return wrapping(C(0), v, Op::Sub); }, x);
-      case Op::Abs:
-        return map(
-            n, y, [](C v) { return v < 0 ? wrapping(C(0), v, Op::Sub) : v; }, x);
-      case Op::Relu:
-        return map(
-            n, y, [](C v) { return v < 0 ? C(0) : v; }, x);
-      case Op::Floor:
-      case Op::Ceil:
-        return map(
-            n, y, [](C v) { return v; }, x);
-      case Op::Sign:
-        return map(
-            n, y, [](C v) { return static_cast<C>((v > 0) - (v < 0)); }, x);
-      default:
-        break;
-    }
-  }
-  util::internal_fail(__FILE__, __LINE__,
-                      util::cat("no cpu kernel for ", ir::op_info(op).name, " on this dtype"));
-}
-
-template <typename T>
-T int_pow(T base, T exp) {
-  T result = 1;
-  while (exp > 0) {
-    if (exp & 1) result = wrapping(result, base, Op::Mul);
-    base = wrapping(base, base, Op::Mul);
-    exp >>= 1;
-  }
-  return result;
-}
-
-template <typename S>
-void arith(Op op, int64_t n, const S* a, const S* b, S* y) {
-  using C = Calc<S>;
-  if constexpr (kFloat<C>) {
-    switch (op) {
-      case Op::Add:
-        return map(
-            n, y, [](C u, C v) { return u + v; }, a, b);
-      case Op::Sub:
-        return map(
-            n, y, [](C u, C v) { return u - v; }, a, b);
-      case Op::Mul:
-        return map(
-            n, y, [](C u, C v) { return u * v; }, a, b);
-      case Op::Div:
-        return map(
-            n, y, [](C u, C v) { return u / v; }, a, b);
-      case Op::Fmod:
-        return map(
-            n, y, [](C u, C v) { return std::fmod(u, v); }, a, b);
-      case Op::Pow:
-        return map(
-            n, y, [](C u, C v) { return std::pow(u, v); }, a, b);
-      case Op::Maximum:  // NaN wins, as PyTorch's maximum
-        return map(
-            n, y, [](C u, C v) { return (std::isnan(u) || u > v) ? u : v; }, a, b);
-      case Op::Minimum:
-        return map(
-            n, y, [](C u, C v) { return (std::isnan(u) || u < v) ? u : v; }, a, b);
-      default:
-        break;
-    }
-  } else if constexpr (kInt<C>) {
-    // The failures first, so that a failing op writes nothing.
-    if (op == Op::Div || op == Op::Fmod) {
-      if (std::find(b, b + n, C(0)) != b + n)
-        throw BackendError(util::cat(ir::op_info(op).name, ": integer division by zero"));
-    }
-    if (op == Op::Pow && std::any_of(b, b + n, [](C v) { return v < 0; }))
-      throw BackendError("pow: integers to negative integer powers are not allowed");
-    switch (op) {
-      case Op::Add:
-      case Op::Sub:
-      case Op::Mul:
-        return map(
-            n, y, [op](C u, C v) { return wrapping(u, v, op); }, a, b);
-      case Op::Div:  // -1 apart: MIN / -1 overflows
-        return map(
-            n, y, [](C u, C v) { return v == -1 ? wrapping(C(0), u, Op::Sub) : C(u / v); }, a, b);
-      case Op::Fmod:
-        return map(
-            n, y, [](C u, C v) { return v == -1 ? C(0) : C(u % v); }, a, b);
-      case Op::Pow:
-        return map(
-            n, y, [](C u, C v) { return int_pow(u, v); }, a, b);
-      case Op::Maximum:
-        return map(
-            n, y, [](C u, C v) { return u > v ? u : v; }, a, b);
-      case Op::Minimum:
-        return map(
-            n, y, [](C u, C v) { return u < v ? u : v; }, a, b);
-      default:
-        break;
-    }
-  }
-  util::internal_fail(__FILE__, __LINE__,
-                      util::cat("no cpu kernel for ", ir::op_info(op).name, " on this dtype"));
-}
-
-template <typename S>
-void compare(Op op, int64_t n, const S* a, const S* b, bool* y) {
-  using C = Calc<S>;
-  switch (op) {
-    case Op::Eq:
-      return map(
-          n, y, [](C u, C v) { return u == v; }, a, b);
-    case Op::Ne:
-      return map(
-          n, y, [](C u, C v) { return u != v; }, a, b);
-    case Op::Lt:
-      return map(
-          n, y, [](C u, C v) { return u < v; }, a, b);
-    case Op::Le:
-      return map(
-          n, y, [](C u, C v) { return u <= v; }, a, b);
-    case Op::Gt:
-      return map(
-          n, y, [](C u, C v) { return u > v; }, a, b);
-    case Op::Ge:
-      return map(
-          n, y, [](C u, C v) { return u >= v; }, a, b);
-    case Op::LogicalAnd:
-      return map(
-          n, y, [](C u, C v) { return u != C(0) && v != C(0); }, a, b);
-    case Op::LogicalOr:
-      return map(
-          n, y, [](C u, C v) { return u != C(0) || v != C(0); }, a, b);
-    default:
-      break;
-  }
-  util::internal_fail(__FILE__, __LINE__, "not a comparison");
+  });
 }
 
 }  // namespace
@@ -304,7 +98,6 @@ void compare(Op op, int64_t n, const S* a, const S* b, bool* y) {
 void typed_elementwise(Op op, DType out_dtype, const std::vector<TypedArg>& args, int64_t n,
                        void* out) {
   if (n == 0) return;
-  const ir::OpFamily family = ir::op_info(op).family;
   if (op == Op::Cast) {
     return by_dtype<bfloat16>(args[0].dtype, [&](auto from) {
       using From = decltype(from);
@@ -312,54 +105,20 @@ void typed_elementwise(Op op, DType out_dtype, const std::vector<TypedArg>& args
         using To = decltype(to);
         const From* x = static_cast<const From*>(args[0].data);
         To* y = static_cast<To*>(out);
-        parallel_for(n > kParallelElems, n, [&](int64_t i) { y[i] = convert<To>(x[i]); });
+        parallel_for(n > kParallelElems, n,
+                     [&](int64_t i) { y[i] = ir::elementwise::convert<To>(x[i]); });
       });
     });
   }
-  if (op == Op::LogicalNot || op == Op::IsFinite) {
-    return by_dtype<bfloat16>(args[0].dtype, [&](auto tag) {
-      using S = decltype(tag);
-      using C = Calc<S>;
-      const S* x = static_cast<const S*>(args[0].data);
-      bool* y = static_cast<bool*>(out);
-      if (op == Op::LogicalNot)
-        map(
-            n, y, [](C v) { return v == C(0); }, x);
-      else if constexpr (kFloat<C>)
-        map(
-            n, y, [](C v) { return std::isfinite(v); }, x);
-      else
-        std::fill(y, y + n, true);
-    });
-  }
-  if (family == ir::OpFamily::Comparison) {
-    return by_dtype<bfloat16>(args[0].dtype, [&](auto tag) {
-      using S = decltype(tag);
-      compare<S>(op, n, static_cast<const S*>(args[0].data), static_cast<const S*>(args[1].data),
-                 static_cast<bool*>(out));
-    });
-  }
-  by_dtype<bfloat16>(out_dtype, [&](auto tag) {
-    using S = decltype(tag);
-    S* y = static_cast<S*>(out);
-    if (op == Op::Where) {
-      const bool* c = static_cast<const bool*>(args[0].data);
-      const S* a = static_cast<const S*>(args[1].data);
-      const S* b = static_cast<const S*>(args[2].data);
-      parallel_for(n > kParallelElems, n, [&](int64_t i) { y[i] = c[i] ? a[i] : b[i]; });
-    } else if (family == ir::OpFamily::Unary) {
-      unary<S>(op, n, static_cast<const S*>(args[0].data), y);
-    } else if (family == ir::OpFamily::Binary) {
-      if constexpr (!kBool<S>)
-        arith<S>(op, n, static_cast<const S*>(args[0].data), static_cast<const S*>(args[1].data),
-                 y);
-      else
-        util::internal_fail(__FILE__, __LINE__, "no arithmetic on bool");
-    } else {
-      util::internal_fail(__FILE__, __LINE__,
-                          util::cat(ir::op_info(op).name, " is not an elementwise op"));
-    }
-  });
+  // A select's operand 0 is its condition: its branches have the values' dtype.
+  const DType operands = args[ir::op_info(op).family == ir::OpFamily::Select ? 1 : 0].dtype;
+  bool known = false;
+  by_dtype<bfloat16>(operands,
+                     [&](auto tag) { known = elementwise<decltype(tag)>(op, args, n, out); });
+  if (!known)
+    util::internal_fail(
+        __FILE__, __LINE__,
+        util::cat("no cpu kernel for ", ir::op_info(op).name, " on ", dtype_name(operands)));
 }
 
 // ---- reductions -------------------------------------------------------------------------------
@@ -436,7 +195,7 @@ void sum_over(const ReduceWalk& w, const S* X, O* Y, bool threaded) {
       if constexpr (kFloat<C>)
         acc += static_cast<double>(load(X[off]));
       else
-        acc = wrapping<int64_t>(acc, static_cast<int64_t>(X[off]), Op::Add);
+        acc = ir::elementwise::wrap_add<int64_t>(acc, static_cast<int64_t>(X[off]));
     });
     if constexpr (kBf16<O>)
       Y[o] = bfloat16(static_cast<float>(acc));

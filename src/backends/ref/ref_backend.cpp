@@ -10,6 +10,7 @@
 #include "backends/ref/ref_kernels.h"
 #include "dist/comm.h"
 #include "ir/attrs.h"
+#include "ir/elementwise.h"
 #include "ir/random_bits.h"
 #include "util/check.h"
 
@@ -21,194 +22,38 @@ using util::cat;
 
 template <typename T>
 constexpr bool kFloat = std::is_floating_point_v<T>;
-template <typename T>
-constexpr bool kInt = std::is_integral_v<T> && !std::is_same_v<T, bool>;
 
-// Integer arithmetic wraps (two's complement) instead of overflowing.
+// An elementwise op (ir/elementwise.h) element by element, its operands read as T (a select's
+// condition as bool), each value computed by the table's formula; failures raised as met.
 template <typename T>
-T wrap_add(T a, T b) {
-  using U = std::make_unsigned_t<T>;
-  return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
-}
-template <typename T>
-T wrap_sub(T a, T b) {
-  using U = std::make_unsigned_t<T>;
-  return static_cast<T>(static_cast<U>(a) - static_cast<U>(b));
-}
-template <typename T>
-T wrap_mul(T a, T b) {
-  using U = std::make_unsigned_t<T>;
-  return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
-}
-
-template <typename T>
-T unary(Op op, T x) {
-  if constexpr (std::is_same_v<T, bool>) {
-    return x;  // the shape rules admit no arithmetic unary op on bool
-  } else if constexpr (kFloat<T>) {
-    switch (op) {
-      case Op::Neg:
-        return -x;
-      case Op::Abs:
-        return std::abs(x);
-      case Op::Exp:
-        return std::exp(x);
-      case Op::Log:
-        return std::log(x);
-      case Op::Sqrt:
-        return std::sqrt(x);
-      case Op::Rsqrt:
-        return T(1) / std::sqrt(x);
-      case Op::Tanh:
-        return std::tanh(x);
-      case Op::Sigmoid:
-        return T(1) / (T(1) + std::exp(-x));
-      case Op::Relu:
-        return x < T(0) ? T(0) : x;
-      case Op::Sin:
-        return std::sin(x);
-      case Op::Cos:
-        return std::cos(x);
-      case Op::Erf:
-        return std::erf(x);
-      case Op::Gelu:
-        return x * T(0.5) * (T(1) + std::erf(x * T(0.70710678118654752440)));
-      case Op::GeluDerivative:
-        return T(0.5) * (T(1) + std::erf(x * T(0.70710678118654752440))) +
-               x * std::exp(x * x * T(-0.5)) * T(0.39894228040143267794);
-      case Op::Floor:
-        return std::floor(x);
-      case Op::Ceil:
-        return std::ceil(x);
-      case Op::Sign:
-        return std::isnan(x) ? x : static_cast<T>((x > 0) - (x < 0));
-      default:
-        break;
+void elementwise(Op op, const std::vector<Arr>& a, int64_t count, void* out) {
+  const bool known = ir::elementwise::with_fn<T>(op, [&](auto fn) {
+    using Fn = decltype(fn);
+    if constexpr (requires(T v) { Fn::f(v); }) {
+      const T* x = a[0].as<T>();
+      auto* y = static_cast<decltype(Fn::f(T{}))*>(out);
+      for (int64_t i = 0; i < count; ++i) y[i] = Fn::f(x[i]);
+    } else if constexpr (requires(T v) { Fn::f(v, v); }) {
+      const T* x0 = a[0].as<T>();
+      const T* x1 = a[1].as<T>();
+      auto* y = static_cast<decltype(Fn::f(T{}, T{}))*>(out);
+      for (int64_t i = 0; i < count; ++i) {
+        if constexpr (std::is_integral_v<T> && requires { Fn::int_failure(T{}); })
+          if (const char* why = Fn::int_failure(x1[i]))
+            throw BackendError(cat(ir::op_info(op).name, ": ", why));
+        y[i] = Fn::f(x0[i], x1[i]);
+      }
+    } else {
+      const bool* c = a[0].as<bool>();
+      const T* x1 = a[1].as<T>();
+      const T* x2 = a[2].as<T>();
+      T* y = static_cast<T*>(out);
+      for (int64_t i = 0; i < count; ++i) y[i] = Fn::f(c[i], x1[i], x2[i]);
     }
-  } else {
-    switch (op) {
-      case Op::Neg:
-        return wrap_sub(T(0), x);
-      case Op::Abs:
-        return x < 0 ? wrap_sub(T(0), x) : x;
-      case Op::Relu:
-        return x < 0 ? T(0) : x;
-      case Op::Floor:
-      case Op::Ceil:
-        return x;
-      case Op::Sign:
-        return static_cast<T>((x > 0) - (x < 0));
-      default:
-        break;
-    }
-  }
-  util::internal_fail(__FILE__, __LINE__, cat("ref: no unary kernel for ", ir::op_info(op).name));
-}
-
-template <typename T>
-T int_pow(T base, T exp) {
-  if (exp < 0) throw BackendError("pow: integers to negative integer powers are not allowed");
-  T result = 1;
-  while (exp > 0) {
-    if (exp & 1) result = wrap_mul(result, base);
-    base = wrap_mul(base, base);
-    exp >>= 1;
-  }
-  return result;
-}
-
-template <typename T>
-T arith(Op op, T a, T b) {
-  if constexpr (kFloat<T>) {
-    switch (op) {
-      case Op::Add:
-        return a + b;
-      case Op::Sub:
-        return a - b;
-      case Op::Mul:
-        return a * b;
-      case Op::Div:
-        return a / b;
-      case Op::Fmod:
-        return std::fmod(a, b);
-      case Op::Pow:
-        return std::pow(a, b);
-      case Op::Maximum:
-        return (std::isnan(a) || a > b) ? a : b;
-      case Op::Minimum:
-        return (std::isnan(a) || a < b) ? a : b;
-      default:
-        break;
-    }
-  } else if constexpr (kInt<T>) {
-    switch (op) {
-      case Op::Add:
-        return wrap_add(a, b);
-      case Op::Sub:
-        return wrap_sub(a, b);
-      case Op::Mul:
-        return wrap_mul(a, b);
-      case Op::Div:
-        if (b == 0) throw BackendError("div: integer division by zero");
-        if (b == -1) return wrap_sub(T(0), a);  // avoids the overflow of MIN / -1
-        return static_cast<T>(a / b);
-      case Op::Fmod:
-        if (b == 0) throw BackendError("fmod: integer division by zero");
-        if (b == -1) return T(0);  // avoids the overflow of MIN % -1
-        return static_cast<T>(a % b);
-      case Op::Pow:
-        return int_pow(a, b);
-      case Op::Maximum:
-        return a > b ? a : b;
-      case Op::Minimum:
-        return a < b ? a : b;
-      default:
-        break;
-    }
-  }
-  util::internal_fail(__FILE__, __LINE__, cat("ref: no binary kernel for ", ir::op_info(op).name));
-}
-
-template <typename T>
-bool compare(Op op, T a, T b) {
-  switch (op) {
-    case Op::Eq:
-      return a == b;
-    case Op::Ne:
-      return a != b;
-    case Op::Lt:
-      return a < b;
-    case Op::Le:
-      return a <= b;
-    case Op::Gt:
-      return a > b;
-    case Op::Ge:
-      return a >= b;
-    case Op::LogicalAnd:
-      return a != T(0) && b != T(0);
-    case Op::LogicalOr:
-      return a != T(0) || b != T(0);
-    default:
-      break;
-  }
-  util::internal_fail(__FILE__, __LINE__, "ref: not a comparison");
-}
-
-// Float -> integer conversion is defined for every input: NaN gives 0, out-of-range saturates.
-template <typename To, typename From>
-To convert(From v) {
-  if constexpr (std::is_same_v<To, bool>) {
-    return v != From(0);
-  } else if constexpr (kFloat<From> && kInt<To>) {
-    if (std::isnan(v)) return 0;
-    if (v >= static_cast<From>(std::numeric_limits<To>::max()))
-      return std::numeric_limits<To>::max();
-    if (v <= static_cast<From>(std::numeric_limits<To>::min()))
-      return std::numeric_limits<To>::min();
-    return static_cast<To>(v);
-  } else {
-    return static_cast<To>(v);
-  }
+  });
+  if (!known)
+    util::internal_fail(__FILE__, __LINE__,
+                        cat("ref: no kernel for ", ir::op_info(op).name, " on this dtype"));
 }
 
 void cast(const Arr& x, DType to, void* out, int64_t n) {
@@ -218,7 +63,7 @@ void cast(const Arr& x, DType to, void* out, int64_t n) {
       using To = decltype(to_tag);
       const From* src = x.as<From>();
       To* dst = static_cast<To*>(out);
-      for (int64_t i = 0; i < n; ++i) dst[i] = convert<To>(src[i]);
+      for (int64_t i = 0; i < n; ++i) dst[i] = ir::elementwise::convert<To>(src[i]);
     });
   });
 }
@@ -264,7 +109,8 @@ void reduce(const ir::GraphNode& n, const Arr& x, void* out) {
         if constexpr (kFloat<T>)
           acc[w.offset] += static_cast<double>(src[i]);
         else
-          acc[w.offset] = wrap_add<int64_t>(acc[w.offset], static_cast<int64_t>(src[i]));
+          acc[w.offset] =
+              ir::elementwise::wrap_add<int64_t>(acc[w.offset], static_cast<int64_t>(src[i]));
       }
       by_dtype<void>(n.dtype, [&](auto otag) {
         using O = decltype(otag);
@@ -506,83 +352,13 @@ void eval_exact(const ir::GraphNode& n, const std::vector<Arr>& a,
       }
       return;
     }
-    case Op::Neg:
-    case Op::Abs:
-    case Op::Exp:
-    case Op::Log:
-    case Op::Sqrt:
-    case Op::Rsqrt:
-    case Op::Tanh:
-    case Op::Sigmoid:
-    case Op::Relu:
-    case Op::Sin:
-    case Op::Cos:
-    case Op::Erf:
-    case Op::Gelu:
-    case Op::GeluDerivative:
-    case Op::Floor:
-    case Op::Ceil:
-    case Op::Sign:
-      by_dtype<void>(n.dtype, [&](auto tag) {
-        using T = decltype(tag);
-        for (int64_t i = 0; i < count; ++i)
-          static_cast<T*>(out)[i] = unary<T>(n.op, a[0].as<T>()[i]);
-      });
-      return;
-    case Op::LogicalNot:
-    case Op::IsFinite:
-      by_dtype<void>(a[0].dtype, [&](auto tag) {
-        using T = decltype(tag);
-        for (int64_t i = 0; i < count; ++i) {
-          const T v = a[0].as<T>()[i];
-          bool r;
-          if (n.op == Op::LogicalNot)
-            r = v == T(0);
-          else if constexpr (kFloat<T>)
-            r = std::isfinite(v);
-          else
-            r = true;
-          static_cast<bool*>(out)[i] = r;
-        }
-      });
-      return;
-    case Op::Cast:
-      return cast(a[0], n.dtype, out, count);
-    case Op::Add:
-    case Op::Sub:
-    case Op::Mul:
-    case Op::Div:
-    case Op::Fmod:
-    case Op::Pow:
-    case Op::Maximum:
-    case Op::Minimum:
-      by_dtype<void>(n.dtype, [&](auto tag) {
-        using T = decltype(tag);
-        if constexpr (!std::is_same_v<T, bool>)
-          for (int64_t i = 0; i < count; ++i)
-            static_cast<T*>(out)[i] = arith<T>(n.op, a[0].as<T>()[i], a[1].as<T>()[i]);
-      });
-      return;
-    case Op::Eq:
-    case Op::Ne:
-    case Op::Lt:
-    case Op::Le:
-    case Op::Gt:
-    case Op::Ge:
-    case Op::LogicalAnd:
-    case Op::LogicalOr:
-      by_dtype<void>(a[0].dtype, [&](auto tag) {
-        using T = decltype(tag);
-        for (int64_t i = 0; i < count; ++i)
-          static_cast<bool*>(out)[i] = compare<T>(n.op, a[0].as<T>()[i], a[1].as<T>()[i]);
-      });
-      return;
-    case Op::Where:
-      by_dtype<void>(n.dtype, [&](auto tag) {
-        using T = decltype(tag);
-        for (int64_t i = 0; i < count; ++i)
-          static_cast<T*>(out)[i] = a[0].as<bool>()[i] ? a[1].as<T>()[i] : a[2].as<T>()[i];
-      });
+#define LS_OP(name, arity, family, admits, props, user) LS_IF_ELEMENTWISE_##family(case Op::name:)
+#include "ir/ops.def"
+#undef LS_OP
+      if (n.op == Op::Cast) return cast(a[0], n.dtype, out, count);
+      // A select's operand 0 is its condition: its branches have the values' dtype.
+      by_dtype<void>(a[ir::op_info(n.op).family == ir::OpFamily::Select ? 1 : 0].dtype,
+                     [&](auto tag) { elementwise<decltype(tag)>(n.op, a, count, out); });
       return;
     case Op::Sum:
     case Op::Max:
