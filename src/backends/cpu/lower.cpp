@@ -1,21 +1,19 @@
-// The lowering pass: the kernel that runs each node the plan computes at run time, a step each:
-// fused elementwise trees and reductions over them, oneDNN matmuls, convolutions and average
-// pooling, our own reductions, max pooling and strided copies, index kernels, and the kernels for
-// every dtype (typed_kernels.h) for the rest. Also the kernels other cpu passes rebuild steps with.
+// The lowering pass: the kernel that runs each node the plan computes at run time, a step each,
+// picked by a table of rules tried in order. Here: the table, and the rules for fused elementwise
+// trees, convolutions, reductions, strided copies, reshapes and collectives; the matmul, pooling,
+// index and typed rules are in lower_*.cpp (lower_rules.h). Also the kernels and predicates other
+// cpu passes rebuild steps with (passes.h).
 #include <algorithm>
 #include <cstring>
 #include <span>
 #include <string>
 
-#include "backends/cpu/index_kernels.h"
 #include "backends/cpu/kernels.h"
-#include "backends/cpu/matmul.h"
+#include "backends/cpu/lower_rules.h"
 #include "backends/cpu/passes.h"
-#include "backends/cpu/typed_kernels.h"
 #include "backends/ref/ref_kernels.h"
 #include "dist/comm.h"
 #include "ir/attrs.h"
-#include "runtime/metrics.h"
 #include "util/check.h"
 
 namespace lockstep::backends::cpu {
@@ -28,16 +26,6 @@ namespace {
 // Reductions whose contiguous runs are at least this long walk the runs; shorter ones (sums over
 // small feature maps) go by tiles of the input instead.
 constexpr int64_t kLongRun = 512;
-
-// A Permute that swaps the last two axes and nothing else.
-bool is_last_two_swap(const ir::GraphNode& n) {
-  if (n.op != Op::Permute || n.attrs.size() < 2) return false;
-  const size_t r = n.attrs.size();
-  for (size_t i = 0; i + 2 < r; ++i)
-    if (n.attrs[i] != static_cast<int64_t>(i)) return false;
-  return n.attrs[r - 2] == static_cast<int64_t>(r - 1) &&
-         n.attrs[r - 1] == static_cast<int64_t>(r - 2);
-}
 
 // Whether oneDNN takes this convolution: its right padding (what makes oneDNN's output size
 // PyTorch's floor formula) must not skip more than a stride's worth of input.
@@ -58,40 +46,6 @@ bool dnnl_conv_fits(const ir::Graph& g, int32_t id) {
     // scratchpad (see dnnl_ops.cpp), and the conformance suite covers such shapes.
     if (pad_r < -(a.stride[d] - 1)) return false;
   }
-  return true;
-}
-// The forward pooling's input and output shapes, for an average pooling or its backward.
-const Shape& pool_input(const ir::Graph& g, const ir::GraphNode& n) {
-  return n.op == Op::AvgPool2dBackward ? n.shape : g.nodes[n.operands[0]].shape;
-}
-const Shape& pool_output(const ir::Graph& g, const ir::GraphNode& n) {
-  return n.op == Op::AvgPool2dBackward ? g.nodes[n.operands[0]].shape : n.shape;
-}
-// Whether a matmul's right-hand operand is one matrix for its whole batch ([1..., K, N]).
-bool shared_right(const ir::Graph& g, const ir::GraphNode& mm) {
-  const Shape& b = g.nodes[mm.operands[1]].shape;
-  if (mm.shape.size() < 3) return false;
-  for (size_t d = 0; d + 2 < b.size(); ++d)
-    if (b[d] != 1) return false;
-  return true;
-}
-
-// A last-two-axes transpose, or a permute that keeps the last axis, of an f32 or bf16 matmul that
-// nothing else reads: the matmul writes the permuted layout itself.
-bool transposed_matmul(const plan::Plan& p, int32_t id) {
-  const ir::GraphNode& n = p.graph.nodes[id];
-  if (!(is_last_two_swap(n) || keeps_last_axis(n)) ||
-      (n.dtype != DType::F32 && n.dtype != DType::BF16) || shape_numel(n.shape) == 0)
-    return false;
-  const int32_t m = n.operands[0];
-  const ir::GraphNode& mm = p.graph.nodes[m];
-  if (mm.op != Op::MatMul || p.is_output[m] || p.consumers[m].size() != 1 || !p.run_time[m])
-    return false;
-  // A batch over one right-hand matrix folds into one product instead (fold_matmul_batch), worth
-  // more than the permute's copy.
-  if (!is_last_two_swap(n) && shared_right(p.graph, mm)) return false;
-  for (int32_t o : mm.operands)
-    if (p.graph.nodes[o].dtype != n.dtype || shape_numel(p.graph.nodes[o].shape) == 0) return false;
   return true;
 }
 
@@ -279,22 +233,8 @@ std::function<void(Ctx&)> run_sums(SumParts parts) {
         f32_to_bf16(staged[k].data(), map.out_size, static_cast<uint16_t*>(c.ptr[parts[k].first]));
   };
 }
+
 namespace {
-
-// What a lowering rule sees: the plan, the node, and the step it fills in.
-struct Lowering {
-  plan::Plan& p;
-  const std::vector<bool>& mask;  // per value: held blocked
-  const int32_t id;
-  const ir::GraphNode& n;
-  plan::Step& step;
-  CpuStep& cs;
-  const bool f32;      // the node computes f32 values
-  int32_t index = -1;  // the value an indexed op's kernel reads its indices from (its check's)
-
-  const ir::GraphNode& node(int32_t value) const { return p.graph.nodes[value]; }
-  const ir::GraphNode& operand(size_t k) const { return node(n.operands[k]); }
-};
 
 // Elementwise trees, fused into one pass over tiles (fused.cpp).
 bool fused_applies(const Lowering& l) { return fusible(l.p.graph, l.id); }
@@ -307,168 +247,6 @@ void lower_fused(Lowering& l) {
   l.step.kind = plan::StepKind::Elementwise;
   l.step.members = members_of(*l.cs.fused);
   l.cs.run = run_fused(l.cs.fused);
-}
-
-// A batch of products with one right-hand matrix ([P..., M, K] x [1..., K, N]: a linear layer
-// applied to [B, T, D], and its input gradient) is one product of [P M, K] by [K, N] when the
-// left operand's rows lie contiguously across the batch: the output [P..., M, N] is the same
-// memory. oneDNN would otherwise run P small products with the right-hand matrix reread for
-// each (measured on a GPT's [64, 32, 128] x [1, 128, 128]: 1.5-9 ms against ~0.5 ms).
-void fold_matmul_batch(Shape (&shape)[2], std::vector<int64_t> (&strides)[2], Shape& out) {
-  const size_t r = shape[0].size();
-  if (r < 3 || out.size() != r) return;
-  for (size_t d = 0; d + 2 < shape[1].size(); ++d)
-    if (shape[1][d] != 1) return;
-  if (strides[0] != ref::strides_of(shape[0])) return;
-  int64_t rows = 1;
-  for (size_t d = 0; d + 1 < r; ++d) rows *= shape[0][d];
-  const size_t rb = shape[1].size();
-  const int64_t k = shape[0][r - 1], n = shape[1][rb - 1];
-  shape[0] = {rows, k};
-  strides[0] = {k, 1};
-  shape[1] = {shape[1][rb - 2], n};
-  strides[1] = {strides[1][rb - 2], strides[1][rb - 1]};
-  out = {rows, n};
-}
-
-// f32 and bf16 matmuls through oneDNN; also the transpose of one, computed directly as B^T A^T.
-bool matmul_applies(const Lowering& l) {
-  return (l.n.op == Op::MatMul && (all_f32(l.p.graph, l.id) || all_bf16(l.p.graph, l.id))) ||
-         transposed_matmul(l.p, l.id);
-}
-// How a product reads its operands and writes its result: the layout lower_matmul gives it.
-struct ProductLayout {
-  int32_t operand[2] = {-1, -1};
-  Shape shape[2], out_shape;
-  std::vector<int64_t> strides[2], out_strides;
-  bool through_permute = false;  // an operand read through a permute's strides, or the result
-                                 // written through them
-  bool permuted_out = false;     // the node is a permute of the product (not a transpose)
-};
-
-// The layout of `n`'s product: a matmul; or the transpose of one, computed directly as B^T A^T;
-// or a permute of one that keeps the last axis, written through the strides of the permuted
-// layout. Operands that are transposes are read through their strides instead of being copied,
-// and with `through_permutes` so are permutes of them (see lower_matmul).
-ProductLayout product_layout(const plan::Plan& p, const ir::GraphNode& n, bool through_permutes) {
-  ProductLayout pl;
-  const bool flip = is_last_two_swap(n);
-  pl.permuted_out = !flip && n.op == Op::Permute;
-  const ir::GraphNode& mm_node = n.op == Op::Permute ? p.graph.nodes[n.operands[0]] : n;
-  int32_t* operand = pl.operand;
-  operand[0] = mm_node.operands[0];
-  operand[1] = mm_node.operands[1];
-  if (flip) std::swap(operand[0], operand[1]);
-  Shape* shape = pl.shape;
-  std::vector<int64_t>* strides = pl.strides;
-  for (int k = 0; k < 2; ++k) {
-    const ir::GraphNode& o = p.graph.nodes[operand[k]];
-    bool transposed = flip;  // (A B)^T = B^T A^T: each operand is read transposed
-    int32_t source = operand[k];
-    // Views read through instead of copied, in any order: transposes of the last two axes (read
-    // with those strides swapped) and reshapes that only put 1-dims in front (a linear layer's
-    // transposed weight as [1, in, out] against a [B, T, in] batch, and its gradient's transpose
-    // of that).
-    size_t lead = 0;
-    for (;;) {
-      const ir::GraphNode& v = p.graph.nodes[source];
-      if (!p.run_time[source]) break;
-      if (is_last_two_swap(v)) {
-        source = v.operands[0];
-        transposed = !transposed;
-        continue;
-      }
-      if (v.op != Op::Reshape) break;
-      const Shape& us = p.graph.nodes[v.operands[0]].shape;
-      if (us.size() < 2 || us.size() >= v.shape.size()) break;
-      const auto added = static_cast<ptrdiff_t>(v.shape.size() - us.size());
-      if (!std::all_of(v.shape.begin(), v.shape.begin() + added,
-                       [](int64_t d) { return d == 1; }) ||
-          !std::equal(us.begin(), us.end(), v.shape.begin() + added))
-        break;
-      lead += static_cast<size_t>(added);
-      source = v.operands[0];
-    }
-    const Shape& ss = p.graph.nodes[source].shape;
-    strides[k] = ref::strides_of(ss);
-    shape[k] = ss;
-    // A permute keeping the last axis (or swapping it with the next): read through its strides
-    // when one of the two matrix axes stays contiguous (oneDNN's gemm takes such views).
-    // Not the left operand of a product with one right-hand matrix for the batch: that one is
-    // worth its copy, which lets the batch fold into one product (fold_matmul_batch).
-    const bool keep_for_fold = k == (flip ? 1 : 0) && shared_right(p.graph, mm_node);
-    if (through_permutes && source == operand[k] && o.op == Op::Permute && p.run_time[operand[k]] &&
-        !keep_for_fold && o.dtype == p.graph.nodes[o.operands[0]].dtype) {
-      const std::vector<int64_t> in = ref::strides_of(p.graph.nodes[o.operands[0]].shape);
-      std::vector<int64_t> st;
-      for (int64_t a : o.attrs) st.push_back(in[static_cast<size_t>(a)]);
-      const size_t r = st.size();
-      if (r >= 2 && (st[r - 1] == 1 || st[r - 2] == 1)) {
-        source = o.operands[0];
-        strides[k] = st;
-        pl.through_permute = true;
-      }
-    }
-    operand[k] = source;
-    if (transposed) {
-      const size_t r = ss.size();
-      std::swap(strides[k][r - 1], strides[k][r - 2]);
-      std::swap(shape[k][r - 1], shape[k][r - 2]);
-    }
-    shape[k].insert(shape[k].begin(), lead, 1);
-    strides[k].insert(strides[k].begin(), lead, shape_numel(ss));
-  }
-  pl.out_shape = mm_node.shape;
-  pl.out_strides = ref::strides_of(pl.out_shape);
-  if (pl.permuted_out) {  // matmul axis attrs[i] lands at axis i of the permute's contiguous output
-    const std::vector<int64_t> contiguous = ref::strides_of(n.shape);
-    for (size_t i = 0; i < n.attrs.size(); ++i)
-      pl.out_strides[static_cast<size_t>(n.attrs[i])] = contiguous[i];
-    pl.through_permute = true;
-  } else {
-    pl.out_shape = n.shape;
-    fold_matmul_batch(pl.shape, pl.strides, pl.out_shape);
-    pl.out_strides = ref::strides_of(pl.out_shape);
-  }
-  return pl;
-}
-
-// Whether oneDNN runs the product on a brgemm kernel ("brg:avx512_core_bf16", ...), not on its
-// older gemm ("gemm:jit").
-bool on_brgemm(const ProductLayout& pl, DType dtype) {
-  return matmul_implementation(pl.shape[0], pl.strides[0], pl.shape[1], pl.strides[1], pl.out_shape,
-                               pl.out_strides, dtype)
-      .starts_with("brg");
-}
-
-void lower_strided_copy(Lowering& l);
-
-void lower_matmul(Lowering& l) {
-  const ir::GraphNode& mm_node = l.n.op == Op::Permute ? l.operand(0) : l.n;
-  // Permuted operands and results are read and written through their strides, without a copy,
-  // unless that costs the product its brgemm kernel: oneDNN 2.x runs a batch whose matrices
-  // interleave in memory (an attention's heads over a sequence-first [T, B H, E]) on gemm:jit,
-  // which on AVX512-BF16 takes 1.2-1.5 ms where brgemm over dense copies takes 0.95-1.2 plus
-  // 0.07 for the copy ([96, 256, 64] x [96, 64, 256] bf16, two Zen 5 cores). Then the
-  // permutes are copied (their own steps) and the product reads or writes the copies.
-  ProductLayout pl = product_layout(l.p, l.n, true);
-  if (pl.through_permute && !on_brgemm(pl, mm_node.dtype)) {
-    const ProductLayout dense = product_layout(l.p, pl.permuted_out ? mm_node : l.n, false);
-    bool copies_ready = true;  // each permute read as a copy is a step of its own
-    for (int k = 0; k < 2; ++k) copies_ready = copies_ready && !l.p.absorbed[dense.operand[k]];
-    if (copies_ready && on_brgemm(dense, mm_node.dtype)) {
-      if (pl.permuted_out) return lower_strided_copy(l);  // the matmul is a step of its own
-      pl = dense;
-    }
-  }
-  auto mm =
-      std::make_shared<cpu::MatMul>(pl.shape[0], pl.strides[0], pl.shape[1], pl.strides[1],
-                                    pl.out_shape, mm_node.dtype, mm_node.dtype, pl.out_strides);
-  l.step.scratch_bytes = mm->scratch_bytes();
-  l.step.reads = {pl.operand[0], pl.operand[1]};
-  l.step.label = "mat_mul";
-  const int32_t a = pl.operand[0], b = pl.operand[1], id = l.id;
-  l.cs.run = [mm, a, b, id](Ctx& c) { mm->run(c.ptr[a], c.ptr[b], c.ptr[id]); };
 }
 
 // f32 and bf16 convolutions and their gradients through oneDNN, direct or Winograd.
@@ -562,107 +340,7 @@ void lower_reduction(Lowering& l) {
   }
 }
 
-// Max pooling: values and indices of the same pooling in one pass, plain or blocked.
-bool max_pooling_applies(const Lowering& l) {
-  return (l.n.op == Op::MaxPool2d || l.n.op == Op::MaxPool2dIndices) &&
-         (is_f32(l.p.graph, l.n.operands[0]) || l.operand(0).dtype == DType::BF16) &&
-         shape_numel(l.n.shape) > 0;
-}
-void lower_max_pooling(Lowering& l) {
-  // Values and indices of the same pooling come from one pass.
-  const int32_t x = l.n.operands[0];
-  const Op other = l.n.op == Op::MaxPool2d ? Op::MaxPool2dIndices : Op::MaxPool2d;
-  for (int32_t k : l.p.consumers[x])
-    if (k != l.id && l.node(k).op == other && l.node(k).attrs == l.n.attrs && !l.p.absorbed[k] &&
-        l.p.run_time[k]) {
-      l.step.extras = {k};
-      l.p.merged[k] = true;
-      break;
-    }
-  l.step.reads = l.n.operands;
-  const int32_t other_id = l.step.extras.empty() ? -1 : l.step.extras[0];
-  const int32_t values = l.n.op == Op::MaxPool2d ? l.id : other_id;
-  const int32_t indices = l.n.op == Op::MaxPool2d ? other_id : l.id;
-  const Shape in = l.node(x).shape, out = l.n.shape;
-  const std::vector<int64_t> attrs = l.n.attrs;
-  const bool blocked = l.mask[x];
-  LS_INTERNAL_CHECK(l.mask[l.id] == blocked && (other_id < 0 || l.mask[other_id] == blocked),
-                    "max pooling's input, values and indices in different layouts");
-  if (blocked) runtime::count(runtime::Counter::BlockedMaxPooling);
-  if (l.node(x).dtype == DType::BF16) {
-    l.cs.run = [=](Ctx& c) {
-      uint16_t* v = values >= 0 ? static_cast<uint16_t*>(c.ptr[values]) : nullptr;
-      int64_t* i = indices >= 0 ? static_cast<int64_t*>(c.ptr[indices]) : nullptr;
-      const uint16_t* xs = static_cast<const uint16_t*>(c.ptr[x]);
-      if (blocked)
-        max_pool2d_blocked_bf16(xs, in, out, attrs, v, i);
-      else
-        max_pool2d_bf16(xs, in, out, attrs, v, i);
-    };
-  } else {
-    l.cs.run = [=](Ctx& c) {
-      float* v = values >= 0 ? static_cast<float*>(c.ptr[values]) : nullptr;
-      int64_t* i = indices >= 0 ? static_cast<int64_t*>(c.ptr[indices]) : nullptr;
-      if (blocked)
-        max_pool2d_blocked_f32(static_cast<const float*>(c.ptr[x]), in, out, attrs, v, i);
-      else
-        max_pool2d_f32(static_cast<const float*>(c.ptr[x]), in, out, attrs, v, i);
-    };
-  }
-}
-
-// Average pooling and its gradient through oneDNN.
-bool avg_pooling_applies(const Lowering& l) {
-  return (l.n.op == Op::AvgPool2d || l.n.op == Op::AvgPool2dBackward) &&
-         (all_f32(l.p.graph, l.id) || all_bf16(l.p.graph, l.id)) &&
-         DnnlAvgPool::fits(pool_input(l.p.graph, l.n), pool_output(l.p.graph, l.n), l.n.attrs);
-}
-void lower_avg_pooling(Lowering& l) {
-  auto pool =
-      std::make_shared<DnnlAvgPool>(l.n.op == Op::AvgPool2dBackward, pool_input(l.p.graph, l.n),
-                                    pool_output(l.p.graph, l.n), l.n.attrs, l.n.dtype);
-  l.step.scratch_bytes = pool->scratch_bytes();
-  l.step.reads = l.n.operands;
-  const int32_t x = l.n.operands[0], id = l.id;
-  l.cs.run = [pool, x, id](Ctx& c) { pool->run(c.ptr[x], c.ptr[id]); };
-}
-
-// The gradient of max pooling, plain or blocked.
-bool max_pooling_backward_applies(const Lowering& l) {
-  return l.n.op == Op::MaxPool2dBackward && (l.f32 || l.n.dtype == DType::BF16) &&
-         l.operand(0).dtype == l.n.dtype && shape_numel(l.n.shape) > 0;
-}
-void lower_max_pooling_backward(Lowering& l) {
-  l.step.reads = l.n.operands;
-  const int32_t id = l.id, gy = l.n.operands[0], idx = l.n.operands[1];
-  const Shape gys = l.node(gy).shape, in = l.n.shape;
-  const bool blocked = l.mask[id];
-  LS_INTERNAL_CHECK(l.mask[gy] == blocked && l.mask[idx] == blocked,
-                    "max pooling's gradient, output gradient and indices in different layouts");
-  if (blocked) runtime::count(runtime::Counter::BlockedMaxPooling);
-  // Its indices are checked ahead unless the forward pooling computed them (see the end of
-  // add_step); the kernel checks them again, before its threads start. A bf16 gradient is
-  // summed in f32 and rounded once, as ref computes it.
-  const bool bf16 = l.n.dtype == DType::BF16;
-  l.cs.run = [=](Ctx& c) {
-    const int64_t* i = static_cast<const int64_t*>(c.ptr[idx]);
-    if (bf16) {
-      const uint16_t* g = static_cast<const uint16_t*>(c.ptr[gy]);
-      uint16_t* dx = static_cast<uint16_t*>(c.ptr[id]);
-      if (blocked)
-        max_pool2d_backward_blocked_bf16(g, i, gys, in, dx);
-      else
-        max_pool2d_backward_bf16(g, i, gys, in, dx);
-      return;
-    }
-    const float* g = static_cast<const float*>(c.ptr[gy]);
-    float* dx = static_cast<float*>(c.ptr[id]);
-    if (blocked)
-      max_pool2d_backward_blocked_f32(g, i, gys, in, dx);
-    else
-      max_pool2d_backward_f32(g, i, gys, in, dx);
-  };
-}
+}  // namespace
 
 // Permutes, slices and broadcasts of any dtype as strided copies.
 bool strided_copy_applies(const Lowering& l) {
@@ -689,157 +367,7 @@ void lower_strided_copy(Lowering& l) {
   l.cs.run = [=](Ctx& c) { strided_copy(elem, c.ptr[x], out, st, offset, c.ptr[id]); };
 }
 
-// An index operand as the kernels read it: through an Expand that broadcasts a smaller index
-// (embeddings' and index_select's), with zero strides, rather than from a materialized copy.
-std::pair<int32_t, std::vector<int64_t>> index_source(const plan::Plan& p, int32_t index) {
-  const ir::GraphNode& e = p.graph.nodes[index];
-  if (e.op == Op::Expand && p.run_time[index] && !p.is_output[index])
-    return {e.operands[0], expand_strides(p.graph.nodes[e.operands[0]].shape, e.shape)};
-  return {index, ref::strides_of(e.shape)};
-}
-
-// Gather, scatter-add, pad, concat, index ramps and random bits: the index kernels, any dtype.
-bool index_applies(const Lowering& l) {
-  switch (l.n.op) {
-    case Op::Gather:
-    case Op::ScatterAdd:
-    case Op::Pad:
-    case Op::Concat:
-      return !l.n.shape.empty();
-    case Op::Iota:
-    case Op::RandomUniform:
-    case Op::Scalar:
-      return true;
-    case Op::ArgMax:
-    case Op::ArgMin:
-    case Op::Argsort:
-      return shape_numel(l.operand(0).shape) > 0;
-    default:
-      return false;
-  }
-}
-void lower_index(Lowering& l) {
-  l.step.reads = l.n.operands;
-  const int32_t id = l.id;
-  const Shape out = l.n.shape;
-  const DType dtype = l.n.dtype;
-  const size_t elem = dtype_size(l.n.dtype);
-  const std::vector<int64_t> attrs = l.n.attrs;
-  switch (l.n.op) {
-    case Op::Gather:
-    case Op::ScatterAdd: {
-      const int32_t x = l.n.operands[0];
-      const std::pair<int32_t, std::vector<int64_t>> source = index_source(l.p, l.n.operands[1]);
-      const int32_t index = source.first;
-      const std::vector<int64_t> strides = source.second;
-      l.step.reads[1] = index;
-      l.index = index;
-      const Shape xs = l.node(x).shape, is = l.operand(1).shape;
-      const int64_t axis = attrs[0];
-      if (l.n.op == Op::Gather) {
-        l.step.label = "gather";
-        l.cs.run = [=](Ctx& c) {
-          gather(elem, c.ptr[x], xs, {static_cast<const int64_t*>(c.ptr[index]), strides}, is, axis,
-                 c.ptr[id]);
-        };
-      } else {
-        l.step.label = "scatter_add";
-        const int32_t src = l.n.operands[2];
-        const Shape ss = l.node(src).shape;
-        l.cs.run = [=](Ctx& c) {
-          scatter_add(dtype, c.ptr[x], xs, {static_cast<const int64_t*>(c.ptr[index]), strides}, is,
-                      c.ptr[src], ss, axis, c.ptr[id]);
-        };
-      }
-      return;
-    }
-    case Op::Pad: {
-      const int32_t x = l.n.operands[0], value = l.n.operands[1];
-      const Shape xs = l.node(x).shape;
-      l.step.label = "pad";
-      l.cs.run = [=](Ctx& c) { pad(elem, c.ptr[x], xs, attrs, c.ptr[value], out, c.ptr[id]); };
-      return;
-    }
-    case Op::Concat: {
-      std::vector<Shape> shapes;
-      for (int32_t o : l.n.operands) shapes.push_back(l.node(o).shape);
-      const std::vector<int32_t> ops = l.n.operands;
-      l.step.label = "concat";
-      l.cs.run = [=](Ctx& c) {
-        std::vector<const void*> xs;
-        for (int32_t o : ops) xs.push_back(c.ptr[o]);
-        concat(elem, xs, shapes, attrs[0], out, c.ptr[id]);
-      };
-      return;
-    }
-    case Op::Iota:
-      l.step.label = "iota";
-      l.cs.run = [=](Ctx& c) { iota(dtype, out, attrs[0], c.ptr[id]); };
-      return;
-    case Op::RandomUniform: {
-      const int32_t state = l.n.operands[0];
-      const int64_t count = shape_numel(out);
-      l.step.label = "rand";
-      l.cs.run = [=](Ctx& c) {
-        random_uniform(dtype, static_cast<const int64_t*>(c.ptr[state]), count, c.ptr[id]);
-      };
-      return;
-    }
-    case Op::ArgMax:
-    case Op::ArgMin: {
-      const int32_t x = l.n.operands[0];
-      const Shape xs = l.node(x).shape;
-      const DType xd = l.node(x).dtype;
-      const bool is_max = l.n.op == Op::ArgMax;
-      l.step.label = is_max ? "argmax" : "argmin";
-      l.cs.run = [=](Ctx& c) {
-        arg_reduce(is_max, xd, c.ptr[x], xs, attrs, static_cast<int64_t*>(c.ptr[id]));
-      };
-      return;
-    }
-    case Op::Argsort: {
-      const int32_t x = l.n.operands[0];
-      const Shape xs = l.node(x).shape;
-      const DType xd = l.node(x).dtype;
-      l.step.label = "argsort";
-      l.cs.run = [=](Ctx& c) {
-        argsort(xd, c.ptr[x], xs, attrs[0], attrs[1] != 0, static_cast<int64_t*>(c.ptr[id]));
-      };
-      return;
-    }
-    case Op::Scalar: {  // a host scalar of this run, written as the node's dtype (as ref does)
-      const int64_t input = l.n.input;
-      l.step.label = "scalar";
-      l.cs.run = [=](Ctx& c) {
-        const ir::ScalarValue v = c.scalars->at(static_cast<size_t>(input));
-        void* out = c.ptr[id];
-        switch (dtype) {
-          case DType::F32:
-            *static_cast<float*>(out) = static_cast<float>(v.f);
-            return;
-          case DType::F64:
-            *static_cast<double*>(out) = v.f;
-            return;
-          case DType::BF16:
-            *static_cast<uint16_t*>(out) = bfloat16(static_cast<float>(v.f)).bits;
-            return;
-          case DType::I32:
-            *static_cast<int32_t*>(out) = static_cast<int32_t>(v.i);
-            return;
-          case DType::I64:
-            *static_cast<int64_t*>(out) = v.i;
-            return;
-          case DType::Bool:
-            *static_cast<bool*>(out) = static_cast<bool>(v.i);
-            return;
-        }
-      };
-      return;
-    }
-    default:
-      util::internal_fail(__FILE__, __LINE__, "lower_index: not an index op");
-  }
-}
+namespace {
 
 // Reshapes: an alias (no step runs), or a copy when the result must own its memory.
 bool reshape_applies(const Lowering& l) { return l.n.op == Op::Reshape; }
@@ -851,91 +379,6 @@ void lower_reshape(Lowering& l) {
   l.cs.run = [=](Ctx& c) {
     if (c.ptr[id] != c.ptr[x] && bytes) std::memcpy(c.ptr[id], c.ptr[x], bytes);
   };
-}
-
-// What the kernels above do not take: other dtypes (f64, integers, bool, casts between any two)
-// and the corners of the f32 and bf16 kernels (empty shapes, geometries oneDNN refuses), on the
-// kernels for every dtype (typed_kernels.h).
-bool typed_applies(const Lowering& l) {
-  switch (ir::op_info(l.n.op).family) {
-    case ir::OpFamily::Unary:
-    case ir::OpFamily::Binary:
-    case ir::OpFamily::Comparison:
-    case ir::OpFamily::Select:
-    case ir::OpFamily::Reduction:
-    case ir::OpFamily::Contraction:
-    case ir::OpFamily::Convolution:
-    case ir::OpFamily::Pooling:
-      return true;
-    case ir::OpFamily::Movement:  // a 0-d pad: its operand as it is
-      return l.n.op == Op::Pad && l.n.shape.empty();
-    case ir::OpFamily::Index:  // an argsort of nothing: no step has anything to write
-      return l.n.op == Op::Argsort && shape_numel(l.n.shape) == 0;
-    default:
-      return false;
-  }
-}
-void lower_typed(Lowering& l) {
-  l.step.reads = l.n.operands;
-  const int32_t id = l.id;
-  const Op op = l.n.op;
-  const DType dtype = l.n.dtype;
-  const Shape out = l.n.shape;
-  const std::vector<int64_t> attrs = l.n.attrs;
-  const std::vector<int32_t> operands = l.n.operands;
-  std::vector<TypedArg> args;
-  std::vector<Shape> shapes;
-  for (int32_t o : l.n.operands) {
-    args.push_back({nullptr, l.node(o).dtype});
-    shapes.push_back(l.node(o).shape);
-  }
-  // Each run binds the operands' memory to a copy of `args`.
-  auto bind = [args, operands](const Ctx& c) {
-    std::vector<TypedArg> a = args;
-    for (size_t k = 0; k < a.size(); ++k) a[k].data = c.ptr[operands[k]];
-    return a;
-  };
-  switch (ir::op_info(op).family) {
-    case ir::OpFamily::Reduction:
-      l.step.kind = plan::StepKind::Reduction;
-      l.cs.run = [=](Ctx& c) { typed_reduce(op, dtype, bind(c)[0], shapes[0], attrs, c.ptr[id]); };
-      return;
-    case ir::OpFamily::Contraction:
-      l.cs.run = [=](Ctx& c) {
-        const std::vector<TypedArg> a = bind(c);
-        typed_matmul(dtype, a[0], shapes[0], a[1], shapes[1], out, c.ptr[id]);
-      };
-      return;
-    case ir::OpFamily::Convolution:
-      l.cs.run = [=](Ctx& c) {
-        const std::vector<TypedArg> a = bind(c);
-        typed_conv(op, dtype, a[0], shapes[0], a[1], shapes[1], out, attrs, c.ptr[id]);
-      };
-      return;
-    case ir::OpFamily::Pooling:
-      l.cs.run = [=](Ctx& c) {
-        const std::vector<TypedArg> a = bind(c);
-        const int64_t* indices =
-            op == Op::MaxPool2dBackward ? static_cast<const int64_t*>(a[1].data) : nullptr;
-        typed_pool(op, a[0], shapes[0], indices, out, attrs, c.ptr[id]);
-      };
-      return;
-    case ir::OpFamily::Movement:
-    case ir::OpFamily::Index: {
-      const size_t bytes = bytes_of(l.n);
-      l.cs.run = [=](Ctx& c) {
-        if (bytes) std::memcpy(c.ptr[id], c.ptr[operands[0]], bytes);
-      };
-      return;
-    }
-    default: {
-      // Not StepKind::Elementwise (fused trees): small integer steps that compute checked indices
-      // stay eligible to run early with their checks (plan/checks.cpp), as ref's steps were.
-      const int64_t count = shape_numel(out);
-      l.cs.run = [=](Ctx& c) { typed_elementwise(op, dtype, bind(c), count, c.ptr[id]); };
-      return;
-    }
-  }
 }
 
 // Collectives the bucket pass does not take (collectives.cpp): the value copied into place,
