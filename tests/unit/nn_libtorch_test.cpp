@@ -252,7 +252,7 @@ TEST(NnSequences, BucketedBatchesCompileOncePerBucket) {
 
 namespace {
 
-// Gradient accumulation as the README shows it: the micro-batches' backward calls inside one
+// Gradient accumulation as docs/cpp.md shows it: the micro-batches' backward calls inside one
 // step add into .grad, the update runs once; one program per step, the same update as one big
 // batch (losses scaled by 1 / micro-batches).
 TEST(NnGradientAccumulation, MicroBatchesInsideOneStepEqualOneBigBatch) {

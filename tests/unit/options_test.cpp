@@ -1,5 +1,6 @@
-// The library's environment variables (src/util/options.def) and README's table of them list the
-// same names, so a new switch cannot go undocumented nor a documented one stop existing.
+// The library's environment variables (src/util/options.def) and the "Debug switches" table of
+// docs/debugging.md list the same names, so a new switch cannot go undocumented nor a documented
+// one stop existing.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -12,9 +13,9 @@
 
 namespace util = lockstep::util;
 
-TEST(Options, ReadmeListsExactlyTheDeclaredEnvironmentVariables) {
-  std::ifstream in(LOCKSTEP_README);
-  ASSERT_TRUE(in) << "cannot read " << LOCKSTEP_README;
+TEST(Options, DebugDocListsExactlyTheDeclaredEnvironmentVariables) {
+  std::ifstream in(LOCKSTEP_DEBUG_DOC);
+  ASSERT_TRUE(in) << "cannot read " << LOCKSTEP_DEBUG_DOC;
   std::set<std::string> documented;
   bool in_table = false;
   for (std::string line; std::getline(in, line);) {
