@@ -292,20 +292,42 @@ TEST_F(Safetensors, SaveIntoAMissingDirectoryFails) {
   EXPECT_FALSE(fs::exists(path("no")));
 }
 
-TEST_F(Safetensors, SaveIntoAReadOnlyDirectoryKeepsTheOldFile) {
-  if (::geteuid() == 0) GTEST_SKIP() << "root writes into read-only directories";
+// The temporary file cannot be created: its name ("<name>.tmp-<pid>") is longer than the
+// directory's file system allows, which no permission bypasses (root's included, unlike a
+// read-only directory). The save fails naming the file and the system's reason, and the old file
+// stays as it was.
+TEST_F(Safetensors, SaveThatCannotCreateItsTemporaryFileKeepsTheOldFile) {
+  const long name_max = ::pathconf(dir_.c_str(), _PC_NAME_MAX);
+  ASSERT_GT(name_max, 16) << "pathconf(_PC_NAME_MAX) of " << dir_;
+  // The longest name the directory takes: the file itself fits, its temporary name does not.
+  const std::string target = path(std::string(static_cast<size_t>(name_max), 'c'));
   ls::io::save_safetensors(path("c.safetensors"), {{"x", ls::ones({2})}});
-  const std::string before = read_file(path("c.safetensors"));
-  fs::permissions(dir_, fs::perms::owner_read | fs::perms::owner_exec);
+  fs::rename(path("c.safetensors"), target);
+  const std::string before = read_file(target);
   try {
-    ls::io::save_safetensors(path("c.safetensors"), {{"y", ls::zeros({3})}});
+    ls::io::save_safetensors(target, {{"y", ls::zeros({3})}});
     FAIL() << "expected an Error";
   } catch (const ls::Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr(path("c.safetensors")));
-    EXPECT_THAT(e.what(), HasSubstr("Permission denied"));
+    EXPECT_THAT(e.what(), HasSubstr(target));
+    EXPECT_THAT(e.what(), HasSubstr("cannot create the temporary file"));
+    EXPECT_THAT(e.what(), HasSubstr("File name too long"));
   }
-  fs::permissions(dir_, fs::perms::owner_all);
-  EXPECT_EQ(read_file(path("c.safetensors")), before);
+  EXPECT_EQ(read_file(target), before);
+  EXPECT_TRUE(temp_files().empty());
+}
+
+// A directory of the path is a regular file: nothing can be created under it, root or not.
+TEST_F(Safetensors, SaveUnderARegularFileFailsAndLeavesTheFile) {
+  write_file(path("d"), "not a directory");
+  const std::string target = path("d/c.safetensors");
+  try {
+    ls::io::save_safetensors(target, {{"x", ls::ones({2})}});
+    FAIL() << "expected an Error";
+  } catch (const ls::Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr(target));
+    EXPECT_THAT(e.what(), HasSubstr("Not a directory"));
+  }
+  EXPECT_EQ(read_file(path("d")), "not a directory");
   EXPECT_TRUE(temp_files().empty());
 }
 
