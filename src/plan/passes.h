@@ -45,6 +45,11 @@ void plan_memory(Plan& plan);
 // that are steps and not outputs alias their operand's; every other value is its own.
 std::vector<int32_t> memory_roots(const Plan& plan);
 
+// verify.cpp: the invariants every pass keeps (sizes, one writer per value, reads after writes);
+// throws InternalError naming the pass `after`. run_pipeline runs it between passes in debug
+// builds and with LOCKSTEP_VERIFY_PLANS=1.
+void verify_plan(const Plan& plan, const char* after);
+
 // preflight.cpp: the memory preflight. Throws Error when the plan needs more than `limit` bytes,
 // naming what it needs and the largest values with their lines; `backend` names the backend.
 void check_memory(const Plan& plan, size_t limit, const char* backend);

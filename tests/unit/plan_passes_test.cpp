@@ -10,6 +10,7 @@
 
 #include "backends/cpu/passes.h"
 #include "ir/ir.h"
+#include "plan/passes.h"
 #include "plan/pipeline.h"
 
 namespace ir = lockstep::ir;
@@ -404,4 +405,37 @@ TEST(BucketPass, GradientsLiveInTheirBucketsRegionUnlessReadAfterItStarts) {
   EXPECT_THAT(lines(p, "node %4 "), ::testing::HasSubstr("slot region0@0"));
   EXPECT_THAT(lines(p, "node %3 "), ::testing::HasSubstr("slot arena@"));
   EXPECT_EQ(p.regions, (std::vector<size_t>{128}));
+}
+
+// The plan verifier (run between passes in debug builds and with LOCKSTEP_VERIFY_PLANS=1, which
+// the tests set) passes every plan the pipeline makes and names the pass whose plan breaks an
+// invariant.
+TEST(PlanVerifier, AcceptsThePipelinesPlansAndNamesABrokenOne) {
+  const std::string graph =
+      "%0 = data(#0) f32[8, 8]\n%1 = mat_mul(%0, %0) f32[8, 8]\n%2 = exp(%1) f32[8, 8]\n"
+      "return %2\n";
+  plan::Plan p(ir::from_text(graph));
+  for (const plan::Pass& pass : cpu::pipeline()) {
+    pass.run(p);
+    EXPECT_NO_THROW(plan::verify_plan(p, pass.name)) << pass.name;
+  }
+  ASSERT_GE(p.steps.size(), 2u);
+  auto expect_broken = [](const plan::Plan& bad, const std::string& what) {
+    try {
+      plan::verify_plan(bad, "a test pass");
+      ADD_FAILURE() << "accepted a plan where " << what;
+    } catch (const lockstep::InternalError& e) {
+      EXPECT_THAT(e.what(), testing::HasSubstr("plan invariant broken after a test pass: "));
+      EXPECT_THAT(e.what(), testing::HasSubstr(what));
+    }
+  };
+  plan::Plan reordered = p;  // the step that reads a value moved before the one that writes it
+  std::reverse(reordered.steps.begin(), reordered.steps.end());
+  expect_broken(reordered, "step 0 reads");
+  plan::Plan twice = p;  // one value written by two steps
+  twice.steps.push_back(twice.steps.back());
+  expect_broken(twice, "is written by steps");
+  plan::Plan short_decisions = p;
+  short_decisions.absorbed.pop_back();
+  expect_broken(short_decisions, "per-node decisions do not cover");
 }
