@@ -124,12 +124,16 @@ const CacheEntry& lookup_or_compile(BuiltGraph& built, const std::string& origin
   return r.lru.front();
 }
 
-void set_cache_capacity(size_t capacity) {
-  Cache& r = cache();
+}  // namespace lockstep::runtime
+
+void lockstep::set_compile_cache_capacity(size_t capacity) {
+  runtime::Cache& r = runtime::cache();
   std::lock_guard<std::recursive_mutex> lock(r.mu);
   r.capacity = capacity == 0 ? 1 : capacity;
   r.trim();
 }
+
+namespace lockstep::runtime {
 
 std::string last_graph_text() {
   Cache& r = cache();

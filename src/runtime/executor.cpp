@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "lockstep/error.h"
+#include "lockstep/runtime.h"
 #include "runtime/metrics.h"
 #include "runtime/sites.h"
 #include "runtime/transaction.h"
@@ -320,15 +321,19 @@ void forget_unreported(Context& ctx, const std::exception_ptr& error) {
   if (ctx.unreported == error) ctx.unreported = nullptr;
 }
 
-void set_max_queued(size_t n) {
-  Executor& e = ex();
+bool on_runtime_thread() { return std::this_thread::get_id() == ex().worker_id; }
+
+}  // namespace lockstep::runtime
+
+void lockstep::set_max_queued_programs(size_t n) {
+  if (n == 0)
+    throw Error(
+        "set_max_queued_programs: n must be at least 1 (a step's program must be able to "
+        "wait while the previous one runs)");
+  runtime::Executor& e = runtime::ex();
   {
     std::lock_guard<std::mutex> lock(e.mu);
     e.max_queued = n;
   }
   e.space_cv.notify_all();
 }
-
-bool on_runtime_thread() { return std::this_thread::get_id() == ex().worker_id; }
-
-}  // namespace lockstep::runtime

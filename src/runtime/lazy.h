@@ -8,6 +8,7 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -59,20 +60,24 @@ bool has_pending();  // on the calling thread's context
 // What a step changed, kept while its programs run (transaction.h).
 struct StepRollback;
 
-// Syncs every pending tensor of the calling thread; `closures` (may be null) run after the
-// program(s). With `keep_history`, a value that requires grad remembers the node it was computed
-// from, so backward can go through it; the step's own entry and exit syncs cut that history.
-// `before_enqueue` (optional) runs once the programs are built, before they are handed to the
-// runtime thread (also when there is nothing to run): where a caller drops references to old
-// values that a program may then update in place, and may return the step's rollback record.
-// `origin` names this sync in messages ("step 3 (entered at f.cpp:12)"), `site` the place it is
-// counted under (debug::sites: "step at f.cpp:12").
-void sync_all(const std::string& origin, const std::string& site,
-              std::vector<std::function<void()>>* closures, bool keep_history,
-              const std::function<std::shared_ptr<StepRollback>()>& before_enqueue = {});
+// Syncs every pending tensor of the calling thread. With `keep_history`, a value that requires
+// grad remembers the node it was computed from, so backward can go through it; the step's own
+// entry sync cuts that history. `origin` names this sync in messages ("sync at f.cpp:12"),
+// `site` the place it is counted under (debug::sites). A step's exit is commit_step
+// (transaction.h), from the pieces below.
+void sync_all(const std::string& origin, const std::string& site, bool keep_history);
+// The calling thread's pending tensors in the order they were created (nullopt: none pending).
+std::optional<std::vector<std::shared_ptr<TensorImpl>>> pending_targets(Context& me);
+// Builds and compiles the programs that compute `targets` and rebinds the targets to their
+// outputs; `closures` (may be null) run after the last of them. Caller holds graph_mutex(), and
+// enqueues the jobs once it has dropped its own references to the old values (so the programs
+// may update them in place): `targets` is released on return.
+struct Job;
+std::vector<Job> build_jobs(std::vector<std::shared_ptr<TensorImpl>> targets,
+                            const std::string& origin, const std::string& site,
+                            std::vector<std::function<void()>>* closures, bool keep_history,
+                            Context& me);
 void wait_all();
-void set_cache_capacity(size_t capacity);
-void set_max_queued(size_t n);
 std::string last_graph_text();
 bool on_runtime_thread();
 

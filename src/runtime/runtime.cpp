@@ -1,12 +1,14 @@
 // Syncs and reads: pending tensors -> graph -> compiled program (compile_cache.cpp) -> the
 // runtime thread's queue (executor.cpp), the tensors rebound to the program's outputs; blocking
-// reads, which raise a failed program's error; the default device.
+// reads, which raise a failed program's error; the default device. A step's commit uses the same
+// pieces (pending_targets, build_jobs, enqueue) in its own order (transaction.cpp).
 // Not here: the tensor registry (tensors.cpp), the contexts (context.cpp), the step transaction
 // (transaction.cpp), metrics (metrics.cpp).
 #include <algorithm>
 #include <atomic>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,13 +28,13 @@ namespace {
 
 using util::cat;
 
-// Computes the given pending tensors for context `me`. Caller holds graph_mutex().
-// Builds and compiles the programs that compute `targets` and rebinds the targets to their
-// outputs; the jobs go to `ready`, for the caller to enqueue once it has dropped its own
-// references to the old values (so the programs may update them in place).
-void sync_impls(const std::vector<std::shared_ptr<TensorImpl>>& targets, const std::string& origin,
-                const std::string& site, std::vector<std::function<void()>>* closures,
-                bool keep_history, std::vector<Job>* ready, Context& me) {
+}  // namespace
+
+std::vector<Job> build_jobs(std::vector<std::shared_ptr<TensorImpl>> targets,
+                            const std::string& origin, const std::string& site,
+                            std::vector<std::function<void()>>* closures, bool keep_history,
+                            Context& me) {
+  std::vector<Job> ready;
   // Each target's value as of now (a tensor no longer pending is left alone).
   std::vector<ir::NodePtr> values;
   values.reserve(targets.size());
@@ -106,18 +108,17 @@ void sync_impls(const std::vector<std::shared_ptr<TensorImpl>>& targets, const s
       register_pending_locked(t, me);
     }
     if (closures && di + 1 == devices.size()) job.closures = std::move(*closures);
-    ready->push_back(std::move(job));
+    ready.push_back(std::move(job));
   }
   if (closures && !closures->empty()) {  // nothing to compute: closures still run in order
     Job job;
     job.ctx = &me;
     job.origin = origin;
     job.closures = std::move(*closures);
-    ready->push_back(std::move(job));
+    ready.push_back(std::move(job));
   }
+  return ready;  // `targets` dies here: only the jobs hold the old values now
 }
-
-}  // namespace
 
 // ---- sync and reads -----------------------------------------------------------------------
 
@@ -127,36 +128,31 @@ bool has_pending() {
   return !me.pending.empty();
 }
 
-void sync_all(const std::string& origin, const std::string& site,
-              std::vector<std::function<void()>>* closures, bool keep_history,
-              const std::function<std::shared_ptr<StepRollback>()>& before_enqueue) {
-  Context& me = current_context();
+std::optional<std::vector<std::shared_ptr<TensorImpl>>> pending_targets(Context& me) {
   ir::recorded_nodes() = 0;
   std::vector<std::shared_ptr<TensorImpl>> targets;
   {
     std::lock_guard<std::recursive_mutex> lock(me.mu);
-    if (me.pending.empty() && (!closures || closures->empty())) {  // nothing to do: free
-      if (before_enqueue) before_enqueue();
-      return;
-    }
+    if (me.pending.empty()) return std::nullopt;
     targets.reserve(me.pending.size);
     for (TensorImpl* impl = me.pending.head; impl; impl = impl->pending_next)
       if (auto sp = impl->weak_from_this().lock()) targets.push_back(std::move(sp));
   }
-  count(Counter::Syncs);
   // The list's order is that of becoming pending; the order tensors were created in is the
   // same every time a loop body runs, so it makes the program (and its hash) the same.
   std::sort(targets.begin(), targets.end(),
             [](const auto& a, const auto& b) { return a->creation_index < b->creation_index; });
+  return targets;
+}
+
+void sync_all(const std::string& origin, const std::string& site, bool keep_history) {
+  Context& me = current_context();
+  std::optional<std::vector<std::shared_ptr<TensorImpl>>> targets = pending_targets(me);
+  if (!targets) return;  // nothing to do: free
+  count(Counter::Syncs);
   wait_for_room();
-  std::vector<Job> jobs;
   std::lock_guard<std::recursive_mutex> lock(graph_mutex());
-  sync_impls(targets, origin, site, closures, keep_history, &jobs, me);
-  targets.clear();  // the pending graphs die here: only the jobs hold the old values now
-  if (before_enqueue) {
-    std::shared_ptr<StepRollback> rollback = before_enqueue();
-    for (Job& job : jobs) job.rollback = rollback;
-  }
+  std::vector<Job> jobs = build_jobs(std::move(*targets), origin, site, nullptr, keep_history, me);
   enqueue(jobs);
 }
 
@@ -164,7 +160,6 @@ std::shared_ptr<Buffer> materialize(const Tensor& t, const Loc& loc, const char*
   node_of(t, "read", loc);
   std::shared_ptr<TensorImpl> impl = t.impl_ptr();
   Context& me = current_context();
-  std::vector<Job> jobs;
   // The value as of this read, taken once: another thread's step may give the tensor a new
   // (pending) value at any moment after the ownership check, and the read must not then chase
   // a value that has no buffer.
@@ -185,7 +180,8 @@ std::shared_ptr<Buffer> materialize(const Tensor& t, const Loc& loc, const char*
       if (me.implicit_step != step) me.implicit_step = step, me.implicit_in_step = 0;
       site_in_step(site, ++me.implicit_in_step, cat("step ", step));
     }
-    sync_impls({impl}, cat("implicit sync at ", at), site, nullptr, true, &jobs, me);
+    std::vector<Job> jobs =
+        build_jobs({impl}, cat("implicit sync at ", at), site, nullptr, true, me);
     enqueue(jobs);
     value = current_node(*impl);
   }

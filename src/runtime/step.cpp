@@ -1,5 +1,6 @@
 // The public face of steps and syncs: ls::step, the ls::Step guard, step closures, ls::sync and
-// ls::wait, and the runtime's settings. The transaction itself is transaction.cpp.
+// ls::wait. The transaction itself is transaction.cpp; the runtime's settings are defined beside
+// what they set (compile_cache.cpp, executor.cpp).
 #include <exception>
 #include <functional>
 #include <string>
@@ -32,7 +33,7 @@ std::string current_reason() {
 
 void sync(Loc loc) {
   const std::string at = util::cat("sync at ", util::where(loc));
-  runtime::sync_all(at, at, nullptr, true);
+  runtime::sync_all(at, at, true);
 }
 
 void wait() { runtime::wait_all(); }
@@ -140,16 +141,6 @@ void add_step_closure(std::function<void()> fn, Loc loc) {
     util::fail(loc, "add_step_closure", "called outside a step",
                "Call it inside ls::step(...) or an ls::Step scope");
   s->closures.push_back(std::move(fn));
-}
-
-void set_compile_cache_capacity(size_t capacity) { runtime::set_cache_capacity(capacity); }
-
-void set_max_queued_programs(size_t n) {
-  if (n == 0)
-    throw Error(
-        "set_max_queued_programs: n must be at least 1 (a step's program must be able to "
-        "wait while the previous one runs)");
-  runtime::set_max_queued(n);
 }
 
 namespace debug {

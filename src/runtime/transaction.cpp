@@ -7,10 +7,13 @@
 #include <atomic>
 #include <exception>
 #include <functional>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "lockstep/error.h"
+#include "runtime/compile_cache.h"
 #include "runtime/executor.h"
 #include "runtime/metrics.h"
 #include "runtime/sites.h"
@@ -30,14 +33,16 @@ std::string step_origin(const StepState& s) {
   return cat("step ", s.id, " (entered at ", util::where(s.loc), ")");
 }
 
-void begin(StepState& s, const Loc& loc) {
+}  // namespace
+
+void begin_step(StepState& s, const Loc& loc) {
   if (t_active)
     util::fail(loc, "step", cat("steps do not nest: ", step_origin(*t_active), " is still running"),
                "End the outer step before starting another");
   if (on_runtime_thread())
     util::fail(loc, "step", "a step cannot start inside a step closure", "Start it after the step");
   const std::string entry = cat("sync on entry to the step at ", util::where(loc));
-  sync_all(entry, entry, nullptr, false);
+  sync_all(entry, entry, false);
   s.id = g_step_counter.fetch_add(1) + 1;
   s.loc = loc;
   count(Counter::Steps);
@@ -51,12 +56,16 @@ void begin(StepState& s, const Loc& loc) {
   t_active = &s;
 }
 
+namespace {
+
 void end_step() {
   t_active = nullptr;
   current_context().active_step.store(0);
 }
 
-void rollback(StepState& s, const std::string& reason) {
+}  // namespace
+
+void rollback_step(StepState& s, const std::string& reason) {
   t_active = nullptr;  // restoring is not journaled; other threads wait for end_step() below
   auto lost = std::make_exception_ptr(
       Error(cat("this tensor was created in ", step_origin(s),
@@ -68,6 +77,8 @@ void rollback(StepState& s, const std::string& reason) {
   end_step();
   count(Counter::Rollbacks);
 }
+
+namespace {
 
 // Autograd history ends with the step: values computed by a read inside it stop standing for
 // the step's graph (which would keep the graph and its buffers alive).
@@ -107,26 +118,43 @@ std::shared_ptr<StepRollback> hand_over(StepState& s) {
   return rollback;
 }
 
-void commit(StepState& s) {
+}  // namespace
+
+// The commit, top to bottom: build the programs that compute what the step left pending, hand
+// the step's journal over to them as their rollback record, queue them. A failure to build them
+// rolls the step back; past the build nothing fails here, and a failure while the programs run
+// is undone from the record (settle_failures below).
+void commit_step(StepState& s) {
   const std::string site = cat("step at ", util::where(s.loc));
   time_ns(Timer::Trace, now_ns() - s.trace_start_ns);
   site_time(site, SitePhase::Trace, now_ns() - s.trace_start_ns);
+  Context& me = current_context();
+  std::optional<std::vector<std::shared_ptr<TensorImpl>>> targets = pending_targets(me);
+  if (!targets && s.closures.empty()) {  // nothing to run: free
+    hand_over(s);
+    return end_step();
+  }
+  count(Counter::Syncs);
+  std::unique_lock<std::recursive_mutex> lock(graph_mutex(), std::defer_lock);
+  std::vector<Job> jobs;
   try {
-    // Past the build nothing can fail here; a failure while the programs run is undone by the
-    // runtime from the rollback record (settle_failures below).
-    sync_all(step_origin(s), site, &s.closures, false, [&] { return hand_over(s); });
+    wait_for_room();
+    lock.lock();
+    jobs = build_jobs(targets ? std::move(*targets) : std::vector<std::shared_ptr<TensorImpl>>{},
+                      step_origin(s), site, &s.closures, false, me);
   } catch (const std::exception& e) {
-    rollback(s, e.what());
+    if (lock.owns_lock()) lock.unlock();
+    rollback_step(s, e.what());
     throw;
   }
+  // The step's own references go, so the programs may update those values in place.
+  const std::shared_ptr<StepRollback> record = hand_over(s);
+  for (Job& job : jobs) job.rollback = record;
+  enqueue(jobs);
+  lock.unlock();
   end_step();
 }
 
-}  // namespace
-
-void begin_step(StepState& s, const Loc& loc) { begin(s, loc); }
-void rollback_step(StepState& s, const std::string& reason) { rollback(s, reason); }
-void commit_step(StepState& s) { commit(s); }
 StepState* active_step() { return t_active; }
 int64_t steps_begun() { return g_step_counter.load(); }
 
