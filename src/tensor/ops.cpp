@@ -8,6 +8,7 @@
 #include "lockstep/autograd.h"
 #include "tensor/frontend.h"
 #include "util/check.h"
+#include "util/frames.h"
 
 namespace lockstep {
 namespace frontend {
@@ -33,7 +34,8 @@ NodePtr scalar_node(Scalar value, DType dtype, Device device, const char* op, co
       util::fail(loc, op, cat("scalar ", v.i, " does not fit in i32"),
                  "Cast the tensor to i64 first");
   }
-  return ir::make_scalar(v, dtype, device, loc);
+  // Its origin is the user's place, resolved as an op node's is (ir::make_node).
+  return ir::make_scalar(v, dtype, device, util::user_loc(loc));
 }
 
 NodePtr expand_to(const NodePtr& n, const Shape& shape, const Loc& loc) {
@@ -128,14 +130,17 @@ Tensor binary(Op op, const Tensor& a, const Tensor& b, const Loc& loc) {
   return binary(op, node(a, name, loc), node(b, name, loc), loc);
 }
 
-Tensor binary(Op op, const Tensor& a, Scalar b, const Loc& loc) {
+// With a host number: a few nodes (the number, its expand, the op) at one place, resolved once.
+Tensor binary(Op op, const Tensor& a, Scalar b, const Loc& at) {
+  const Loc loc = util::op_loc(at);
   const char* name = ir::op_info(op).name;
   const NodePtr& an = node(a, name, loc);
   const DType t = op_type(op, scalar_type(an->dtype, b));
   return binary(op, cast_node(an, t, loc), scalar_node(b, t, an->device, name, loc), loc);
 }
 
-Tensor binary(Op op, Scalar a, const Tensor& b, const Loc& loc) {
+Tensor binary(Op op, Scalar a, const Tensor& b, const Loc& at) {
+  const Loc loc = util::op_loc(at);
   const char* name = ir::op_info(op).name;
   const NodePtr& bn = node(b, name, loc);
   const DType t = op_type(op, scalar_type(bn->dtype, a));
