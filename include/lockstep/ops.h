@@ -19,6 +19,10 @@ Tensor full(const Shape& shape, Scalar value, TensorOptions options = {}, Loc lo
 Tensor zeros_like(const Tensor& t, Loc loc = Loc::current());
 Tensor ones_like(const Tensor& t, Loc loc = Loc::current());
 Tensor full_like(const Tensor& t, Scalar value, Loc loc = Loc::current());
+// A new handle holding t's value, bit for bit in every dtype (torch.clone): gradients flow
+// through it to t; since tensors are never views, an in-place update of either one later leaves
+// the other's value as it was.
+Tensor clone(const Tensor& t, Loc loc = Loc::current());
 // A 0-d tensor holding `value` (a runtime input, not a constant of the program).
 Tensor scalar_tensor(Scalar value, TensorOptions options = {}, Loc loc = Loc::current());
 // [0, end) and [start, end) by step, like numpy.arange.

@@ -194,6 +194,10 @@ using frontend::unary;
 using ir::Op;
 using util::cat;
 
+// The same node under a new handle: the value is shared, not computed again (an in-place update
+// gives the updated handle a new node and leaves this one as it was).
+Tensor clone(const Tensor& t, Loc loc) { return runtime::new_tensor(node(t, "clone", loc)); }
+
 // ---- elementwise ---------------------------------------------------------------------------
 Tensor neg(const Tensor& x, Loc loc) { return unary(Op::Neg, x, loc); }
 Tensor abs(const Tensor& x, Loc loc) { return unary(Op::Abs, x, loc); }
