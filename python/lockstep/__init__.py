@@ -17,14 +17,13 @@ lockstep.Error (a RuntimeError) and name the .py line that recorded the op.
 """
 
 import atexit as _atexit
-import builtins as _builtins
 import functools as _functools
 import os as _os
 import sys as _sys
 
 from . import _lockstep as _C
 
-# Frames in this package are not the user's: locations name the caller's line.
+# Frames in this package are not the user's: the extension's frames hook names the caller's line.
 _C._set_package_dir(_os.path.dirname(_os.path.abspath(__file__)) + _os.sep)
 
 from ._reexport import reexport as _reexport  # noqa: E402
@@ -123,62 +122,7 @@ class no_grad:
         return without_grad
 
 
-# Ops that take a tensor first are also Tensor methods, as torch's.
-_METHODS = """abs exp log log1p sqrt rsqrt tanh sigmoid relu sin cos erf floor ceil sign square neg
-isfinite logical_not logical_and logical_or sum mean amax amin argmax argmin prod any all max min
-softmax log_softmax logsumexp var std norm cumsum cumprod sort argsort topk transpose unsqueeze
-squeeze flatten narrow select chunk split unbind flip roll movedim tril triu gather scatter_add
-index_select take_along_dim matmul masked_fill clamp add sub mul div pow maximum minimum eq ne lt
-le gt ge fmod remainder floor_divide""".split()
-for _name in _METHODS:
-    setattr(Tensor, _name, _C._as_method(getattr(_C, _name)))
-
-
-def _shape_args(args):
-    if len(args) == 1 and not isinstance(args[0], _builtins.int):
-        return tuple(args[0])
-    return args
-
-
-def _reshape(self, *shape):
-    return _C.reshape(self, _shape_args(shape))
-
-
-def _permute(self, *dims):
-    return _C.permute(self, _shape_args(dims))
-
-
-def _expand(self, *sizes):
-    sizes = _shape_args(sizes)
-    sizes = tuple(s if s != -1 else self.shape[i - len(sizes) + self.dim()]
-                  for i, s in enumerate(sizes))
-    return _C.expand(self, sizes)
-
-
-def _repeat(self, *repeats):
-    return _C.repeat(self, _shape_args(repeats))
-
-
-Tensor.reshape = _reshape
-Tensor.view = _reshape
-Tensor.permute = _permute
-Tensor.expand = _expand
-Tensor.repeat = _repeat
-Tensor.t = lambda self: _C.transpose(self, 0, 1)
-Tensor.T = property(lambda self: _C.permute(self, tuple(reversed(range(self.dim())))))
-Tensor.mT = property(lambda self: _C.transpose(self, -2, -1))
-Tensor.contiguous = lambda self: self
-
-
-def _iter(self):
-    if self.dim() == 0:
-        raise TypeError("iteration over a 0-d tensor")
-    return iter(_C.unbind(self, 0))
-
-
-Tensor.__iter__ = _iter
-Tensor.type_as = lambda self, other: self.to(other.dtype)
-Tensor.clone = lambda self: self.logical_or(False) if self.dtype == _C.bool else self + 0
+# Every Tensor method is defined in the extension (python/src/tensor.cpp), none here.
 
 from . import nn, optim, models, metrics, debug, dist, data  # noqa: E402,F401
 

@@ -1,4 +1,4 @@
-// The caller's Python line, and conversions shared by the binding.
+// The frames hook (the user's Python line), and conversions shared by the binding.
 #include "common.h"
 
 #include <pybind11/numpy.h>
@@ -30,6 +30,9 @@ std::string& package_dir() {
   static auto* dir = new std::string;
   return *dir;
 }
+
+// Counts set_package_dir calls: a thread's memo (see python_frames) made before is not used.
+uint64_t g_generation = 0;  // under the GIL
 
 std::unordered_map<const void*, CodeInfo>& code_infos() {
   static auto* m = new std::unordered_map<const void*, CodeInfo>;
@@ -65,50 +68,120 @@ const CodeInfo& info_of(PyCodeObject* code) {
   auto it = infos.find(code);
   if (it != infos.end()) return it->second;
   Py_INCREF(code);  // kept for good: see CodeInfo
+  // The hook may run while an exception is being raised: keep it as it is.
+  PyObject *type = nullptr, *value = nullptr, *trace = nullptr;
+  PyErr_Fetch(&type, &value, &trace);
   CodeInfo info;
   info.file = str_attr(reinterpret_cast<PyObject*>(code), "co_filename");
   info.function = str_attr(reinterpret_cast<PyObject*>(code), "co_qualname");
   if (info.function.empty()) info.function = str_attr(reinterpret_cast<PyObject*>(code), "co_name");
+  PyErr_Restore(type, value, trace);
   const std::string& dir = package_dir();
   info.internal = !dir.empty() && info.file.compare(0, dir.size(), dir) == 0;
   return infos.emplace(code, std::move(info)).first->second;
 }
 
+// The place of frame `f` running `code` (a user's frame), computed once per instruction
+// (PyCode_Addr2Line walks a table).
+Loc place_of(PyCodeObject* code, PyFrameObject* f, int lasti) {
+  auto& table = locs();
+  auto key = std::make_pair(static_cast<const void*>(code), lasti);
+  auto it = table.find(key);
+  if (it == table.end()) {
+    const CodeInfo& info = info_of(code);
+    const int line = PyFrame_GetLineNumber(f);
+    it = table.emplace(key, Loc::intern(info.file, static_cast<uint32_t>(line), info.function))
+             .first;
+  }
+  return it->second;
+}
+
+// What the hook keeps per thread, in one object (each thread_local of a shared library costs a
+// lookup of its own).
+struct ThreadPlace {
+  bool gil_released = false;  // inside a NoGil
+  // The last answer for an innermost user's frame: an op records a few nodes from one
+  // instruction, each asking. A code object seen is never freed (CodeInfo), so the same address
+  // and instruction are the same place.
+  const void* code = nullptr;
+  int lasti = -1;
+  uint64_t generation = 0;
+  Loc loc;
+};
+thread_local ThreadPlace t_place;
+
+// python_frames when the innermost frame is not the one it last answered for: the place of the
+// innermost frame outside the lockstep package. Takes `code`'s reference.
+[[gnu::noinline]] Loc place_outside_package(ThreadPlace& me, PyFrameObject* f, PyCodeObject* code,
+                                            int lasti) {
+  if (!info_of(code).internal) {
+    const Loc loc = place_of(code, f, lasti);
+    me.code = code;
+    me.lasti = lasti;
+    me.generation = g_generation;
+    me.loc = loc;
+    Py_DECREF(code);
+    return loc;
+  }
+  // Called from the package's own Python code (Module.__setattr__, step.__enter__): the frames
+  // above it.
+  Py_DECREF(code);
+  PyFrameObject* back = PyFrame_GetBack(f);  // new reference
+  while (back) {
+    code = PyFrame_GetCode(back);
+    if (!info_of(code).internal) {
+      const Loc loc = place_of(code, back, PyFrame_GetLasti(back));
+      Py_DECREF(code);
+      Py_DECREF(back);
+      return loc;
+    }
+    Py_DECREF(code);
+    PyFrameObject* next = PyFrame_GetBack(back);
+    Py_DECREF(back);
+    back = next;
+  }
+  static const Loc outside = Loc::intern("<python>", 0, "<module>");
+  return outside;
+}
+
+// The hook (util::FramesHook): the innermost Python frame outside the lockstep package. Only a
+// thread that holds the GIL may look at Python's frames; any other (a loader thread, the runtime
+// thread outside a closure, a call that released the GIL) gets no answer and the library keeps
+// its own place. The binding's own places come from its functions, entered with the GIL, which
+// they give up only in a NoGil.
+Loc python_frames(bool in_binding) {
+  ThreadPlace* place = &t_place;
+  // Kept in a register: GCC would otherwise look the thread_local up again after each call.
+  asm("" : "+r"(place));
+  ThreadPlace& me = *place;
+  if (in_binding ? me.gil_released : !Py_IsInitialized() || !PyGILState_Check()) return {};
+  PyFrameObject* f = PyEval_GetFrame();  // borrowed
+  if (!f) return {};
+  PyCodeObject* code = PyFrame_GetCode(f);  // new reference
+  const int lasti = PyFrame_GetLasti(f);
+  if (me.code != code || me.lasti != lasti || me.generation != g_generation)
+    return place_outside_package(me, f, code, lasti);
+  Py_DECREF(code);
+  return me.loc;
+}
+
 }  // namespace
+
+void register_frames_hook() {
+  // This file's directory holds every source of the binding (python/src/).
+  const std::string self = Loc::current().file_name();
+  util::set_frames_hook(&python_frames, self.substr(0, self.rfind('/') + 1).c_str());
+}
+
+NoGil::NoGil() : was_released_(t_place.gil_released) { t_place.gil_released = true; }
+
+NoGil::~NoGil() { t_place.gil_released = was_released_; }
 
 void set_package_dir(const std::string& dir) {
   package_dir() = dir;
   code_infos().clear();  // (references kept: see CodeInfo)
   locs().clear();
-}
-
-Loc caller() {
-  PyFrameObject* f = PyEval_GetFrame();  // borrowed
-  Py_XINCREF(f);
-  while (f) {
-    PyCodeObject* code = PyFrame_GetCode(f);  // new reference
-    const CodeInfo& info = info_of(code);
-    if (!info.internal) {
-      // Keyed by the instruction, whose line is computed once (PyCode_Addr2Line walks a table).
-      auto& table = locs();
-      auto key = std::make_pair(static_cast<const void*>(code), PyFrame_GetLasti(f));
-      auto it = table.find(key);
-      if (it == table.end()) {
-        const int line = PyFrame_GetLineNumber(f);
-        it = table.emplace(key, Loc::intern(info.file, static_cast<uint32_t>(line), info.function))
-                 .first;
-      }
-      Py_DECREF(code);
-      Py_DECREF(f);
-      return it->second;
-    }
-    Py_DECREF(code);
-    PyFrameObject* back = PyFrame_GetBack(f);  // new reference
-    Py_DECREF(f);
-    f = back;
-  }
-  static const Loc outside = Loc::intern("<python>", 0, "<module>");
-  return outside;
+  ++g_generation;
 }
 
 std::vector<int64_t> axes_of(const py::object& dim) {
@@ -160,7 +233,8 @@ std::optional<DType> dtype_of_numpy(const py::dtype& dt) {
 
 }  // namespace
 
-Tensor to_tensor(const py::handle& data, std::optional<DType> dtype, Loc loc) {
+Tensor to_tensor(const py::handle& data, std::optional<DType> dtype) {
+  const Loc loc = user_place();  // from_blob keeps the place as given
   if (py::isinstance<Tensor>(data)) {
     Tensor t = data.cast<Tensor>();
     return dtype && *dtype != t.dtype() ? t.to(*dtype, loc) : t;

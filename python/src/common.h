@@ -1,6 +1,7 @@
-// What every part of the Python binding shares: the caller's Python line as a lockstep::Loc,
-// conversions of Python numbers, shapes and dtypes, and the rule for the GIL around blocking
-// calls. The binding holds no behaviour of its own: it calls the C++ library.
+// What every part of the Python binding shares: the user's Python line as a lockstep::Loc (one
+// frames hook, registered when the module loads), conversions of Python numbers, shapes and
+// dtypes, and the rule for the GIL around blocking calls. The binding holds no behaviour of its
+// own: it calls the C++ library.
 #pragma once
 
 #include <pybind11/pybind11.h>
@@ -11,17 +12,25 @@
 #include <vector>
 
 #include "lockstep/lockstep.h"
+#include "util/frames.h"
 
 namespace lockstep::python {
 
 namespace py = pybind11;
 
-// The innermost Python frame outside the lockstep package (its file, line and function), so that
-// errors, cache-miss explanations, graph dumps and per-site metrics name the user's .py line.
-// Interned per (code object, instruction): recording an op from Python stays cheap. Needs the GIL.
-Loc caller();
-// The directory of the lockstep package's .py files (frames there are skipped by caller()).
+// Registers the frames hook (util::set_frames_hook): the library asks it for the user's place
+// (the innermost Python frame outside the lockstep package) whenever it records a place that
+// lies in the binding's sources or its own. So a binding passes no location: the C++ default
+// Loc::current() names the binding's line, and the library resolves it to the user's .py line
+// for errors, cache-miss explanations, graph dumps and per-site metrics.
+void register_frames_hook();
+// The directory of the lockstep package's .py files (their frames are not the user's).
 void set_package_dir(const std::string& dir);
+// The user's place, resolved now, for the few calls that need it before the library would
+// resolve it: those that release the GIL first (the hook answers only while it is held: NoGil
+// below), and those whose place the library keeps as given (a step's entry, a sync, a read,
+// data copied from the host). Needs the GIL.
+inline Loc user_place(Loc here = Loc::current()) { return util::user_loc(here); }
 
 // A dtype argument: a lockstep.dtype (float32, int64, ...).
 struct PyDType {
@@ -29,16 +38,29 @@ struct PyDType {
 };
 
 // Blocking calls (reads, syncs, waits, steps' entry and exit) run with the GIL released, so that
-// step closures (which take it on the runtime thread) can run meanwhile.
-using NoGil = py::gil_scoped_release;
+// step closures (which take it on the runtime thread) can run meanwhile. Their place is taken
+// with user_place() before the release; while it is released, the frames hook answers nothing
+// on this thread (it may look at Python's frames only with the GIL).
+class NoGil {
+ public:
+  NoGil();
+  ~NoGil();
+  NoGil(const NoGil&) = delete;
+  NoGil& operator=(const NoGil&) = delete;
+
+ private:
+  py::gil_scoped_release release_;
+  bool was_released_;
+};
 
 void init_tensor(py::module_& m);
 void init_ops(py::module_& m);
+void init_tensor_methods(py::module_& m);  // after init_ops
 void init_runtime(py::module_& m);
 void init_nn(py::module_& m);
 void init_optim(py::module_& m);
 void init_extras(py::module_& m);
-void init_dlpack(py::module_& m);  // after init_tensor
+void init_dlpack(py::module_& m);
 
 // Axes given as an int, a sequence of ints, or None (every axis).
 std::vector<int64_t> axes_of(const py::object& dim);
@@ -49,7 +71,9 @@ Shape shape_of(const py::args& args);
 py::object ordered_dict(const nn::NamedTensors& named);
 nn::NamedTensors named_tensors(const py::object& state);
 // The tensor made from Python data: a lockstep.Tensor, a NumPy array, a number or nested lists.
-Tensor to_tensor(const py::handle& data, std::optional<DType> dtype, Loc loc);
+Tensor to_tensor(const py::handle& data, std::optional<DType> dtype);
+// Tensor.__dlpack__: the tensor's memory as a DLPack capsule, without a copy (dlpack.cpp).
+py::capsule to_dlpack(const Tensor& t);
 
 }  // namespace lockstep::python
 

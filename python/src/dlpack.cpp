@@ -1,7 +1,7 @@
-// DLPack: Tensor.__dlpack__ / __dlpack_device__ hand a materialized tensor's host memory to
-// torch.from_dlpack or numpy.from_dlpack without a copy (lockstep::host_memory: while the export
-// lives, lockstep never updates that memory in place); lockstep.from_dlpack takes another
-// library's tensor (copied into lockstep's memory).
+// DLPack: to_dlpack (Tensor.__dlpack__, defined with the other methods in tensor.cpp) hands a
+// materialized tensor's host memory to torch.from_dlpack or numpy.from_dlpack without a copy
+// (lockstep::host_memory: while the export lives, lockstep never updates that memory in place);
+// lockstep.from_dlpack takes another library's tensor (copied into lockstep's memory).
 #include <dlpack/dlpack.h>
 
 #include <cstring>
@@ -60,37 +60,8 @@ void capsule_destructor(PyObject* capsule) {
   }
 }
 
-py::capsule to_dlpack(const Tensor& t) {
-  const Loc loc = caller();
-  HostMemory mem;
-  {
-    NoGil release;
-    mem = host_memory(t, loc);
-  }
-  auto e = std::make_unique<Export>();
-  e->owner = std::move(mem.owner);
-  e->shape = t.shape();
-  DLTensor& d = e->managed.dl_tensor;
-  d.data = mem.data;
-  d.device = {kDLCPU, 0};
-  d.ndim = static_cast<int>(e->shape.size());
-  d.dtype = dl_dtype(t.dtype());
-  d.shape = e->shape.data();
-  d.strides = nullptr;  // compact, row-major
-  d.byte_offset = 0;
-  e->managed.manager_ctx = e.get();
-  e->managed.deleter = &delete_export;
-  DLManagedTensor* m = &e.release()->managed;
-  PyObject* cap = PyCapsule_New(m, "dltensor", &capsule_destructor);
-  if (!cap) {
-    delete_export(m);
-    throw py::error_already_set();
-  }
-  return py::reinterpret_steal<py::capsule>(cap);
-}
-
 Tensor from_dlpack(const py::object& source) {
-  const Loc loc = caller();
+  const Loc loc = user_place();
   py::object cap_obj = py::hasattr(source, "__dlpack__") ? source.attr("__dlpack__")() : source;
   PyObject* cap = cap_obj.ptr();
   if (!PyCapsule_IsValid(cap, "dltensor"))
@@ -131,15 +102,36 @@ Tensor from_dlpack(const py::object& source) {
 
 }  // namespace
 
+py::capsule to_dlpack(const Tensor& t) {
+  const Loc loc = user_place();
+  HostMemory mem;
+  {
+    NoGil release;
+    mem = host_memory(t, loc);
+  }
+  auto e = std::make_unique<Export>();
+  e->owner = std::move(mem.owner);
+  e->shape = t.shape();
+  DLTensor& d = e->managed.dl_tensor;
+  d.data = mem.data;
+  d.device = {kDLCPU, 0};
+  d.ndim = static_cast<int>(e->shape.size());
+  d.dtype = dl_dtype(t.dtype());
+  d.shape = e->shape.data();
+  d.strides = nullptr;  // compact, row-major
+  d.byte_offset = 0;
+  e->managed.manager_ctx = e.get();
+  e->managed.deleter = &delete_export;
+  DLManagedTensor* m = &e.release()->managed;
+  PyObject* cap = PyCapsule_New(m, "dltensor", &capsule_destructor);
+  if (!cap) {
+    delete_export(m);
+    throw py::error_already_set();
+  }
+  return py::reinterpret_steal<py::capsule>(cap);
+}
+
 void init_dlpack(py::module_& m) {
-  auto tensor = py::reinterpret_borrow<py::object>(m.attr("Tensor"));
-  tensor.attr("__dlpack__") = py::cpp_function(
-      [](const Tensor& t, const py::object&) { return to_dlpack(t); }, py::is_method(tensor),
-      py::arg("stream") = py::none(),
-      "The tensor's memory as a DLPack capsule, without a copy (a blocking read if pending).");
-  tensor.attr("__dlpack_device__") =
-      py::cpp_function([](const Tensor&) { return py::make_tuple(static_cast<int>(kDLCPU), 0); },
-                       py::is_method(tensor));
   m.def("from_dlpack", &from_dlpack, py::arg("tensor"),
         "A lockstep tensor with a copy of another library's tensor (anything with __dlpack__).");
 }

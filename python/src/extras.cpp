@@ -40,7 +40,7 @@ void init_extras(py::module_& m) {
       "save_checkpoint",
       [](const std::string& path, const nn::Module& model, const py::object& optimizer,
          const py::object& scheduler, const py::object& metadata) {
-        const Loc loc = caller();
+        const Loc loc = user_place();
         const io::Metadata meta = metadata_of(metadata);
         const optim::Optimizer* o = ptr_of<optim::Optimizer>(optimizer);
         const optim::Scheduler* s = ptr_of<optim::Scheduler>(scheduler);
@@ -54,7 +54,7 @@ void init_extras(py::module_& m) {
       "load_checkpoint",
       [](const std::string& path, nn::Module& model, const py::object& optimizer,
          const py::object& scheduler) {
-        const Loc loc = caller();
+        const Loc loc = user_place();
         optim::Optimizer* o = ptr_of<optim::Optimizer>(optimizer);
         optim::Scheduler* s = ptr_of<optim::Scheduler>(scheduler);
         io::Metadata meta;
@@ -72,14 +72,14 @@ void init_extras(py::module_& m) {
         io::TensorMap named;
         for (const auto& kv : tensors)
           named.emplace_back(kv.first.cast<std::string>(), kv.second.cast<Tensor>());
-        const Loc loc = caller();
+        const Loc loc = user_place();
         const io::Metadata meta = metadata_of(metadata);
         NoGil release;
         io::save_safetensors(path, named, meta, loc);
       },
       arg("tensors"), arg("path"), arg("metadata") = none);
   m.def("load_file", [](const std::string& path) {
-    const Loc loc = caller();
+    const Loc loc = user_place();
     io::Loaded loaded;
     {
       NoGil release;
@@ -108,28 +108,27 @@ void init_extras(py::module_& m) {
     dist::barrier();
   });
   dist.def(
-      "all_reduce",
-      [](const Tensor& x, double scale) { return dist::all_reduce(x, scale, caller()); },
+      "all_reduce", [](const Tensor& x, double scale) { return dist::all_reduce(x, scale); },
       arg("tensor"), arg("scale") = 1.0);
   dist.def(
-      "broadcast", [](const Tensor& x, int root) { return dist::broadcast(x, root, caller()); },
+      "broadcast", [](const Tensor& x, int root) { return dist::broadcast(x, root); },
       arg("tensor"), arg("src") = 0);
   py::class_<dist::DataParallel>(dist, "DataParallel")
       .def(py::init([](nn::Module& model) {
-             const Loc loc = caller();
+             const Loc loc = user_place();
              NoGil release;
              return std::make_unique<dist::DataParallel>(model, dist::DataParallelOptions{}, loc);
            }),
            arg("model"), py::keep_alive<1, 2>())
-      .def("average_gradients", [](dist::DataParallel& dp) { dp.average_gradients(caller()); })
+      .def("average_gradients", [](dist::DataParallel& dp) { dp.average_gradients(); })
       .def("state_hash",
            [](const dist::DataParallel& dp) {
-             const Loc loc = caller();
+             const Loc loc = user_place();
              NoGil release;
              return dp.state_hash(loc);
            })
       .def("check_replicas_agree", [](const dist::DataParallel& dp) {
-        const Loc loc = caller();
+        const Loc loc = user_place();
         NoGil release;
         dp.check_replicas_agree(loc);
       });

@@ -18,12 +18,10 @@ PYBIND11_MODULE(_lockstep, m) {
       PyErr_SetString(error.ptr(), e.what());
     }
   });
+  // One hook names the user's Python line for everything the library records; no binding
+  // passes a place (common.h).
+  lp::register_frames_hook();
   m.def("_set_package_dir", &lp::set_package_dir);
-  // A function as a method (it binds its first argument to the instance): the ops that take a
-  // tensor first become Tensor methods without a Python frame in between.
-  m.def("_as_method", [](const py::object& fn) {
-    return py::reinterpret_steal<py::object>(PyInstanceMethod_New(fn.ptr()));
-  });
   lp::init_tensor(m);
   lp::init_ops(m);
   lp::init_runtime(m);
@@ -31,4 +29,5 @@ PYBIND11_MODULE(_lockstep, m) {
   lp::init_optim(m);
   lp::init_extras(m);
   lp::init_dlpack(m);
+  lp::init_tensor_methods(m);
 }

@@ -4,6 +4,8 @@
 // apply, optimizers, checkpoints and DataParallel work on it as on any model.
 #include <pybind11/functional.h>
 
+#include <limits>
+
 #include "common.h"
 
 namespace lockstep::python {
@@ -82,7 +84,9 @@ void init_nn(py::module_& m) {
            [](py::object self, const py::args& args, const py::kwargs& kwargs) {
              Module& mod = self.cast<Module&>();
              py::object fwd = self.attr("forward");
-             return mod.call(caller(), [&] { return fwd(*args, **kwargs); });
+             // The call's place, resolved once: the nodes its layers record name it without
+             // asking Python again (util::user_loc finds it on the module frames).
+             return mod.call(user_place(), [&] { return fwd(*args, **kwargs); });
            })
       .def("parameters", &Module::parameters)
       .def("named_parameters", &Module::named_parameters)
@@ -141,7 +145,7 @@ void init_nn(py::module_& m) {
           arg("state_dict"), arg("strict") = true)
       .def("zero_grad",
            [](Module& mod) {
-             for (Tensor& p : mod.parameters()) p.set_grad(Tensor(), caller());
+             for (Tensor& p : mod.parameters()) p.set_grad(Tensor());
            })
       .def("_register_parameter",
            [](Module& mod, const std::string& name, const Tensor& t) {
@@ -284,6 +288,15 @@ void init_nn(py::module_& m) {
         for (const auto& x : l) out.append(x);
         return py::iter(out);
       });
+  // The package's ModuleDict (nn/__init__.py) keeps the Python objects and answers KeyError.
+  Layer<nn::ModuleDict>(nnm, "ModuleDict")
+      .def(py::init<>())
+      .def("_insert", [](nn::ModuleDict& d, const std::string& name,
+                         std::shared_ptr<Module> x) { d.insert(name, std::move(x)); })
+      .def("__contains__", &nn::ModuleDict::contains)
+      .def("__getitem__", &nn::ModuleDict::operator[])
+      .def("keys", &nn::ModuleDict::keys)
+      .def("__len__", &nn::ModuleDict::size);
   Layer<nn::MultiheadAttention>(nnm, "MultiheadAttention")
       .def(py::init<int64_t, int64_t, double, bool, bool>(), arg("embed_dim"), arg("num_heads"),
            arg("dropout") = 0.0, arg("bias") = true, arg("batch_first") = false)
@@ -380,60 +393,79 @@ void init_nn(py::module_& m) {
           },
           arg("input"), arg("hx") = none);
 
+  // Variable-length batches padded to a few bucket lengths (one compile per bucket).
+  py::class_<nn::PaddedSequences>(nnm, "PaddedSequences")
+      .def_readonly("padded", &nn::PaddedSequences::padded)
+      .def_readonly("padding_mask", &nn::PaddedSequences::padding_mask)
+      .def_readonly("lengths", &nn::PaddedSequences::lengths)
+      .def("__iter__", [](const nn::PaddedSequences& p) {
+        return py::iter(py::make_tuple(p.padded, p.padding_mask, p.lengths));
+      });
+  nnm.def("bucket_length", &nn::bucket_length, arg("length"), arg("buckets"));
+  nnm.def(
+      "pad_sequences",
+      [](const std::vector<Tensor>& seqs, int64_t length, bool batch_first, Scalar value) {
+        return nn::pad_sequences(seqs, length, batch_first, value);
+      },
+      arg("sequences"), arg("length") = 0, arg("batch_first") = true, arg("padding_value") = 0);
+  nnm.def(
+      "pad_token_batch",
+      [](const std::vector<std::vector<int64_t>>& tokens, const std::vector<int64_t>& buckets,
+         int64_t pad_id) {
+        // Host data: from_vector keeps the place as given.
+        return nn::pad_token_batch(tokens, buckets, pad_id, default_device(), user_place());
+      },
+      arg("tokens"), arg("buckets"), arg("pad_id") = 0);
+
   // lockstep.nn.functional
   py::module_ F = nnm.def_submodule("functional", "Functions of lockstep.nn, as torch's.");
   F.def(
       "linear",
       [](const Tensor& x, const Tensor& w, const py::object& b) {
-        return nn::linear(x, w, opt_tensor(b), caller());
+        return nn::linear(x, w, opt_tensor(b));
       },
       arg("input"), arg("weight"), arg("bias") = none);
   F.def(
-      "relu", [](const Tensor& x) { return relu(x, caller()); }, arg("input"));
+      "relu", [](const Tensor& x) { return relu(x); }, arg("input"));
   F.def(
-      "gelu",
-      [](const Tensor& x, const std::string& a) { return nn::gelu(x, gelu_of(a), caller()); },
+      "gelu", [](const Tensor& x, const std::string& a) { return nn::gelu(x, gelu_of(a)); },
       arg("input"), arg("approximate") = "none");
   F.def(
-      "leaky_relu", [](const Tensor& x, double s) { return nn::leaky_relu(x, s, caller()); },
-      arg("input"), arg("negative_slope") = 0.01);
+      "leaky_relu", [](const Tensor& x, double s) { return nn::leaky_relu(x, s); }, arg("input"),
+      arg("negative_slope") = 0.01);
   F.def(
-      "elu", [](const Tensor& x, double a) { return nn::elu(x, a, caller()); }, arg("input"),
+      "elu", [](const Tensor& x, double a) { return nn::elu(x, a); }, arg("input"),
       arg("alpha") = 1.0);
   F.def(
-      "silu", [](const Tensor& x) { return nn::silu(x, caller()); }, arg("input"));
+      "silu", [](const Tensor& x) { return nn::silu(x); }, arg("input"));
   F.def(
-      "softplus",
-      [](const Tensor& x, double b, double t) { return nn::softplus(x, b, t, caller()); },
+      "softplus", [](const Tensor& x, double b, double t) { return nn::softplus(x, b, t); },
       arg("input"), arg("beta") = 1.0, arg("threshold") = 20.0);
   F.def(
-      "hardswish", [](const Tensor& x) { return nn::hardswish(x, caller()); }, arg("input"));
+      "hardswish", [](const Tensor& x) { return nn::hardswish(x); }, arg("input"));
   F.def(
-      "mish", [](const Tensor& x) { return nn::mish(x, caller()); }, arg("input"));
+      "mish", [](const Tensor& x) { return nn::mish(x); }, arg("input"));
   F.def(
-      "logsigmoid", [](const Tensor& x) { return nn::log_sigmoid(x, caller()); }, arg("input"));
+      "logsigmoid", [](const Tensor& x) { return nn::log_sigmoid(x); }, arg("input"));
   F.def(
-      "sigmoid", [](const Tensor& x) { return sigmoid(x, caller()); }, arg("input"));
+      "sigmoid", [](const Tensor& x) { return sigmoid(x); }, arg("input"));
   F.def(
-      "tanh", [](const Tensor& x) { return tanh(x, caller()); }, arg("input"));
+      "tanh", [](const Tensor& x) { return tanh(x); }, arg("input"));
   F.def(
-      "softmax", [](const Tensor& x, int64_t d) { return softmax(x, d, caller()); }, arg("input"),
+      "softmax", [](const Tensor& x, int64_t d) { return softmax(x, d); }, arg("input"),
       arg("dim"));
   F.def(
-      "log_softmax", [](const Tensor& x, int64_t d) { return log_softmax(x, d, caller()); },
-      arg("input"), arg("dim"));
+      "log_softmax", [](const Tensor& x, int64_t d) { return log_softmax(x, d); }, arg("input"),
+      arg("dim"));
   F.def(
       "dropout",
-      [](const Tensor& x, double p, bool training) {
-        return nn::dropout(x, p, training, caller());
-      },
+      [](const Tensor& x, double p, bool training) { return nn::dropout(x, p, training); },
       arg("input"), arg("p") = 0.5, arg("training") = true);
   F.def(
       "batch_norm",
       [](const Tensor& x, const Tensor& rm, const Tensor& rv, const py::object& w,
          const py::object& b, bool training, double momentum, double eps) {
-        return nn::batch_norm(x, rm, rv, opt_tensor(w), opt_tensor(b), training, momentum, eps,
-                              caller());
+        return nn::batch_norm(x, rm, rv, opt_tensor(w), opt_tensor(b), training, momentum, eps);
       },
       arg("input"), arg("running_mean"), arg("running_var"), arg("weight") = none,
       arg("bias") = none, arg("training") = false, arg("momentum") = 0.1, arg("eps") = 1e-5);
@@ -442,7 +474,7 @@ void init_nn(py::module_& m) {
       [](const Tensor& logits, const Tensor& target, int64_t ignore_index,
          const std::string& reduction, double label_smoothing) {
         nn::CrossEntropyOptions o{reduction_of(reduction), ignore_index, label_smoothing};
-        return nn::cross_entropy(logits, target, o, caller());
+        return nn::cross_entropy(logits, target, o);
       },
       arg("input"), arg("target"), arg("ignore_index") = -100, arg("reduction") = "mean",
       arg("label_smoothing") = 0.0);
@@ -451,19 +483,19 @@ void init_nn(py::module_& m) {
       [](const Tensor& lp, const Tensor& target, int64_t ignore_index,
          const std::string& reduction) {
         nn::CrossEntropyOptions o{reduction_of(reduction), ignore_index, 0.0};
-        return nn::nll_loss(lp, target, o, caller());
+        return nn::nll_loss(lp, target, o);
       },
       arg("input"), arg("target"), arg("ignore_index") = -100, arg("reduction") = "mean");
   F.def(
       "mse_loss",
       [](const Tensor& a, const Tensor& b, const std::string& r) {
-        return nn::mse_loss(a, b, reduction_of(r), caller());
+        return nn::mse_loss(a, b, reduction_of(r));
       },
       arg("input"), arg("target"), arg("reduction") = "mean");
   F.def(
       "binary_cross_entropy_with_logits",
       [](const Tensor& a, const Tensor& b, const std::string& r) {
-        return nn::binary_cross_entropy_with_logits(a, b, reduction_of(r), caller());
+        return nn::binary_cross_entropy_with_logits(a, b, reduction_of(r));
       },
       arg("input"), arg("target"), arg("reduction") = "mean");
   F.def(
@@ -471,8 +503,7 @@ void init_nn(py::module_& m) {
       [](const Tensor& q, const Tensor& k, const Tensor& v, const py::object& mask, double p,
          bool causal, const py::object& scale) {
         return nn::scaled_dot_product_attention(q, k, v, opt_tensor(mask), p, causal,
-                                                scale.is_none() ? 0.0 : scale.cast<double>(),
-                                                caller());
+                                                scale.is_none() ? 0.0 : scale.cast<double>());
       },
       arg("query"), arg("key"), arg("value"), arg("attn_mask") = none, arg("dropout_p") = 0.0,
       arg("is_causal") = false, arg("scale") = none);
@@ -481,9 +512,8 @@ void init_nn(py::module_& m) {
       [](const Tensor& x, const Tensor& w, const py::object& b, const py::object& stride,
          const py::object& padding, const py::object& dilation, int64_t groups) {
         Conv2dOptions o{pair_of(stride), pair_of(padding), pair_of(dilation), groups};
-        const Loc loc = caller();
-        Tensor y = conv2d(x, w, o, loc);
-        if (!b.is_none()) y = add(y, reshape(b.cast<Tensor>(), {1, -1, 1, 1}, loc), loc);
+        Tensor y = conv2d(x, w, o);
+        if (!b.is_none()) y = add(y, reshape(b.cast<Tensor>(), {1, -1, 1, 1}));
         return y;
       },
       arg("input"), arg("weight"), arg("bias") = none, arg("stride") = 1, arg("padding") = 0,
@@ -491,17 +521,24 @@ void init_nn(py::module_& m) {
   F.def(
       "max_pool2d",
       [](const Tensor& x, const py::object& k, const py::object& s, const py::object& p) {
-        return max_pool2d(x, pool_of(k, s, p), caller());
+        return max_pool2d(x, pool_of(k, s, p));
+      },
+      arg("input"), arg("kernel_size"), arg("stride") = none, arg("padding") = 0);
+  F.def(
+      "max_pool2d_with_indices",
+      [](const Tensor& x, const py::object& k, const py::object& s, const py::object& p) {
+        auto [values, indices] = max_pool2d_with_indices(x, pool_of(k, s, p));
+        return py::make_tuple(values, indices);
       },
       arg("input"), arg("kernel_size"), arg("stride") = none, arg("padding") = 0);
   F.def(
       "avg_pool2d",
       [](const Tensor& x, const py::object& k, const py::object& s, const py::object& p) {
-        return avg_pool2d(x, pool_of(k, s, p), caller());
+        return avg_pool2d(x, pool_of(k, s, p));
       },
       arg("input"), arg("kernel_size"), arg("stride") = none, arg("padding") = 0);
   F.def(
-      "one_hot", [](const Tensor& i, int64_t n) { return one_hot(i, n, caller()); }, arg("input"),
+      "one_hot", [](const Tensor& i, int64_t n) { return one_hot(i, n); }, arg("input"),
       arg("num_classes"));
   F.def(
       "pad",
@@ -512,12 +549,12 @@ void init_nn(py::module_& m) {
         const size_t n = pads.size() / 2;
         if (n > per.size()) throw Error("pad: more pad pairs than the input has axes");
         for (size_t i = 0; i < n; ++i) per[per.size() - 1 - i] = {pads[2 * i], pads[2 * i + 1]};
-        return pad(x, per, value, caller());
+        return pad(x, per, value);
       },
       arg("input"), arg("pad"), arg("value") = 0);
   F.def(
-      "accuracy", [](const Tensor& l, const Tensor& t) { return nn::accuracy(l, t, caller()); },
-      arg("input"), arg("target"));
+      "accuracy", [](const Tensor& l, const Tensor& t) { return nn::accuracy(l, t); }, arg("input"),
+      arg("target"));
 
   // lockstep.nn.init
   py::module_ I = nnm.def_submodule("init", "Initializers, in place, as torch.nn.init.");
@@ -528,6 +565,31 @@ void init_nn(py::module_& m) {
   I.def("ones_", &nn::init::ones_, arg("tensor"));
   I.def("xavier_uniform_", &nn::init::xavier_uniform_, arg("tensor"), arg("gain") = 1.0);
   I.def("xavier_normal_", &nn::init::xavier_normal_, arg("tensor"), arg("gain") = 1.0);
+  auto fan_mode = [](const std::string& mode) {
+    if (mode == "fan_in") return nn::init::FanMode::FanIn;
+    if (mode == "fan_out") return nn::init::FanMode::FanOut;
+    throw Error("mode is 'fan_in' or 'fan_out', not '" + mode + "'");
+  };
+  I.def(
+      "kaiming_uniform_",
+      [fan_mode](const Tensor& t, double a, const std::string& mode, const std::string& nl) {
+        return nn::init::kaiming_uniform_(t, a, fan_mode(mode), nl);
+      },
+      arg("tensor"), arg("a") = 0.0, arg("mode") = "fan_in", arg("nonlinearity") = "leaky_relu");
+  I.def(
+      "kaiming_normal_",
+      [fan_mode](const Tensor& t, double a, const std::string& mode, const std::string& nl) {
+        return nn::init::kaiming_normal_(t, a, fan_mode(mode), nl);
+      },
+      arg("tensor"), arg("a") = 0.0, arg("mode") = "fan_in", arg("nonlinearity") = "leaky_relu");
+  I.def(
+      "calculate_gain",
+      [](const std::string& nl, const py::object& param) {
+        return nn::init::calculate_gain(
+            nl, param.is_none() ? std::numeric_limits<double>::quiet_NaN() : param.cast<double>());
+      },
+      arg("nonlinearity"), arg("param") = none);
+  I.def("calculate_fan_in_and_fan_out", &nn::init::calculate_fan_in_and_fan_out, arg("tensor"));
   I.def("trunc_normal_", &nn::init::trunc_normal_, arg("tensor"), arg("mean") = 0.0,
         arg("std") = 1.0, arg("a") = -2.0, arg("b") = 2.0);
 
@@ -567,7 +629,7 @@ void init_nn(py::module_& m) {
       .def(
           "generate",
           [](models::GPT& g, const Tensor& prompt, int64_t n, double temperature, int64_t top_k) {
-            return g.generate(prompt, n, temperature, top_k, caller());
+            return g.generate(prompt, n, temperature, top_k);
           },
           arg("prompt"), arg("max_new_tokens"), arg("temperature") = 1.0, arg("top_k") = 0)
       .def_property_readonly("vocab_size",

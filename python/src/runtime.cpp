@@ -1,6 +1,7 @@
 // Steps, syncs, closures, metrics, debug, autocast and no_grad. Every call that may block (a
 // step's entry and exit sync, sync, wait, check_errors) releases the GIL while it runs, so step
-// closures, which take it on the runtime thread, never deadlock against the caller.
+// closures, which take it on the runtime thread, never deadlock against the caller; a step's
+// and a sync's place is taken before (user_place).
 #include <memory>
 
 #include "common.h"
@@ -74,7 +75,9 @@ class PyScope {
  public:
   explicit PyScope(Args... args) : args_(args...) {}
   void enter() {
-    guard_ = std::apply([](auto... a) { return std::make_unique<Guard>(a...); }, args_);
+    // Constructed here rather than in std::make_unique: a guard's defaulted place (Loc::current())
+    // is then this file's, which the library resolves to the user's line.
+    std::apply([this](auto... a) { guard_.reset(new Guard(a...)); }, args_);  // NOLINT
   }
   void exit() { guard_.reset(); }
 
@@ -89,7 +92,7 @@ void init_runtime(py::module_& m) {
   using py::arg;
   py::class_<PyStep>(m, "_Step")
       .def(py::init([](std::optional<PyDType> autocast) {
-             return std::make_unique<PyStep>(autocast, caller());
+             return std::make_unique<PyStep>(autocast, user_place());
            }),
            arg("autocast") = py::none())
       .def("commit", &PyStep::commit)
@@ -98,7 +101,7 @@ void init_runtime(py::module_& m) {
   m.def(
       "sync",
       [] {
-        const Loc loc = caller();
+        const Loc loc = user_place();
         NoGil release;
         sync(loc);
       },
@@ -120,22 +123,20 @@ void init_runtime(py::module_& m) {
       "add_step_closure",
       [](const py::function& fn, const py::tuple& args) {
         std::shared_ptr<py::object> call = keep(py::make_tuple(fn, args));
-        add_step_closure(
-            [call] {
-              py::gil_scoped_acquire gil;  // released last: after c below
-              // No garbage collection on the runtime thread: it would run the destructors of
-              // whatever cycles it finds (a data loader, a model), which belong to the threads
-              // that made them. Collection resumes on theirs.
-              struct NoCollection {
-                int was = PyGC_Disable();
-                ~NoCollection() {
-                  if (was) PyGC_Enable();
-                }
-              } no_collection;
-              py::tuple c = py::reinterpret_steal<py::tuple>(call->release());
-              c[0](*c[1]);
-            },
-            caller());
+        add_step_closure([call] {
+          py::gil_scoped_acquire gil;  // released last: after c below
+          // No garbage collection on the runtime thread: it would run the destructors of
+          // whatever cycles it finds (a data loader, a model), which belong to the threads
+          // that made them. Collection resumes on theirs.
+          struct NoCollection {
+            int was = PyGC_Disable();
+            ~NoCollection() {
+              if (was) PyGC_Enable();
+            }
+          } no_collection;
+          py::tuple c = py::reinterpret_steal<py::tuple>(call->release());
+          c[0](*c[1]);
+        });
       },
       arg("closure"), arg("args") = py::tuple(),
       "Runs closure(*args) on the runtime thread after the current step's program has run.");
@@ -150,13 +151,13 @@ void init_runtime(py::module_& m) {
   m.def("set_max_queued_programs", &set_max_queued_programs, arg("n"));
   m.def("is_grad_enabled", &is_grad_enabled);
 
-  py::class_<PyScope<AutocastScope, DType, Loc>>(m, "_Autocast")
+  py::class_<PyScope<AutocastScope, DType>>(m, "_Autocast")
       .def(py::init([](const PyDType& d) {
-             return std::make_unique<PyScope<AutocastScope, DType, Loc>>(d.value, caller());
+             return std::make_unique<PyScope<AutocastScope, DType>>(d.value);
            }),
            arg("dtype"))
-      .def("enter", &PyScope<AutocastScope, DType, Loc>::enter)
-      .def("exit", &PyScope<AutocastScope, DType, Loc>::exit);
+      .def("enter", &PyScope<AutocastScope, DType>::enter)
+      .def("exit", &PyScope<AutocastScope, DType>::exit);
   py::class_<PyScope<NoGrad>>(m, "_NoGrad")
       .def(py::init<>())
       .def("enter", &PyScope<NoGrad>::enter)

@@ -1,9 +1,11 @@
-// lockstep.Tensor and lockstep.dtype: shape, dtype, reads into Python and NumPy (blocking: the
-// GIL is released while they wait), autograd, operators and basic indexing.
+// lockstep.Tensor and lockstep.dtype: every Tensor method is defined here (shape, dtype, reads
+// into Python and NumPy, which release the GIL while they wait, autograd, operators, basic
+// indexing, DLPack, and the functions of ops.cpp that take a tensor first, as methods).
+#include <dlpack/dlpack.h>
 #include <pybind11/numpy.h>
-#include <pybind11/operators.h>
 
 #include <cstring>
+#include <numeric>
 #include <sstream>
 
 #include "common.h"
@@ -72,7 +74,7 @@ py::array to_numpy(const Tensor& t, const Loc& loc) {
 }
 
 py::object item(const Tensor& t) {
-  const Loc loc = caller();
+  const Loc loc = user_place();
   if (t.dtype() == DType::Bool) {
     bool v = false;
     {
@@ -182,13 +184,13 @@ void init_tensor(py::module_& m) {
            })
       .def("item", &item, "The one element as a Python number (a blocking read).")
       .def(
-          "numpy", [](const Tensor& x) { return to_numpy(x, caller()); },
+          "numpy", [](const Tensor& x) { return to_numpy(x, user_place()); },
           "A NumPy copy of the values (a blocking read).")
-      .def("tolist", [](const Tensor& x) { return to_numpy(x, caller()).attr("tolist")(); })
+      .def("tolist", [](const Tensor& x) { return to_numpy(x, user_place()).attr("tolist")(); })
       .def(
           "__array__",
           [](const Tensor& x, const py::object& dtype) {
-            py::array a = to_numpy(x, caller());
+            py::array a = to_numpy(x, user_place());
             return dtype.is_none() ? py::object(a) : a.attr("astype")(dtype);
           },
           py::arg("dtype") = py::none())
@@ -209,7 +211,7 @@ void init_tensor(py::module_& m) {
            })
       .def("__repr__",
            [](const Tensor& x) {
-             const Loc loc = caller();
+             const Loc loc = user_place();
              std::ostringstream os;
              os << "tensor(" << dtype_name(x.dtype()) << shape_str(x.shape()) << ", "
                 << device_name(x.device());
@@ -226,10 +228,9 @@ void init_tensor(py::module_& m) {
       .def("is_same", &Tensor::is_same)
       // Autograd.
       .def_property("requires_grad", &Tensor::requires_grad,
-                    [](Tensor& x, bool on) { x.set_requires_grad(on, caller()); })
+                    [](Tensor& x, bool on) { x.set_requires_grad(on); })
       .def(
-          "requires_grad_",
-          [](Tensor& x, bool on) -> Tensor& { return x.set_requires_grad(on, caller()); },
+          "requires_grad_", [](Tensor& x, bool on) -> Tensor& { return x.set_requires_grad(on); },
           py::arg("requires_grad") = true, py::return_value_policy::reference_internal)
       .def_property(
           "grad",
@@ -238,30 +239,32 @@ void init_tensor(py::module_& m) {
             return g.defined() ? py::cast(g) : py::none();
           },
           [](Tensor& x, const py::object& g) {
-            x.set_grad(g.is_none() ? Tensor() : g.cast<Tensor>(), caller());
+            x.set_grad(g.is_none() ? Tensor() : g.cast<Tensor>());
           })
       .def(
           "backward",
           [](const Tensor& x, const py::object& gradient) {
-            backward(x, gradient.is_none() ? Tensor() : gradient.cast<Tensor>(), caller());
+            backward(x, gradient.is_none() ? Tensor() : gradient.cast<Tensor>());
           },
           py::arg("gradient") = py::none())
-      .def("detach", [](const Tensor& x) { return x.detach(caller()); })
+      .def("detach", [](const Tensor& x) { return x.detach(); })
       .def(
           "to",
           [](const Tensor& x, const py::object& where) {
-            if (py::isinstance<PyDType>(where)) return x.to(where.cast<PyDType>().value, caller());
-            return x.to(parse_device(where.cast<std::string>()), caller());
+            if (py::isinstance<PyDType>(where)) return x.to(where.cast<PyDType>().value);
+            // A move reads the values: named by the user's line as a read is.
+            return x.to(parse_device(where.cast<std::string>()), user_place());
           },
           py::arg("dtype_or_device"))
-      .def("float", [](const Tensor& x) { return x.to(DType::F32, caller()); })
-      .def("double", [](const Tensor& x) { return x.to(DType::F64, caller()); })
-      .def("long", [](const Tensor& x) { return x.to(DType::I64, caller()); })
-      .def("int", [](const Tensor& x) { return x.to(DType::I32, caller()); })
-      .def("bfloat16", [](const Tensor& x) { return x.to(DType::BF16, caller()); })
+      .def("float", [](const Tensor& x) { return x.to(DType::F32); })
+      .def("double", [](const Tensor& x) { return x.to(DType::F64); })
+      .def("long", [](const Tensor& x) { return x.to(DType::I64); })
+      .def("int", [](const Tensor& x) { return x.to(DType::I32); })
+      .def("bfloat16", [](const Tensor& x) { return x.to(DType::BF16); })
+      .def("type_as", [](const Tensor& x, const Tensor& other) { return x.to(other.dtype()); })
       .def("is_floating_point", [](const Tensor& x) { return is_floating(x.dtype()); })
-      .def("__getitem__", [](const Tensor& x,
-                             const py::object& key) { return x.index(indices_of(key), caller()); })
+      .def("__getitem__",
+           [](const Tensor& x, const py::object& key) { return x.index(indices_of(key)); })
       .def("__setitem__",
            [](Tensor&, const py::object&, const py::object&) {
              throw Error(
@@ -270,22 +273,54 @@ void init_tensor(py::module_& m) {
            })
       // In place: every handle to the tensor sees the new value.
       .def(
-          "copy_", [](Tensor& x, const Tensor& src) -> Tensor& { return x.copy_(src, caller()); },
+          "copy_", [](Tensor& x, const Tensor& src) -> Tensor& { return x.copy_(src); },
           py::return_value_policy::reference_internal)
       .def(
-          "fill_", [](Tensor& x, Scalar v) -> Tensor& { return x.fill_(v, caller()); },
+          "fill_", [](Tensor& x, Scalar v) -> Tensor& { return x.fill_(v); },
           py::return_value_policy::reference_internal)
       .def(
-          "zero_", [](Tensor& x) -> Tensor& { return x.zero_(caller()); },
-          py::return_value_policy::reference_internal);
+          "zero_", [](Tensor& x) -> Tensor& { return x.zero_(); },
+          py::return_value_policy::reference_internal)
+      .def(
+          "__dlpack__", [](const Tensor& x, const py::object&) { return to_dlpack(x); },
+          py::arg("stream") = py::none(),
+          "The tensor's memory as a DLPack capsule, without a copy (a blocking read if pending).")
+      .def("__dlpack_device__",
+           [](const Tensor&) { return py::make_tuple(static_cast<int>(kDLCPU), 0); });
 
-  // Operators, each recorded at the caller's line. Overloads taking a number come first: pybind11
-  // tries them in order, and a number fails the Scalar check at once, while a number offered as
-  // a Tensor fails only after a costly lookup (a recorded op would pay it every time).
-#define LS_BINARY(py_name, py_rname, fn)                                               \
-  t.def(py_name, [](const Tensor& a, Scalar b) { return fn(a, b, caller()); });        \
-  t.def(py_name, [](const Tensor& a, const Tensor& b) { return fn(a, b, caller()); }); \
-  t.def(py_rname, [](const Tensor& a, Scalar b) { return fn(b, a, caller()); });
+  // Shapes as torch's methods take them: ints (x.reshape(2, 3)) or one sequence.
+  t.def("reshape",
+        [](const Tensor& x, const py::args& shape) { return reshape(x, shape_of(shape)); })
+      .def("permute",
+           [](const Tensor& x, const py::args& dims) { return permute(x, shape_of(dims)); })
+      .def("expand",
+           [](const Tensor& x, const py::args& sizes) { return expand(x, shape_of(sizes)); })
+      .def("repeat",
+           [](const Tensor& x, const py::args& repeats) { return repeat(x, shape_of(repeats)); })
+      .def("t", [](const Tensor& x) { return x.dim() < 2 ? x : transpose(x, 0, 1); })
+      .def_property_readonly("T",
+                             [](const Tensor& x) {
+                               std::vector<int64_t> reversed(static_cast<size_t>(x.dim()));
+                               std::iota(reversed.rbegin(), reversed.rend(), int64_t{0});
+                               return permute(x, reversed);
+                             })
+      .def_property_readonly("mT", [](const Tensor& x) { return transpose(x, -2, -1); })
+      // Every lockstep tensor is dense and row-major: the same tensor.
+      .def("contiguous", [](py::object self) { return self; })
+      .def("__iter__", [](const Tensor& x) {
+        if (x.dim() == 0) throw py::type_error("iteration over a 0-d tensor");
+        return py::iter(py::cast(unbind(x, 0)));
+      });
+  t.attr("view") = t.attr("reshape");
+
+  // Operators (the library resolves their place, this file's, to the user's line). Overloads taking
+  // a number come first: pybind11 tries them in order, and a number fails the Scalar check at once,
+  // while a number offered as a Tensor fails only after a costly lookup (a recorded op would pay it
+  // every time).
+#define LS_BINARY(py_name, py_rname, fn)                                     \
+  t.def(py_name, [](const Tensor& a, Scalar b) { return fn(a, b); });        \
+  t.def(py_name, [](const Tensor& a, const Tensor& b) { return fn(a, b); }); \
+  t.def(py_rname, [](const Tensor& a, Scalar b) { return fn(b, a); });
   LS_BINARY("__add__", "__radd__", add)
   LS_BINARY("__sub__", "__rsub__", sub)
   LS_BINARY("__mul__", "__rmul__", mul)
@@ -296,9 +331,9 @@ void init_tensor(py::module_& m) {
   LS_BINARY("__and__", "__rand__", logical_and)
   LS_BINARY("__or__", "__ror__", logical_or)
 #undef LS_BINARY
-#define LS_COMPARE(py_name, fn)                                                 \
-  t.def(py_name, [](const Tensor& a, Scalar b) { return fn(a, b, caller()); }); \
-  t.def(py_name, [](const Tensor& a, const Tensor& b) { return fn(a, b, caller()); });
+#define LS_COMPARE(py_name, fn)                                       \
+  t.def(py_name, [](const Tensor& a, Scalar b) { return fn(a, b); }); \
+  t.def(py_name, [](const Tensor& a, const Tensor& b) { return fn(a, b); });
   LS_COMPARE("__eq__", eq)
   LS_COMPARE("__ne__", ne)
   LS_COMPARE("__lt__", lt)
@@ -306,16 +341,16 @@ void init_tensor(py::module_& m) {
   LS_COMPARE("__gt__", gt)
   LS_COMPARE("__ge__", ge)
 #undef LS_COMPARE
-  t.def("__matmul__", [](const Tensor& a, const Tensor& b) { return matmul(a, b, caller()); });
-  t.def("__neg__", [](const Tensor& a) { return neg(a, caller()); });
-  t.def("__abs__", [](const Tensor& a) { return abs(a, caller()); });
-  t.def("__invert__", [](const Tensor& a) { return logical_not(a, caller()); });
-#define LS_INPLACE(py_name, method)                                                         \
-  t.def(                                                                                    \
-      py_name, [](Tensor& a, const Tensor& b) -> Tensor& { return a.method(b, caller()); }, \
-      py::return_value_policy::reference_internal);                                         \
-  t.def(                                                                                    \
-      py_name, [](Tensor& a, Scalar b) -> Tensor& { return a.method(b, caller()); },        \
+  t.def("__matmul__", [](const Tensor& a, const Tensor& b) { return matmul(a, b); });
+  t.def("__neg__", [](const Tensor& a) { return neg(a); });
+  t.def("__abs__", [](const Tensor& a) { return abs(a); });
+  t.def("__invert__", [](const Tensor& a) { return logical_not(a); });
+#define LS_INPLACE(py_name, method)                                               \
+  t.def(                                                                          \
+      py_name, [](Tensor& a, const Tensor& b) -> Tensor& { return a.method(b); }, \
+      py::return_value_policy::reference_internal);                               \
+  t.def(                                                                          \
+      py_name, [](Tensor& a, Scalar b) -> Tensor& { return a.method(b); },        \
       py::return_value_policy::reference_internal);
   LS_INPLACE("__iadd__", add_)
   LS_INPLACE("__isub__", sub_)
@@ -326,6 +361,31 @@ void init_tensor(py::module_& m) {
   LS_INPLACE("mul_", mul_)
   LS_INPLACE("div_", div_)
 #undef LS_INPLACE
+}
+
+namespace {
+
+// The functions of lockstep (ops.cpp) that take a tensor first and are Tensor methods too, as
+// torch's (separated by spaces).
+constexpr const char* kFunctionMethods =
+    "abs exp log log1p sqrt rsqrt tanh sigmoid relu sin cos erf floor ceil sign square neg "
+    "isfinite logical_not logical_and logical_or sum mean amax amin argmax argmin prod any all "
+    "max min softmax log_softmax logsumexp var std norm cumsum cumprod sort argsort topk "
+    "transpose unsqueeze squeeze flatten narrow select chunk split unbind flip roll movedim tril "
+    "triu gather scatter_add index_select take_along_dim matmul masked_fill clamp clamp_min "
+    "clamp_max add sub mul div pow maximum minimum eq ne lt le gt ge fmod remainder floor_divide "
+    "clone bernoulli multinomial";
+
+}  // namespace
+
+void init_tensor_methods(py::module_& m) {
+  // Each is the module's function object itself, bound to the instance: a method call has no
+  // Python frame in between, and the function and the method cannot drift apart.
+  py::object t = m.attr("Tensor");
+  std::istringstream names(kFunctionMethods);
+  for (std::string name; names >> name;)
+    t.attr(name.c_str()) =
+        py::reinterpret_steal<py::object>(PyInstanceMethod_New(m.attr(name.c_str()).ptr()));
 }
 
 }  // namespace lockstep::python

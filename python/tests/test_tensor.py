@@ -94,3 +94,42 @@ def test_autograd_against_finite_differences():
     f = lambda v: (np.tanh(v) * v).sum()  # noqa: E731
     fd = [(f(a + eps * np.eye(5)[i]) - f(a - eps * np.eye(5)[i])) / (2 * eps) for i in range(5)]
     np.testing.assert_allclose(x.grad.numpy(), fd, rtol=1e-6)
+
+
+def test_clone_keeps_every_value_bit_for_bit():
+    f32 = np.array([-0.0, 0.0, 1.5, np.inf], dtype=np.float32)
+    f32 = np.concatenate([f32, np.array([0x7FC01234, 0xFFA00001], dtype=np.uint32).view(np.float32)])
+    arrays = [f32, np.array([-0.0, np.nan, -np.inf], dtype=np.float64),
+              np.array([-(2**31), 7, 2**31 - 1], dtype=np.int32),
+              np.array([-(2**63), 7, 2**63 - 1], dtype=np.int64), np.array([True, False])]
+    for a in arrays:
+        x = lockstep.from_numpy(a)
+        c = x.clone()
+        assert c.dtype == x.dtype and not c.is_same(x)
+        assert c.numpy().tobytes() == a.tobytes(), a.dtype
+    b = lockstep.tensor([-0.0, 1.0, float("nan")]).to(lockstep.bfloat16)
+    assert (b.clone().to(lockstep.float32).numpy().tobytes()
+            == b.to(lockstep.float32).numpy().tobytes())
+    assert np.signbit(lockstep.clone(lockstep.tensor([-0.0])).numpy()[0])  # was -0.0 + 0 = +0.0
+
+
+def test_clone_is_a_new_tensor_that_in_place_updates_of_the_original_leave():
+    x = lockstep.tensor([1.0, -0.0])
+    c = x.clone()
+    x.add_(1)
+    x += 1
+    assert x.tolist() == [3.0, 2.0]
+    assert c.numpy().tobytes() == np.array([1.0, -0.0], dtype=np.float32).tobytes()
+    c.mul_(2)
+    assert x.tolist() == [3.0, 2.0]
+
+
+def test_gradients_flow_through_clone_as_through_torchs():
+    x = lockstep.tensor([1.0, -2.0, 3.0], requires_grad=True)
+    c = x.clone()
+    assert c.requires_grad
+    (c * c).sum().backward()
+    assert x.grad.tolist() == [2.0, -4.0, 6.0]
+    assert c.grad is None  # not a leaf, as torch's clone
+    assert not lockstep.ones(2).clone().requires_grad
+

@@ -75,6 +75,38 @@ class ModuleList(_nn.ModuleList):
         return super().append(module)
 
 
+class ModuleDict(_nn.ModuleDict):
+    """Modules by name, in insertion order (torch.nn.ModuleDict); names are fixed once given."""
+
+    def __init__(self, modules=None):
+        super().__init__()
+        self._modules_kept = {}  # the Python objects live as long as the container
+        if modules is not None:
+            self.update(modules)
+
+    def __setitem__(self, name, module):
+        self._insert(name, module)
+        self._modules_kept[name] = module
+
+    def __getitem__(self, name):
+        if name not in self:
+            raise KeyError(name)
+        return self._modules_kept[name]
+
+    def update(self, modules):
+        for name, module in (modules.items() if hasattr(modules, "items") else modules):
+            self[name] = module
+
+    def __iter__(self):
+        return iter(self.keys())
+
+    def items(self):
+        return [(name, self[name]) for name in self.keys()]
+
+    def values(self):
+        return [self[name] for name in self.keys()]
+
+
 class CrossEntropyLoss(Module):
     def __init__(self, ignore_index=-100, reduction="mean", label_smoothing=0.0):
         super().__init__()
