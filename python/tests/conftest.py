@@ -23,3 +23,15 @@ def run_python(args, **kw):
     env.setdefault("OMP_NUM_THREADS", "2")
     return subprocess.run([sys.executable] + args, capture_output=True, text=True, env=env,
                           timeout=600, **kw)
+
+
+def step_site(path, marker):
+    """The per-site statistics (lockstep.debug.sites()) of the step entered on the line of `path`
+    that ends with `# marker`."""
+    import lockstep
+    line = [i for i, s in enumerate(open(path), 1) if s.rstrip().endswith("# " + marker)][0]
+    name = "step at %s:%d" % (path, line)
+    sites = [s for s in lockstep.debug.sites() if s["site"] == name]
+    assert len(sites) == 1, (name, [s["site"] for s in lockstep.debug.sites()])
+    return sites[0]
+
