@@ -34,6 +34,23 @@ def test_every_node_of_a_dump_names_the_line_that_recorded_it():
     del z
 
 
+def test_a_training_steps_nodes_name_only_python_lines():
+    # Layers, loss, backward and the optimizer's update (recorded inside lockstep, some by its
+    # public headers' operators) all name the user's lines; shapes no other test records.
+    model = lockstep.nn.Linear(7, 5)
+    opt = lockstep.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x, t = lockstep.randn(13, 7), lockstep.randint(0, 5, (13,))
+    lockstep.sync()
+    with lockstep.step():
+        loss = F.cross_entropy(model(x), t)
+        loss.backward()
+        opt.step()
+    lockstep.wait()
+    text = lockstep.debug.last_graph_text()
+    places = [line.split("  # ")[1] for line in text.splitlines() if "  # " in line]
+    assert places and all(p.split(",")[0].split(":")[0] == __file__ for p in places), text
+
+
 def test_blocking_calls_name_their_line_in_the_sites():
     lockstep.metrics.reset()
     x = lockstep.ones(2) * 3

@@ -42,6 +42,17 @@ const std::string& library_dir() {
   return dir;
 }
 
+// Its public headers' directory, beside src/: their inline functions record too (a tensor's
+// `+= 1.0` names the header's line).
+const std::string& headers_dir() {
+  static const std::string dir = [] {
+    const std::string& src = library_dir();
+    const size_t at = src.rfind("src/");
+    return at == std::string::npos ? std::string() : src.substr(0, at) + "include/lockstep/";
+  }();
+  return dir;
+}
+
 bool starts_with(const char* file, const std::string& dir) {
   return !dir.empty() && std::strncmp(file, dir.c_str(), dir.size()) == 0;
 }
@@ -62,7 +73,8 @@ std::atomic<uint64_t>& slot_of(uintptr_t address) {
 
 // Out of line: the lookup below is inlined where it runs for each node.
 [[gnu::noinline]] Source classify(const char* file, const Hook* hook) {
-  const Source source = starts_with(file, library_dir())               ? Source::Library
+  const bool in_lockstep = starts_with(file, library_dir()) || starts_with(file, headers_dir());
+  const Source source = in_lockstep                                    ? Source::Library
                         : hook && starts_with(file, hook->binding_dir) ? Source::Binding
                                                                        : Source::User;
   const auto address = reinterpret_cast<uintptr_t>(file);
@@ -75,9 +87,16 @@ std::atomic<uint64_t>& slot_of(uintptr_t address) {
 inline Source source_of(const char* file, const Hook* hook) {
   const auto address = reinterpret_cast<uintptr_t>(file);
   const uint64_t entry = slot_of(address).load(std::memory_order_relaxed);
-  if (entry >> 16 == address && (entry >> 2 & 0x3fffu) == generation_of(hook))
+  if ((entry & ~uint64_t{3}) == (address << 16 | generation_of(hook) << 2))
     return static_cast<Source>(entry & 3u);
   return classify(file, hook);
+}
+
+// user_loc of a place in a binding's sources: what its hook says.
+inline Loc binding_place(const Loc& loc, const Hook& hook) {
+  Loc out = hook.frames(true);
+  if (out.file_name()[0] == '\0') out = loc;
+  return out;
 }
 
 // user_loc of a place in lockstep's sources: the innermost module call made from the user's
@@ -134,14 +153,12 @@ Loc user_loc(const Loc& loc) {
   if (source == Source::User) return loc;
   if (source == Source::Library) return library_place(loc, hook);
   // A binding's function called lockstep: its language knows the user's line.
-  Loc out = hook->frames(true);
-  if (out.file_name()[0] == '\0') out = loc;
-  return out;
+  return binding_place(loc, *hook);
 }
 
 Loc op_loc(const Loc& loc) {
   const Hook* hook = g_hook.load(std::memory_order_acquire);
-  return hook && source_of(loc.file_name(), hook) == Source::Binding ? user_loc(loc) : loc;
+  return source_of(loc.file_name(), hook) == Source::Binding ? binding_place(loc, *hook) : loc;
 }
 
 void set_frames_hook(FramesHook hook, const char* binding_dir) {

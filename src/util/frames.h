@@ -45,7 +45,7 @@ class UserOp {
 // The outermost user-facing function under way on this thread (null when none).
 const char* current_user_op();
 
-// Whether `loc` lies in lockstep's own sources (src/).
+// Whether `loc` lies in lockstep's own sources (src/ and its public headers, include/lockstep/).
 bool in_library(const Loc& loc);
 // `loc`, or, when it lies in lockstep's sources inside a module call, the line of the innermost
 // module call made from the user's code; and when that place lies in lockstep's sources or in a
