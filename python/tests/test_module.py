@@ -36,6 +36,44 @@ def test_registration_by_attribute_names_as_torch():
     assert kinds[0] == "Block" and "Conv2d" in kinds
 
 
+def test_module_dict_names_its_children_as_torch():
+    class Heads(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.heads = nn.ModuleDict({"cls": nn.Linear(4, 3), "box": Block()})
+
+        def forward(self, x):
+            return self.heads["cls"](x)
+
+    m = Heads()
+    assert list(m.heads.keys()) == ["cls", "box"] and len(m.heads) == 2 and "box" in m.heads
+    assert isinstance(m.heads["box"], Block)  # the Python object, forward and all
+    names = [n for n, _ in m.named_parameters()]
+    assert names[:2] == ["heads.cls.weight", "heads.cls.bias"] and "heads.box.scale" in names
+    assert m(lockstep.ones(2, 4)).shape == (2, 3)
+    with pytest.raises(KeyError):
+        m.heads["nope"]
+    with pytest.raises(lockstep.Error, match="already there"):
+        m.heads["cls"] = nn.Linear(1, 1)
+
+
+def test_the_cxx_helpers_bound_with_torchs_arguments():
+    padded, mask, lengths = nn.pad_sequences([lockstep.ones(2, 3), lockstep.ones(4, 3)])
+    assert padded.shape == (2, 4, 3) and lengths == [2, 4]
+    assert mask.tolist() == [[False, False, True, True], [False] * 4]
+    batch = nn.pad_token_batch([[1, 2, 3], [4]], buckets=[2, 8], pad_id=0)
+    assert batch.padded.shape == (2, 8) and batch.padded.tolist()[1][:2] == [4, 0]
+    assert nn.bucket_length(5, [4, 8]) == 8
+    w = nn.init.kaiming_uniform_(lockstep.zeros(64, 32), mode="fan_in", nonlinearity="relu")
+    bound = nn.init.calculate_gain("relu") * (3.0 / 32) ** 0.5
+    assert 0 < float(w.abs().max()) <= bound
+    assert nn.init.calculate_fan_in_and_fan_out(lockstep.zeros(8, 4, 3, 3)) == (36, 72)
+    values, indices = nn.functional.max_pool2d_with_indices(
+        lockstep.arange(16, dtype=lockstep.float32).reshape(1, 1, 4, 4), 2)
+    assert values.tolist() == [[[[5.0, 7.0], [13.0, 15.0]]]]
+    assert indices.tolist() == [[[[5, 7], [13, 15]]]]
+
+
 def test_load_state_dict_round_trip_and_strictness():
     a, b = Block(), Block()
     b.load_state_dict(a.state_dict())
