@@ -320,12 +320,9 @@ LOCKSTEP_TARGET_CLONES void apply_scaled(bool sub, bool relu, int ka, int kb, in
     scaled_sum_b<kByTile>(kb, sub, relu, len, y, a, sa, b, sb);
 }
 
-// An op by its formula (ir/elementwise.h) over a tile; bool values are 0/1 floats, which every
-// formula that admits bool computes on alike. One function per op, each with its AVX-512 and AVX2
-// clones, so that every loop vectorizes (inside one function holding all the ops, GCC 12 left a
-// third of them scalar).
 // A formula's result as a float: a predicate's as a select of 1 or 0, which vectorizes into a
-// masked blend (GCC 12 leaves a bool converted to float scalar).
+// masked blend (GCC 12 leaves a bool returned by an inlined function and converted to float
+// scalar).
 template <typename R>
 __attribute__((always_inline)) inline float as_float(R r) {
   if constexpr (std::is_same_v<R, bool>)
@@ -334,9 +331,13 @@ __attribute__((always_inline)) inline float as_float(R r) {
     return r;
 }
 
+// An op by its formula (ir/elementwise.h) over a tile; bool values are 0/1 floats, which every
+// formula that admits bool computes on alike. Inlined into each target clone of apply(), where
+// its loops vectorize as the ops' own loops did.
 template <typename Fn>
-LOCKSTEP_TARGET_CLONES void apply_formula(int64_t len, float* y, const float* a, const float* b,
-                                          const float* c, unsigned scalars) {
+__attribute__((always_inline)) inline void apply_formula(int64_t len, float* y, const float* a,
+                                                         const float* b, const float* c,
+                                                         unsigned scalars) {
   if constexpr (requires(float v) { Fn::f(v); }) {
     for (int64_t i = 0; i < len; ++i) y[i] = as_float(Fn::f(a[i]));
   } else if constexpr (requires(float v) { Fn::f(v, v); }) {
@@ -389,7 +390,7 @@ LOCKSTEP_TARGET_CLONES void apply(Op op, int64_t len, float* y, const float* a, 
     default:
       break;
   }
-  // Every other op by its formula, inlined into each clone's loop so that it vectorizes.
+  // Every other op by its formula.
   const bool known = ir::elementwise::with_fn<float>(
       op, [&](auto fn) { apply_formula<decltype(fn)>(len, y, a, b, c, scalars); });
   if (!known)
