@@ -84,6 +84,7 @@ double peak_rss_mib() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  ls::apply_thread_wait_default(argv);  // how OpenMP threads wait, before they start
   const std::string name = argc > 1 ? argv[1] : "gpt_tiny";
   const int steps = argc > 2 ? std::atoi(argv[2]) : 20;
   if (argc > 3) ls::set_num_threads(std::atoi(argv[3]));

@@ -65,6 +65,7 @@ double graph_gflop(const std::vector<ls::Tensor>& roots) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  ls::apply_thread_wait_default(argv);  // how OpenMP threads wait, before they start
   if (argc < 2) {
     std::fprintf(stderr,
                  "usage: train_bench <mlp|cnn|cnn256|resnet18|resnet50|resnet50_96|resnet50_224> "

@@ -32,6 +32,7 @@ ls::Tensor sequences(int64_t vocab) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  ls::apply_thread_wait_default(argv);  // how OpenMP threads wait, before they start
   const int64_t steps = argc > 1 ? std::atoll(argv[1]) : 300;
   ls::manual_seed(2026);
   ls::models::GPT model;  // vocab 16, d_model 64, 4 heads, 2 layers

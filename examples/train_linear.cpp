@@ -12,6 +12,7 @@
 namespace ls = lockstep;
 
 int main(int argc, char** argv) {
+  ls::apply_thread_wait_default(argv);  // how OpenMP threads wait, before they start
   const int64_t features = 16, batch = 64, steps_per_epoch = 50;
   // train_linear [EPOCHS] [--metrics]: --metrics prints ls::metrics::report() at the end.
   const int epochs = argc > 1 && std::string(argv[1]) != "--metrics" ? std::atoi(argv[1]) : 3;

@@ -16,6 +16,7 @@
 namespace ls = lockstep;
 
 int main(int argc, char** argv) {
+  ls::apply_thread_wait_default(argv);  // how OpenMP threads wait, before they start
   const int64_t steps = argc > 1 ? std::atoll(argv[1]) : 30;
   const int64_t batch = argc > 2 ? std::atoll(argv[2]) : 8;
   const int64_t side = argc > 3 ? std::atoll(argv[3]) : 32;

@@ -535,13 +535,14 @@ int run(const Options& o) {
       o.precision + (o.device == "cpu" ? " [" + ls::cpu_kernels(precision) + "]" : "");
   if (rank == 0)
     std::printf(
-        "lockstep-train: %s on %s, %s, %lld steps/epoch, %s lr %g (%s), %s (%d threads%s), %s\n",
+        "lockstep-train: %s on %s, %s, %lld steps/epoch, %s lr %g (%s), %s (%d threads%s, %s), "
+        "%s\n",
         model_name.c_str(), train_set->name().c_str(), batch_text.c_str(),
         static_cast<long long>(steps_per_epoch), o.optimizer.c_str(), lr,
         schedule ? format("cosine, %lld warm-up steps", static_cast<long long>(warmup)).c_str()
                  : "constant",
         o.device.c_str(), ls::num_threads(), world > 1 ? " per replica" : "",
-        precision_text.c_str());
+        ls::thread_wait_setting().c_str(), precision_text.c_str());
   if (world > 1) {
     // What each rank really has: mpirun may bind a rank to one core (see --nprocs).
     std::printf("replica %d of %d: %d threads on %ld cores it may run on\n", rank, world,
@@ -709,6 +710,7 @@ int run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  ls::apply_thread_wait_default(argv);
   Options options;
   try {
     options = parse_args(argc, argv);

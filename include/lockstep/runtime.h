@@ -114,6 +114,21 @@ std::string cpu_kernels(DType dtype = DType::F32);
 void set_memory_limit(size_t bytes);
 size_t memory_limit();
 
+// How lockstep's OpenMP threads wait between parallel work: libgomp reads it (OMP_WAIT_POLICY,
+// GOMP_SPINCOUNT) once, when the program starts, and its default (spin ~300,000 times before
+// sleeping) collapses on a busy machine: beside two busy loops on 2 cores a small CNN kept 7-40%
+// of its quiet speed, varying from run to run, where a spin count of 10,000 kept 37-40% at the
+// same quiet speed (docs/performance.md). Call first thing in main(): when neither variable is
+// set, sets GOMP_SPINCOUNT=10000 and executes the program again with it (the same pid, arguments
+// and environment), so nothing before the call may have side effects; returns without doing
+// anything when either is set (your choice stands), or when the program cannot be executed again
+// (then libgomp's default stays). lockstep-train, the examples and the benchmarks call it; the
+// Python module sets the same default when it is imported first.
+void apply_thread_wait_default(char** argv);
+// How the OpenMP threads wait in this process, for logs: "GOMP_SPINCOUNT=10000",
+// "OMP_WAIT_POLICY=passive", ... or "libgomp's default".
+std::string thread_wait_setting();
+
 // Most compiled programs kept (least recently used are dropped first). Default 64.
 void set_compile_cache_capacity(size_t capacity);
 

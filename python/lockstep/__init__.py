@@ -21,7 +21,13 @@ import functools as _functools
 import os as _os
 import sys as _sys
 
-from . import _lockstep as _C
+# How the OpenMP threads wait (lockstep/runtime.h, apply_thread_wait_default): libgomp reads it
+# once, when it loads with the extension below; set here, before that, unless the environment
+# chooses. Without effect when libgomp is loaded already (torch imported first).
+if "OMP_WAIT_POLICY" not in _os.environ and "GOMP_SPINCOUNT" not in _os.environ:
+    _os.environ["GOMP_SPINCOUNT"] = "10000"
+
+from . import _lockstep as _C  # noqa: E402
 
 # Frames in this package are not the user's: the extension's frames hook names the caller's line.
 _C._set_package_dir(_os.path.dirname(_os.path.abspath(__file__)) + _os.sep)

@@ -145,6 +145,8 @@ void init_runtime(py::module_& m) {
   m.def(
       "cpu_kernels", [](const PyDType& d) { return cpu_kernels(d.value); },
       arg("dtype") = PyDType{DType::F32});
+  m.def("thread_wait_setting", &thread_wait_setting,
+        "How the OpenMP threads wait in this process (GOMP_SPINCOUNT=10000 unless set).");
   m.def("set_memory_limit", &set_memory_limit, arg("bytes"));
   m.def("memory_limit", &memory_limit);
   m.def("set_compile_cache_capacity", &set_compile_cache_capacity, arg("capacity"));

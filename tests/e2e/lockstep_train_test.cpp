@@ -655,3 +655,37 @@ TEST(LockstepTrain, TermHupAndPipeSaveAndExitLikeCtrlC) {
     EXPECT_LT(step_losses(cut.out).size(), 800u) << "the run was not interrupted";
   }
 }
+
+// How the OpenMP threads wait (ls::apply_thread_wait_default): with neither variable set,
+// lockstep-train runs again with GOMP_SPINCOUNT=10000 and says so in its header; a setting of
+// the user's stands.
+TEST(LockstepTrain, ThreadWaitDefaultsToAShortSpinUnlessTheEnvironmentChooses) {
+  TempDir dir;
+  struct Saved {
+    const char* name;
+    std::optional<std::string> value;
+  };
+  std::vector<Saved> saved;
+  for (const char* name : {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"}) {
+    const char* v = std::getenv(name);
+    saved.push_back({name, v ? std::optional<std::string>(v) : std::nullopt});
+    unsetenv(name);
+  }
+  const std::vector<std::string> args =
+      with_common({"--model", "mlp", "--data", "fake", "--image-size", "8", "--batch-size", "2",
+                   "--num-steps", "2"});
+  Result r = run(args, dir, "wait-default");
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_NE(lines(r.out).at(0).find("threads, GOMP_SPINCOUNT=10000)"), std::string::npos) << r.out;
+  setenv("OMP_WAIT_POLICY", "passive", 1);
+  r = run(args, dir, "wait-passive");
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_NE(lines(r.out).at(0).find("threads, OMP_WAIT_POLICY=passive)"), std::string::npos)
+      << r.out;
+  EXPECT_EQ(r.out.find("GOMP_SPINCOUNT"), std::string::npos) << r.out;
+  for (const Saved& s : saved)
+    if (s.value)
+      setenv(s.name, s.value->c_str(), 1);
+    else
+      unsetenv(s.name);
+}
