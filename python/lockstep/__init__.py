@@ -135,14 +135,23 @@ from . import nn, optim, models, metrics, debug, dist, data  # noqa: E402,F401
 
 def _drain_at_exit():
     # Queued programs and step closures run before Python finalizes: a closure needs the
-    # interpreter, and an error nobody read is shown instead of lost.
+    # interpreter, and an error nobody read is shown instead of lost, and fails the process (as
+    # in C++: status 1), since nothing else reported it.
+    failed = False
     try:
         _C.wait()
     except BaseException as e:  # noqa: BLE001 - reported, the process is ending anyway
-        print("lockstep: at exit, queued work failed: %s" % e, file=_sys.stderr)
+        print("lockstep: error: %s\nlockstep: raised after the last blocking point of its thread "
+              "(a read, lockstep.wait(), a sync), so nothing reported it: the process exits with "
+              "status 1" % e, file=_sys.stderr)
+        failed = True
     # MPI ends here, while the interpreter and the module's threads are still whole.
     if _C.dist.is_initialized():
         _C.dist.finalize()
+    if failed:
+        _sys.stdout.flush()
+        _sys.stderr.flush()
+        _os._exit(1)
 
 
 _atexit.register(_drain_at_exit)

@@ -47,6 +47,9 @@ struct Context {
   // programs failed, oldest first, with the inputs a failed program overwrote (values lost).
   size_t outstanding = 0;
   std::exception_ptr unreported;
+  // Further errors (other closures', other programs') that came before this thread's next
+  // blocking point: raised with `unreported`, named in its message (executor.cpp).
+  std::vector<std::exception_ptr> unreported_more;
   struct FailedStep {
     std::shared_ptr<StepRollback> rollback;
     std::vector<const Buffer*> lost;

@@ -1,6 +1,7 @@
 // The runtime thread and its queue (executor.h).
 #include "runtime/executor.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -100,6 +101,48 @@ Executor& ex() {
   return *e;
 }
 
+// An error for `ctx`'s thread to raise (caller holds the queue lock): the first is raised, the
+// others after it are named in its message (take_unreported), none is dropped.
+void add_unreported_locked(Context& ctx, const std::exception_ptr& error) {
+  if (!ctx.unreported) {
+    ctx.unreported = error;
+  } else if (error != ctx.unreported &&
+             std::find(ctx.unreported_more.begin(), ctx.unreported_more.end(), error) ==
+                 ctx.unreported_more.end()) {
+    ctx.unreported_more.push_back(error);
+  }
+}
+
+std::string what_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "an exception that is not a std::exception";
+  }
+}
+
+// `ctx`'s unreported errors as one (caller holds the queue lock; forgets them): the first as it
+// is when it is alone, else an Error (BackendError when the first is one) naming them all.
+std::exception_ptr take_unreported_locked(Context& ctx) {
+  std::exception_ptr first = std::exchange(ctx.unreported, nullptr);
+  std::vector<std::exception_ptr> more = std::exchange(ctx.unreported_more, {});
+  if (!first || more.empty()) return first;
+  std::string what = what_of(first);
+  what += util::cat("\n(and ", more.size(), more.size() == 1 ? " more error" : " more errors",
+                    " before this blocking point:");
+  for (const std::exception_ptr& e : more) what += "\n  - " + what_of(e);
+  what += ")";
+  try {
+    std::rethrow_exception(first);
+  } catch (const BackendError&) {
+    return std::make_exception_ptr(BackendError(what));
+  } catch (...) {
+    return std::make_exception_ptr(Error(what));
+  }
+}
+
 // The process is exiting (main returned, or exit was called): the queued programs and closures
 // run now, while the libraries they use still exist (a step's log line or checkpoint is not
 // lost, and no program runs into torn-down state). Then an error that nothing raised (a closure
@@ -113,16 +156,9 @@ void Executor::drain_at_exit() {
   {
     std::unique_lock<std::mutex> lock(e.mu);
     e.done_cv.wait(lock, [&] { return e.in_flight == 0; });
-    for (Context* c : all_contexts()) {
-      if (!c->unreported) continue;
-      try {
-        std::rethrow_exception(std::exchange(c->unreported, nullptr));
-      } catch (const std::exception& x) {
-        errors.push_back(cat(c->name(), ": ", x.what()));
-      } catch (...) {
-        errors.push_back(cat(c->name(), ": an exception that is not a std::exception"));
-      }
-    }
+    for (Context* c : all_contexts())
+      if (std::exception_ptr error = take_unreported_locked(*c))
+        errors.push_back(cat(c->name(), ": ", what_of(error)));
   }
   if (errors.empty()) return;
   std::fflush(stdout);
@@ -210,7 +246,7 @@ std::shared_ptr<StepRollback> Executor::run_job(Job& job) {
     if (!err)
       for (size_t k = 0; k < donatable.size(); ++k)
         if (donatable[k]) job.inputs[k]->storage.reset();
-    if (err && !job.ctx->unreported) job.ctx->unreported = err;
+    if (err) add_unreported_locked(*job.ctx, err);
     if (err && job.rollback) {  // undone on the step's thread (settle_failures)
       auto& failed = job.ctx->failed;
       if (failed.empty() || failed.back().rollback != job.rollback)
@@ -234,7 +270,7 @@ std::shared_ptr<StepRollback> Executor::run_job(Job& job) {
       fn();
     } catch (...) {
       std::lock_guard<std::mutex> lock(mu);
-      if (!job.ctx->unreported) job.ctx->unreported = std::current_exception();
+      add_unreported_locked(*job.ctx, std::current_exception());
     }
   }
   return spent_record;
@@ -310,15 +346,29 @@ std::vector<Context::FailedStep> take_failed_steps(Context& ctx) {
 }
 
 std::exception_ptr take_unreported(Context& ctx) {
-  std::exception_ptr err;
   std::lock_guard<std::mutex> lock(ex().mu);
-  std::swap(err, ctx.unreported);
-  return err;
+  return take_unreported_locked(ctx);
 }
 
 void forget_unreported(Context& ctx, const std::exception_ptr& error) {
   std::lock_guard<std::mutex> lock(ex().mu);
-  if (ctx.unreported == error) ctx.unreported = nullptr;
+  if (ctx.unreported != error) return;
+  ctx.unreported = nullptr;
+  if (!ctx.unreported_more.empty()) {  // the next one moves up
+    ctx.unreported = ctx.unreported_more.front();
+    ctx.unreported_more.erase(ctx.unreported_more.begin());
+  }
+}
+
+ir::NodePtr value_at_closure_step(const TensorImpl& t) {
+  Executor& e = ex();
+  std::lock_guard<std::mutex> lock(e.mu);
+  for (const Job& job : e.queue) {
+    if (!job.rollback) continue;
+    for (const StepRollback::Entry& entry : job.rollback->entries)
+      if (entry.tensor.lock().get() == &t) return entry.before;
+  }
+  return nullptr;
 }
 
 bool on_runtime_thread() { return std::this_thread::get_id() == ex().worker_id; }

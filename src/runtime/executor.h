@@ -52,5 +52,9 @@ std::vector<Context::FailedStep> take_failed_steps(Context& ctx);
 std::exception_ptr take_unreported(Context& ctx);
 // Forgets `error` as `ctx`'s unreported error (a read raising it itself).
 void forget_unreported(Context& ctx, const std::exception_ptr& error);
+// For a step closure (on the runtime thread): `t`'s value as of the closure's step when a step
+// queued after it changed `t` (the value that step's journal holds as its entry value; its
+// program has not run, since the closure runs first); null when no queued step changed `t`.
+ir::NodePtr value_at_closure_step(const TensorImpl& t);
 
 }  // namespace lockstep::runtime

@@ -30,6 +30,10 @@ Tensor new_tensor(ir::NodePtr node, bool of_step = true);
 ir::NodePtr node_of(const Tensor& t, const char* op, const Loc& loc);
 // The node of a defined tensor's current value, for its metadata (no checks).
 ir::NodePtr current_node(const TensorImpl& impl);
+// What a step closure (on the runtime thread) sees of `impl`, whose value is `value`: the value
+// as of the closure's step, where a step queued after it has given the tensor a value its
+// program has not computed yet; `value` itself everywhere else.
+ir::NodePtr closure_value(const TensorImpl& impl, ir::NodePtr value);
 // In-place update of a tensor's value: journaled for rollback when inside a step. Throws Error
 // when another thread's running step holds the tensor, or when `node` was computed from `base`
 // and another thread has replaced that value meanwhile (see context.h); `op` and `loc` name the

@@ -163,7 +163,7 @@ std::shared_ptr<Buffer> materialize(const Tensor& t, const Loc& loc, const char*
   // The value as of this read, taken once: another thread's step may give the tensor a new
   // (pending) value at any moment after the ownership check, and the read must not then chase
   // a value that has no buffer.
-  ir::NodePtr value = current_node(*impl);
+  ir::NodePtr value = closure_value(*impl, current_node(*impl));
   if (value->op != ir::Op::Data) {
     if (on_runtime_thread())
       util::fail(loc, "read",
@@ -198,6 +198,11 @@ std::shared_ptr<Buffer> materialize(const Tensor& t, const Loc& loc, const char*
         "A tensor belongs to one thread's step at a time: give each thread its own "
         "tensors, or read it once the other thread's step has ended");
   }
+  if (on_runtime_thread() && !b->done.load())  // never wait on a program queued behind the closure
+    util::fail(loc, api,
+               "a step closure read a value that a program queued after its step computes, and "
+               "no step recorded its value as of the closure's step (it changed outside a step)",
+               "Read it in a closure of the step that computes it, or after ls::wait()");
   wait_buffer(*b);
   if (b->error) {
     settle_failures(me);

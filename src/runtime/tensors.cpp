@@ -14,6 +14,7 @@
 #include "lockstep/runtime.h"
 #include "runtime/compile_cache.h"
 #include "runtime/context.h"
+#include "runtime/executor.h"
 #include "runtime/metrics.h"
 #include "runtime/sites.h"
 #include "runtime/transaction.h"
@@ -109,16 +110,28 @@ ir::NodePtr node_of(const Tensor& t, const char* op, const Loc& loc) {
     util::fail(loc, op, "got an empty tensor handle (default-constructed ls::Tensor)",
                "Assign it a value first, e.g. ls::zeros({2, 3})");
   TensorImpl& impl = *t.impl();
-  TensorLock lock(impl);
-  check_use(impl, current_context(), op, loc);
-  if (impl.poison) std::rethrow_exception(impl.poison);
-  // A leaf that requires grad is seen by ops through a node marked as its own, so backward
-  // knows where to deliver the gradient. The value is unchanged: no journal entry.
-  if (impl.requires_grad && ir::grad_enabled() && impl.node->grad.leaf.lock().get() != &impl) {
-    impl.same_value_as = impl.node.get();
-    impl.node = ir::annotated(impl.node, {true, impl.weak_from_this(), nullptr, nullptr});
+  ir::NodePtr node;
+  {
+    TensorLock lock(impl);
+    check_use(impl, current_context(), op, loc);
+    if (impl.poison) std::rethrow_exception(impl.poison);
+    // A leaf that requires grad is seen by ops through a node marked as its own, so backward
+    // knows where to deliver the gradient. The value is unchanged: no journal entry.
+    if (impl.requires_grad && ir::grad_enabled() && impl.node->grad.leaf.lock().get() != &impl) {
+      impl.same_value_as = impl.node.get();
+      impl.node = ir::annotated(impl.node, {true, impl.weak_from_this(), nullptr, nullptr});
+    }
+    node = impl.node;
   }
-  return impl.node;
+  return closure_value(impl, std::move(node));
+}
+
+ir::NodePtr closure_value(const TensorImpl& impl, ir::NodePtr value) {
+  if (value->op != ir::Op::Data || !value->binding.buffer || value->binding.buffer->done.load() ||
+      !on_runtime_thread())
+    return value;
+  ir::NodePtr before = value_at_closure_step(impl);
+  return before ? before : value;
 }
 
 ir::NodePtr current_node(const TensorImpl& impl) {
@@ -134,6 +147,13 @@ void set_value(TensorImpl& impl, ir::NodePtr node, const char* op, const Loc& lo
   check_growth(me);
   TensorLock lock(impl);
   check_use(impl, me, op, loc);
+  if (impl.node->op == ir::Op::Data && impl.node->binding.buffer &&
+      !impl.node->binding.buffer->done.load() && on_runtime_thread())
+    util::fail(loc, op,
+               "a step closure changed a tensor that a step queued after the closure's own "
+               "changes too (the closure sees its own step's values; the later step's would be "
+               "lost)",
+               "Change it inside a step, or in a closure of the last step that changes it");
   check_base(impl, me, base, op, loc);
   journal(impl);
   std::swap(impl.node, node);  // the old value dies after the lock is released
