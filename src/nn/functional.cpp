@@ -219,7 +219,7 @@ Tensor log_sigmoid(const Tensor& x_in, Loc loc) {
 
 Tensor dropout(const Tensor& x, double p, bool training, Loc loc) {
   if (p < 0 || p >= 1) util::fail(loc, "dropout", cat("p must be in [0, 1), got ", p), "");
-  if (!training || p == 0) return x;
+  if (!training || p == 0) return clone(x, loc);
   Tensor keep = ge(rand(x.shape(), TensorOptions(x.dtype(), x.device()), loc), p, loc);
   return where(keep, div(x, 1.0 - p, loc), 0.0, loc);
 }

@@ -143,7 +143,7 @@ Tensor SiLU::forward(const Tensor& x) { return silu(x); }
 Tensor Hardswish::forward(const Tensor& x) { return hardswish(x); }
 Tensor Mish::forward(const Tensor& x) { return mish(x); }
 Tensor LogSigmoid::forward(const Tensor& x) { return log_sigmoid(x); }
-Tensor Identity::forward(const Tensor& x) { return x; }
+Tensor Identity::forward(const Tensor& x) { return clone(x); }
 Tensor Sigmoid::forward(const Tensor& x) { return sigmoid(x); }
 Tensor Tanh::forward(const Tensor& x) { return tanh(x); }
 

@@ -235,7 +235,7 @@ Sequential& Sequential::add(std::shared_ptr<Module> m) {
 Tensor Sequential::forward(const Tensor& x) {
   Tensor h = x;
   for (auto& layer : layers_) h = (*layer)(h);
-  return h;
+  return h.is_same(x) ? clone(x) : h;
 }
 
 }  // namespace lockstep::nn

@@ -355,7 +355,7 @@ Tensor argsort(const Tensor& x, int64_t axis, bool descending, Loc loc) {
 ValuesIndices sort(const Tensor& x, int64_t axis, bool descending, Loc loc) {
   const NodePtr& n = node(x, "sort", loc);
   const Tensor idx = argsort(x, axis, descending, loc);
-  if (n->shape.empty()) return {x, idx};
+  if (n->shape.empty()) return {clone(x, loc), idx};
   return {gather(x, axis, idx, loc), idx};
 }
 
@@ -405,7 +405,7 @@ std::vector<Tensor> split(const Tensor& x, int64_t size, int64_t axis, Loc loc) 
   if (size <= 0 && !(size == 0 && len == 0))
     util::fail(loc, "split", cat("split size ", size, " must be positive"),
                "Pass the length of each piece (the last may be shorter)");
-  if (len == 0) return {x};
+  if (len == 0) return {clone(x, loc)};
   std::vector<int64_t> sizes;
   for (int64_t at = 0; at < len; at += size) sizes.push_back(std::min(size, len - at));
   return split(x, sizes, axis, loc);
@@ -416,7 +416,11 @@ std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t axis, Loc loc
   if (chunks <= 0)
     util::fail(loc, "chunk", cat("chunks = ", chunks, " must be positive"), "Ask for >= 1 chunk");
   const int64_t len = n->shape[frontend::norm_axis(axis, rank_of(n), "chunk", loc)];
-  if (len == 0) return std::vector<Tensor>(static_cast<size_t>(chunks), x);
+  if (len == 0) {
+    std::vector<Tensor> out;
+    for (int64_t i = 0; i < chunks; ++i) out.push_back(clone(x, loc));
+    return out;
+  }
   return split(x, (len + chunks - 1) / chunks, axis, loc);
 }
 
@@ -519,7 +523,7 @@ Tensor index(const Tensor& x, const std::vector<TensorIndex>& indices, Loc loc) 
       axis += rank - named;  // the axes no index names
     }
   }
-  return y;
+  return y.is_same(x) ? clone(x, loc) : y;
 }
 
 Tensor movedim(const Tensor& x, const std::vector<int64_t>& source,
@@ -594,7 +598,7 @@ Tensor flip(const Tensor& x, const std::vector<int64_t>& axes, Loc loc) {
     const Tensor idx = sub(n->shape[a] - 1, iota(n->shape, a, n->device, loc), loc);
     y = gather(y, a, idx, loc);
   }
-  return y;
+  return y.is_same(x) ? clone(x, loc) : y;
 }
 
 Tensor roll(const Tensor& x, const std::vector<int64_t>& shifts, const std::vector<int64_t>& axes,
@@ -604,7 +608,7 @@ Tensor roll(const Tensor& x, const std::vector<int64_t>& shifts, const std::vect
     if (shifts.size() != 1)
       util::fail(loc, "roll", cat(shifts.size(), " shifts with no axes"),
                  "Without axes give one shift (the tensor is rolled flattened)");
-    if (n->shape.empty()) return x;
+    if (n->shape.empty()) return clone(x, loc);
     return reshape(roll(reshape(x, {-1}, loc), shifts, {0}, loc), n->shape, loc);
   }
   if (shifts.size() != axes.size())
@@ -619,7 +623,7 @@ Tensor roll(const Tensor& x, const std::vector<int64_t>& shifts, const std::vect
     if (s == 0) continue;
     y = concat({slice(y, a, size - s, size, 1, loc), slice(y, a, 0, size - s, 1, loc)}, a, loc);
   }
-  return y;
+  return y.is_same(x) ? clone(x, loc) : y;
 }
 
 namespace {
@@ -658,7 +662,7 @@ Tensor index_select(const Tensor& x, int64_t axis, const Tensor& index, Loc loc)
                "Flatten the index, select, then reshape the result");
   if (n->shape.empty()) {
     frontend::norm_axis(axis, 1, "index_select", loc);
-    return x;
+    return clone(x, loc);
   }
   const int64_t a = frontend::norm_axis(axis, rank_of(n), "index_select", loc);
   const int64_t k = in->shape.empty() ? 1 : in->shape[0];

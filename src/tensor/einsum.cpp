@@ -190,7 +190,8 @@ Tensor einsum(const std::string& equation, const std::vector<Tensor>& operands, 
   Shape want;
   for (char c : acc.labels) want.push_back(sizes[c]);
   if (acc.t.shape() != want) acc.t = expand(acc.t, want, loc);
-  return permuted(acc, out, loc).t;
+  const Tensor y = permuted(acc, out, loc).t;
+  return y.is_same(operands[0]) ? clone(y, loc) : y;
 }
 
 }  // namespace lockstep

@@ -283,7 +283,7 @@ Tensor where(const Tensor& cond, Scalar a, Scalar b, Loc loc) {
 
 Tensor cast(const Tensor& x, DType dtype, Loc loc) {
   const NodePtr& n = node(x, "cast", loc);
-  if (n->dtype == dtype) return x;
+  if (n->dtype == dtype) return clone(x, loc);
   return record(Op::Cast, {n}, {}, loc, {}, dtype);
 }
 
@@ -468,7 +468,7 @@ Tensor reshape(const Tensor& x, const Shape& shape, Loc loc) {
                  "The other sizes must divide the element count");
     s[infer_at] = total / known;
   }
-  if (s == n->shape) return x;
+  if (s == n->shape) return clone(x, loc);
   return record(Op::Reshape, {n}, {}, loc, s);
 }
 
@@ -576,7 +576,7 @@ Tensor concat(const std::vector<Tensor>& xs, int64_t axis, Loc loc) {
   for (const Tensor& t : xs) nodes.push_back(node(t, "concat", loc));
   const int64_t a =
       frontend::norm_axis(axis, static_cast<int64_t>(nodes[0]->shape.size()), "concat", loc);
-  if (nodes.size() == 1) return xs[0];
+  if (nodes.size() == 1) return clone(xs[0], loc);
   return record(Op::Concat, std::move(nodes), {a}, loc);
 }
 

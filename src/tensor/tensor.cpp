@@ -222,7 +222,7 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t) {
 
 Tensor Tensor::to(Device device, Loc loc) const {
   const ir::NodePtr& n = node(*this, "to", loc);
-  if (n->device == device) return *this;
+  if (n->device == device) return clone(*this, loc);
   backends::backend_for(device);  // fails early for an unavailable device
   const std::vector<unsigned char> bytes = runtime::read_bytes(*this, loc, "to");
   runtime::count(runtime::Counter::Transfers);
