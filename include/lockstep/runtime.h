@@ -58,11 +58,18 @@ class Step {
   // bindings whose exceptions do not unwind C++ (Python's `with`); the destructor then does
   // nothing.
   void rollback(const std::string& reason);
+  // For a step dropped without being ended (a binding's step object collected, an interrupt
+  // between a `with` block's end and its commit): rolls it back as an exception would, never
+  // commits it. On the entering thread at once; from another thread the step is marked, and the
+  // entering thread rolls it back at its next step entry or sync (until then it is still in that
+  // step). Never throws; the destructor then does nothing.
+  void abandon() noexcept;
 
  private:
   int uncaught_at_entry_;
   bool done_ = false;
   const void* context_;  // the entering thread's recording context
+  void* state_;          // its state, owned by the entering thread (step.cpp)
 };
 
 // Zero-copy exchange (DLPack, NumPy): the host memory holding the tensor's current value

@@ -18,6 +18,17 @@ class PyStep {
     NoGil release;
     step_ = std::make_unique<Step>(options, loc);
   }
+  // A step never ended (an ExitStack never closed, an interrupt between __exit__'s bookkeeping
+  // and the commit, the object collected on another thread) rolls back: never a commit, never
+  // an abort (Step::abandon).
+  ~PyStep() {
+    if (!step_) return;
+    NoGil release;
+    step_->abandon();
+    step_.reset();
+  }
+  PyStep(const PyStep&) = delete;
+  PyStep& operator=(const PyStep&) = delete;
   void commit() {
     if (!step_) return;
     std::unique_ptr<Step> s = std::move(step_);

@@ -48,3 +48,35 @@ def test_a_closure_error_surfacing_at_exit_fails_the_process():
                       "with lockstep.step():\n    lockstep.add_step_closure(fail)\n"])
     assert out.returncode == 1, out
     assert "late closure failed" in out.stderr
+
+
+def test_a_step_dropped_without_exit_rolls_back_and_never_commits():
+    import contextlib
+    import gc
+    w = lockstep.ones(2)
+    stack = contextlib.ExitStack()
+    stack.enter_context(lockstep.step())
+    w.add_(1.0)
+    stack.pop_all()  # the step's __exit__ will never run
+    del stack
+    gc.collect()
+    assert not lockstep.in_step()
+    assert w.tolist() == [1.0, 1.0]
+    with lockstep.step():  # the next step works
+        w.add_(1.0)
+    assert w.tolist() == [2.0, 2.0]
+
+
+def test_a_step_dropped_on_another_thread_rolls_back_on_its_own():
+    w = lockstep.ones(2)
+    s = lockstep.step()
+    s.__enter__()
+    w.add_(1.0)
+    holder = [s._active.pop()]  # the native step object, about to die on another thread
+    del s
+    t = threading.Thread(target=holder.clear)
+    t.start()
+    t.join()
+    lockstep.sync()  # this thread rolls the abandoned step back here
+    assert not lockstep.in_step()
+    assert w.tolist() == [1.0, 1.0]

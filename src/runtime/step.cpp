@@ -1,6 +1,7 @@
 // The public face of steps and syncs: ls::step, the ls::Step guard, step closures, ls::sync and
 // ls::wait. The transaction itself is transaction.cpp; the runtime's settings are defined beside
 // what they set (compile_cache.cpp, executor.cpp).
+#include <atomic>
 #include <exception>
 #include <functional>
 #include <string>
@@ -31,7 +32,32 @@ std::string current_reason() {
 }  // namespace
 }  // namespace runtime
 
+// The guard keeps its state on the heap so that Step stays a small, stable public type.
+namespace {
+struct GuardState {
+  runtime::StepState step;
+  std::optional<AutocastScope> autocast;
+  std::atomic<bool> abandoned{false};  // dropped on another thread: this thread rolls it back
+};
+thread_local std::vector<std::unique_ptr<GuardState>> t_guard_states;
+
+constexpr const char* kAbandoned =
+    "the step was dropped without being ended (its scope object collected, or an interrupt "
+    "between its end and its commit): rolled back, as an exception leaving it would";
+
+// Rolls back this thread's innermost guarded steps that another thread abandoned.
+void settle_abandoned() {
+  while (!t_guard_states.empty() && t_guard_states.back()->abandoned.load()) {
+    std::unique_ptr<GuardState> s = std::move(t_guard_states.back());
+    t_guard_states.pop_back();
+    s->autocast.reset();
+    runtime::rollback_step(s->step, kAbandoned);
+  }
+}
+}  // namespace
+
 void sync(Loc loc) {
+  settle_abandoned();
   const std::string at = util::cat("sync at ", util::where(loc));
   runtime::sync_all(at, at, true);
 }
@@ -44,6 +70,7 @@ void check_errors() {
 }
 
 void step(const std::function<void()>& fn, Loc loc) {
+  settle_abandoned();
   runtime::StepState s;
   runtime::begin_step(s, loc);
   try {
@@ -65,22 +92,15 @@ void step(const std::function<void()>& fn, const StepOptions& options, Loc loc) 
       loc);
 }
 
-// The guard keeps its state on the heap so that Step stays a small, stable public type.
-namespace {
-struct GuardState {
-  runtime::StepState step;
-  std::optional<AutocastScope> autocast;
-};
-thread_local std::vector<std::unique_ptr<GuardState>> t_guard_states;
-}  // namespace
-
 Step::Step(Loc loc) : Step(StepOptions{}, loc) {}
 
 Step::Step(const StepOptions& options, Loc loc)
     : uncaught_at_entry_(std::uncaught_exceptions()), context_(&runtime::current_context()) {
+  settle_abandoned();
   auto s = std::make_unique<GuardState>();
   if (options.autocast) s->autocast.emplace(*options.autocast, loc);  // refused: no step begun
   runtime::begin_step(s->step, loc);
+  state_ = s.get();
   t_guard_states.push_back(std::move(s));
 }
 
@@ -105,6 +125,20 @@ bool on_entering_thread(const void* context) {
                         "; a step belongs to the thread that entered it. End it there"));
 }
 }  // namespace
+
+void Step::abandon() noexcept {
+  if (done_) return;
+  done_ = true;
+  if (!on_entering_thread(context_)) {
+    static_cast<GuardState*>(state_)->abandoned.store(true);
+    return;
+  }
+  // The innermost step of this thread (steps do not nest: it is this one).
+  try {
+    runtime::rollback_step(pop_guard_state()->step, kAbandoned);
+  } catch (...) {  // restoring does not throw; never let a destructor's caller see it
+  }
+}
 
 void Step::commit() {
   if (done_) return;

@@ -8,7 +8,9 @@
 
 #include <filesystem>
 #include <future>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <lockstep/lockstep.h>
@@ -157,4 +159,26 @@ TEST(StepClosures, EveryClosureErrorBeforeABlockingPointIsReported) {
     EXPECT_THAT(e.what(), HasSubstr("closure 2 failed"));
   }
   EXPECT_NO_THROW(ls::wait());  // reported once
+}
+
+// A step dropped without being ended rolls back, never commits, never aborts: at once on the
+// thread that entered it, or, dropped on another thread, when its thread next enters a step or
+// syncs (and that thread is not left inside it).
+TEST(StepClosures, AnAbandonedStepRollsBackOnItsOwnThreadOrAtItsThreadsNextStep) {
+  ls::Tensor w = ls::ones({2});
+  auto s = std::make_unique<ls::Step>();
+  w.add_(1.0);
+  s->abandon();
+  s.reset();
+  EXPECT_FALSE(ls::in_step());
+  EXPECT_EQ(w.to_vector<float>(), (std::vector<float>{1, 1}));
+
+  s = std::make_unique<ls::Step>();
+  w.add_(1.0);
+  std::thread([&] { s->abandon(); }).join();  // never throws, never aborts
+  s.reset();
+  EXPECT_TRUE(ls::in_step());  // until this thread's next step entry or sync
+  ls::step([&] { w.add_(10.0); });
+  EXPECT_FALSE(ls::in_step());
+  EXPECT_EQ(w.to_vector<float>(), (std::vector<float>{11, 11}));
 }
