@@ -243,7 +243,17 @@ class EpochIterator {
 // whatever the scheduling); the loader stays usable and the following next() returns batch k+1.
 //
 // Destroying the loader (or set_epoch) mid-epoch stops and joins its workers; a worker finishes at
-// most the example it is reading. A DataLoader is used by one consumer thread at a time.
+// most the example it is reading.
+//
+// Threads: a loader may be shared by several threads. Their next() calls take turns, and each
+// batch goes to exactly one of them; an epoch ends once for all: the thread that meets its end
+// gets std::nullopt, and every other thread that took batches of that epoch gets std::nullopt at
+// its next call (so several threads' range-for loops over one loader cover one epoch between
+// them, not one each). set_epoch and epoch() may be called from any thread and never wait for a
+// batch: while another thread is inside next(), set_epoch takes effect when the current epoch
+// ends (its remaining batches are still delivered); otherwise it abandons the current epoch at
+// once, and a thread that was drawing from it gets std::nullopt. Destroying a loader while
+// another thread uses it is the caller's bug.
 class DataLoader {
  public:
   DataLoader(std::shared_ptr<const Dataset> dataset, LoaderOptions options);
@@ -290,8 +300,10 @@ struct DeviceLoaderOptions {
 
 // The seed's ParallelLoader: wraps a DataLoader and, in a background thread, uploads upcoming
 // batches to the device (ls::from_blob) so that input never stalls a step. Same epoch, order and
-// error rules as DataLoader; the upload thread starts at the first next() of an epoch and stops
-// at its end, so nothing of an epoch is uploaded before it is asked for.
+// error rules as DataLoader, and the same rules for threads sharing it (each batch to one thread,
+// one end of epoch for all, set_epoch from another thread at the end of the current epoch); the
+// upload thread starts at the first next() of an epoch and stops at its end, so nothing of an
+// epoch is uploaded before it is asked for.
 //
 //   for (auto& [images, labels] : device_loader) ls::step([&] { ... });   // one epoch
 class DeviceLoader {

@@ -8,6 +8,8 @@
 #include <unordered_map>
 #include <utility>
 
+#include <unistd.h>
+
 namespace lockstep::python {
 namespace {
 
@@ -173,9 +175,21 @@ void register_frames_hook() {
   util::set_frames_hook(&python_frames, self.substr(0, self.rfind('/') + 1).c_str());
 }
 
-NoGil::NoGil() : was_released_(t_place.gil_released) { t_place.gil_released = true; }
+NoGil::NoGil() : state_(PyEval_SaveThread()), was_released_(t_place.gil_released) {
+  t_place.gil_released = true;
+}
 
-NoGil::~NoGil() { t_place.gil_released = was_released_; }
+NoGil::~NoGil() noexcept(false) {
+#if PY_VERSION_HEX >= 0x030D0000
+  const bool finalizing = Py_IsFinalizing();
+#else
+  const bool finalizing = _Py_IsFinalizing();
+#endif
+  if (finalizing)
+    for (;;) ::pause();  // see NoGil in common.h; the process's exit ends the thread
+  PyEval_RestoreThread(state_);
+  t_place.gil_released = was_released_;
+}
 
 void set_package_dir(const std::string& dir) {
   package_dir() = dir;

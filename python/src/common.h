@@ -41,15 +41,23 @@ struct PyDType {
 // step closures (which take it on the runtime thread) can run meanwhile. Their place is taken
 // with user_place() before the release; while it is released, the frames hook answers nothing
 // on this thread (it may look at Python's frames only with the GIL).
+//
+// A call that returns while the interpreter is finalizing (a daemon thread blocked in
+// lockstep.wait() or a loader's next() when the program exits) never takes the GIL back: the thread
+// stays parked until the process ends, as CPython 3.14 does itself. Python 3.11-3.13 would
+// otherwise end the thread with pthread_exit from inside this destructor, whose unwinding through a
+// noexcept frame aborts the process ("terminate called without an active exception"). Hence the
+// destructor is noexcept(false): if finalization begins between the check and the GIL's return,
+// that unwinding passes through it.
 class NoGil {
  public:
   NoGil();
-  ~NoGil();
+  ~NoGil() noexcept(false);
   NoGil(const NoGil&) = delete;
   NoGil& operator=(const NoGil&) = delete;
 
  private:
-  py::gil_scoped_release release_;
+  PyThreadState* state_;
   bool was_released_;
 };
 

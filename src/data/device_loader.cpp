@@ -4,14 +4,19 @@
 // Threads: the upload thread ("pump") runs one epoch: it alone calls the DataLoader's next()
 // while it runs, and ends after queueing the epoch's end. The consumer starts it at the first
 // next() of an epoch and joins it at that end (or on set_epoch / destruction, after setting
-// `stop` and interrupting the DataLoader). The queue and flags are guarded by `mu`.
+// `stop` and interrupting the DataLoader). The queue and flags are guarded by `mu`. Consumers
+// (next(), and set_epoch when no next() runs) hold `consumer_mu`, so several threads take turns
+// and only one of them ever starts or joins the upload thread.
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <exception>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <utility>
 
+#include "data/epoch_readers.h"
 #include "lockstep/data.h"
 #include "lockstep/ops.h"
 #include "util/check.h"
@@ -35,7 +40,9 @@ struct DeviceLoader::Impl {
   size_t prefetch = 2;
 
   // Consumer-owned.
-  int64_t epoch = 0;
+  std::mutex consumer_mu;
+  detail::EpochReaders readers;
+  std::atomic<int64_t> epoch{0};  // also read by epoch() from any thread
   std::thread pump;
 
   std::mutex mu;
@@ -43,7 +50,8 @@ struct DeviceLoader::Impl {
   std::condition_variable room_cv;   // the pump waits for room in the queue (or stop)
   std::deque<Item> queue;
   bool stop = false;
-  std::exception_ptr fatal;  // the pump failed outside any batch
+  std::exception_ptr fatal;              // the pump failed outside any batch
+  std::optional<int64_t> pending_epoch;  // set_epoch while a next() ran: the epoch after this one
 
   Impl(DataLoader l, Device d, size_t p) : loader(std::move(l)), device(d), prefetch(p) {}
   ~Impl() { stop_pump(); }
@@ -107,8 +115,30 @@ struct DeviceLoader::Impl {
     stop = false;
   }
 
+  // The epoch is over: the next one is the one a set_epoch() during it asked for, or the
+  // following one (where the DataLoader already is).
+  void end_epoch() {
+    readers.end_epoch();
+    std::optional<int64_t> pending;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      pending.swap(pending_epoch);
+    }
+    if (pending) loader.set_epoch(*pending);
+    epoch = pending ? *pending : epoch + 1;
+  }
+
   std::optional<Batch> next() {
-    if (!pump.joinable()) pump = std::thread([this] { run_pump(); });
+    std::lock_guard<std::mutex> consumer(consumer_mu);
+    if (readers.take_end()) return std::nullopt;  // another thread ended this one's epoch
+    if (!pump.joinable()) {
+      try {
+        pump = std::thread([this] { run_pump(); });
+      } catch (const std::system_error& e) {
+        throw Error(cat("DeviceLoader: cannot start the upload thread: ", e.what()));
+      }
+    }
+    readers.drew();
     Item item;
     {
       std::unique_lock<std::mutex> lock(mu);
@@ -118,7 +148,8 @@ struct DeviceLoader::Impl {
         lock.unlock();
         // The epoch cannot go on: drop it, as DataLoader does after a fatal worker error.
         stop_pump();
-        loader.set_epoch(++epoch);
+        loader.set_epoch(epoch + 1);
+        end_epoch();
         std::rethrow_exception(error);
       }
       item = std::move(queue.front());
@@ -127,7 +158,7 @@ struct DeviceLoader::Impl {
     room_cv.notify_all();
     if (item.end) {
       pump.join();
-      ++epoch;
+      end_epoch();
       return std::nullopt;
     }
     if (item.error) std::rethrow_exception(item.error);
@@ -154,9 +185,21 @@ const Dataset& DeviceLoader::dataset() const { return impl_->loader.dataset(); }
 
 void DeviceLoader::set_epoch(int64_t epoch) {
   if (epoch < 0) throw Error(cat("DeviceLoader::set_epoch: epoch ", epoch, " is negative"));
-  impl_->stop_pump();
-  impl_->loader.set_epoch(epoch);
-  impl_->epoch = epoch;
+  Impl& s = *impl_;
+  std::unique_lock<std::mutex> consumer(s.consumer_mu, std::try_to_lock);
+  if (!consumer.owns_lock()) {  // another thread is inside next(): at the end of its epoch
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.pending_epoch = epoch;
+    return;
+  }
+  s.stop_pump();
+  s.loader.set_epoch(epoch);
+  s.readers.end_epoch();
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.pending_epoch.reset();
+  }
+  s.epoch = epoch;
 }
 
 }  // namespace lockstep::data

@@ -1,9 +1,11 @@
 // DataLoader: batches of host examples made by worker threads into a bounded queue and returned
 // in order, with seeded shuffling and error propagation. Not the device upload (device_loader.cpp).
 //
-// Threads: the consumer (whoever calls next()) owns the epoch: it writes `epoch` and `order` and
-// starts/joins the workers; workers only read those while they run. Everything else the two sides
-// share is guarded by `mu`; `cancel` mirrors `stop` for a lock-free check between examples.
+// Threads: the consumer (whoever calls next(), holding `consumer_mu`) owns the epoch: it writes
+// `epoch` and `order` and starts/joins the workers; workers only read those while they run.
+// Everything else the two sides share is guarded by `mu`; `cancel` mirrors `stop` for a lock-free
+// check between examples. Several consumer threads take turns on `consumer_mu`; set_epoch never
+// waits for it (see set_epoch).
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -11,9 +13,11 @@
 #include <map>
 #include <mutex>
 #include <numeric>
+#include <system_error>
 #include <thread>
 #include <utility>
 
+#include "data/epoch_readers.h"
 #include "lockstep/data.h"
 #include "util/check.h"
 
@@ -43,20 +47,23 @@ struct DataLoader::Impl {
   int64_t num_batches = 0;
 
   // Consumer-owned (see the top of this file).
-  int64_t epoch = 0;
+  std::mutex consumer_mu;
+  detail::EpochReaders readers;
+  std::atomic<int64_t> epoch{0};  // also read by epoch() from any thread
   bool started = false;
   std::vector<int64_t> order;
   std::vector<std::thread> workers;
 
   std::mutex mu;
-  std::condition_variable work_cv;   // workers wait for room ahead of the consumer, or stop
-  std::condition_variable ready_cv;  // the consumer waits for its batch, interrupt or fatal
-  int64_t next_claim = 0;            // first batch no worker has taken
-  int64_t consumed = 0;              // batches returned by next() this epoch
-  std::map<int64_t, Slot> ready;     // made batches not yet returned
-  bool stop = true;                  // workers must exit (true while no epoch runs)
-  bool interrupted = false;          // next() returns nullopt until set_epoch()
-  std::exception_ptr fatal;          // a worker failed outside any batch
+  std::condition_variable work_cv;       // workers wait for room ahead of the consumer, or stop
+  std::condition_variable ready_cv;      // the consumer waits for its batch, interrupt or fatal
+  int64_t next_claim = 0;                // first batch no worker has taken
+  int64_t consumed = 0;                  // batches returned by next() this epoch
+  std::map<int64_t, Slot> ready;         // made batches not yet returned
+  bool stop = true;                      // workers must exit (true while no epoch runs)
+  bool interrupted = false;              // next() returns nullopt until set_epoch()
+  std::exception_ptr fatal;              // a worker failed outside any batch
+  std::optional<int64_t> pending_epoch;  // set_epoch while a next() ran: the epoch after this one
   std::atomic<bool> cancel{true};
 
   ~Impl() { stop_epoch(); }
@@ -90,6 +97,10 @@ struct DataLoader::Impl {
     const int64_t n = std::min<int64_t>(options.num_workers, num_batches);
     try {
       for (int64_t i = 0; i < n; ++i) workers.emplace_back([this] { worker(); });
+    } catch (const std::system_error& e) {  // out of threads: the started ones are joined
+      stop_epoch();
+      throw Error(cat("DataLoader: cannot start worker thread ", workers.size() + 1, " of ", n,
+                      ": ", e.what(), "; use fewer num_workers"));
     } catch (...) {
       stop_epoch();
       throw;
@@ -163,6 +174,7 @@ struct DataLoader::Impl {
   HostBatch make_batch(int64_t k) const {
     const int64_t begin = k * options.batch_size;
     const int64_t end = std::min(begin + options.batch_size, size);
+    const int64_t epoch = this->epoch.load(std::memory_order_relaxed);
     HostBatch b;
     b.epoch = epoch;
     b.index = k;
@@ -200,20 +212,32 @@ struct DataLoader::Impl {
     return b;
   }
 
+  // The current epoch is over (its end reached, or a fatal error): the next one starts at the
+  // next next(), as the epoch a set_epoch() during this one asked for, or the following one.
+  void end_epoch() {
+    stop_epoch();
+    readers.end_epoch();
+    std::lock_guard<std::mutex> lock(mu);
+    epoch = pending_epoch ? *pending_epoch : epoch + 1;
+    pending_epoch.reset();
+  }
+
   std::optional<HostBatch> next() {
     {
       std::lock_guard<std::mutex> lock(mu);
       if (interrupted) return std::nullopt;
     }
+    std::lock_guard<std::mutex> consumer(consumer_mu);
+    if (readers.take_end()) return std::nullopt;  // another thread ended this one's epoch
     if (!started) start_epoch();
     std::unique_lock<std::mutex> lock(mu);
     const int64_t k = consumed;
     if (k >= num_batches) {
       lock.unlock();
-      stop_epoch();
-      ++epoch;
+      end_epoch();
       return std::nullopt;
     }
+    readers.drew();
     if (options.num_workers == 0) {
       consumed = k + 1;
       lock.unlock();
@@ -237,8 +261,7 @@ struct DataLoader::Impl {
     // A worker failed outside any batch (e.g. out of memory queueing one): the epoch ends here.
     std::exception_ptr error = fatal;
     lock.unlock();
-    stop_epoch();
-    ++epoch;
+    end_epoch();
     std::rethrow_exception(error);
   }
 };
@@ -287,12 +310,19 @@ void DataLoader::interrupt() { impl_->interrupt(); }
 
 void DataLoader::set_epoch(int64_t epoch) {
   if (epoch < 0) throw Error(cat("DataLoader::set_epoch: epoch ", epoch, " is negative"));
-  impl_->stop_epoch();
-  {
-    std::lock_guard<std::mutex> lock(impl_->mu);
-    impl_->interrupted = false;
+  Impl& s = *impl_;
+  std::unique_lock<std::mutex> consumer(s.consumer_mu, std::try_to_lock);
+  if (!consumer.owns_lock()) {  // another thread is inside next(): at the end of its epoch
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.pending_epoch = epoch;
+    return;
   }
-  impl_->epoch = epoch;
+  s.stop_epoch();
+  s.readers.end_epoch();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.interrupted = false;
+  s.pending_epoch.reset();
+  s.epoch = epoch;
 }
 
 }  // namespace lockstep::data

@@ -1,5 +1,6 @@
 // Tests of transforms, DataLoader (order, shuffling, drop_last, workers, errors, shutdown) and
-// DeviceLoader (uploaded tensors, errors, shutdown). Not for file readers (data_test.cpp).
+// DeviceLoader (uploaded tensors, errors, shutdown), both shared by threads. Not for file readers
+// (data_test.cpp).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -7,8 +8,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <functional>
 #include <future>
+#include <mutex>
 #include <numeric>
 #include <set>
 #include <thread>
@@ -517,4 +520,154 @@ TEST(DeviceLoader, DestroyMidEpochAndSetEpoch) {
     lsd::DeviceLoader unused(lsd::DataLoader(ds, {.batch_size = 4, .num_workers = 2}));
   });
   EXPECT_THROW(lsd::DeviceLoader(lsd::DataLoader(range(3), {}), {.prefetch = 0}), ls::Error);
+}
+
+// ---- loaders shared by threads ---------------------------------------------------------------
+
+namespace {
+
+// Example `gate_at` waits in get() until open(): holds a loader inside next() (num_workers 0) or
+// its upload thread inside the DataLoader's.
+class GatedDataset : public RangeDataset {
+ public:
+  GatedDataset(int64_t n, int64_t gate_at) : RangeDataset(n), gate_at_(gate_at) {}
+  lsd::Example get(int64_t i) const override {
+    if (i == gate_at_) {
+      std::unique_lock<std::mutex> lock(mu_);
+      reached_ = true;
+      cv_.notify_all();
+      cv_.wait(lock, [&] { return open_; });
+    }
+    return RangeDataset::get(i);
+  }
+  void wait_reached() const {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return reached_; });
+  }
+  void open() {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  int64_t gate_at_;
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  mutable bool reached_ = false;
+  bool open_ = false;
+};
+
+// `threads` threads each take one batch, wait until all have one, then loop to the end of the
+// epoch; returns the example ids each batch held, as the threads got them.
+template <typename Loader, typename Ids>
+std::vector<std::vector<int64_t>> share(Loader& loader, int threads, Ids ids_of) {
+  std::vector<std::vector<int64_t>> got(static_cast<size_t>(threads));
+  std::atomic<int> took{0};
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      auto& mine = got[static_cast<size_t>(t)];
+      auto first = loader.next();
+      if (!first) return;
+      for (int64_t id : ids_of(*first)) mine.push_back(id);
+      ++took;
+      while (took.load() < threads) std::this_thread::yield();
+      while (auto b = loader.next())
+        for (int64_t id : ids_of(*b)) mine.push_back(id);
+    });
+  for (std::thread& t : pool) t.join();
+  return got;
+}
+
+std::vector<int64_t> ids_of_host(const lsd::HostBatch& b) {
+  std::vector<int64_t> ids;
+  for (float v : b.images) ids.push_back(static_cast<int64_t>(v));
+  return ids;
+}
+
+std::vector<int64_t> ids_of_device(const lsd::Batch& b) {
+  std::vector<int64_t> ids;
+  for (float v : b.images.to_vector<float>()) ids.push_back(static_cast<int64_t>(v));
+  return ids;
+}
+
+void expect_one_epoch(const std::vector<std::vector<int64_t>>& got, int64_t n) {
+  std::vector<int64_t> all = flat(got);
+  std::sort(all.begin(), all.end());
+  std::vector<int64_t> expected(static_cast<size_t>(n));
+  std::iota(expected.begin(), expected.end(), int64_t{0});
+  EXPECT_EQ(all, expected) << "every example once, one epoch in total";
+  for (const auto& mine : got) EXPECT_FALSE(mine.empty());
+}
+
+}  // namespace
+
+TEST(DataLoader, ThreadsSharingALoaderTakeEachBatchOnceInOneEpoch) {
+  for (int workers : {0, 3})
+    for (int round = 0; round < 10; ++round)
+      within(30s, [&] {
+        lsd::DataLoader loader(range(120, -1, round % 2 == 1),
+                               {.batch_size = 3, .shuffle = true, .num_workers = workers});
+        expect_one_epoch(share(loader, 4, ids_of_host), 120);
+        EXPECT_EQ(loader.epoch(), 1);
+        auto next = loader.next();  // a thread that took nothing starts the next epoch
+        ASSERT_TRUE(next);
+        EXPECT_EQ(next->epoch, 1);
+        EXPECT_EQ(next->index, 0);
+      });
+}
+
+TEST(DataLoader, SetEpochFromAnotherThreadTakesEffectAtTheNextEpochWithoutBlocking) {
+  auto ds = std::make_shared<GatedDataset>(40, 21);
+  lsd::DataLoader loader(ds, {.batch_size = 4, .shuffle = true, .seed = 3});
+  std::vector<int64_t> epochs;
+  std::thread consumer([&] {
+    while (auto b = loader.next()) epochs.push_back(b->epoch);
+  });
+  ds->wait_reached();  // the consumer is inside next(), making the batch with example 21
+  within(5s, [&] { loader.set_epoch(7); });
+  ds->open();
+  within(10s, [&] { consumer.join(); });
+  EXPECT_EQ(epochs, std::vector<int64_t>(10, 0)) << "the epoch under way is delivered whole";
+  EXPECT_EQ(loader.epoch(), 7);
+  auto b = loader.next();
+  ASSERT_TRUE(b);
+  lsd::DataLoader ref(range(40), {.batch_size = 4, .shuffle = true, .seed = 3});
+  ref.set_epoch(7);
+  EXPECT_EQ(b->epoch, 7);
+  EXPECT_EQ(b->images, ref.next()->images);
+}
+
+TEST(DeviceLoader, ThreadsSharingALoaderTakeEachBatchOnceInOneEpoch) {
+  for (int workers : {0, 2})
+    for (int round = 0; round < 10; ++round)
+      within(30s, [&] {
+        lsd::DeviceLoader dl(lsd::DataLoader(range(60), {.batch_size = 2, .num_workers = workers}),
+                             {.device = ls::Device{ls::DeviceKind::Ref}, .prefetch = 2});
+        expect_one_epoch(share(dl, 4, ids_of_device), 60);
+        EXPECT_EQ(dl.epoch(), 1);
+      });
+}
+
+TEST(DeviceLoader, SetEpochFromAnotherThreadTakesEffectAtTheNextEpochWithoutBlocking) {
+  auto ds = std::make_shared<GatedDataset>(40, 21);
+  lsd::DeviceLoader dl(lsd::DataLoader(ds, {.batch_size = 4, .shuffle = true, .seed = 3}),
+                       {.device = ls::Device{ls::DeviceKind::Ref}, .prefetch = 1});
+  std::atomic<int> batches{0};
+  std::thread consumer([&] {
+    while (auto b = dl.next()) ++batches;
+  });
+  ds->wait_reached();                 // the upload thread is making the batch with example 21
+  std::this_thread::sleep_for(50ms);  // the consumer is then inside next(), waiting for it
+  within(5s, [&] { dl.set_epoch(7); });
+  ds->open();
+  within(10s, [&] { consumer.join(); });
+  EXPECT_EQ(batches.load(), 10) << "the epoch under way is delivered whole";
+  EXPECT_EQ(dl.epoch(), 7);
+  auto b = dl.next();
+  ASSERT_TRUE(b);
+  lsd::DataLoader ref(range(40), {.batch_size = 4, .shuffle = true, .seed = 3});
+  ref.set_epoch(7);
+  EXPECT_EQ(b->labels.to_vector<int64_t>(), ref.next()->labels);
 }
