@@ -520,6 +520,10 @@ int run(const Options& o) {
     }
   }
   if (schedule) schedule->set_count(global_step);
+  // Files written late are checked now: a FIFO, a device (/dev/null), a directory or a symbolic
+  // link there is refused before any training, not after an epoch or by a write that blocks.
+  if (!o.checkpoint.empty()) ls::io::check_save_path(o.checkpoint);
+  if (!o.metrics_json.empty()) ls::io::check_save_path(o.metrics_json);
 
   const ls::DType precision = o.precision == "bf16" ? ls::bf16 : ls::f32;
   ls::StepOptions step_options;

@@ -31,8 +31,17 @@ inline constexpr const char* kChecksumKey = "lockstep.crc32";
 // failure throws Error naming the path and the OS error, and leaves an existing file at `path`
 // untouched and no temporary file behind. Names must be unique, valid UTF-8 and not
 // "__metadata__"; kChecksumKey is the writer's own metadata key.
+// What `path` may be: nothing yet, or a regular file, which keeps its permission bits. Anything
+// else there is refused before anything is written: a FIFO, a device (so `/dev/null` is never
+// replaced), a directory, and a symbolic link (not followed: save to its target's path). The
+// rename makes a new file: other hard links to the old one keep the old contents. A path holding
+// a NUL character is refused, not cut short. Loading follows symbolic links and refuses a FIFO,
+// device or directory without blocking on it.
 void save_safetensors(const std::string& path, const TensorMap& tensors,
                       const Metadata& metadata = {}, Loc loc = Loc::current());
+// Throws the Error save_safetensors would for a `path` it may not replace (the rules above), so
+// that a program that saves late (a checkpoint after an epoch) can refuse such a path at its start.
+void check_save_path(const std::string& path, Loc loc = Loc::current());
 
 struct Loaded {
   TensorMap tensors;         // in the order of the file's header

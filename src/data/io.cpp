@@ -3,6 +3,7 @@
 #include "data/io.h"
 
 #include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <system_error>
 
 #include "util/check.h"
+#include "util/files.h"
 
 namespace lockstep::data::io {
 
@@ -70,11 +72,36 @@ struct GzCloser {
   }
 };
 
+// A descriptor to read `path`: a FIFO, device or directory is refused without blocking on it
+// (util/files.h).
+int open_fd_or_fail(const std::string& path) {
+  const util::RegularFile f = util::open_regular(path);
+  if (!f.problem.empty()) fail(util::shown(path), cat("cannot open: ", f.problem));
+  if (f.fd < 0) fail(path, cat("cannot open: ", std::strerror(f.error)));
+  return f.fd;
+}
+
 FILE* open_or_fail(const std::string& path) {
-  if (is_directory(path)) fail(path, "cannot open: is a directory");
+  const int fd = open_fd_or_fail(path);
   errno = 0;
-  FILE* f = std::fopen(path.c_str(), "rb");
-  if (!f) fail(path, cat("cannot open: ", std::strerror(errno)));
+  FILE* f = ::fdopen(fd, "rb");
+  if (!f) {
+    const int err = errno;
+    ::close(fd);
+    fail(path, cat("cannot open: ", err ? std::strerror(err) : "out of memory"));
+  }
+  return f;
+}
+
+gzFile gz_open_or_fail(const std::string& path) {
+  const int fd = open_fd_or_fail(path);
+  errno = 0;
+  gzFile f = gzdopen(fd, "rb");
+  if (!f) {
+    const int err = errno;
+    ::close(fd);
+    fail(path, cat("cannot open: ", err ? std::strerror(err) : "out of memory"));
+  }
   return f;
 }
 
@@ -148,9 +175,7 @@ std::vector<uint8_t> read_gz(const std::string& path, uint64_t max_bytes, bool m
       fail(path, "not gzip data: bad gzip magic at byte 0 (expected 1f 8b)");
   }
   if (magic_only) return {};
-  errno = 0;
-  GzCloser file{gzopen(path.c_str(), "rb")};
-  if (!file.f) fail(path, cat("cannot open: ", errno ? std::strerror(errno) : "out of memory"));
+  GzCloser file{gz_open_or_fail(path)};
   std::vector<uint8_t> out;
   read_all(
       out, size_t{1} << 16,
@@ -175,8 +200,7 @@ std::vector<uint8_t> read_prefix(const std::string& path, size_t bytes) {
   std::vector<uint8_t> out(bytes);
   if (ends_with(path, ".gz")) {
     read_gz(path, 0, /*magic_only=*/true);  // a missing, empty or non-gzip file, said as such
-    GzCloser file{gzopen(path.c_str(), "rb")};
-    if (!file.f) fail(path, "cannot open");
+    GzCloser file{gz_open_or_fail(path)};
     const int got = gzread(file.f, out.data(), static_cast<unsigned>(bytes));
     if (got < 0) check_gz(path, file.f, 0);
     out.resize(got < 0 ? 0 : static_cast<size_t>(got));

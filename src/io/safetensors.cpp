@@ -28,6 +28,7 @@
 #include "lockstep/ops.h"
 #include "runtime/lazy.h"
 #include "util/check.h"
+#include "util/files.h"
 
 namespace lockstep::io {
 
@@ -112,15 +113,23 @@ std::string encode_u64(uint64_t v) {
 // commit(); destroyed without commit (an exception), it closes and removes the temporary file.
 // A process killed while saving leaves its temporary file: the next save removes those of
 // processes that no longer run.
+// Only a regular file (or nothing) at `path` is replaced (util/files.h: never a FIFO, a device,
+// a directory or a symbolic link), and it keeps its permission bits. The rename gives the path a
+// new file: other hard links to the old one keep the old contents (never half of a save).
 class AtomicFile {
  public:
   AtomicFile(const std::string& path, const Loc& loc)
       : path_(path), temp_(cat(path, ".tmp-", ::getpid())), loc_(loc) {
     remove_stale_temporaries();  // before writing: on a nearly full disk they may be the room
+    int mode = -1;
+    if (!util::unsavable(path, &mode).empty()) check_save_path(path, loc);
     fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0666);
     if (fd_ < 0)
       fail_os("cannot create the temporary file", temp_, "",
               "Check that the directory exists and is writable");
+    if (mode >= 0 && ::fchmod(fd_, static_cast<mode_t>(mode)) != 0)
+      fail_os("cannot give the temporary file", temp_, " the permissions of the file it replaces",
+              "Check the directory's permissions");
   }
   AtomicFile(const AtomicFile&) = delete;
   AtomicFile& operator=(const AtomicFile&) = delete;
@@ -381,15 +390,17 @@ class Loader {
   }
 
   void open_file() {
-    file_.fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-    if (file_.fd < 0) {
-      const int err = errno;
-      util::fail(loc_, "load_safetensors", cat("cannot open '", path_, "': ", os_error(err)),
+    util::RegularFile f = util::open_regular(path_);
+    if (!f.problem.empty())
+      util::fail(loc_, "load_safetensors",
+                 cat("'", util::shown(path_), "' ", f.problem, ", not a file to load"),
+                 "Give the path of a safetensors file");
+    if (f.fd < 0)
+      util::fail(loc_, "load_safetensors", cat("cannot open '", path_, "': ", os_error(f.error)),
                  "Check the path and its permissions");
-    }
+    file_.fd = f.fd;
     struct stat st {};
     if (::fstat(file_.fd, &st) != 0) fail(cat("cannot stat it: ", os_error(errno)));
-    if (!S_ISREG(st.st_mode)) fail("is not a regular file");
     size_ = static_cast<uint64_t>(st.st_size);
   }
 
@@ -605,6 +616,13 @@ class Loader {
 };
 
 }  // namespace
+
+void check_save_path(const std::string& path, Loc loc) {
+  int mode = -1;
+  if (const std::string problem = util::unsavable(path, &mode); !problem.empty())
+    util::fail(loc, "save_safetensors", cat("saving '", util::shown(path), "': the path ", problem),
+               "Save to a regular file or a new path");
+}
 
 void save_safetensors(const std::string& path, const TensorMap& tensors, const Metadata& metadata,
                       Loc loc) {

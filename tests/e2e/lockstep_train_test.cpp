@@ -5,11 +5,13 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -601,6 +603,55 @@ TEST(LockstepTrain, CorruptCheckpointExitsOne) {
   EXPECT_EQ(wrong.exit_code, 1) << describe(wrong);
   EXPECT_NE(wrong.err.find(dir / "mlp.ckpt"), std::string::npos) << describe(wrong);
   EXPECT_EQ(read_file(dir / "mlp.ckpt"), before);
+}
+
+// Like run(), but a run still going after `limit` is killed (SIGKILL: exit code 137) and the
+// test fails as a hang.
+Result run_within(const std::vector<std::string>& args, const TempDir& dir, const std::string& tag,
+                  std::chrono::seconds limit) {
+  Process p(args, dir, tag);
+  std::atomic<bool> done{false};
+  std::thread watchdog([&] {
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    while (!done && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (!done) {
+      ADD_FAILURE() << tag << ": still running after " << limit.count() << " s (a hang)";
+      kill(p.pid(), SIGKILL);
+    }
+  });
+  Result r = p.wait();
+  done = true;
+  watchdog.join();
+  return r;
+}
+
+// --checkpoint or --metrics-json naming a FIFO or a device: exit 1 with the path and what it is,
+// never a run blocked on opening it, and never a save over it. /dev/null is only read (--resume)
+// or named for the metrics: a save over it is refused by the same check.
+TEST(LockstepTrain, AFifoOrDeviceAsCheckpointOrMetricsFileExitsOne) {
+  TempDir dir;
+  const std::string fifo = dir / "fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0644), 0);
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases = {
+      {"resume-fifo", {"--checkpoint", fifo, "--resume"}},
+      {"save-fifo", {"--checkpoint", fifo}},
+      {"metrics-fifo", {"--metrics-json", fifo}},
+      {"resume-null", {"--checkpoint", "/dev/null", "--resume"}},
+      {"metrics-null", {"--metrics-json", "/dev/null"}}};
+  for (const auto& [tag, extra] : cases) {
+    std::vector<std::string> args = {"--num-steps", "1"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    Result r = run_within(small_cnn(args), dir, tag, std::chrono::seconds(60));
+    EXPECT_EQ(r.exit_code, 1) << tag << ": " << describe(r);
+    const bool null = tag.find("null") != std::string::npos;
+    EXPECT_NE(r.err.find(null ? "/dev/null" : fifo), std::string::npos) << tag << describe(r);
+    EXPECT_NE(r.err.find(null ? "is a character device" : "is a FIFO"), std::string::npos)
+        << tag << ": " << describe(r);
+    struct stat st {};
+    ASSERT_EQ(lstat(fifo.c_str(), &st), 0);
+    EXPECT_TRUE(S_ISFIFO(st.st_mode)) << tag;
+  }
 }
 
 }  // namespace
