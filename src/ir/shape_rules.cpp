@@ -287,7 +287,7 @@ void infer(Op op, const std::vector<NodePtr>& in, const std::vector<int64_t>& at
           end > x[axis] || start > x[axis] || end < 0)
         util::internal_fail(__FILE__, __LINE__, "slice attrs not normalized");
       *shape = x;
-      (*shape)[axis] = end > start ? (end - start + step - 1) / step : 0;
+      (*shape)[axis] = end > start ? (end - start - 1) / step + 1 : 0;  // no overflow for any step
       *dtype = in[0]->dtype;
       return;
     }

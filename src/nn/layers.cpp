@@ -161,6 +161,21 @@ AdaptiveAvgPool2d::AdaptiveAvgPool2d(std::array<int64_t, 2> size) : output_size(
         cat("AdaptiveAvgPool2d: output size must be positive, got ", size[0], "x", size[1]));
 }
 
+namespace {
+// [o, n]: row i averages PyTorch's window [floor(i*n/o), ceil((i+1)*n/o)) of an axis of n,
+// computed on x's device from iotas (nothing of size o * n on the host).
+Tensor window_weights(int64_t n, int64_t o, const Tensor& x) {
+  const TensorOptions i64(DType::I64, x.device());
+  const Tensor i = reshape(arange(o, i64), {o, 1});
+  const Tensor h = arange(n, i64);
+  const Tensor start = floor_divide(mul(i, n), o);
+  const Tensor end = floor_divide(add(mul(i, n), n + o - 1), o);
+  const DType t = x.dtype() == DType::F64 ? DType::F64 : DType::F32;
+  const Tensor weight = div(1.0, cast(sub(end, start), t));
+  return cast(where(ge(h, start), where(lt(h, end), weight, 0.0), 0.0), x.dtype());
+}
+}  // namespace
+
 Tensor AdaptiveAvgPool2d::forward(const Tensor& x) {
   if (x.dim() != 4)
     util::fail(Loc::current(), "AdaptiveAvgPool2d",
@@ -173,18 +188,9 @@ Tensor AdaptiveAvgPool2d::forward(const Tensor& x) {
     o.stride = o.kernel;
     return avg_pool2d(x, o);
   }
-  // PyTorch's windows: rows [floor(i*H/oh), ceil((i+1)*H/oh)).
-  std::vector<Tensor> rows;
-  for (int64_t i = 0; i < oh; ++i) {
-    std::vector<Tensor> cells;
-    for (int64_t j = 0; j < ow; ++j) {
-      Tensor win = slice(slice(x, 2, i * H / oh, ((i + 1) * H + oh - 1) / oh), 3, j * W / ow,
-                         ((j + 1) * W + ow - 1) / ow);
-      cells.push_back(mean(win, {2, 3}, true));
-    }
-    rows.push_back(concat(cells, 3));
-  }
-  return concat(rows, 2);
+  // Each axis' windows as a matrix of weights, so the ops recorded do not grow with the output
+  // size: Y = A_h X A_w^T.
+  return matmul(matmul(window_weights(H, oh, x), x), transpose(window_weights(W, ow, x), 0, 1));
 }
 
 }  // namespace lockstep::nn

@@ -81,6 +81,17 @@ void Module::apply(const std::function<void(Module&)>& fn) {
 
 void Module::add_child(const std::string& name, std::shared_ptr<Module> m) {
   if (!m) throw Error(cat("register_module: module '", name, "' is null"));
+  // A module inside itself would make every traversal (parameters, state_dict, train, apply,
+  // ...) endless, and its shared ownership a cycle that is never freed.
+  for (const auto& [path, sub] : m->named_modules())
+    if (sub == this)
+      throw Error(cat(
+          "register_module: registering '", name,
+          path.empty() ? std::string("' as a child of itself")
+                       : cat("' would put the module inside itself (as '", name, ".", path, "')"),
+          ". A module cannot contain itself; keep a reference that is not a "
+          "registered child (e.g. a plain pointer or a Python attribute set with "
+          "object.__setattr__)"));
   for (const auto& [path, t] : m->named_parameters()) name_tensor(t, name + "." + path);
   for (const auto& [path, t] : m->named_buffers()) name_tensor(t, name + "." + path);
   children_.emplace_back(name, std::move(m));

@@ -379,16 +379,19 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, in
   const NodePtr& n = node(x, "split", loc);
   const int64_t a = frontend::norm_axis(axis, rank_of(n), "split", loc);
   int64_t total = 0;
+  bool over = false;  // the sizes add up to more than the axis (checked without overflow)
   for (int64_t s : sizes) {
     if (s < 0)
       util::fail(loc, "split", cat("negative size ", s, " in ", shape_str(sizes)),
                  "Sizes must be >= 0");
-    total += s;
+    over = over || s > n->shape[a] - total;
+    if (!over) total += s;
   }
-  if (total != n->shape[a])
+  if (over || total != n->shape[a])
     util::fail(loc, "split",
-               cat("sizes ", shape_str(sizes), " add up to ", total, " but axis ", axis, " of ",
-                   shape_str(n->shape), " has ", n->shape[a]),
+               cat("sizes ", shape_str(sizes), " add up to ",
+                   over ? std::string("more than that") : std::to_string(total), " but axis ", axis,
+                   " of ", shape_str(n->shape), " has ", n->shape[a]),
                "The sizes must add up to the axis' length");
   std::vector<Tensor> out;
   int64_t at = 0;
@@ -457,7 +460,8 @@ Tensor narrow(const Tensor& x, int64_t axis, int64_t start, int64_t length, Loc 
   const int64_t a = frontend::norm_axis(axis, rank_of(n), "narrow", loc);
   const int64_t size = n->shape[a];
   const int64_t s = start < 0 ? start + size : start;
-  if (s < 0 || s > size || length < 0 || s + length > size)
+  // length > size - s, not s + length > size: a length near 2^63 must not overflow the check.
+  if (s < 0 || s > size || length < 0 || length > size - s)
     util::fail(loc, "narrow",
                cat("start ", start, " and length ", length, " do not fit axis ", axis, " of ",
                    shape_str(n->shape)),

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "backends/cpu/executable.h"
 #include "backends/cpu/parallel.h"
@@ -96,9 +97,21 @@ int num_threads() {
 
 namespace lockstep {
 
+namespace {
+constexpr int kMaxThreads = 1024;
+}
+
 // The thread count is the cpu backend's setting (the ref backend runs on one thread).
 void set_num_threads(int n) {
-  if (n < 0) throw Error(util::cat("set_num_threads: n must be >= 0, got ", n));
+  if (n < 0)
+    throw Error(util::cat("set_num_threads: n must be >= 0, got ", n,
+                          ". Pass a thread count, or 0 for the default"));
+  // Each thread has a stack and per-thread buffers in every kernel: a count far beyond any
+  // machine's cores ends the process at the next program instead of failing here.
+  if (n > kMaxThreads)
+    throw Error(util::cat("set_num_threads: n = ", n, " is above the limit of ", kMaxThreads,
+                          " threads (this machine has ", std::thread::hardware_concurrency(),
+                          " cores). Pass at most ", kMaxThreads, ", or 0 for the default"));
   backends::cpu::set_num_threads(n);
 }
 int num_threads() { return backends::cpu::num_threads(); }
