@@ -77,8 +77,11 @@ class Step {
 // that memory alive. While any owner lives, lockstep never updates that memory in place: an
 // in-place update of the tensor (an optimizer step on a parameter) then writes new memory, so
 // what was exported keeps the values it had, never half of an update, and the update is not
-// lost. Writes through `data` are seen by the next program that reads the tensor (not by one
-// already running). An Error for a tensor on a device without host memory.
+// lost. The export waits for every program the calling thread has queued (a step's, a sync's), so
+// none of them reads the memory while it is written; a program queued after it reads what was
+// written by then (write, then queue the step). In a step closure it cannot wait for the steps
+// queued after the closure's: write through an export taken outside closures. An Error for a
+// tensor on a device without host memory.
 struct HostMemory {
   void* data = nullptr;  // null for a tensor of no elements
   std::shared_ptr<void> owner;

@@ -243,6 +243,9 @@ HostMemory host_memory(const Tensor& t, Loc loc) {
   // only while nothing else holds it (runtime::donatable_inputs).
   std::shared_ptr<backends::Storage> storage = b->storage;
   void* data = b->bytes != 0 ? storage->data() : nullptr;
+  // The caller may write through the memory: no program of this thread queued so far may still
+  // read it then (a closure cannot wait for the programs queued after its own).
+  if (!runtime::on_runtime_thread()) runtime::wait_idle(runtime::current_context());
   return {data, std::shared_ptr<void>(storage, data)};
 }
 

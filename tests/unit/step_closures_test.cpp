@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <filesystem>
 #include <future>
 #include <memory>
@@ -181,4 +182,27 @@ TEST(StepClosures, AnAbandonedStepRollsBackOnItsOwnThreadOrAtItsThreadsNextStep)
   ls::step([&] { w.add_(10.0); });
   EXPECT_FALSE(ls::in_step());
   EXPECT_EQ(w.to_vector<float>(), (std::vector<float>{11, 11}));
+}
+
+// Writing through an export while a queued program reads the tensor: the export waits for the
+// thread's queued programs, so the program reads the values it was queued with.
+TEST(StepClosures, WritesThroughAnExportDoNotRaceAQueuedProgram) {
+  ls::Tensor w = ls::ones({4});
+  (void)w.to_vector<float>();  // materialized: the export below needs no program of its own
+  ls::Tensor y;
+  std::thread releaser;
+  {
+    HoldRuntime hold;
+    ls::step([&] { hold.hold_in_this_step(); });
+    ls::step([&] { y = w * 2.0; });  // queued behind the held closure: reads w's memory
+    releaser = std::thread([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      hold.release();
+    });
+    ls::HostMemory m = ls::host_memory(w);  // waits for the step above to have run
+    for (int i = 0; i < 4; ++i) static_cast<float*>(m.data)[i] = 100.0f;
+    releaser.join();
+  }
+  EXPECT_EQ(y.to_vector<float>(), (std::vector<float>{2, 2, 2, 2}));
+  EXPECT_EQ(w.to_vector<float>(), (std::vector<float>{100, 100, 100, 100}));
 }
