@@ -30,9 +30,18 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 // that are not negative; counts (steps, batches tracked, a scheduler's epoch) in [0, 2^53]. A
 // file that passes its checksum may still hold them (written from a diverged run, or edited):
 // refused naming the tensor, the element and the file, so that a resume never starts from NaN.
-void check_values(const std::string& path, const std::string& name, const Tensor& t,
-                  const Loc& loc) {
+// Saving checks the same before anything is written: what save_checkpoint writes,
+// load_checkpoint accepts, and a diverged state never replaces the last good file.
+void check_values(const std::string& path, const std::string& name, const Tensor& t, const Loc& loc,
+                  bool saving = false) {
   auto refuse = [&](size_t at, const std::string& value, const std::string& why) {
+    if (saving)
+      util::fail(loc, "save_checkpoint",
+                 cat("not saving '", path, "': tensor '", name, "' holds ", value, " at element ",
+                     at, ": ", why, " (a resume would refuse the file)"),
+                 "The run has diverged (an overflow, a learning rate too high): the file already "
+                 "at the path, if any, is kept; resume from it with a lower learning rate or "
+                 "gradient clipping");
     util::fail(
         loc, "load_checkpoint",
         cat("'", path, "': tensor '", name, "' holds ", value, " at element ", at, ": ", why),
@@ -97,11 +106,16 @@ void save_checkpoint(const std::string& path, const nn::Module& model,
     // The state as of this call, written once the step commits: a step that fails afterwards
     // (as it traces or as it runs) must not leave its never-committed state in a file.
     for (auto& [name, t] : tensors) t = t.detach(loc);
-    add_step_closure([path, tensors, meta, loc] { io::save_safetensors(path, tensors, meta, loc); },
-                     loc);
+    add_step_closure(
+        [path, tensors, meta, loc] {
+          for (const auto& [name, t] : tensors) check_values(path, name, t, loc, true);
+          io::save_safetensors(path, tensors, meta, loc);
+        },
+        loc);
     return;
   }
   sync(loc);  // one program for every pending value, not one read each
+  for (const auto& [name, t] : tensors) check_values(path, name, t, loc, true);
   io::save_safetensors(path, tensors, meta, loc);
 }
 

@@ -583,10 +583,24 @@ TEST(Checkpoint, ImpossibleValuesAreRefusedNamingTheTensor) {
       {"optimizer.step", [&] { step.copy_(ls::full_like(step, INT64_MAX)); },
        [&] { step.copy_(step0); }, "a count lies in [0, 2^53]"},
   };
+  auto live = [&](const std::string& name) {
+    for (const auto& [n, t] : a.state_dict())
+      if ("model." + n == name) return t;
+    return find(opt_a.state_dict(), name.substr(std::string("optimizer.").size()));
+  };
   for (const Case& c : cases) {
     c.spoil();
-    ls::save_checkpoint(path, a, &opt_a);
+    // Saving refuses the state before anything is written (CheckpointSave.*)...
+    EXPECT_THROW(ls::save_checkpoint(path, a, &opt_a), ls::Error);
+    const ls::Tensor spoiled = live(c.tensor).detach();
     c.restore();
+    // ... so a file holding it was written otherwise (edited, or by another writer): the good
+    // checkpoint with that one tensor replaced, its checksums recomputed.
+    ls::save_checkpoint(path, a, &opt_a);
+    ls::io::Loaded file = ls::io::load_safetensors(path);
+    for (auto& [name, t] : file.tensors)
+      if (name == c.tensor) t = spoiled;
+    ls::io::save_safetensors(path, file.tensors, file.metadata);
     ls::models::FashionCNN b(10, 1, 8);
     ls::optim::Adam opt_b(b.parameters(), {});
     expect_load_fails(path, b, &opt_b, {path, "'" + c.tensor + "'", c.says});
