@@ -44,14 +44,19 @@ struct IndexWalker {
   int64_t offset;
   IndexWalker(const Shape& s, const std::vector<int64_t>& st, int64_t base)
       : shape(s), idx(s.size(), 0), strides(st), offset(base) {}
+  // In two's complement (unsigned) arithmetic: past the last index of a dim the offset may step
+  // out of range (a slice's step near 2^63) before it is taken back, and only the offsets of
+  // real indices are ever read.
   void next() {
     for (size_t d = shape.size(); d-- > 0;) {
-      offset += strides[d];
+      offset = wrap(static_cast<uint64_t>(offset) + static_cast<uint64_t>(strides[d]));
       if (++idx[d] < shape[d]) return;
-      offset -= strides[d] * shape[d];
+      offset = wrap(static_cast<uint64_t>(offset) -
+                    static_cast<uint64_t>(strides[d]) * static_cast<uint64_t>(shape[d]));
       idx[d] = 0;
     }
   }
+  static int64_t wrap(uint64_t v) { return static_cast<int64_t>(v); }
 };
 
 // Copies numel(out_shape) elements of `elem` bytes from src (walked with src_strides from
