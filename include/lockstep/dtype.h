@@ -13,7 +13,8 @@ namespace lockstep {
 // Every switch over DType has no default, so adding one lists the places that must handle it.
 // BF16: bfloat16 (f32's exponent, 7 mantissa bits); the ref backend computes it as its
 // definition says: inputs widened to f32, f32 arithmetic, the result rounded to nearest even.
-enum class DType : uint8_t { F32, F64, I32, I64, Bool, BF16 };
+// U8: unsigned 8-bit integers (images as PyTorch's uint8 holds them); arithmetic wraps mod 256.
+enum class DType : uint8_t { F32, F64, I32, I64, Bool, BF16, U8 };
 
 inline constexpr DType f32 = DType::F32;
 inline constexpr DType f64 = DType::F64;
@@ -21,6 +22,7 @@ inline constexpr DType i32 = DType::I32;
 inline constexpr DType i64 = DType::I64;
 inline constexpr DType boolean = DType::Bool;
 inline constexpr DType bf16 = DType::BF16;
+inline constexpr DType u8 = DType::U8;
 
 // One bfloat16 value: the top 16 bits of an f32. From float rounds to nearest, ties to even
 // (overflow gives inf, NaN stays a quiet NaN); to float is exact. Written as a select, without
@@ -42,7 +44,7 @@ struct bfloat16 {
 const char* dtype_name(DType dtype);
 size_t dtype_size(DType dtype);
 bool is_floating(DType dtype);
-bool is_integral(DType dtype);  // I32, I64 (not Bool)
+bool is_integral(DType dtype);  // I32, I64, U8 (not Bool)
 std::ostream& operator<<(std::ostream& os, DType dtype);
 
 // The C++ type that stores one element of a dtype, and back.
@@ -67,6 +69,10 @@ constexpr DType dtype_of<int64_t>() {
 template <>
 constexpr DType dtype_of<bool>() {
   return DType::Bool;
+}
+template <>
+constexpr DType dtype_of<uint8_t>() {
+  return DType::U8;
 }
 template <>
 constexpr DType dtype_of<bfloat16>() {

@@ -4,6 +4,7 @@
 #include <pybind11/numpy.h>
 
 #include <functional>
+#include <limits>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -237,6 +238,9 @@ std::optional<DType> dtype_of_numpy(const py::dtype& dt) {
       if (dt.itemsize() == 4) return DType::I32;
       if (dt.itemsize() == 8) return DType::I64;
       break;
+    case 'u':
+      if (dt.itemsize() == 1) return DType::U8;
+      break;
     case 'b':
       return DType::Bool;
     default:
@@ -257,18 +261,33 @@ Tensor to_tensor(const py::handle& data, std::optional<DType> dtype) {
   const bool is_array = py::isinstance<py::array>(data);
   // np.require keeps a 0-d array 0-d (np.ascontiguousarray would make it 1-d).
   py::array arr = np.attr("require")(data, py::none(), "C");
+  const std::string from_name = py::str(arr.dtype()).cast<std::string>();
+  // Another byte order ('>f4' on this little-endian machine): its values, in the native order.
+  if (!arr.dtype().attr("isnative").cast<bool>())
+    arr = arr.attr("astype")(arr.dtype().attr("newbyteorder")("="));
   std::optional<DType> from = dtype_of_numpy(arr.dtype());
   if (!from) {
-    // Integers of other widths (uint8 images, int16) become i64 as PyTorch's Python scalars do;
-    // anything else is refused, naming the way out.
-    if (arr.dtype().kind() == 'u' || arr.dtype().kind() == 'i') {
+    // Every dtype converts exactly or is refused naming it. Integers of other widths (int8,
+    // int16, uint16, uint32) become i64, exactly; uint64 too, when every value is below 2^63
+    // (PyTorch refuses the rest: `tensor([2**63])` overflows int64); float16 becomes f32, exactly.
+    const char kind = arr.dtype().kind();
+    const auto itemsize = arr.dtype().itemsize();
+    if (kind == 'u' && itemsize == 8 && arr.size() > 0 &&
+        py::int_(arr.attr("max")()).cast<uint64_t>() >
+            static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+      throw Error("lockstep.tensor: a value of the uint64 data (" + from_name +
+                  ") is 2^63 or more and does not fit in int64, lockstep's widest integer; "
+                  "reduce it, or convert the data to float64 first");
+    if (kind == 'u' || kind == 'i') {
       arr = arr.attr("astype")(np.attr("int64"));
       from = DType::I64;
+    } else if (kind == 'f' && itemsize == 2) {
+      arr = arr.attr("astype")(np.attr("float32"));
+      from = DType::F32;
     } else {
-      throw Error("lockstep.tensor: a NumPy array of dtype " +
-                  py::str(arr.dtype()).cast<std::string>() +
-                  " has no lockstep dtype (float32, float64, int32, int64, bool); convert it "
-                  "first, e.g. arr.astype(numpy.float32)");
+      throw Error("lockstep.tensor: data of NumPy dtype " + from_name +
+                  " has no lockstep dtype (float32, float64, int32, int64, uint8, bool); convert "
+                  "it first, e.g. arr.astype(numpy.float32)");
     }
   }
   // Python floats are float64 in NumPy; lockstep's default float is float32, as PyTorch's.

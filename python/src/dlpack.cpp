@@ -23,21 +23,36 @@ DLDataType dl_dtype(DType d) {
       return {kDLInt, 64, 1};
     case DType::BF16:
       return {kDLBfloat, 16, 1};
+    case DType::U8:
     case DType::Bool:
       break;
   }
-  // DLPack 0.6 has no boolean code; one byte each, as PyTorch 1.13 exports it.
+  // Bool: DLPack 0.6 has no boolean code; one byte each, as PyTorch 1.13 exports its bool (its
+  // from_dlpack reads it as uint8 0/1, the values exact; later DLPack readers know code 6).
   return {kDLUInt, 8, 1};
 }
 
-std::optional<DType> from_dl(const DLDataType& t) {
+// DLPack 0.8's boolean code (kDLBool), which Debian's 0.6 header lacks: PyTorch 2.x and NumPy
+// 1.25+ export bool with it.
+constexpr uint8_t kDLBoolCode = 6;
+
+// The producer's dtype by name ("torch.bool", NumPy's "bool"), where it has one.
+bool producer_says_bool(const py::object& source) {
+  if (!py::hasattr(source, "dtype")) return false;
+  const std::string name = py::str(source.attr("dtype")).cast<std::string>();
+  return name == "torch.bool" || name == "bool";
+}
+
+// kDLUInt 8 is uint8, unless the producer names its dtype bool: PyTorch 1.13 exports bool so.
+std::optional<DType> from_dl(const DLDataType& t, bool producer_bool) {
   if (t.lanes != 1) return std::nullopt;
+  if (t.code == kDLBoolCode && t.bits == 8) return DType::Bool;
   if (t.code == kDLFloat && t.bits == 32) return DType::F32;
   if (t.code == kDLFloat && t.bits == 64) return DType::F64;
   if (t.code == kDLInt && t.bits == 32) return DType::I32;
   if (t.code == kDLInt && t.bits == 64) return DType::I64;
   if (t.code == kDLBfloat && t.bits == 16) return DType::BF16;
-  if (t.code == kDLUInt && t.bits == 8) return DType::Bool;
+  if (t.code == kDLUInt && t.bits == 8) return producer_bool ? DType::Bool : DType::U8;
   return std::nullopt;
 }
 
@@ -62,7 +77,17 @@ void capsule_destructor(PyObject* capsule) {
 
 Tensor from_dlpack(const py::object& source) {
   const Loc loc = user_place();
-  py::object cap_obj = py::hasattr(source, "__dlpack__") ? source.attr("__dlpack__")() : source;
+  py::object cap_obj = source;
+  if (py::hasattr(source, "__dlpack__")) {
+    try {
+      cap_obj = source.attr("__dlpack__")();
+    } catch (py::error_already_set&) {
+      // A dtype its DLPack cannot express (PyTorch 1.13 and NumPy 1.24 export no bool): the
+      // values through the producer's NumPy view instead, converted as lockstep.tensor does.
+      if (!py::hasattr(source, "__array__")) throw;
+      return to_tensor(py::module_::import("numpy").attr("asarray")(source), std::nullopt);
+    }
+  }
   PyObject* cap = cap_obj.ptr();
   if (!PyCapsule_IsValid(cap, "dltensor"))
     throw Error(
@@ -73,11 +98,13 @@ Tensor from_dlpack(const py::object& source) {
   if (d.device.device_type != kDLCPU)
     throw Error("lockstep.from_dlpack: the tensor is not in host memory (DLPack device type " +
                 std::to_string(d.device.device_type) + "); copy it to the CPU first");
-  const std::optional<DType> dtype = from_dl(d.dtype);
+  const std::optional<DType> dtype = from_dl(d.dtype, producer_says_bool(source));
   if (!dtype)
-    throw Error("lockstep.from_dlpack: DLPack dtype (code " + std::to_string(d.dtype.code) + ", " +
-                std::to_string(d.dtype.bits) + " bits, " + std::to_string(d.dtype.lanes) +
-                " lanes) has no lockstep dtype (float32, float64, int32, int64, bfloat16, bool)");
+    throw Error(
+        "lockstep.from_dlpack: DLPack dtype (code " + std::to_string(d.dtype.code) + ", " +
+        std::to_string(d.dtype.bits) + " bits, " + std::to_string(d.dtype.lanes) +
+        " lanes) has no lockstep dtype (float32, float64, int32, int64, bfloat16, bool, uint8); "
+        "convert it first (e.g. .to(torch.int64))");
   Shape shape(d.shape, d.shape + d.ndim);
   // Compact row-major only (strides absent, or equal to the compact ones).
   if (d.strides) {

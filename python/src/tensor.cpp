@@ -27,6 +27,8 @@ const char* py_dtype_name(DType d) {
       return "bool";
     case DType::BF16:
       return "bfloat16";
+    case DType::U8:
+      return "uint8";
   }
   return "?";
 }
@@ -53,6 +55,8 @@ py::array to_numpy(const Tensor& t, const Loc& loc) {
       return to_numpy_as<int32_t>(t, loc);
     case DType::I64:
       return to_numpy_as<int64_t>(t, loc);
+    case DType::U8:
+      return to_numpy_as<uint8_t>(t, loc);
     case DType::Bool: {
       std::vector<bool> values;
       {
@@ -153,6 +157,7 @@ void init_tensor(py::module_& m) {
                          {"int64", DType::I64},
                          {"long", DType::I64},
                          {"bool", DType::Bool},
+                         {"uint8", DType::U8},
                          {"bfloat16", DType::BF16}})
     m.attr(name) = PyDType{d};
 
@@ -261,6 +266,7 @@ void init_tensor(py::module_& m) {
       .def("long", [](const Tensor& x) { return x.to(DType::I64); })
       .def("int", [](const Tensor& x) { return x.to(DType::I32); })
       .def("bfloat16", [](const Tensor& x) { return x.to(DType::BF16); })
+      .def("byte", [](const Tensor& x) { return x.to(DType::U8); })
       .def("type_as", [](const Tensor& x, const Tensor& other) { return x.to(other.dtype()); })
       .def("is_floating_point", [](const Tensor& x) { return is_floating(x.dtype()); })
       .def("__getitem__",

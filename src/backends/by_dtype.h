@@ -26,6 +26,8 @@ void by_dtype(DType dtype, F&& f) {
       return std::forward<F>(f)(int64_t{});
     case DType::Bool:
       return std::forward<F>(f)(bool{});
+    case DType::U8:
+      return std::forward<F>(f)(uint8_t{});
     case DType::BF16:
       if constexpr (!std::is_void_v<Bf16>) return std::forward<F>(f)(Bf16{});
       return;

@@ -36,6 +36,8 @@ MPI_Datatype mpi_type(DType d, const std::string& what) {
       return MPI_INT32_T;
     case DType::I64:
       return MPI_INT64_T;
+    case DType::U8:  // wraps mod 256, as PyTorch's all_reduce of uint8
+      return MPI_UINT8_T;
     case DType::Bool:
     case DType::BF16:  // the kernels widen bf16 to f32 before they sum
       break;

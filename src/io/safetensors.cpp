@@ -58,12 +58,15 @@ const char* format_name(DType dtype) {
       return "BOOL";
     case DType::BF16:
       return "BF16";
+    case DType::U8:
+      return "U8";
   }
   return "?";
 }
 
 std::optional<DType> parse_format_name(const std::string& name) {
-  for (DType d : {DType::F32, DType::F64, DType::I32, DType::I64, DType::Bool, DType::BF16})
+  for (DType d :
+       {DType::F32, DType::F64, DType::I32, DType::I64, DType::Bool, DType::BF16, DType::U8})
     if (name == format_name(d)) return d;
   return std::nullopt;
 }

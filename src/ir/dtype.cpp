@@ -20,6 +20,8 @@ const char* dtype_name(DType dtype) {
       return "bool";
     case DType::BF16:
       return "bf16";
+    case DType::U8:
+      return "u8";
   }
   return "?";
 }
@@ -38,6 +40,8 @@ size_t dtype_size(DType dtype) {
       return 1;
     case DType::BF16:
       return 2;
+    case DType::U8:
+      return 1;
   }
   return 0;
 }
@@ -45,7 +49,9 @@ size_t dtype_size(DType dtype) {
 bool is_floating(DType dtype) {
   return dtype == DType::F32 || dtype == DType::F64 || dtype == DType::BF16;
 }
-bool is_integral(DType dtype) { return dtype == DType::I32 || dtype == DType::I64; }
+bool is_integral(DType dtype) {
+  return dtype == DType::I32 || dtype == DType::I64 || dtype == DType::U8;
+}
 
 std::ostream& operator<<(std::ostream& os, DType dtype) { return os << dtype_name(dtype); }
 

@@ -227,7 +227,9 @@ void infer(Op op, const std::vector<NodePtr>& in, const std::vector<int64_t>& at
     case Op::Sum:
       check_reduce(c, attrs, in[0]->shape, shape);
       *dtype =
-          (in[0]->dtype == DType::Bool || in[0]->dtype == DType::I32) ? DType::I64 : in[0]->dtype;
+          (in[0]->dtype == DType::Bool || in[0]->dtype == DType::I32 || in[0]->dtype == DType::U8)
+              ? DType::I64
+              : in[0]->dtype;
       return;
     case Op::Max:
     case Op::Min:

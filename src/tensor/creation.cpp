@@ -221,11 +221,14 @@ Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opti
   if (high <= low)
     util::fail(loc, "randint", cat("empty range [", low, ", ", high, ")"), "Pass low < high");
   if (!is_integral(options.dtype))
-    util::fail(loc, "randint", cat("dtype must be i32 or i64, got ", dtype_name(options.dtype)),
+    util::fail(loc, "randint", cat("dtype must be u8, i32 or i64, got ", dtype_name(options.dtype)),
                "Use ls::rand for floating-point values");
   if (options.dtype == DType::I32 && (low < INT32_MIN || high - 1 > INT32_MAX))
     util::fail(loc, "randint", cat("range [", low, ", ", high, ") does not fit in i32"),
                "Use ls::i64, or a range within i32");
+  if (options.dtype == DType::U8 && (low < 0 || high - 1 > 255))
+    util::fail(loc, "randint", cat("range [", low, ", ", high, ") does not fit in u8"),
+               "Use ls::i64, or a range within [0, 256)");
   const Device device = frontend::device_of(options);
   Tensor u = runtime::new_tensor(draw_uniform(shape, DType::F64, device, "randint", loc));
   // u scaled to the width w of the range and floored is an integral offset in [0, w) (for

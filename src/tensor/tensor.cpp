@@ -109,6 +109,8 @@ T Tensor::item(Loc loc) const {
       return as(int64_t{});
     case DType::Bool:
       return static_cast<T>(bytes[0] != 0);
+    case DType::U8:
+      return static_cast<T>(bytes[0]);
     case DType::BF16: {
       bfloat16 v;
       std::memcpy(&v.bits, bytes.data(), sizeof v.bits);
@@ -134,10 +136,12 @@ template double Tensor::item<double>(Loc) const;
 template int32_t Tensor::item<int32_t>(Loc) const;
 template int64_t Tensor::item<int64_t>(Loc) const;
 template bool Tensor::item<bool>(Loc) const;
+template uint8_t Tensor::item<uint8_t>(Loc) const;
 template std::vector<float> Tensor::to_vector<float>(Loc) const;
 template std::vector<double> Tensor::to_vector<double>(Loc) const;
 template std::vector<int32_t> Tensor::to_vector<int32_t>(Loc) const;
 template std::vector<int64_t> Tensor::to_vector<int64_t>(Loc) const;
+template std::vector<uint8_t> Tensor::to_vector<uint8_t>(Loc) const;
 
 namespace {
 
@@ -170,6 +174,9 @@ std::string format_element(const unsigned char* p, DType dtype) {
     }
     case DType::Bool:
       os << (*p ? "true" : "false");
+      break;
+    case DType::U8:
+      os << static_cast<int>(*p);
       break;
     case DType::BF16: {
       bfloat16 v;

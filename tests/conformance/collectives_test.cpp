@@ -17,7 +17,7 @@ LS_COVERS(Collectives, AllReduceAndBroadcast, Op::AllReduce, Op::Broadcast);
 TEST_F(Collectives, AllReduceAndBroadcast) {
   for (const ls::Shape& s : shapes_small()) {
     // bf16 sums in f32 and rounds once; integer sums take no scale.
-    for (ls::DType dt : {ls::f32, ls::f64, ls::i32, ls::i64, ls::bf16})
+    for (ls::DType dt : {ls::f32, ls::f64, ls::i32, ls::i64, ls::u8, ls::bf16})
       for (double scale : {1.0, ls::is_floating(dt) ? 0.25 : 1.0})
         check1("all_reduce " + str(s) + " " + str(dt) + " scale " + std::to_string(scale),
                {{s, dt}},

@@ -101,6 +101,9 @@ ls::Tensor make_tensor(const std::vector<double>& v, const In& in, ls::Device de
         *static_cast<int64_t*>(at) =
             v[i] >= 9.2e18 ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(v[i]);
         break;
+      case ls::DType::U8:  // the value mod 256, as a cast of an integer
+        *static_cast<uint8_t*>(at) = static_cast<uint8_t>(static_cast<int64_t>(v[i]));
+        break;
       case ls::DType::Bool:
         *static_cast<bool*>(at) = v[i] != 0;
         break;
@@ -141,6 +144,10 @@ std::vector<int64_t> values_i64(const ls::Tensor& t) {
     }
     case ls::DType::Bool: {
       auto v = t.to_vector<bool>();
+      return {v.begin(), v.end()};
+    }
+    case ls::DType::U8: {
+      auto v = t.to_vector<uint8_t>();
       return {v.begin(), v.end()};
     }
     case ls::DType::F32:
@@ -209,6 +216,7 @@ std::vector<double> values_f64(const ls::Tensor& t) {
       return t.to_vector<double>();
     case ls::DType::I32:
     case ls::DType::I64:
+    case ls::DType::U8:
     case ls::DType::Bool: {
       auto v = values_i64(t);
       return {v.begin(), v.end()};

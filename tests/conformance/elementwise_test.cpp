@@ -11,8 +11,9 @@ namespace {
 class Elementwise : public Conformance {};
 
 const std::vector<ls::DType> kFloats = {ls::f32, ls::f64, ls::bf16};
-const std::vector<ls::DType> kNumeric = {ls::f32, ls::f64, ls::bf16, ls::i32, ls::i64};
-const std::vector<ls::DType> kAll = {ls::f32, ls::f64, ls::bf16, ls::i32, ls::i64, ls::boolean};
+const std::vector<ls::DType> kNumeric = {ls::f32, ls::f64, ls::bf16, ls::i32, ls::i64, ls::u8};
+const std::vector<ls::DType> kAll = {ls::f32, ls::f64, ls::bf16,   ls::i32,
+                                     ls::i64, ls::u8,  ls::boolean};
 
 using Unary = ls::Tensor (*)(const ls::Tensor&, ls::Loc);
 struct NamedUnary {
@@ -136,7 +137,7 @@ void binary_cases(const std::vector<NamedBinary>& ops, const std::vector<ls::DTy
       const std::string name = std::string(op.name) + " " + str(dt);
       auto fn = [&](const Tensors& x) { return op.fn(x[0], x[1], ls::Loc::current()); };
       for (const auto& [a, b] : broadcast_pairs()) check1(name, {{a, dt, fa}, {b, dt, fb}}, fn);
-      if (dt != ls::boolean && dt != ls::i32 && dt != ls::i64)
+      if (!ls::is_integral(dt) && dt != ls::boolean)
         check1(name + " special", {{{7, 13}, dt, Fill::Special}, {{7, 13}, dt, Fill::Special}}, fn);
       // Views: a strided, transposed left operand; a column broadcast against it.
       check1(name + " of views", {{{9, 6}, dt, fa}, {{6, 1}, dt, fb}},
@@ -152,7 +153,7 @@ TEST_F(Elementwise, Arithmetic) {
                 {"maximum", ls::maximum},
                 {"minimum", ls::minimum}},
                kNumeric, Fill::Normal, Fill::Normal);
-  binary_cases({{"add", ls::add}, {"mul", ls::mul}}, {ls::i32, ls::i64}, Fill::Special,
+  binary_cases({{"add", ls::add}, {"mul", ls::mul}}, {ls::i32, ls::i64, ls::u8}, Fill::Special,
                Fill::Special);  // wrapping
 }
 
@@ -160,17 +161,17 @@ LS_COVERS(Elementwise, DivAndPow, Op::Div, Op::Fmod, Op::Pow);
 TEST_F(Elementwise, DivAndPow) {
   binary_cases({{"div", ls::div}}, kFloats, Fill::Normal, Fill::Normal);
   // Integers: `/` is true division (f32); floor_divide is the integer Div (and an Fmod).
-  binary_cases({{"div", ls::div}, {"floor_divide", ls::floor_divide}}, {ls::i32, ls::i64},
+  binary_cases({{"div", ls::div}, {"floor_divide", ls::floor_divide}}, {ls::i32, ls::i64, ls::u8},
                Fill::Normal, Fill::Positive);
   binary_cases({{"fmod", ls::fmod}, {"remainder", ls::remainder}}, kFloats, Fill::Normal,
                Fill::Normal);
   binary_cases({{"fmod", ls::fmod}, {"remainder", ls::remainder}}, kFloats, Fill::Special,
                Fill::Special);
-  binary_cases({{"fmod", ls::fmod}, {"remainder", ls::remainder}}, {ls::i32, ls::i64}, Fill::Normal,
-               Fill::Positive);
+  binary_cases({{"fmod", ls::fmod}, {"remainder", ls::remainder}}, {ls::i32, ls::i64, ls::u8},
+               Fill::Normal, Fill::Positive);
   binary_cases({{"pow", ls::pow}}, kFloats, Fill::Positive, Fill::Normal);
   binary_cases({{"pow", ls::pow}}, kFloats, Fill::Normal, Fill::Normal);  // NaN for x<0
-  binary_cases({{"pow", ls::pow}}, {ls::i32, ls::i64}, Fill::Normal, Fill::Positive);
+  binary_cases({{"pow", ls::pow}}, {ls::i32, ls::i64, ls::u8}, Fill::Normal, Fill::Positive);
 }
 
 LS_COVERS(Elementwise, Comparison, Op::Eq, Op::Ne, Op::Lt, Op::Le, Op::Gt, Op::Ge, Op::LogicalAnd,

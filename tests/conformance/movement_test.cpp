@@ -14,7 +14,8 @@ namespace {
 class Movement : public Conformance {};
 class Indexing : public Conformance {};
 
-const std::vector<ls::DType> kAll = {ls::f32, ls::f64, ls::bf16, ls::i32, ls::i64, ls::boolean};
+const std::vector<ls::DType> kAll = {ls::f32, ls::f64, ls::bf16,   ls::i32,
+                                     ls::i64, ls::u8,  ls::boolean};
 
 LS_COVERS(Movement, Reshape, Op::Reshape, Op::Mul);
 TEST_F(Movement, Reshape) {
@@ -233,7 +234,7 @@ TEST_F(Indexing, Argsort) {
 
 LS_COVERS(Indexing, ScatterAdd, Op::ScatterAdd);
 TEST_F(Indexing, ScatterAdd) {
-  for (ls::DType dt : {ls::f32, ls::f64, ls::i32, ls::i64, ls::boolean}) {
+  for (ls::DType dt : {ls::f32, ls::f64, ls::i32, ls::i64, ls::u8, ls::boolean}) {
     check1("scatter_add axis 0 " + str(dt), {{{5, 4}, dt}, index({7, 3}, 5), {{7, 4}, dt}},
            [](const Tensors& x) { return ls::scatter_add(x[0], 0, x[1], x[2]); });
     check1("scatter_add axis 1 " + str(dt), {{{5, 4}, dt}, index({5, 9}, 4), {{5, 9}, dt}},

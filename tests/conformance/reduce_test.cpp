@@ -83,13 +83,14 @@ TEST_F(Reduce, AxisSubsets) {
 
 LS_COVERS(Reduce, ShapesAndDtypes, Op::Sum, Op::Max, Op::Min, Op::ArgMax, Op::ArgMin);
 TEST_F(Reduce, ShapesAndDtypes) {
-  reduce_cases(shapes_all(), {ls::f32, ls::f64, ls::bf16, ls::i32, ls::i64, ls::boolean},
+  reduce_cases(shapes_all(), {ls::f32, ls::f64, ls::bf16, ls::i32, ls::i64, ls::u8, ls::boolean},
                Fill::Normal, false);
   reduce_cases(shapes_small(), {ls::f32, ls::f64}, Fill::Special, false);
   // bf16 with NaN, infinities and zeros (Special's huge values cancel differently in cpu's f32
   // lanes and ref's f64 sums).
   reduce_cases(shapes_small(), {ls::bf16}, Fill::NonFinite, false);
-  reduce_cases({{5, 7}}, {ls::i32, ls::i64}, Fill::Special, true);  // wrapping sums, extremes
+  reduce_cases({{5, 7}}, {ls::i32, ls::i64, ls::u8}, Fill::Special,
+               true);  // wrapping sums, extremes
   // Ties: argmax/argmin take the first extreme element.
   reduce_cases({{4, 6, 5}}, {ls::f32, ls::i64}, Fill::Range, true);
 }

@@ -120,6 +120,9 @@ void expect_identical(const ls::Tensor& a, const ls::Tensor& b, const std::strin
     case ls::DType::Bool:
       EXPECT_EQ(a.to_vector<bool>(), b.to_vector<bool>());
       break;
+    case ls::DType::U8:
+      EXPECT_EQ(a.to_vector<uint8_t>(), b.to_vector<uint8_t>());
+      break;
   }
 }
 

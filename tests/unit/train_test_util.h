@@ -46,6 +46,8 @@ inline std::vector<unsigned char> raw(const ls::Tensor& t) {
       std::vector<bool> v = t.to_vector<bool>();
       return std::vector<unsigned char>(v.begin(), v.end());
     }
+    case ls::DType::U8:
+      return bytes(t.to_vector<uint8_t>());
   }
   return {};
 }

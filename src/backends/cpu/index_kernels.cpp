@@ -206,6 +206,8 @@ void scatter_add(DType dtype, const void* x, const Shape& xs, const IndexView& i
       return same(int64_t{});
     case DType::Bool:
       return same(bool{});
+    case DType::U8:
+      return same(uint8_t{});
     case DType::BF16: {
       // Widened to f32, summed, rounded once (ref's definition of a bf16 op).
       std::vector<float> acc(static_cast<size_t>(n));
@@ -300,6 +302,8 @@ void iota(DType dtype, const Shape& shape, int64_t axis, void* out) {
       return fill(int64_t{});
     case DType::Bool:
       return fill(bool{});
+    case DType::U8:
+      return fill(uint8_t{});
     case DType::BF16: {
       uint16_t* Y = static_cast<uint16_t*>(out);
       parallel_for(n > 65536, n, [&](int64_t i) {

@@ -161,6 +161,9 @@ void lower_index(Lowering& l) {
           case DType::Bool:
             *static_cast<bool*>(out) = static_cast<bool>(v.i);
             return;
+          case DType::U8:
+            *static_cast<uint8_t*>(out) = static_cast<uint8_t>(v.i);
+            return;
         }
       };
       return;
