@@ -369,6 +369,17 @@ int64_t metadata_int(const ls::io::Metadata& meta, const std::string& key,
   return v;
 }
 
+// --tensorboard: what a log line says, and the compile-cache counters, at the run's step. Called
+// from the step's closure: the values are ready, and the writer only queues them.
+void log_to_board(ls::SummaryWriter& board, int64_t step, float loss, double lr, double rate) {
+  board.add_scalar("train/loss", loss, step);
+  board.add_scalar("train/learning_rate", lr, step);
+  board.add_scalar("train/images_per_second", rate, step);
+  board.add_scalar("runtime/compiles", static_cast<double>(ls::metrics::counter("compiles")), step);
+  board.add_scalar("runtime/cache_hits", static_cast<double>(ls::metrics::counter("cache_hits")),
+                   step);
+}
+
 // ---- data parallel --------------------------------------------------------------------------
 
 // Cores this process may run on (mpirun may bind it to fewer than the machine has).
@@ -574,6 +585,13 @@ int run(const Options& o) {
                          {"data", o.data}});
   };
 
+  // The replicas train the same model: rank 0 logs. A resumed run replaces the events of the
+  // steps it redoes (purge_step).
+  std::unique_ptr<ls::SummaryWriter> board;
+  if (!o.tensorboard.empty() && rank == 0)
+    board = std::make_unique<ls::SummaryWriter>(ls::SummaryWriterOptions{
+        .log_dir = o.tensorboard,
+        .purge_step = o.resume ? std::optional<int64_t>(global_step) : std::nullopt});
   Progress progress;
   Pacer pacer;
   RateTracker tracker;  // touched by closures only
@@ -641,18 +659,21 @@ int run(const Options& o) {
             // Runs on the runtime thread once this step's program has run: the loss is computed,
             // so reading it waits for nothing and is no implicit sync.
             const bool log = step % o.log_steps == 0;
-            pacer.track([&, log, e = epoch, s = step, l = loss, images_after] {
+            pacer.track([&, log, e = epoch, s = step, l = loss, images_after, g = global_step,
+                         lr_now = opt->lr()] {
               if (const float v = l.item<float>(); !std::isfinite(v)) {
                 std::lock_guard<std::mutex> lock(nonfinite_mu);
                 if (nonfinite.empty())
                   nonfinite = format("epoch %lld, step %lld (%g)", static_cast<long long>(e),
                                      static_cast<long long>(s), static_cast<double>(v));
               }
-              if (log)
+              if (log) {
+                const double rate = tracker.rate(images_after);
                 progress.line(format("epoch: %lld, step: %lld, loss: %.4f, rate: %.2f",
                                      static_cast<long long>(e), static_cast<long long>(s),
-                                     static_cast<double>(l.item<float>()),
-                                     tracker.rate(images_after)));
+                                     static_cast<double>(l.item<float>()), rate));
+                if (board) log_to_board(*board, g, l.item<float>(), lr_now, rate);
+              }
               progress.update(s + 1, images_after);
             });
           },
@@ -678,6 +699,10 @@ int run(const Options& o) {
         std::printf("epoch: %lld, test_loss: %.4f, test_accuracy: %.4f\n",
                     static_cast<long long>(epoch), r->loss, r->accuracy);
         std::fflush(stdout);
+        if (board) {
+          board->add_scalar("test/loss", r->loss, global_step);
+          board->add_scalar("test/accuracy", r->accuracy, global_step);
+        }
       }
     }
     save(epoch, step, /*epoch_done=*/true);
@@ -700,6 +725,7 @@ int run(const Options& o) {
               static_cast<long long>(ls::metrics::counter("compiles")),
               static_cast<long long>(ls::metrics::counter("cache_hits")),
               static_cast<long long>(ls::metrics::counter("implicit_syncs")));
+  if (board) board->close();  // a write that failed is an error of the run
   if (o.metrics) std::printf("%s", ls::metrics::report().c_str());
   if (!o.metrics_json.empty()) {
     std::FILE* f = std::fopen(o.metrics_json.c_str(), "w");

@@ -47,6 +47,9 @@ options:
   --resume           load --checkpoint PATH first and continue from its epoch and step
   --metrics          print lockstep's metrics report at the end
   --metrics-json FILE  write lockstep's metrics as JSON (ls::metrics::report_json) to FILE
+  --tensorboard DIR  also log loss, learning rate, images/s, compiles and cache hits every
+                     --log-steps steps, and the test accuracy, as TensorBoard event files in DIR
+                     (ls::SummaryWriter; with --nprocs, rank 0 writes)
   --strict           after the first epoch (the warm-up), a recompile is an error that names
                      what changed (ls::debug::expect_steady)
   --device D         cpu or ref (default: cpu)
@@ -209,6 +212,9 @@ Options parse_args(int argc, char** argv) {
     } else if (arg == "--metrics-json") {
       o.metrics_json = value();
       if (o.metrics_json.empty()) throw UsageError("--metrics-json needs a non-empty path");
+    } else if (arg == "--tensorboard") {
+      o.tensorboard = value();
+      if (o.tensorboard.empty()) throw UsageError("--tensorboard needs a non-empty directory");
     } else if (arg == "--strict") {
       flag_only();
       o.strict = true;

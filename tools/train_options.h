@@ -43,6 +43,7 @@ struct Options {
   bool metrics = false;
   bool strict = false;
   std::string metrics_json;
+  std::string tensorboard;
   std::string device = "cpu";
   std::string precision = "f32";
   bool help = false;

@@ -14,4 +14,5 @@
 #include "lockstep/ops.h"
 #include "lockstep/optim.h"
 #include "lockstep/runtime.h"
+#include "lockstep/summary.h"
 #include "lockstep/tensor.h"
