@@ -71,6 +71,7 @@ std::vector<Tensor> operand_grads(const ir::NodePtr& np, const Tensor& g) {
     case Op::Broadcast:
     case Op::LogicalNot:
     case Op::IsFinite:
+    case Op::Check:
     case Op::Eq:
     case Op::Ne:
     case Op::Lt:

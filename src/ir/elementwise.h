@@ -304,6 +304,29 @@ struct Fn<Op::Pow> {
   }
 };
 template <>
+struct Fn<Op::Check> {
+  static constexpr bool kExact = true;
+  template <typename T>
+  LS_ELEMENTWISE_FN T f(T a, T) {
+    return a;
+  }
+  template <typename T>
+  static const char* int_failure(T b) {
+    switch (static_cast<int>(b)) {
+      case kCheckPasses:
+        return nullptr;
+      case kCheckWeights:
+        return "multinomial: the weights hold a negative, infinite or NaN value, or a row of "
+               "them sums to 0; pass finite, non-negative weights with a positive sum in each row";
+      case kCheckProbabilities:
+        return "bernoulli: a probability is below 0, above 1 or NaN; pass probabilities in "
+               "[0, 1] (clamp them, or apply sigmoid to logits)";
+      default:
+        return "a run-time check failed";
+    }
+  }
+};
+template <>
 struct Fn<Op::Maximum> {  // NaN wins, as PyTorch's maximum
   static constexpr bool kExact = true;
   template <typename T>

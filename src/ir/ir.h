@@ -134,6 +134,10 @@ const char* user_name(Op op);
 // Op by its IR name; false if unknown.
 bool op_from_name(const std::string& name, Op* op);
 
+// Why an Op::Check fails: the reasons the composite ops record as its operand 1 (0: it passes);
+// the texts are Fn<Op::Check>::int_failure's (ir/elementwise.h).
+enum CheckReason : int { kCheckPasses = 0, kCheckWeights = 1, kCheckProbabilities = 2 };
+
 // Predicates over the table.
 inline bool is_collective(Op op) { return op_info(op).family == OpFamily::Collective; }
 inline bool is_comparison(Op op) { return op_info(op).family == OpFamily::Comparison; }

@@ -23,6 +23,17 @@ void check_shape(const Shape& shape, DType dtype, const char* op, const Loc& loc
   ir::check_size(shape, dtype, op, loc);
 }
 
+// The integer value `value`, unless `bad` (bool, broadcast to its shape) holds true somewhere:
+// then the run that computes it fails with `reason`'s text (an Op::Check), as an index out of
+// range does: checked when the program runs, without a sync when it is recorded.
+Tensor checked(const Tensor& value, const Tensor& bad, ir::CheckReason reason,
+               const Loc& loc) {
+  const DType t = value.dtype();
+  const Tensor code = mul(cast(expand(bad, value.shape(), loc), t, loc), int64_t{reason}, loc);
+  return frontend::record(Op::Check, {node(value, "check", loc), node(code, "check", loc)}, {},
+                          loc);
+}
+
 }  // namespace
 
 Tensor full(const Shape& shape, Scalar value, TensorOptions options, Loc loc) {
@@ -255,7 +266,11 @@ Tensor bernoulli(const Tensor& p, Loc loc) {
                cat("probabilities must be floating-point, got ", dtype_name(n->dtype)),
                "Cast them with .to(ls::f32)");
   Tensor u = runtime::new_tensor(draw_uniform(n->shape, DType::F64, n->device, "bernoulli", loc));
-  return cast(lt(u, cast(p, DType::F64, loc), loc), n->dtype, loc);
+  const Tensor p64 = cast(p, DType::F64, loc);
+  // NaN is neither >= 0 nor <= 1.
+  const Tensor bad = logical_not(logical_and(ge(p64, 0.0, loc), le(p64, 1.0, loc), loc), loc);
+  const Tensor draw = cast(lt(u, p64, loc), DType::I32, loc);
+  return cast(checked(draw, bad, ir::kCheckProbabilities, loc), n->dtype, loc);
 }
 
 Tensor bernoulli(const Tensor& x, double p, Loc loc) {
@@ -289,6 +304,11 @@ Tensor multinomial(const Tensor& weights, int64_t num_samples, bool replacement,
   const bool one_row = n->shape.size() == 1;
   const int64_t rows = one_row ? 1 : n->shape[0];
   const Tensor w = reshape(cast(weights, DType::F64, loc), {rows, k}, loc);
+  // PyTorch's argument checks, at run time: every weight finite and >= 0, each row's sum > 0.
+  const Tensor bad_weight = logical_not(logical_and(isfinite(w, loc), ge(w, 0.0, loc), loc), loc);
+  const Tensor bad_row =
+      logical_or(gt(sum(cast(bad_weight, DType::I64, loc), {1}, true, loc), int64_t{0}, loc),
+                 le(sum(w, {1}, true, loc), 0.0, loc), loc);
   Tensor out;
   if (replacement) {
     // Inverse transform: the category is how many cumulative weights lie at or below
@@ -310,6 +330,7 @@ Tensor multinomial(const Tensor& weights, int64_t num_samples, bool replacement,
     out = num_samples == 1 ? argmax(keys, {1}, true, loc)
                            : slice(argsort(keys, 1, true, loc), 1, 0, num_samples, 1, loc);
   }
+  out = checked(out, bad_row, ir::kCheckWeights, loc);
   return one_row ? reshape(out, {num_samples}, loc) : out;
 }
 

@@ -258,5 +258,16 @@ TEST_F(Creation, IotaAndRandom) {
   check1("data", {{{3, 4}}}, [](const Tensors& x) { return x[0] + 0.0f; });
 }
 
+// The run-time argument checks of sampling ops, on arguments that pass: the draws agree.
+LS_COVERS(Elementwise, SamplingChecks, Op::Check);
+TEST_F(Elementwise, SamplingChecks) {
+  check1("multinomial", {{{4, 7}, ls::f32, Fill::Positive}},
+         [](const Tensors& x) { return ls::multinomial(x[0], 3, true); });
+  check1("multinomial without replacement", {{{4, 7}, ls::f32, Fill::Positive}},
+         [](const Tensors& x) { return ls::multinomial(x[0], 5, false); });
+  check1("bernoulli", {{{5, 6}, ls::f32, Fill::Normal}},
+         [](const Tensors& x) { return ls::bernoulli(ls::sigmoid(x[0])); });
+}
+
 }  // namespace
 }  // namespace conformance

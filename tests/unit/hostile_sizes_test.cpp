@@ -8,6 +8,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "unit/ops_test_util.h"
 
@@ -111,4 +112,41 @@ TEST(HostileModules, AModuleCannotContainItselfAtAnyDepth) {
   m->hold("a", shared);
   child->hold("b", shared);
   EXPECT_EQ(m->parameters().size(), 4u);
+}
+
+// Sampling from invalid weights or probabilities is an Error when the program runs (no sync when
+// it is recorded), naming what was wrong, as PyTorch's checks do; valid ones still draw.
+TEST_F(HostileSizes, SamplingFromInvalidWeightsFailsTheRunNamingWhy) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (const std::vector<float>& w : std::vector<std::vector<float>>{
+           {0, 0, 0}, {1, -0.5f, 2}, {1, inf, 1}, {nan, 1, 1}, {-1, -1, -1}}) {
+    for (bool replacement : {false, true}) {
+      SCOPED_TRACE(::testing::PrintToString(w) + (replacement ? " with" : " without"));
+      ls::Tensor draw;
+      // Recording reads nothing: the weights are only known when the program runs.
+      ASSERT_NO_THROW(draw = ls::multinomial(ls::from_vector<float>(w), 2, replacement));
+      const std::string e = error_of([&] { (void)draw.to_vector<int64_t>(); });
+      EXPECT_NE(e.find("multinomial: the weights hold a negative, infinite or NaN value"),
+                std::string::npos)
+          << e;
+    }
+  }
+  // One bad row of two fails the batch; good rows draw as before.
+  ls::Tensor rows = ls::reshape(ls::from_vector<float>({1, 2, 3, 0, 0, 0}), {2, 3});
+  EXPECT_NE(error_of([&] { (void)ls::multinomial(rows, 1).to_vector<int64_t>(); }), "");
+  const std::vector<int64_t> ok =
+      ls::multinomial(ls::from_vector<float>({0, 0, 5, 0}), 3, true).to_vector<int64_t>();
+  EXPECT_EQ(ok, (std::vector<int64_t>{2, 2, 2}));
+
+  for (float p : {-0.1f, 1.5f, nan, inf}) {
+    SCOPED_TRACE(p);
+    ls::Tensor draw;
+    ASSERT_NO_THROW(draw = ls::bernoulli(ls::from_vector<float>({0.5f, p})));
+    const std::string e = error_of([&] { (void)draw.to_vector<float>(); });
+    EXPECT_NE(e.find("bernoulli: a probability is below 0, above 1 or NaN"), std::string::npos)
+        << e;
+  }
+  EXPECT_EQ(ls::bernoulli(ls::from_vector<float>({0, 1, 1, 0})).to_vector<float>(),
+            (std::vector<float>{0, 1, 1, 0}));
 }

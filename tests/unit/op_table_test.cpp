@@ -46,6 +46,11 @@ const std::map<Op, FailureCase>& failure_cases() {
        [](const ls::Tensor& p) {
          return ls::pow(ints_of(p, 2), ls::from_vector<int64_t>({2, -1}));
        }},
+      {Op::Check,
+       [](const ls::Tensor& p) {
+         // Negative weights (a run-time argument check of a composite op).
+         return ls::multinomial(ls::sub(ls::slice(p, 0, 0, 3), 1e9), 1);
+       }},
       {Op::Gather,
        [](const ls::Tensor& p) {
          return ls::gather(p, 0, ls::from_vector<int64_t>({0, 1, int64_t{1} << 20}));
