@@ -63,6 +63,10 @@ class Executable {
   // The memory preflight, before each run is queued: throws Error, naming what the program needs
   // and why, when its plan needs more than `limit` bytes (ls::set_memory_limit).
   virtual void check_memory(size_t limit) const { (void)limit; }
+  // Gives back the memory the program keeps between runs (its arena), for the next run to take
+  // again; called by the compile cache for programs it keeps but has not run lately, from any
+  // thread: skipped while the program runs.
+  virtual void release_idle_memory() {}
 };
 
 class Backend {
@@ -90,6 +94,10 @@ void register_backend(Device device, Backend* backend);
 
 // Host memory, 64-byte aligned, shared by the host backends.
 std::shared_ptr<Storage> alloc_host(size_t bytes);
+// The bytes of host storages alive, and of released buffers kept for reuse: at most as many as
+// are alive (at least 64 MiB), none released over 10 s ago.
+size_t host_memory_in_use();
+size_t host_memory_kept();
 // `bytes` of `parent` from `offset` on, as a storage of its own that keeps `parent` alive.
 std::shared_ptr<Storage> slice_of(std::shared_ptr<Storage> parent, size_t offset, size_t bytes);
 

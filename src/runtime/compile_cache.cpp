@@ -5,6 +5,7 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <iterator>
 #include <list>
 #include <unordered_map>
 
@@ -40,6 +41,15 @@ struct Cache {
   }
 };
 
+// Programs cached but not run lately keep no arena: the one a compile or a hit pushes past the
+// kArenasKept most recently used gives its arena back (its next run takes one again, from the
+// host memory kept for reuse). The 64 programs of a loop over many batch sizes held 64 arenas.
+constexpr size_t kArenasKept = 8;
+
+void release_past_recent(Cache& r) {
+  if (r.lru.size() > kArenasKept) std::next(r.lru.begin(), kArenasKept)->exe->release_idle_memory();
+}
+
 Cache& cache() {
   static Cache* c = new Cache;  // never destroyed: programs may run after main() returns
   return *c;
@@ -68,6 +78,7 @@ const CacheEntry& lookup_or_compile(BuiltGraph& built, const std::string& origin
   auto it = r.cache.find(hash);
   if (it != r.cache.end() && it->second->key == built.key && it->second->setting == setting) {
     r.lru.splice(r.lru.begin(), r.lru, it->second);
+    release_past_recent(r);
     count(Counter::CacheHits);
     site_sync(site, static_cast<int64_t>(built.order.size()), true, graph_ns);
     r.last_graph = it->second->graph;
@@ -121,6 +132,7 @@ const CacheEntry& lookup_or_compile(BuiltGraph& built, const std::string& origin
   r.cache[hash] = r.lru.begin();
   r.last_graph = r.lru.front().graph;
   r.trim();
+  release_past_recent(r);
   return r.lru.front();
 }
 

@@ -23,10 +23,18 @@ using plan::Slot;
 CpuExecutable::CpuExecutable(plan::Plan plan, int threads)
     : p_(std::move(plan)), threads_(threads) {}
 
+void CpuExecutable::release_idle_memory() {
+  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+  if (!lock.owns_lock()) return;  // running: its arena is in use
+  arena_.reset();
+  copies_.reset();
+}
+
 std::vector<std::shared_ptr<Storage>> CpuExecutable::run(
     const std::vector<std::shared_ptr<Storage>>& inputs,
     const std::vector<ir::ScalarValue>& scalars, const std::vector<bool>& donatable,
     const std::function<void()>& past_checks) {
+  std::lock_guard<std::mutex> lock(mu_);
   if (omp_get_max_threads() != threads_) omp_set_num_threads(threads_);
   if (!arena_ && p_.arena_bytes) arena_ = alloc_host(p_.arena_bytes);
   if (!copies_ && p_.copies_bytes) copies_ = alloc_host(p_.copies_bytes);

@@ -3,6 +3,7 @@
 
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "backends/backend.h"
@@ -22,13 +23,15 @@ class CpuExecutable final : public Executable {
                                             const std::function<void()>& past_checks) override;
   size_t planned_bytes() const override { return p_.planned.total(); }
   void check_memory(size_t limit) const override;
+  void release_idle_memory() override;
 
  private:
   plan::Plan p_;
   const int threads_;
   const bool profile_ = util::option_on(util::Option::Profile);
   const bool profile_steps_ = util::option(util::Option::Profile) == "steps";
-  std::shared_ptr<Storage> arena_;   // allocated at the first run, kept for the next
+  std::mutex mu_;                    // held by a run, so that its arena is not released under it
+  std::shared_ptr<Storage> arena_;   // allocated at a run, kept for the next (unless released)
   std::shared_ptr<Storage> copies_;  // the convolutions' shared operand copies
 };
 
