@@ -13,23 +13,30 @@
 // f32 gradients). There is no loss scaling: bf16 has f32's range.
 #pragma once
 
+#include <memory>
 #include <optional>
 
 #include "lockstep/tensor.h"
 
 namespace lockstep {
 
+namespace detail {
+struct AutocastEntry;
+}
+
 class AutocastScope {
  public:
   // `dtype`: bf16 turns autocast on, f32 turns it off inside an enclosing scope; anything else is
-  // an Error.
+  // an Error. The scope is the constructing thread's; ending it on another thread (a Python
+  // context exited there) ends it for the constructing thread too, which then records as the
+  // scopes still open on it say.
   explicit AutocastScope(DType dtype, Loc loc = Loc::current());
   ~AutocastScope();
   AutocastScope(const AutocastScope&) = delete;
   AutocastScope& operator=(const AutocastScope&) = delete;
 
  private:
-  std::optional<DType> previous_;
+  std::shared_ptr<detail::AutocastEntry> entry_;
 };
 
 // `auto scope = ls::autocast(ls::bf16);`: autocast until the scope ends (see above).

@@ -80,8 +80,10 @@ class Step {
 // lost. The export waits for every program the calling thread has queued (a step's, a sync's), so
 // none of them reads the memory while it is written; a program queued after it reads what was
 // written by then (write, then queue the step). In a step closure it cannot wait for the steps
-// queued after the closure's: write through an export taken outside closures. An Error for a
-// tensor on a device without host memory.
+// queued after the closure's: write through an export taken outside closures. The memory is this
+// handle's alone: where its value is shared (with a clone, a cat of one, an op recorded but not
+// run), the handle first takes a copy of its own, so writing changes no other tensor. An Error for
+// a tensor on a device without host memory.
 struct HostMemory {
   void* data = nullptr;  // null for a tensor of no elements
   std::shared_ptr<void> owner;

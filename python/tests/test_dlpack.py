@@ -78,3 +78,16 @@ def test_from_dlpack_refuses_what_it_cannot_take():
         lockstep.from_dlpack(np.arange(12.0).reshape(3, 4)[:, ::2])
     with pytest.raises(lockstep.Error, match="dtype"):
         lockstep.from_dlpack(np.zeros(3, np.float16))
+
+
+def test_writes_through_the_export_of_a_copy_leave_the_original():
+    torch = pytest.importorskip("torch")
+    w = lockstep.tensor([1.0, 2.0, 3.0])
+    for copy in [w.clone(), lockstep.cat([w]), w.reshape(3), w.to(lockstep.float32)]:
+        torch.from_dlpack(copy)[0] = 100.0
+        assert w.tolist() == [1.0, 2.0, 3.0]
+        assert copy.tolist() == [100.0, 2.0, 3.0]
+    c = w.clone()
+    np.from_dlpack(w)  # a read-only look: the clone keeps the value
+    torch.from_dlpack(w)[1] = 7.0
+    assert c.tolist() == [1.0, 2.0, 3.0] and w.tolist() == [1.0, 7.0, 3.0]

@@ -233,3 +233,15 @@ def test_ctrl_c_during_training_keeps_every_committed_step_and_only_those():
         assert words[0] == "interrupted", out + err
         # The weight counts exactly the steps whose closure ran: none half-applied, none lost.
         assert int(words[1]) == int(words[2]) >= 20, out
+
+
+def test_an_autocast_context_exited_on_another_thread_ends_on_its_own():
+    ctx = lockstep.autocast()
+    ctx.__enter__()
+    assert lockstep.autocast_dtype() == lockstep.bfloat16
+    t = threading.Thread(target=ctx.__exit__, args=(None, None, None))
+    t.start()
+    t.join()
+    assert lockstep.autocast_dtype() is None
+    x = lockstep.ones(2, 2)
+    assert (x @ x).dtype == lockstep.float32

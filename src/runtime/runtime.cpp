@@ -239,6 +239,16 @@ HostMemory host_memory(const Tensor& t, Loc loc) {
     util::fail(loc, "host_memory",
                util::cat("the tensor lives on ", device_name(b->device), ", not in host memory"),
                "Copy it to the cpu device first (t.to(ls::parse_device(\"cpu\")))");
+  // An export is of this handle's value alone: where the value is shared (another handle holds
+  // it, as a clone or a cat of one does, or an op recorded but not run yet reads it), the handle
+  // first takes a copy of its own, so that writes through the export change it alone.
+  if (b->bytes != 0 && runtime::current_node(*t.impl()).use_count() > 2) {  // its and ours
+    std::shared_ptr<runtime::Buffer> own = runtime::upload(b->device, b->storage->data(), b->bytes);
+    own->name = b->name;
+    runtime::set_value(*t.impl(), ir::make_data(own, t.shape(), t.dtype(), b->device, loc),
+                       "host_memory", loc);
+    b = std::move(own);
+  }
   // The owner shares the storage: the executor donates an input's storage to an in-place update
   // only while nothing else holds it (runtime::donatable_inputs).
   std::shared_ptr<backends::Storage> storage = b->storage;

@@ -10,6 +10,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <lockstep/lockstep.h>
@@ -148,6 +149,31 @@ TEST(Autocast, NestedScopesAndRefusals) {
   // Integers stay integers under autocast.
   auto on = ls::autocast(ls::bf16);
   EXPECT_EQ(ls::matmul(ls::ones({2, 2}, ls::i64), ls::ones({2, 2}, ls::i64)).dtype(), ls::i64);
+}
+
+// A scope ended on another thread (a Python context exited there) ends it for the thread that
+// opened it, which no longer records in bf16; scopes it opened inside stay as they are.
+TEST(Autocast, AScopeEndedOnAnotherThreadEndsOnItsOwnToo) {
+  auto outer = std::make_unique<ls::AutocastScope>(ls::bf16);
+  EXPECT_EQ(ls::autocast_dtype(), ls::bf16);
+  std::thread([&] {
+    EXPECT_FALSE(ls::autocast_dtype().has_value());  // never this thread's
+    outer.reset();
+    EXPECT_FALSE(ls::autocast_dtype().has_value());
+  }).join();
+  EXPECT_FALSE(ls::autocast_dtype().has_value());
+  EXPECT_EQ(ls::matmul(ls::ones({2, 2}), ls::ones({2, 2})).dtype(), ls::f32);
+  // Out of order: the enclosing bf16 scope ends elsewhere while an inner f32 one is open here.
+  auto on = std::make_unique<ls::AutocastScope>(ls::bf16);
+  {
+    auto off = ls::autocast(ls::f32);
+    auto inner_on = std::make_unique<ls::AutocastScope>(ls::bf16);
+    std::thread([&] { on.reset(); }).join();
+    EXPECT_EQ(ls::autocast_dtype(), ls::bf16);  // the innermost open scope decides
+    inner_on.reset();
+    EXPECT_FALSE(ls::autocast_dtype().has_value());
+  }
+  EXPECT_FALSE(ls::autocast_dtype().has_value());
 }
 
 // A small conv net with batch norm, trained by SGD with momentum under autocast.

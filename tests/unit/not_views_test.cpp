@@ -110,6 +110,30 @@ TEST_F(NotViews, AResultOfAPendingArgumentKeepsItsValueToo) {
   }
 }
 
+// Writing through the host memory (the DLPack export) of a result changes that result alone,
+// and writing through the argument's changes the argument alone, in each identity case.
+TEST_F(NotViews, WritesThroughAnExportChangeOnlyTheExportedHandle) {
+  for (auto& [name, op] : identity_cases()) {
+    SCOPED_TRACE(name);
+    ls::Tensor w = ops_test::f32({1, 2, 3, 4, 5, 6}, {2, 3});
+    ls::Tensor r = op(w);
+    {
+      ls::HostMemory m = ls::host_memory(r);
+      static_cast<float*>(m.data)[0] = 100;
+    }
+    EXPECT_EQ(w.to_vector<float>(), (std::vector<float>{1, 2, 3, 4, 5, 6}));
+    EXPECT_EQ(r.to_vector<float>(), (std::vector<float>{100, 2, 3, 4, 5, 6}));
+    {
+      ls::HostMemory m = ls::host_memory(w);
+      static_cast<float*>(m.data)[1] = 200;
+    }
+    EXPECT_EQ(r.to_vector<float>(), (std::vector<float>{100, 2, 3, 4, 5, 6}));
+    EXPECT_EQ(w.to_vector<float>(), (std::vector<float>{1, 200, 3, 4, 5, 6}));
+    // A handle whose value nothing else shares exports the same memory every time.
+    EXPECT_EQ(ls::host_memory(w).data, ls::host_memory(w).data);
+  }
+}
+
 TEST(NotViewsInStep, ASnapshotOfAWeightTakenWithConcatHoldsTheOldWeights) {
   ls::Tensor w = ls::ones({4});
   ls::sync();
