@@ -325,4 +325,41 @@ LOCKSTEP_OPERATOR(||, logical_or)
 #undef LOCKSTEP_OPERATOR
 inline Tensor operator!(Located<Tensor> x) { return logical_not(x.value, x.loc); }
 
+// ---- indexing with tensors: PyTorch's x[...] in full ---------------------------------------
+// One entry of an index expression: what TensorIndex holds (an integer, a Slice, None, Ellipsis),
+// a bool (True adds an axis of size 1, False one of size 0, as PyTorch's), or a tensor: integer
+// indices (i64 or i32, any shape, negative ones counting from the end; a 0-d one is an integer)
+// or a bool mask (indexing as many axes as it has, which it must match).
+class IndexItem {
+ public:
+  IndexItem(int64_t i) : v_(TensorIndex(i)) {}        // NOLINT: implicit, as TensorIndex's
+  IndexItem(int i) : v_(TensorIndex(i)) {}            // NOLINT
+  IndexItem(bool b) : v_(b) {}                        // NOLINT
+  IndexItem(Slice s) : v_(TensorIndex(s)) {}          // NOLINT
+  IndexItem(EllipsisIndex e) : v_(TensorIndex(e)) {}  // NOLINT
+  IndexItem(NoneIndex n) : v_(TensorIndex(n)) {}      // NOLINT
+  IndexItem(TensorIndex t) : v_(std::move(t)) {}      // NOLINT
+  IndexItem(Tensor t) : v_(std::move(t)) {}           // NOLINT
+  const std::variant<TensorIndex, bool, Tensor>& value() const { return v_; }
+
+ private:
+  std::variant<TensorIndex, bool, Tensor> v_;
+};
+// x[key] as PyTorch computes it: ls::index's basic indexing, plus advanced indices (integer
+// tensors, masks, bools), which broadcast together; their result axes replace theirs when they
+// are adjacent in the key, and come first otherwise. Integer tensors stay lazy (gathers): an index
+// out of range fails when the step runs, as index_select's. A mask's result shape depends on its
+// values: they are read (a blocking read and an implicit sync, as nonzero in PyTorch/XLA).
+Tensor getitem(const Tensor& x, const std::vector<IndexItem>& key, Loc loc = Loc::current());
+// A new tensor: x with x[key] replaced by `values` (converted to x's dtype, broadcast to x[key]'s
+// shape after dropping its leading size-1 axes), or with `values` added there when `accumulate`
+// (repeated indices add up), as torch.index_put; Python's x[key] = v is x.copy_(index_put(x, key,
+// v)), since tensors are never views. Recorded as scatters and selects; the only read is a mask's
+// (getitem's), and none for a mask whose values do not span its selected entries (a scalar or a
+// tensor broadcast along them). Among repeated indices, the last one's value is written.
+Tensor index_put(const Tensor& x, const std::vector<IndexItem>& key, const Tensor& values,
+                 bool accumulate = false, Loc loc = Loc::current());
+Tensor index_put(const Tensor& x, const std::vector<IndexItem>& key, Scalar value,
+                 Loc loc = Loc::current());
+
 }  // namespace lockstep

@@ -1,6 +1,6 @@
 // lockstep.Tensor and lockstep.dtype: every Tensor method is defined here (shape, dtype, reads
-// into Python and NumPy, which release the GIL while they wait, autograd, operators, basic
-// indexing, DLPack, and the functions of ops.cpp that take a tensor first, as methods).
+// into Python and NumPy, which release the GIL while they wait, autograd, operators, DLPack, and
+// the functions of ops.cpp that take a tensor first, as methods) but indexing's (indexing.cpp).
 #include <dlpack/dlpack.h>
 #include <pybind11/numpy.h>
 
@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "common.h"
+#include "indexing.h"
 
 namespace lockstep::python {
 namespace {
@@ -101,39 +102,6 @@ py::object item(const Tensor& t) {
     v = t.item<double>(loc);
   }
   return py::float_(v);
-}
-
-// Python's index expression (an int, slice, Ellipsis, None, or a tuple of them) as TensorIndex.
-std::vector<TensorIndex> indices_of(const py::handle& key) {
-  std::vector<TensorIndex> out;
-  auto one = [&](const py::handle& k) {
-    if (k.is_none()) {
-      out.emplace_back(None);
-    } else if (k.ptr() == Py_Ellipsis) {
-      out.emplace_back(Ellipsis);
-    } else if (py::isinstance<py::slice>(k)) {
-      auto part = [&](const char* name) -> std::optional<int64_t> {
-        py::object v = k.attr(name);
-        if (v.is_none()) return std::nullopt;
-        return v.cast<int64_t>();
-      };
-      const std::optional<int64_t> step = part("step");
-      out.emplace_back(Slice(part("start"), part("stop"), step.value_or(1)));
-    } else if (py::isinstance<py::bool_>(k) || !PyIndex_Check(k.ptr())) {
-      throw Error("Tensor indexing: " + py::repr(k).cast<std::string>() +
-                  " is not a basic index (int, slice, ..., None); for indices in a tensor use "
-                  "lockstep.index_select or lockstep.gather");
-    } else {
-      out.emplace_back(
-          py::cast<int64_t>(py::reinterpret_steal<py::object>(PyNumber_Index(k.ptr()))));
-    }
-  };
-  if (py::isinstance<py::tuple>(key)) {
-    for (const py::handle& k : key) one(k);
-  } else {
-    one(key);
-  }
-  return out;
 }
 
 }  // namespace
@@ -269,14 +237,6 @@ void init_tensor(py::module_& m) {
       .def("byte", [](const Tensor& x) { return x.to(DType::U8); })
       .def("type_as", [](const Tensor& x, const Tensor& other) { return x.to(other.dtype()); })
       .def("is_floating_point", [](const Tensor& x) { return is_floating(x.dtype()); })
-      .def("__getitem__",
-           [](const Tensor& x, const py::object& key) { return x.index(indices_of(key)); })
-      .def("__setitem__",
-           [](Tensor&, const py::object&, const py::object&) {
-             throw Error(
-                 "Tensor.__setitem__: lockstep tensors are not views; assign with "
-                 "masked_fill, where or copy_ on the whole tensor");
-           })
       // In place: every handle to the tensor sees the new value.
       .def(
           "copy_", [](Tensor& x, const Tensor& src) -> Tensor& { return x.copy_(src); },
@@ -293,6 +253,9 @@ void init_tensor(py::module_& m) {
           "The tensor's memory as a DLPack capsule, without a copy (a blocking read if pending).")
       .def("__dlpack_device__",
            [](const Tensor&) { return py::make_tuple(static_cast<int>(kDLCPU), 0); });
+
+  // x[key] and x[key] = v (indexing.cpp).
+  init_indexing(m, t);
 
   // Shapes as torch's methods take them: ints (x.reshape(2, 3)) or one sequence.
   t.def("reshape",

@@ -14,6 +14,7 @@ HEADERS = ("include/lockstep/ops.h", "include/lockstep/nn.h")
 RENAMED = {
     "cast": "Tensor.to",  # x.to(lockstep.float64), and .float(), .long(), ... as torch's
     "index": "Tensor.__getitem__",  # x[0, ..., None, 1:3]
+    "getitem": "Tensor.__getitem__",  # x[mask], x[:, idx], x[[0, 2]]
     "slice": "Tensor.__getitem__",  # x[:, start:end:step]
     "log_sigmoid": "nn.functional.logsigmoid",
     "BatchNorm": "nn.BatchNorm2d",  # torch has no nn.BatchNorm; BatchNorm1d is the same class

@@ -27,9 +27,11 @@ void add_checks(Plan& p) {
       return true;
     }
     const Step& s = steps[at];
-    // Not a check, a fused elementwise step or a library convolution: those are not small.
+    // Not a check, a fused elementwise step or a library convolution: those are not small. Nor
+    // a step with a check of its own (a gather of indices gathered from an input): its check
+    // must run before it, and the hoisted steps run before every check.
     bool ok = s.kind != StepKind::Check && s.kind != StepKind::Elementwise &&
-              s.kind != StepKind::Conv && !s.can_fail;
+              s.kind != StepKind::Conv && !s.can_fail && s.checked < 0;
     for (int32_t w : s.writes())
       ok = ok && bytes_of(p.graph.nodes[w]) <= kSmallBytes && !p.is_output[w];
     for (int32_t r : s.reads) ok = ok && is_early(r);
