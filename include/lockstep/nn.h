@@ -73,11 +73,19 @@ class Module {
   // must match. Nothing is changed unless everything matches.
   NamedTensors state_dict() const;
   void load_state_dict(const NamedTensors& state, bool strict = true);
+  // Makes `t` the parameter (or buffer) registered under `path` ("out.weight" reaches into the
+  // child "out") in place of the one there: the layer computes with it, and parameters(),
+  // optimizers made afterwards and state_dict() see it. Weight tying, as PyTorch's
+  // `model.out.weight = model.tok.weight`: model.set_parameter("out.weight", tok->weight); the
+  // shared tensor is then one parameter (listed once, updated once, saved under both names).
+  // An Error names the registered names when `path` is not one.
+  void set_parameter(const std::string& path, Tensor t);
+  void set_buffer(const std::string& path, Tensor t);
   // The checks of load_state_dict alone: throws the same Error, changes nothing.
   void check_state_dict(const NamedTensors& state, bool strict = true) const;
 
  protected:
-  // Registers and returns `t` (made to require grad).
+  // Registers and returns `t` (made to require grad); a name registered already is replaced.
   Tensor register_parameter(const std::string& name, Tensor t);
   Tensor register_buffer(const std::string& name, Tensor t);
   template <typename M>
@@ -86,7 +94,15 @@ class Module {
     return m;
   }
 
+  // The member a layer computes with for its parameter or buffer `name` (null: none), which
+  // set_parameter and set_buffer replace too.
+  virtual Tensor* tensor_member(const std::string& name) {
+    (void)name;
+    return nullptr;
+  }
+
  private:
+  void set_tensor(const std::string& path, Tensor t, bool param);
   void call_impl(const Loc& loc, const std::function<void()>& body);
   void add_child(const std::string& name, std::shared_ptr<Module> m);
   void collect(const std::string& prefix, bool params, NamedTensors* out) const;
@@ -101,6 +117,9 @@ class Linear : public Module {
   Linear(int64_t in_features, int64_t out_features, bool bias = true);
   Tensor forward(const Tensor& x) override;
   Tensor weight, bias;  // weight [out, in]
+
+ protected:
+  Tensor* tensor_member(const std::string& name) override;
 };
 
 struct Conv2dSpec {
@@ -119,6 +138,9 @@ class Conv2d : public Module {
   Tensor forward(const Tensor& x) override;
   Conv2dSpec spec;
   Tensor weight, bias;  // weight [out, in / groups, kh, kw]
+
+ protected:
+  Tensor* tensor_member(const std::string& name) override;
 };
 
 // Batch normalization over [N, C] (1d) or [N, C, H, W] (2d). In training, normalizes with the
@@ -130,6 +152,9 @@ class BatchNorm : public Module {
   int64_t num_features;
   double eps, momentum;
   Tensor weight, bias, running_mean, running_var, num_batches_tracked;
+
+ protected:
+  Tensor* tensor_member(const std::string& name) override;
 };
 using BatchNorm1d = BatchNorm;
 using BatchNorm2d = BatchNorm;
@@ -141,6 +166,9 @@ class LayerNorm : public Module {
   Shape normalized_shape;
   double eps;
   Tensor weight, bias;
+
+ protected:
+  Tensor* tensor_member(const std::string& name) override;
 };
 
 class Embedding : public Module {
@@ -148,6 +176,9 @@ class Embedding : public Module {
   Embedding(int64_t num_embeddings, int64_t embedding_dim);
   Tensor forward(const Tensor& indices) override;  // i64 indices of any shape
   Tensor weight;
+
+ protected:
+  Tensor* tensor_member(const std::string& name) override;
 };
 
 // Zeroes elements with probability p in training (scaling the rest by 1/(1-p)), with a mask
@@ -343,6 +374,9 @@ class MultiheadAttention : public Module {
   bool batch_first;
   Tensor in_proj_weight, in_proj_bias;
   std::shared_ptr<Linear> out_proj;
+
+ protected:
+  Tensor* tensor_member(const std::string& name) override;
 };
 
 enum class Activation { ReLU, GELU };

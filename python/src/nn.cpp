@@ -71,6 +71,22 @@ Pool2dOptions pool_of(const py::object& kernel, const py::object& stride,
 template <typename M, typename... Options>
 using Layer = py::class_<M, Module, std::shared_ptr<M>, Options...>;
 
+// A layer's tensor attribute: reads its member; an assignment replaces the registered parameter
+// (or buffer) as well (Module::set_parameter), so `out.weight = tok.weight` ties the two: one
+// parameter, listed, updated and saved as PyTorch's.
+template <typename M, typename... Options>
+void tensor_attr(Layer<M, Options...>& cls, const char* name, Tensor M::*member, bool param) {
+  cls.def_property(
+      name, [member](const M& m) { return m.*member; },
+      [name, param](M& m, const py::object& v) {
+        Tensor t = v.is_none() ? Tensor() : v.cast<Tensor>();
+        if (param)
+          m.set_parameter(name, std::move(t));
+        else
+          m.set_buffer(name, std::move(t));
+      });
+}
+
 }  // namespace
 
 void init_nn(py::module_& m) {
@@ -135,6 +151,8 @@ void init_nn(py::module_& m) {
           },
           arg("device"))
       .def("state_dict", [](const Module& mod) { return ordered_dict(mod.state_dict()); })
+      .def("set_parameter", &Module::set_parameter, arg("name"), arg("tensor"))
+      .def("set_buffer", &Module::set_buffer, arg("name"), arg("tensor"))
       .def(
           "load_state_dict",
           [](Module& mod, const py::object& state, bool strict) {
@@ -160,13 +178,13 @@ void init_nn(py::module_& m) {
              as_py(mod, "register_module").add_module(name, std::move(child));
            });
 
-  Layer<nn::Linear>(nnm, "Linear")
-      .def(py::init<int64_t, int64_t, bool>(), arg("in_features"), arg("out_features"),
-           arg("bias") = true)
-      .def_readwrite("weight", &nn::Linear::weight)
-      .def_readwrite("bias", &nn::Linear::bias);
-  Layer<nn::Conv2d>(nnm, "Conv2d")
-      .def(py::init([](int64_t in, int64_t out, const py::object& k, const py::object& stride,
+  auto linear = Layer<nn::Linear>(nnm, "Linear")
+                    .def(py::init<int64_t, int64_t, bool>(), arg("in_features"),
+                         arg("out_features"), arg("bias") = true);
+  tensor_attr(linear, "weight", &nn::Linear::weight, true);
+  tensor_attr(linear, "bias", &nn::Linear::bias, true);
+  auto conv = Layer<nn::Conv2d>(nnm, "Conv2d");
+  conv.def(py::init([](int64_t in, int64_t out, const py::object& k, const py::object& stride,
                        const py::object& padding, const py::object& dilation, int64_t groups,
                        bool bias) {
              nn::Conv2dSpec s;
@@ -181,35 +199,35 @@ void init_nn(py::module_& m) {
              return std::make_shared<nn::Conv2d>(s);
            }),
            arg("in_channels"), arg("out_channels"), arg("kernel_size"), arg("stride") = 1,
-           arg("padding") = 0, arg("dilation") = 1, arg("groups") = 1, arg("bias") = true)
-      .def_readwrite("weight", &nn::Conv2d::weight)
-      .def_readwrite("bias", &nn::Conv2d::bias);
+           arg("padding") = 0, arg("dilation") = 1, arg("groups") = 1, arg("bias") = true);
+  tensor_attr(conv, "weight", &nn::Conv2d::weight, true);
+  tensor_attr(conv, "bias", &nn::Conv2d::bias, true);
   for (const char* name : {"BatchNorm2d", "BatchNorm1d"}) {
     if (std::string(name) == "BatchNorm1d") {
       nnm.attr(name) = nnm.attr("BatchNorm2d");
       continue;
     }
-    Layer<nn::BatchNorm>(nnm, name)
-        .def(py::init<int64_t, double, double, bool>(), arg("num_features"), arg("eps") = 1e-5,
-             arg("momentum") = 0.1, arg("affine") = true)
-        .def_readwrite("weight", &nn::BatchNorm::weight)
-        .def_readwrite("bias", &nn::BatchNorm::bias)
-        .def_readwrite("running_mean", &nn::BatchNorm::running_mean)
-        .def_readwrite("running_var", &nn::BatchNorm::running_var)
-        .def_readwrite("num_batches_tracked", &nn::BatchNorm::num_batches_tracked);
+    auto bn = Layer<nn::BatchNorm>(nnm, name).def(py::init<int64_t, double, double, bool>(),
+                                                  arg("num_features"), arg("eps") = 1e-5,
+                                                  arg("momentum") = 0.1, arg("affine") = true);
+    tensor_attr(bn, "weight", &nn::BatchNorm::weight, true);
+    tensor_attr(bn, "bias", &nn::BatchNorm::bias, true);
+    tensor_attr(bn, "running_mean", &nn::BatchNorm::running_mean, false);
+    tensor_attr(bn, "running_var", &nn::BatchNorm::running_var, false);
+    tensor_attr(bn, "num_batches_tracked", &nn::BatchNorm::num_batches_tracked, false);
   }
-  Layer<nn::LayerNorm>(nnm, "LayerNorm")
-      .def(py::init([](const py::object& shape, double eps, bool affine) {
-             Shape s = py::isinstance<py::int_>(shape) ? Shape{shape.cast<int64_t>()}
-                                                       : shape.cast<Shape>();
-             return std::make_shared<nn::LayerNorm>(s, eps, affine);
-           }),
-           arg("normalized_shape"), arg("eps") = 1e-5, arg("elementwise_affine") = true)
-      .def_readwrite("weight", &nn::LayerNorm::weight)
-      .def_readwrite("bias", &nn::LayerNorm::bias);
-  Layer<nn::Embedding>(nnm, "Embedding")
-      .def(py::init<int64_t, int64_t>(), arg("num_embeddings"), arg("embedding_dim"))
-      .def_readwrite("weight", &nn::Embedding::weight);
+  auto ln = Layer<nn::LayerNorm>(nnm, "LayerNorm");
+  ln.def(py::init([](const py::object& shape, double eps, bool affine) {
+           Shape s =
+               py::isinstance<py::int_>(shape) ? Shape{shape.cast<int64_t>()} : shape.cast<Shape>();
+           return std::make_shared<nn::LayerNorm>(s, eps, affine);
+         }),
+         arg("normalized_shape"), arg("eps") = 1e-5, arg("elementwise_affine") = true);
+  tensor_attr(ln, "weight", &nn::LayerNorm::weight, true);
+  tensor_attr(ln, "bias", &nn::LayerNorm::bias, true);
+  auto emb = Layer<nn::Embedding>(nnm, "Embedding")
+                 .def(py::init<int64_t, int64_t>(), arg("num_embeddings"), arg("embedding_dim"));
+  tensor_attr(emb, "weight", &nn::Embedding::weight, true);
   Layer<nn::Dropout>(nnm, "Dropout").def(py::init<double>(), arg("p") = 0.5);
   Layer<nn::ReLU>(nnm, "ReLU")
       .def(py::init([](bool) { return std::make_shared<nn::ReLU>(); }), arg("inplace") = false);

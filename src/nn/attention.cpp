@@ -203,4 +203,10 @@ Tensor TransformerEncoderLayer::forward(const Tensor& src, const AttentionMasks&
   return x;
 }
 
+Tensor* MultiheadAttention::tensor_member(const std::string& name) {
+  return name == "in_proj_weight" ? &in_proj_weight
+         : name == "in_proj_bias" ? &in_proj_bias
+                                  : nullptr;
+}
+
 }  // namespace lockstep::nn

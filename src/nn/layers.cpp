@@ -193,4 +193,25 @@ Tensor AdaptiveAvgPool2d::forward(const Tensor& x) {
   return matmul(matmul(window_weights(H, oh, x), x), transpose(window_weights(W, ow, x), 0, 1));
 }
 
+// The members the layers compute with, by registered name (Module::set_parameter).
+Tensor* Linear::tensor_member(const std::string& name) {
+  return name == "weight" ? &weight : name == "bias" ? &bias : nullptr;
+}
+Tensor* Conv2d::tensor_member(const std::string& name) {
+  return name == "weight" ? &weight : name == "bias" ? &bias : nullptr;
+}
+Tensor* BatchNorm::tensor_member(const std::string& name) {
+  if (name == "weight") return &weight;
+  if (name == "bias") return &bias;
+  if (name == "running_mean") return &running_mean;
+  if (name == "running_var") return &running_var;
+  return name == "num_batches_tracked" ? &num_batches_tracked : nullptr;
+}
+Tensor* LayerNorm::tensor_member(const std::string& name) {
+  return name == "weight" ? &weight : name == "bias" ? &bias : nullptr;
+}
+Tensor* Embedding::tensor_member(const std::string& name) {
+  return name == "weight" ? &weight : nullptr;
+}
+
 }  // namespace lockstep::nn

@@ -1,5 +1,6 @@
 // The Module base: registration of parameters, buffers and children, names as PyTorch's,
 // train/eval, moving between devices and state dicts.
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -26,17 +27,58 @@ void name_tensor(const Tensor& t, const std::string& name) {
 }
 }  // namespace
 
+namespace {
+// Registers `t` under `name`, in place of a tensor registered under it already.
+void put(NamedTensors& list, const std::string& name, const Tensor& t) {
+  for (auto& [n, old] : list)
+    if (n == name) {
+      old = t;
+      return;
+    }
+  list.emplace_back(name, t);
+}
+}  // namespace
+
 Tensor Module::register_parameter(const std::string& name, Tensor t) {
   if (t.defined()) t.set_requires_grad(true);
   name_tensor(t, name);
-  params_.emplace_back(name, t);
+  put(params_, name, t);
   return t;
 }
 
 Tensor Module::register_buffer(const std::string& name, Tensor t) {
   name_tensor(t, name);
-  buffers_.emplace_back(name, t);
+  put(buffers_, name, t);
   return t;
+}
+
+void Module::set_parameter(const std::string& path, Tensor t) {
+  set_tensor(path, std::move(t), true);
+}
+void Module::set_buffer(const std::string& path, Tensor t) {
+  set_tensor(path, std::move(t), false);
+}
+
+void Module::set_tensor(const std::string& path, Tensor t, bool param) {
+  const char* what = param ? "set_parameter" : "set_buffer";
+  const size_t dot = path.find('.');
+  if (dot != std::string::npos) {
+    const std::string child = path.substr(0, dot);
+    for (const auto& [name, c] : children_)
+      if (name == child) return c->set_tensor(path.substr(dot + 1), std::move(t), param);
+    throw Error(cat(what, ": no child module '", child, "' (of '", path, "')"));
+  }
+  NamedTensors& list = param ? params_ : buffers_;
+  auto it = std::find_if(list.begin(), list.end(), [&](const auto& e) { return e.first == path; });
+  if (it == list.end()) {
+    std::string names;
+    for (const auto& [n, x] : list) names += (names.empty() ? "" : ", ") + n;
+    throw Error(cat(what, ": this module has no ", param ? "parameter" : "buffer", " '", path,
+                    "'; it has: ", names.empty() ? std::string("none") : names));
+  }
+  if (param && t.defined()) t.set_requires_grad(true);
+  it->second = t;
+  if (Tensor* member = tensor_member(path)) *member = std::move(t);
 }
 
 Tensor Module::operator()(const Tensor& x, Loc loc) {

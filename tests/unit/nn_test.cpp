@@ -160,6 +160,37 @@ TEST(NnModule, ASharedModuleIsListedOnceAndUpdatedOncePerStep) {
   for (size_t i = 0; i < w0.size(); ++i) EXPECT_FLOAT_EQ(w1[i], w0[i] - 0.5f * g[i]) << i;
 }
 
+// Weight tying (PyTorch's `out.weight = tok.weight`): set_parameter makes the embedding's weight
+// the output layer's too: one parameter, computed with by both, saved under both names.
+TEST(NnModule, ATiedWeightIsOneParameterComputedWithByBothLayers) {
+  struct Tied : ls::nn::Module {
+    std::shared_ptr<ls::nn::Embedding> tok =
+        register_module("tok", std::make_shared<ls::nn::Embedding>(5, 3));
+    std::shared_ptr<ls::nn::Linear> out =
+        register_module("out", std::make_shared<ls::nn::Linear>(3, 5, false));
+  } m;
+  m.set_parameter("out.weight", m.tok->weight);
+  EXPECT_TRUE(m.out->weight.is_same(m.tok->weight));
+  EXPECT_EQ(names(m.named_parameters()), (std::vector<std::string>{"tok.weight"}));
+  EXPECT_EQ(names(m.state_dict()), (std::vector<std::string>{"tok.weight", "out.weight"}));
+  // The output layer computes with the embedding: out(e_i) = E e_i.
+  const ls::Tensor e = m.tok->weight;
+  const std::vector<float> got = (*m.out)(ls::slice(e, 0, 1, 2)).to_vector<float>();
+  const std::vector<float> want =
+      ls::matmul(ls::slice(e, 0, 1, 2), ls::transpose(e, 0, 1)).to_vector<float>();
+  EXPECT_EQ(got, want);
+  // A name that is not registered is an Error listing those that are.
+  try {
+    m.set_parameter("out.weights", e);
+    FAIL() << "an unknown name was accepted";
+  } catch (const ls::Error& err) {
+    EXPECT_NE(std::string(err.what()).find("no parameter 'weights'; it has: weight"),
+              std::string::npos)
+        << err.what();
+  }
+  EXPECT_THROW(m.set_parameter("nope.weight", e), ls::Error);
+}
+
 // ---- BatchNorm ------------------------------------------------------------------------------
 
 TEST(NnBatchNorm, TrainingUsesBatchStatsAndUpdatesRunningStatsInTheStep) {

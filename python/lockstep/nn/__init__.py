@@ -32,7 +32,22 @@ class Module(_Base):
             self._register_parameter(name, value)
         elif isinstance(value, _Base):
             self._register_module(name, value)
+        elif isinstance(value, _C.Tensor) and name in self.__dict__:
+            # A tensor in place of a registered parameter or buffer (another layer's weight:
+            # weight tying) takes its place in the registry too, as in PyTorch.
+            old = self.__dict__[name]
+            if isinstance(old, Parameter) or self._registered(name, old):
+                self._replace_tensor(name, value)
         object.__setattr__(self, name, value)
+
+    def _registered(self, name, tensor):
+        return any(t.is_same(tensor) for n, t in self.state_dict().items() if n == name)
+
+    def _replace_tensor(self, name, value):
+        try:
+            self.set_parameter(name, value)
+        except _C.Error:
+            self.set_buffer(name, value)
 
     def register_buffer(self, name, tensor):
         self._register_buffer(name, tensor)
