@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -43,6 +45,10 @@ class Optimizer {
   size_t num_param_groups() const { return groups_.size(); }
   double group_lr(size_t g) const;
   void set_group_lr(size_t g, double lr);
+  // The group's lr when the first scheduler took it (PyTorch's 'initial_lr'): every scheduler
+  // made on this optimizer schedules from it, so one made after another (SequentialLR's parts)
+  // does not start from the lr the first one set.
+  double group_initial_lr(size_t g);
   double group_weight_decay(size_t g) const;
   void set_group_weight_decay(size_t g, double weight_decay);
   // Momentum (SGD's momentum, Adam's and Lion's beta1, RMSprop's momentum) for schedules that
@@ -89,6 +95,7 @@ class Optimizer {
     double lr;
     double weight_decay;
     bool weight_decay_set;
+    std::optional<double> initial_lr;  // group_initial_lr's
   };
   std::vector<Group> groups_;
   std::vector<size_t> group_of_;  // params_[i]'s group
@@ -263,6 +270,12 @@ class LRScheduler : public Scheduler {
   void step() { set_count(count_ + 1); }
   int64_t count() const { return count_; }
   void set_count(int64_t c);
+  // Each parameter group's lr at the current count (PyTorch's get_last_lr()).
+  std::vector<double> get_last_lr() const;
+  // Group g's lr after `count` steps (lr_at with its base lr; schedules with per-group rules
+  // override it).
+  virtual double group_lr_at(int64_t count, size_t g) const { return lr_at(count, base_lrs_[g]); }
+  Optimizer& optimizer() const { return opt_; }
   // The lr after `count` steps of a group whose base lr is `base_lr` (group 0's by default).
   virtual double lr_at(int64_t count, double base_lr) const = 0;
   double lr_at(int64_t count) const { return lr_at(count, base_lrs_[0]); }
@@ -341,6 +354,66 @@ class CosineWarmupLR : public LRScheduler {
  private:
   int64_t warmup_, total_;
   double min_lr_;
+};
+
+// base_lr * factor(count) (torch.optim.lr_scheduler.LambdaLR): one factor for every group, or
+// one per group.
+class LambdaLR : public LRScheduler {
+ public:
+  using Factor = std::function<double(int64_t)>;
+  std::string kind() const override { return "LambdaLR"; }
+  LambdaLR(Optimizer& opt, std::vector<Factor> factors);
+  using LRScheduler::lr_at;
+  double lr_at(int64_t count, double base_lr) const override;
+  double group_lr_at(int64_t count, size_t g) const override;
+
+ protected:
+  const Factor& factor(size_t g) const { return factors_[factors_.size() == 1 ? 0 : g]; }
+  std::vector<Factor> factors_;
+};
+
+// base_lr * factor(1) * ... * factor(count) (torch.optim.lr_scheduler.MultiplicativeLR).
+class MultiplicativeLR : public LambdaLR {
+ public:
+  std::string kind() const override { return "MultiplicativeLR"; }
+  MultiplicativeLR(Optimizer& opt, std::vector<Factor> factors);
+  double lr_at(int64_t count, double base_lr) const override;
+  double group_lr_at(int64_t count, size_t g) const override;
+
+ private:
+  double product(int64_t count, size_t g) const;
+  mutable std::vector<std::vector<double>> products_;  // per group: products_[g][c] up to c
+};
+
+// Schedules one after another (torch.optim.lr_scheduler.SequentialLR): parts[i] from
+// milestones[i - 1] on, counting from 0 again there. The parts must schedule this optimizer.
+class SequentialLR : public LRScheduler {
+ public:
+  std::string kind() const override { return "SequentialLR"; }
+  SequentialLR(Optimizer& opt, std::vector<std::shared_ptr<LRScheduler>> parts,
+               std::vector<int64_t> milestones);
+  using LRScheduler::lr_at;
+  double lr_at(int64_t count, double base_lr) const override;
+  double group_lr_at(int64_t count, size_t g) const override;
+
+ private:
+  std::vector<std::shared_ptr<LRScheduler>> parts_;
+  std::vector<int64_t> milestones_;
+};
+
+// Schedules applied together (torch.optim.lr_scheduler.ChainedScheduler): the base lr times each
+// part's factor (its lr over its base lr) at the same count. The parts must schedule this
+// optimizer.
+class ChainedScheduler : public LRScheduler {
+ public:
+  std::string kind() const override { return "ChainedScheduler"; }
+  explicit ChainedScheduler(std::vector<std::shared_ptr<LRScheduler>> parts);
+  using LRScheduler::lr_at;
+  double lr_at(int64_t count, double base_lr) const override;
+  double group_lr_at(int64_t count, size_t g) const override;
+
+ private:
+  std::vector<std::shared_ptr<LRScheduler>> parts_;
 };
 
 struct OneCycleOptions {

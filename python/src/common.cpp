@@ -5,9 +5,11 @@
 
 #include <functional>
 #include <limits>
+#include <regex>
 #include <string>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include <unistd.h>
 
@@ -299,6 +301,64 @@ Tensor to_tensor(const py::handle& data, std::optional<DType> dtype) {
   Tensor t = from_blob(arr.data(), zero_dim ? Shape{1} : shape, *from, default_device(), loc);
   if (zero_dim) t = t.reshape({}, loc);
   return dtype && *dtype != *from ? t.to(*dtype, loc) : t;
+}
+
+}  // namespace lockstep::python
+
+namespace lockstep::python {
+
+// The library's advice is spelled in C++ ("Cast them with ls::cast(targets, ls::i64)", "Wrap
+// each iteration in ls::step"); raised to Python, it is spelled as a Python user writes it.
+std::string python_spelling(std::string text) {
+  static const std::vector<std::pair<std::regex, std::string>>* rules = [] {
+    auto* r = new std::vector<std::pair<std::regex, std::string>>;
+    auto add = [&](const char* from, const char* to) { r->emplace_back(std::regex(from), to); };
+    // Calls first, while they are still C++.
+    add(R"(ls::cast\(([\w.]+), ([^()]+)\))", "$1.to($2)");
+    add(R"(\.to\(ls::parse_device\(\\?"(\w+)\\?"\)\))", ".to(\"$1\")");
+    add(R"(ls::step\(\.\.\.\) or an ls::Step scope)", "a `with lockstep.step():` block");
+    add(R"(an? ls::Step scope)", "a `with lockstep.step():` block");
+    add(R"(ls::Step\b)", "lockstep.step");
+    add(R"(an? ls::NoGrad scope)", "a `with lockstep.no_grad():` block");
+    add(R"(ls::NoGrad\b)", "lockstep.no_grad()");
+    add(R"(ls::max_pool2d_with_indices)", "lockstep.nn.functional.max_pool2d_with_indices");
+    add(R"(default-constructed ls::Tensor)", "a Tensor never given a value");
+    add(R"(ls::zeros\(\{([^}]*)\}\))", "lockstep.zeros($1)");
+    add(R"(\.to_vector<\w+>\(\))", ".tolist()");
+    add(R"(\.item<\w+>\(\))", ".item()");
+    // Names: the dtypes by Python's names, then every namespace.
+    add(R"(ls::f32\b)", "lockstep.float32");
+    add(R"(ls::f64\b)", "lockstep.float64");
+    add(R"(ls::i32\b)", "lockstep.int32");
+    add(R"(ls::i64\b)", "lockstep.int64");
+    add(R"(ls::bf16\b)", "lockstep.bfloat16");
+    add(R"(ls::u8\b)", "lockstep.uint8");
+    add(R"(ls::boolean\b)", "lockstep.bool");
+    add(R"(ls::step\b)", "`with lockstep.step():`");
+    add(R"(ls::(\w+)::)", "lockstep.$1.");
+    add(R"(ls::)", "lockstep.");
+    return r;
+  }();
+  if (text.find("ls::") == std::string::npos) return text;
+  for (const auto& [from, to] : *rules) text = std::regex_replace(text, from, to);
+  return text;
+}
+
+// A Python object kept by C++ (a closure queued on the runtime thread, a scheduler's lr
+// function). A closure lets go of it while it still holds the GIL (runtime.cpp's
+// add_step_closure), so that nothing touches Python after its program is done: at exit the
+// interpreter may be finalizing by then, and a thread that takes the GIL during finalization is
+// ended on the spot. One never run (its step rolled back or failed) is released here, with the
+// GIL.
+std::shared_ptr<py::object> keep(py::object o) {
+  return std::shared_ptr<py::object>(new py::object(std::move(o)), [](py::object* p) {
+    if (*p) {
+      py::gil_scoped_acquire gil;
+      delete p;
+    } else {
+      delete p;
+    }
+  });
 }
 
 }  // namespace lockstep::python

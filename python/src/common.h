@@ -26,6 +26,11 @@ namespace py = pybind11;
 void register_frames_hook();
 // The directory of the lockstep package's .py files (their frames are not the user's).
 void set_package_dir(const std::string& dir);
+// An Error's text with its C++ advice spelled for Python (common.cpp).
+std::string python_spelling(std::string text);
+// A Python object held by C++ (a queued closure, a scheduler's lr function): released with the
+// GIL wherever its last owner lets go of it.
+std::shared_ptr<py::object> keep(py::object o);
 // The user's place, resolved now, for the few calls that need it before the library would
 // resolve it: those that release the GIL first (the hook answers only while it is held: NoGil
 // below), and those whose place the library keeps as given (a step's entry, a sync, a read,

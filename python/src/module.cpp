@@ -9,13 +9,17 @@ PYBIND11_MODULE(_lockstep, m) {
   // lockstep.Error subclasses RuntimeError; BackendError subclasses Error.
   static py::exception<lockstep::Error> error(m, "Error", PyExc_RuntimeError);
   static py::exception<lockstep::BackendError> backend_error(m, "BackendError", error.ptr());
+  // Printed as lockstep.Error, not lockstep._lockstep.Error.
+  error.attr("__module__") = "lockstep";
+  backend_error.attr("__module__") = "lockstep";
+  // The library's advice, spelled for Python ("x.to(lockstep.int64)", not "ls::cast(x, ls::i64)").
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const lockstep::BackendError& e) {
-      PyErr_SetString(backend_error.ptr(), e.what());
+      PyErr_SetString(backend_error.ptr(), lp::python_spelling(e.what()).c_str());
     } catch (const lockstep::Error& e) {
-      PyErr_SetString(error.ptr(), e.what());
+      PyErr_SetString(error.ptr(), lp::python_spelling(e.what()).c_str());
     }
   });
   // One hook names the user's Python line for everything the library records; no binding

@@ -71,6 +71,23 @@ Pool2dOptions pool_of(const py::object& kernel, const py::object& stride,
 template <typename M, typename... Options>
 using Layer = py::class_<M, Module, std::shared_ptr<M>, Options...>;
 
+// A NumPy array or another library's tensor where a module takes lockstep tensors: a short
+// TypeError naming the conversion, instead of a dump of the call's signatures and the array.
+void refuse_foreign_arrays(const py::object& self, const py::args& args) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    const py::handle a = args[i];
+    if (py::isinstance<Tensor>(a)) continue;
+    const bool numpy = py::hasattr(a, "__array_interface__");
+    if (!numpy && !py::hasattr(a, "__dlpack__")) continue;
+    const std::string type = py::str(py::type::of(a).attr("__name__")).cast<std::string>();
+    throw py::type_error(
+        py::str(py::type::of(self).attr("__name__")).cast<std::string>() + "(): argument " +
+        std::to_string(i + 1) + " is a " + (numpy ? "NumPy " : "") + type +
+        ", not a lockstep.Tensor; convert it with " +
+        (numpy ? "lockstep.from_numpy(x) (or lockstep.tensor(x))" : "lockstep.from_dlpack(x)"));
+  }
+}
+
 // A layer's tensor attribute: reads its member; an assignment replaces the registered parameter
 // (or buffer) as well (Module::set_parameter), so `out.weight = tok.weight` ties the two: one
 // parameter, listed, updated and saved as PyTorch's.
@@ -99,6 +116,7 @@ void init_nn(py::module_& m) {
       .def("__call__",
            [](py::object self, const py::args& args, const py::kwargs& kwargs) {
              Module& mod = self.cast<Module&>();
+             refuse_foreign_arrays(self, args);
              py::object fwd = self.attr("forward");
              // The call's place, resolved once: the nodes its layers record name it without
              // asking Python again (util::user_loc finds it on the module frames).

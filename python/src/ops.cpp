@@ -1,10 +1,26 @@
 // The ops of ops.h as lockstep.<name>, with PyTorch's argument names (input, dim, keepdim);
 // tensor.cpp makes the ones that take a tensor first Tensor methods too. No binding passes a
 // place: the library resolves this file's to the user's line (common.h).
+#include <map>
+#include <string>
+
 #include "common.h"
 
 namespace lockstep::python {
 namespace {
+
+// (values, indices) as PyTorch returns them: a named tuple (torch.return_types.topk, ...), so
+// that `.values` and `.indices` work as well as unpacking.
+py::object values_indices(const char* kind, const Tensor& values, const Tensor& indices) {
+  static auto* types = new std::map<std::string, py::object>;  // never destroyed: Python's
+  py::object& type = (*types)[kind];
+  if (!type) {
+    type = py::module_::import("collections")
+               .attr("namedtuple")(kind, py::make_tuple("values", "indices"));
+    type.attr("__module__") = "lockstep.return_types";
+  }
+  return type(values, indices);
+}
 
 TensorOptions options_of(const std::optional<PyDType>& dtype, DType fallback = DType::F32) {
   return TensorOptions(dtype ? dtype->value : fallback);
@@ -230,7 +246,7 @@ void init_ops(py::module_& m) {
   m.def(
       "max",
       [](const Tensor& x, int64_t dim, bool keepdim) {
-        return py::make_tuple(max(x, {dim}, keepdim), argmax(x, {dim}, keepdim));
+        return values_indices("max", max(x, {dim}, keepdim), argmax(x, {dim}, keepdim));
       },
       arg("input"), arg("dim"), arg("keepdim") = false);
   m.def(
@@ -241,7 +257,7 @@ void init_ops(py::module_& m) {
   m.def(
       "min",
       [](const Tensor& x, int64_t dim, bool keepdim) {
-        return py::make_tuple(min(x, {dim}, keepdim), argmin(x, {dim}, keepdim));
+        return values_indices("min", min(x, {dim}, keepdim), argmin(x, {dim}, keepdim));
       },
       arg("input"), arg("dim"), arg("keepdim") = false);
   m.def(
@@ -287,7 +303,7 @@ void init_ops(py::module_& m) {
       "sort",
       [](const Tensor& x, int64_t dim, bool descending) {
         ValuesIndices r = sort(x, dim, descending);
-        return py::make_tuple(r.values, r.indices);
+        return values_indices("sort", r.values, r.indices);
       },
       arg("input"), arg("dim") = -1, arg("descending") = false);
   m.def(
@@ -298,7 +314,7 @@ void init_ops(py::module_& m) {
       "topk",
       [](const Tensor& x, int64_t k, int64_t dim, bool largest) {
         ValuesIndices r = topk(x, k, dim, largest);
-        return py::make_tuple(r.values, r.indices);
+        return values_indices("topk", r.values, r.indices);
       },
       arg("input"), arg("k"), arg("dim") = -1, arg("largest") = true);
 

@@ -83,7 +83,13 @@ void init_optim(py::module_& m) {
           arg("param_group"))
       .def_property("lr", &Optimizer::lr, &Optimizer::set_lr)
       .def_property("momentum", &Optimizer::momentum, &Optimizer::set_momentum)
-      .def_property_readonly("step_count", &Optimizer::step_count)
+      .def_property_readonly("step_count",
+                             [](const Optimizer& o) {
+                               // An integer, as PyTorch's counters: reading it is a sync.
+                               const Loc loc = user_place();
+                               NoGil release;
+                               return o.step_count().item<int64_t>(loc);
+                             })
       .def_property_readonly("skipped_updates", &Optimizer::skipped_updates)
       .def("params", &Optimizer::params)
       .def("state_dict", [](const Optimizer& o) { return ordered_dict(o.state_dict()); })
@@ -155,26 +161,65 @@ void init_optim(py::module_& m) {
       sm, "LRScheduler")
       .def("step", &optim::LRScheduler::step)
       .def_property_readonly("last_epoch", &optim::LRScheduler::count)
-      .def("get_last_lr",
-           [](const optim::LRScheduler& s) { return std::vector<double>{s.lr_at(s.count())}; });
-  const auto keep = py::keep_alive<1, 2>();
+      .def("get_last_lr", &optim::LRScheduler::get_last_lr)
+      .def_property_readonly("optimizer", &optim::LRScheduler::optimizer,
+                             py::return_value_policy::reference);
+  const auto keep_alive_2 = py::keep_alive<1, 2>();
   py::class_<optim::StepLR, optim::LRScheduler, std::shared_ptr<optim::StepLR>>(sm, "StepLR")
       .def(py::init<Optimizer&, int64_t, double>(), arg("optimizer"), arg("step_size"),
-           arg("gamma") = 0.1, keep);
+           arg("gamma") = 0.1, keep_alive_2);
   py::class_<optim::MultiStepLR, optim::LRScheduler, std::shared_ptr<optim::MultiStepLR>>(
       sm, "MultiStepLR")
       .def(py::init<Optimizer&, std::vector<int64_t>, double>(), arg("optimizer"),
-           arg("milestones"), arg("gamma") = 0.1, keep);
+           arg("milestones"), arg("gamma") = 0.1, keep_alive_2);
   py::class_<optim::ExponentialLR, optim::LRScheduler, std::shared_ptr<optim::ExponentialLR>>(
       sm, "ExponentialLR")
-      .def(py::init<Optimizer&, double>(), arg("optimizer"), arg("gamma"), keep);
+      .def(py::init<Optimizer&, double>(), arg("optimizer"), arg("gamma"), keep_alive_2);
   py::class_<optim::LinearLR, optim::LRScheduler, std::shared_ptr<optim::LinearLR>>(sm, "LinearLR")
       .def(py::init<Optimizer&, double, double, int64_t>(), arg("optimizer"),
-           arg("start_factor") = 1.0 / 3, arg("end_factor") = 1.0, arg("total_iters") = 5, keep);
+           arg("start_factor") = 1.0 / 3, arg("end_factor") = 1.0, arg("total_iters") = 5,
+           keep_alive_2);
   py::class_<optim::CosineWarmupLR, optim::LRScheduler, std::shared_ptr<optim::CosineWarmupLR>>(
       sm, "CosineWarmupLR")
       .def(py::init<Optimizer&, int64_t, int64_t, double>(), arg("optimizer"), arg("warmup_steps"),
-           arg("total_steps"), arg("min_lr") = 0.0, keep);
+           arg("total_steps"), arg("min_lr") = 0.0, keep_alive_2);
+  // The user's lr functions (lr_lambda: one, or a list with one per group), called with the GIL.
+  auto factors_of = [](const py::object& fns) {
+    std::vector<optim::LambdaLR::Factor> out;
+    py::list list = py::isinstance<py::list>(fns) || py::isinstance<py::tuple>(fns)
+                        ? py::list(fns)
+                        : py::list(py::make_tuple(fns));
+    for (py::handle f : list) {
+      if (!PyCallable_Check(f.ptr())) throw py::type_error("lr_lambda must be callable");
+      std::shared_ptr<py::object> fn = keep(py::reinterpret_borrow<py::object>(f));
+      out.push_back([fn](int64_t count) {
+        py::gil_scoped_acquire gil;
+        return (*fn)(count).cast<double>();
+      });
+    }
+    return out;
+  };
+  py::class_<optim::LambdaLR, optim::LRScheduler, std::shared_ptr<optim::LambdaLR>>(sm, "LambdaLR")
+      .def(py::init([factors_of](Optimizer& o, const py::object& fns) {
+             return std::make_shared<optim::LambdaLR>(o, factors_of(fns));
+           }),
+           arg("optimizer"), arg("lr_lambda"), keep_alive_2);
+  py::class_<optim::MultiplicativeLR, optim::LambdaLR, std::shared_ptr<optim::MultiplicativeLR>>(
+      sm, "MultiplicativeLR")
+      .def(py::init([factors_of](Optimizer& o, const py::object& fns) {
+             return std::make_shared<optim::MultiplicativeLR>(o, factors_of(fns));
+           }),
+           arg("optimizer"), arg("lr_lambda"), keep_alive_2);
+  py::class_<optim::SequentialLR, optim::LRScheduler, std::shared_ptr<optim::SequentialLR>>(
+      sm, "SequentialLR")
+      .def(py::init<Optimizer&, std::vector<std::shared_ptr<optim::LRScheduler>>,
+                    std::vector<int64_t>>(),
+           arg("optimizer"), arg("schedulers"), arg("milestones"), keep_alive_2,
+           py::keep_alive<1, 3>());
+  py::class_<optim::ChainedScheduler, optim::LRScheduler, std::shared_ptr<optim::ChainedScheduler>>(
+      sm, "ChainedScheduler")
+      .def(py::init<std::vector<std::shared_ptr<optim::LRScheduler>>>(), arg("schedulers"),
+           keep_alive_2);
   py::class_<optim::OneCycleLR, optim::LRScheduler, std::shared_ptr<optim::OneCycleLR>>(
       sm, "OneCycleLR")
       .def(py::init([](Optimizer& o, double max_lr, int64_t total_steps, double pct_start,
@@ -191,7 +236,7 @@ void init_optim(py::module_& m) {
            }),
            arg("optimizer"), arg("max_lr"), arg("total_steps"), arg("pct_start") = 0.3,
            arg("anneal_strategy") = "cos", arg("div_factor") = 25.0, arg("final_div_factor") = 1e4,
-           arg("three_phase") = false, keep);
+           arg("three_phase") = false, keep_alive_2);
   py::class_<optim::ReduceLROnPlateau, optim::Scheduler, std::shared_ptr<optim::ReduceLROnPlateau>>(
       sm, "ReduceLROnPlateau")
       .def(py::init([](Optimizer& o, const std::string& mode, double factor, int64_t patience,
@@ -210,7 +255,7 @@ void init_optim(py::module_& m) {
            }),
            arg("optimizer"), arg("mode") = "min", arg("factor") = 0.1, arg("patience") = 10,
            arg("threshold") = 1e-4, arg("threshold_mode") = "rel", arg("cooldown") = 0,
-           arg("min_lr") = 0.0, arg("eps") = 1e-8, keep)
+           arg("min_lr") = 0.0, arg("eps") = 1e-8, keep_alive_2)
       .def("step", &optim::ReduceLROnPlateau::step, arg("metrics"));
 }
 

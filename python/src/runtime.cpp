@@ -46,22 +46,6 @@ class PyStep {
   std::unique_ptr<Step> step_;
 };
 
-// A Python object kept by C++ (a closure queued on the runtime thread). A closure lets go of it
-// while it still holds the GIL (see add_step_closure below), so that nothing touches Python
-// after its program is done: at exit the interpreter may be finalizing by then, and a thread
-// that takes the GIL during finalization is ended on the spot. One never run (its step rolled
-// back or failed) is released here, with the GIL.
-std::shared_ptr<py::object> keep(py::object o) {
-  return std::shared_ptr<py::object>(new py::object(std::move(o)), [](py::object* p) {
-    if (*p) {
-      py::gil_scoped_acquire gil;
-      delete p;
-    } else {
-      delete p;
-    }
-  });
-}
-
 py::dict cache_miss_dict(const debug::CacheMiss& m) {
   py::dict d;
   d["site"] = m.site;

@@ -345,6 +345,13 @@ constexpr const char* kFunctionMethods =
     "clamp_max add sub mul div pow maximum minimum eq ne lt le gt ge fmod remainder floor_divide "
     "clone bernoulli multinomial";
 
+// Their in-place forms, as torch's `x.clamp_(0, 1)`: the function's result copied into x (every
+// handle to x sees it: tensors are never views), x itself returned.
+constexpr const char* kInPlaceMethods =
+    "abs exp log log1p sqrt rsqrt tanh sigmoid relu sin cos erf floor ceil sign square neg "
+    "logical_not masked_fill clamp clamp_min clamp_max pow fmod remainder floor_divide tril triu "
+    "scatter_add cumsum cumprod";
+
 }  // namespace
 
 void init_tensor_methods(py::module_& m) {
@@ -355,6 +362,22 @@ void init_tensor_methods(py::module_& m) {
   for (std::string name; names >> name;)
     t.attr(name.c_str()) =
         py::reinterpret_steal<py::object>(PyInstanceMethod_New(m.attr(name.c_str()).ptr()));
+  std::istringstream in_place(kInPlaceMethods);
+  for (std::string name; in_place >> name;) {
+    const std::string method = name + "_";
+    t.attr(method.c_str()) = py::cpp_function(
+        [fn = py::object(m.attr(name.c_str()))](py::object self, const py::args& args,
+                                                const py::kwargs& kwargs) {
+          const Tensor result = fn(self, *args, **kwargs).cast<Tensor>();
+          self.cast<Tensor&>().copy_(result);
+          return self;
+        },
+        py::name(method.c_str()), py::is_method(t));
+  }
+  // Random fills, as torch's x.uniform_(a, b) and x.normal_(mean, std): lockstep.nn.init's.
+  py::object init = m.attr("nn").attr("init");
+  for (const char* name : {"uniform_", "normal_"})
+    t.attr(name) = py::reinterpret_steal<py::object>(PyInstanceMethod_New(init.attr(name).ptr()));
 }
 
 }  // namespace lockstep::python

@@ -48,7 +48,7 @@ Optimizer::Optimizer(std::vector<Tensor> params, double lr, bool skip_nonfinite)
     : params_(std::move(params)), skip_nonfinite_(skip_nonfinite) {
   check_params(params_, "optimizer");
   check_lr(lr, "optimizer");
-  groups_.push_back({lr, 0.0, false});
+  groups_.push_back({lr, 0.0, false, std::nullopt});
   group_of_.assign(params_.size(), 0);
   const Device d = params_[0].device();
   step_ = zeros({}, TensorOptions(DType::I64, d));
@@ -77,8 +77,8 @@ void Optimizer::add_param_group(const ParamGroup& group) {
   const double lr = group.lr.value_or(groups_[0].lr);
   check_lr(lr, "add_param_group");
   if (group.weight_decay) check_weight_decay(*group.weight_decay, "add_param_group");
-  groups_.push_back(
-      {lr, group.weight_decay.value_or(groups_[0].weight_decay), group.weight_decay.has_value()});
+  groups_.push_back({lr, group.weight_decay.value_or(groups_[0].weight_decay),
+                     group.weight_decay.has_value(), std::nullopt});
   for (const Tensor& p : group.params) {
     params_.push_back(p);
     group_of_.push_back(groups_.size() - 1);
@@ -101,6 +101,12 @@ void check_group(size_t g, size_t n, const char* who) {
 double Optimizer::group_lr(size_t g) const {
   check_group(g, groups_.size(), "group_lr");
   return groups_[g].lr;
+}
+
+double Optimizer::group_initial_lr(size_t g) {
+  check_group(g, groups_.size(), "group_initial_lr");
+  if (!groups_[g].initial_lr) groups_[g].initial_lr = groups_[g].lr;
+  return *groups_[g].initial_lr;
 }
 
 void Optimizer::set_group_lr(size_t g, double lr) {

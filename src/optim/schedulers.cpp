@@ -73,14 +73,20 @@ void Scheduler::load_state_dict(const nn::NamedTensors& state) {
 }
 
 LRScheduler::LRScheduler(Optimizer& opt) : opt_(opt) {
-  for (size_t g = 0; g < opt.num_param_groups(); ++g) base_lrs_.push_back(opt.group_lr(g));
+  for (size_t g = 0; g < opt.num_param_groups(); ++g) base_lrs_.push_back(opt.group_initial_lr(g));
 }
 
 void LRScheduler::set_count(int64_t c) {
   count_ = c;
   for (size_t g = 0; g < base_lrs_.size() && g < opt_.num_param_groups(); ++g)
-    opt_.set_group_lr(g, lr_at(count_, base_lrs_[g]));
+    opt_.set_group_lr(g, group_lr_at(count_, g));
   on_count(count_);
+}
+
+std::vector<double> LRScheduler::get_last_lr() const {
+  std::vector<double> out;
+  for (size_t g = 0; g < base_lrs_.size(); ++g) out.push_back(group_lr_at(count_, g));
+  return out;
 }
 
 nn::NamedTensors LRScheduler::state_dict() const {
@@ -286,5 +292,100 @@ void ReduceLROnPlateau::load_checked(const nn::NamedTensors& state) {
   const std::vector<double> lrs = lrs_entry(state, "_last_lr", opt_.num_param_groups(), who);
   for (size_t g = 0; g < lrs.size(); ++g) opt_.set_group_lr(g, lrs[g]);
 }
+
+// ---- schedules of schedules and of the user's functions -----------------------------------
+
+LambdaLR::LambdaLR(Optimizer& opt, std::vector<Factor> factors)
+    : LRScheduler(opt), factors_(std::move(factors)) {
+  if (factors_.size() != 1 && factors_.size() != base_lrs_.size())
+    throw Error(cat(kind(), ": expected 1 factor function or one per parameter group (",
+                    base_lrs_.size(), "), got ", factors_.size()));
+  for (const Factor& f : factors_)
+    if (!f) throw Error(cat(kind(), ": a factor function is empty"));
+  if (kind() == "LambdaLR") set_count(0);  // MultiplicativeLR's own constructor sets it
+}
+
+double LambdaLR::lr_at(int64_t count, double base_lr) const { return base_lr * factor(0)(count); }
+
+double LambdaLR::group_lr_at(int64_t count, size_t g) const {
+  return base_lrs_[g] * factor(g)(count);
+}
+
+MultiplicativeLR::MultiplicativeLR(Optimizer& opt, std::vector<Factor> factors)
+    : LambdaLR(opt, std::move(factors)) {
+  products_.assign(base_lrs_.size(), {1.0});
+  set_count(0);
+}
+
+double MultiplicativeLR::product(int64_t count, size_t g) const {
+  std::vector<double>& p = products_[g];
+  while (static_cast<int64_t>(p.size()) <= count)
+    p.push_back(p.back() * factor(g)(static_cast<int64_t>(p.size())));
+  return p[static_cast<size_t>(count)];
+}
+
+double MultiplicativeLR::lr_at(int64_t count, double base_lr) const {
+  return base_lr * product(count, 0);
+}
+
+double MultiplicativeLR::group_lr_at(int64_t count, size_t g) const {
+  return base_lrs_[g] * product(count, g);
+}
+
+namespace {
+
+void check_parts(const std::vector<std::shared_ptr<LRScheduler>>& parts, const Optimizer& opt,
+                 const char* who) {
+  if (parts.empty()) throw Error(cat(who, ": needs at least one scheduler"));
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (!parts[i]) throw Error(cat(who, ": scheduler ", i, " is null"));
+    if (&parts[i]->optimizer() != &opt)
+      throw Error(cat(who, ": scheduler ", i, " schedules another optimizer; every part must ",
+                      "schedule the same one"));
+  }
+}
+
+Optimizer& first_optimizer(const std::vector<std::shared_ptr<LRScheduler>>& parts) {
+  if (parts.empty() || !parts[0]) throw Error("ChainedScheduler: needs at least one scheduler");
+  return parts[0]->optimizer();
+}
+
+}  // namespace
+
+SequentialLR::SequentialLR(Optimizer& opt, std::vector<std::shared_ptr<LRScheduler>> parts,
+                           std::vector<int64_t> milestones)
+    : LRScheduler(opt), parts_(std::move(parts)), milestones_(std::move(milestones)) {
+  check_parts(parts_, opt, "SequentialLR");
+  if (milestones_.size() + 1 != parts_.size())
+    throw Error(cat("SequentialLR: expected ", parts_.size() - 1, " milestones for ", parts_.size(),
+                    " schedulers, got ", milestones_.size()));
+  for (size_t i = 0; i < milestones_.size(); ++i)
+    if (milestones_[i] < 0 || (i && milestones_[i] < milestones_[i - 1]))
+      throw Error("SequentialLR: milestones must be non-negative and increasing");
+  set_count(0);
+}
+
+double SequentialLR::group_lr_at(int64_t count, size_t g) const {
+  const size_t i = static_cast<size_t>(
+      std::upper_bound(milestones_.begin(), milestones_.end(), count) - milestones_.begin());
+  return parts_[i]->group_lr_at(count - (i ? milestones_[i - 1] : 0), g);
+}
+
+double SequentialLR::lr_at(int64_t count, double) const { return group_lr_at(count, 0); }
+
+ChainedScheduler::ChainedScheduler(std::vector<std::shared_ptr<LRScheduler>> parts)
+    : LRScheduler(first_optimizer(parts)), parts_(std::move(parts)) {
+  check_parts(parts_, opt_, "ChainedScheduler");
+  set_count(0);
+}
+
+double ChainedScheduler::group_lr_at(int64_t count, size_t g) const {
+  const double base = base_lrs_[g];
+  double lr = base;
+  for (const auto& p : parts_) lr *= base != 0 ? p->group_lr_at(count, g) / base : 0.0;
+  return lr;
+}
+
+double ChainedScheduler::lr_at(int64_t count, double) const { return group_lr_at(count, 0); }
 
 }  // namespace lockstep::optim

@@ -7,6 +7,7 @@ _nn = _C.nn
 _reexport(globals(), _nn)
 functional = _nn.functional
 init = _nn.init
+from . import utils  # noqa: E402,F401
 _Base = _nn.Module
 
 
