@@ -423,6 +423,8 @@ int run(const Options& o) {
         format("--nprocs %lld, but mpirun started %d processes: pass the same number "
                "to both, or only one of them",
                static_cast<long long>(o.nprocs), world));
+  std::optional<ls::profiler::Trace> trace;  // written when run() ends, however it ends
+  if (!o.trace.empty()) trace.emplace(o.trace);
   ls::set_default_device(ls::parse_device(o.device));
   const long cores = allowed_cores();
   if (o.threads > 0)

@@ -50,6 +50,9 @@ options:
   --tensorboard DIR  also log loss, learning rate, images/s, compiles and cache hits every
                      --log-steps steps, and the test accuracy, as TensorBoard event files in DIR
                      (ls::SummaryWriter; with --nprocs, rank 0 writes)
+  --trace DIR        write the run's step timeline (ls::profiler) to DIR as Chrome Trace Event
+                     JSON, one file per process (per rank with --nprocs): open it in
+                     https://ui.perfetto.dev
   --strict           after the first epoch (the warm-up), a recompile is an error that names
                      what changed (ls::debug::expect_steady)
   --device D         cpu or ref (default: cpu)
@@ -215,6 +218,9 @@ Options parse_args(int argc, char** argv) {
     } else if (arg == "--tensorboard") {
       o.tensorboard = value();
       if (o.tensorboard.empty()) throw UsageError("--tensorboard needs a non-empty directory");
+    } else if (arg == "--trace") {
+      o.trace = value();
+      if (o.trace.empty()) throw UsageError("--trace needs a non-empty directory");
     } else if (arg == "--strict") {
       flag_only();
       o.strict = true;

@@ -44,6 +44,7 @@ struct Options {
   bool strict = false;
   std::string metrics_json;
   std::string tensorboard;
+  std::string trace;
   std::string device = "cpu";
   std::string precision = "f32";
   bool help = false;

@@ -13,6 +13,7 @@
 #include "lockstep/nn.h"
 #include "lockstep/ops.h"
 #include "lockstep/optim.h"
+#include "lockstep/profiler.h"
 #include "lockstep/runtime.h"
 #include "lockstep/summary.h"
 #include "lockstep/tensor.h"

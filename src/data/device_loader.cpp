@@ -19,6 +19,7 @@
 #include "data/epoch_readers.h"
 #include "lockstep/data.h"
 #include "lockstep/ops.h"
+#include "runtime/profiler.h"
 #include "util/check.h"
 
 namespace lockstep::data {
@@ -75,6 +76,7 @@ struct DeviceLoader::Impl {
   }
 
   void run_pump() {
+    runtime::prof::name_thread("lockstep upload");
     try {
       for (;;) {
         Item item = fetch();
@@ -142,6 +144,7 @@ struct DeviceLoader::Impl {
     Item item;
     {
       std::unique_lock<std::mutex> lock(mu);
+      runtime::prof::Span waiting("data", "next batch");
       items_cv.wait(lock, [&] { return !queue.empty() || fatal; });
       if (queue.empty()) {
         std::exception_ptr error = fatal;

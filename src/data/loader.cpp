@@ -19,6 +19,7 @@
 
 #include "data/epoch_readers.h"
 #include "lockstep/data.h"
+#include "runtime/profiler.h"
 #include "util/check.h"
 
 namespace lockstep::data {
@@ -135,6 +136,7 @@ struct DataLoader::Impl {
   }
 
   void worker() {
+    runtime::prof::name_thread("lockstep loader");
     try {
       for (;;) {
         int64_t k = 0;
@@ -149,6 +151,7 @@ struct DataLoader::Impl {
         }
         Slot slot;
         try {
+          runtime::prof::Span span("data", "load batch");
           slot.batch = make_batch(k);
         } catch (const Cancelled&) {
           return;
@@ -247,6 +250,7 @@ struct DataLoader::Impl {
         return std::nullopt;
       }
     }
+    runtime::prof::Span waiting("data", "next batch");
     ready_cv.wait(lock, [&] { return interrupted || fatal || ready.count(k) > 0; });
     if (auto it = ready.find(k); it != ready.end()) {
       Slot slot = std::move(it->second);

@@ -16,6 +16,7 @@
 #include "dist/comm.h"
 #include "dist/comm_world.h"
 #include "lockstep/dist.h"
+#include "runtime/profiler.h"
 #include "util/check.h"
 #include "util/options.h"
 
@@ -74,6 +75,7 @@ struct InFlight {
   bool done = false;
   std::shared_ptr<void> keep;
   std::string what;
+  int64_t bytes = 0;
 };
 
 namespace {
@@ -160,6 +162,9 @@ std::shared_ptr<InFlight> start_all_reduce(void* data, int64_t count, DType dtyp
     return op;
   }
   if (w.broken.load()) throw_broken();
+  op->bytes = count * static_cast<int64_t>(dtype_size(dtype));
+  runtime::prof::Span span("collective", "all_reduce start");
+  if (span) span.arg("what", op->what), span.arg("bytes", op->bytes);
   if (count > INT32_MAX)
     throw Error(cat("dist: ", op->what, ": ", count,
                     " elements in one all-reduce is more than MPI's 2^31 - 1: use smaller "
@@ -189,6 +194,8 @@ bool in_flight() { return g_flight_count.load(std::memory_order_relaxed) > 0; }
 void wait(InFlight& op) {
 #if LOCKSTEP_WITH_MPI
   World& w = world();
+  runtime::prof::Span span("collective", "collective wait");
+  if (span) span.arg("what", op.what), span.arg("bytes", op.bytes);
   int rc = MPI_SUCCESS;
   const bool ok = poll_until(
       [&] {
@@ -240,6 +247,7 @@ void broadcast(void* data, size_t bytes, int root, const std::string& what) {
     throw Error(cat("dist: ", what, ": ", bytes, " bytes in one broadcast is more than 2 GiB"));
   auto op = std::make_shared<InFlight>();
   op->what = what;
+  op->bytes = static_cast<int64_t>(bytes);
   check(MPI_Ibcast(data, static_cast<int>(bytes), MPI_BYTE, root, w.data, &op->request),
         "MPI_Ibcast", what);
   add_in_flight(op);

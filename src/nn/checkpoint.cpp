@@ -7,6 +7,7 @@
 
 #include "lockstep/autograd.h"
 #include "lockstep/runtime.h"
+#include "runtime/profiler.h"
 #include "util/check.h"
 
 namespace lockstep {
@@ -86,6 +87,8 @@ void save_checkpoint(const std::string& path, const nn::Module& model,
 void save_checkpoint(const std::string& path, const nn::Module& model,
                      const optim::Optimizer* optimizer, const optim::Scheduler* scheduler,
                      const io::Metadata& metadata, Loc loc) {
+  runtime::prof::Span span("io", "save checkpoint");
+  span.arg("path", path);
   io::TensorMap tensors;
   for (auto& [name, t] : model.state_dict()) tensors.emplace_back(cat(kModel, name), t);
   if (optimizer)

@@ -13,6 +13,7 @@
 #include "ir/random_bits.h"
 #include "lockstep/runtime.h"
 #include "runtime/metrics.h"
+#include "runtime/profiler.h"
 #include "runtime/sites.h"
 #include "util/check.h"
 #include "util/options.h"
@@ -72,6 +73,8 @@ int64_t largest_program() { return cache().largest.load(); }
 const CacheEntry& lookup_or_compile(BuiltGraph& built, const std::string& origin,
                                     const std::string& site, int64_t graph_ns) {
   Cache& r = cache();
+  prof::Span span("compile", "cache hit");
+  if (span) span.arg("site", site), span.arg("nodes", built.order.size());
   backends::Backend& backend = backends::backend_for(built.graph.device);
   std::string setting = backend.compile_setting();
   const uint64_t hash = cache_hash(built.hash, setting);
@@ -95,7 +98,8 @@ const CacheEntry& lookup_or_compile(BuiltGraph& built, const std::string& origin
   site_sync(site, static_cast<int64_t>(built.order.size()), false, graph_ns);
   materialize_graph(built);
   // Why: against the site's earlier graphs (and the steady-state contract, which may refuse).
-  site_miss(site, built.graph, r.debug, setting_change);
+  const debug::CacheMiss miss = site_miss(site, built.graph, r.debug, setting_change);
+  if (span) span.rename("compile"), span.arg("reason", miss.text);
   std::shared_ptr<backends::Executable> exe;
   try {
     exe = backend.compile(built.graph);

@@ -15,6 +15,7 @@
 #include "lockstep/error.h"
 #include "lockstep/runtime.h"
 #include "runtime/metrics.h"
+#include "runtime/profiler.h"
 #include "runtime/sites.h"
 #include "runtime/transaction.h"
 #include "util/check.h"
@@ -61,6 +62,7 @@ struct Executor {
   static void drain_at_exit();
 
   void loop() {
+    prof::name_thread("lockstep runtime");
     for (;;) {
       Job job;
       {
@@ -210,6 +212,9 @@ std::shared_ptr<StepRollback> Executor::run_job(Job& job) {
     donatable = donatable_inputs(job.inputs, job.rollback.get());
     for (const auto& in : job.inputs) storages.push_back(in->storage);
     const int64_t t0 = now_ns();
+    prof::Span span("execute", "execute");
+    if (span)
+      span.arg("origin", job.origin), span.arg("site", job.site), span.arg("nodes", job.num_nodes);
     try {
       // Once the program is past its data checks, the step's record of values to restore goes:
       // a later failure (a fault, not the data) poisons what the step changed instead.
@@ -265,6 +270,7 @@ std::shared_ptr<StepRollback> Executor::run_job(Job& job) {
   }
   if (err) return spent_record;  // the step's values are not there: its closures do not run
   ActingFor acting(job.ctx);
+  prof::Span closures("closure", job.closures.empty() ? nullptr : "step closures");
   for (auto& fn : job.closures) {
     try {
       fn();

@@ -3,6 +3,7 @@
 
 #include <utility>
 
+#include "runtime/profiler.h"
 #include "util/check.h"
 
 namespace lockstep::runtime {
@@ -25,6 +26,7 @@ BuiltGraph build_graph(const std::vector<ir::NodePtr>& roots, Device device) {
   // its number for the current build), no program written out, buffers sized from last time.
   static uint64_t epoch = 0;
   static size_t last_nodes = 0, last_key = 0;
+  prof::Span span("graph", "build graph");
   ++epoch;
   BuiltGraph out;
   out.graph.device = device;
@@ -103,7 +105,9 @@ BuiltGraph build_graph(const std::vector<ir::NodePtr>& roots, Device device) {
   }
   key.push_back(0xFFFFFFFFull);
   for (int32_t o : out.outputs) key.push_back(static_cast<uint64_t>(o));
+  prof::Span hashing("graph", "hash");
   out.hash = hash_words(out.key);
+  span.arg("nodes", out.order.size());
   last_nodes = out.order.size();
   last_key = out.key.size();
   return out;

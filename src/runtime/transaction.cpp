@@ -16,6 +16,7 @@
 #include "runtime/compile_cache.h"
 #include "runtime/executor.h"
 #include "runtime/metrics.h"
+#include "runtime/profiler.h"
 #include "runtime/sites.h"
 #include "util/check.h"
 
@@ -41,6 +42,7 @@ void begin_step(StepState& s, const Loc& loc) {
                "End the outer step before starting another");
   if (on_runtime_thread())
     util::fail(loc, "step", "a step cannot start inside a step closure", "Start it after the step");
+  s.begin_ns = prof::now_if_on();
   const std::string entry = cat("sync on entry to the step at ", util::where(loc));
   sync_all(entry, entry, false);
   s.id = g_step_counter.fetch_add(1) + 1;
@@ -67,6 +69,9 @@ void end_step() {
 
 void rollback_step(StepState& s, const std::string& reason) {
   t_active = nullptr;  // restoring is not journaled; other threads wait for end_step() below
+  if (s.begin_ns)
+    prof::step_done(s.id, cat("step at ", util::where(s.loc)), s.begin_ns, s.trace_start_ns, 0,
+                    reason);
   auto lost = std::make_exception_ptr(
       Error(cat("this tensor was created in ", step_origin(s),
                 ", which was rolled back because an exception left it: ", reason)));
@@ -126,6 +131,7 @@ std::shared_ptr<StepRollback> hand_over(StepState& s) {
 // is undone from the record (settle_failures below).
 void commit_step(StepState& s) {
   const std::string site = cat("step at ", util::where(s.loc));
+  prof::StepEnd traced(s.id, site, s.begin_ns, s.trace_start_ns);
   time_ns(Timer::Trace, now_ns() - s.trace_start_ns);
   site_time(site, SitePhase::Trace, now_ns() - s.trace_start_ns);
   Context& me = current_context();

@@ -47,6 +47,7 @@ struct StepState {
   std::vector<std::weak_ptr<TensorImpl>> created;
   std::vector<std::function<void()>> closures;
   int64_t trace_start_ns = 0;
+  int64_t begin_ns = 0;  // its entry, when traced (runtime/profiler.h)
 };
 
 // Enters a step: syncs the thread's pending work; throws Error if a step is already running on

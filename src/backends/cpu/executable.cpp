@@ -13,6 +13,7 @@
 
 #include "dist/comm.h"
 #include "runtime/metrics.h"
+#include "runtime/profiler.h"
 #include "util/check.h"
 
 namespace lockstep::backends::cpu {
@@ -133,13 +134,15 @@ std::vector<std::shared_ptr<Storage>> CpuExecutable::run(
         dist::detail::progress();
         runtime::time_ns(runtime::Timer::AllReduceProgress, runtime::now_ns() - t0);
       }
-      if (!profile_) {
+      if (!profile_ && !runtime::prof::fine()) {
         kernel(step).run(ctx);
         continue;
       }
       const int64_t t0 = runtime::now_ns();
       kernel(step).run(ctx);
       const int64_t took = runtime::now_ns() - t0;
+      if (runtime::prof::fine()) trace_step(step, t0, took);
+      if (!profile_) continue;
       // LOCKSTEP_PROFILE=steps: a timer per step ("mat_mul %93[1024, 784]"), else per kind.
       std::string name;
       if (profile_steps_)
@@ -163,6 +166,49 @@ std::vector<std::shared_ptr<Storage>> CpuExecutable::run(
     backends::fail_at(p_.graph.nodes[p_.steps[at].node], e, std::move(lost));
   }
   return outs;
+}
+
+// Named as LOCKSTEP_PROFILE=steps names it; products and convolutions with their shapes and
+// GFLOP/s, fused trees with the ops they compute.
+void CpuExecutable::trace_step(const plan::Step& step, int64_t start_ns, int64_t took) const {
+  const auto& nodes = p_.graph.nodes;
+  const ir::GraphNode& written = nodes[step.node];
+  // A product computed transposed (B^T A^T) writes the permute of the matmul.
+  const bool transposed =
+      written.op == ir::Op::Permute && nodes[written.operands[0]].op == ir::Op::MatMul;
+  const ir::GraphNode& n = transposed ? nodes[written.operands[0]] : written;
+  std::string args;
+  runtime::prof::add_arg(args, "shape", shape_str(n.shape));
+  double flops = 0;
+  if (n.op == ir::Op::MatMul) {
+    const Shape& a = nodes[n.operands[0]].shape;
+    const Shape& b = nodes[n.operands[1]].shape;
+    runtime::prof::add_arg(args, "operands", util::cat(shape_str(a), " x ", shape_str(b)));
+    flops = 2.0 * static_cast<double>(shape_numel(n.shape)) * static_cast<double>(a.back());
+  } else if (n.op == ir::Op::Conv2d || n.op == ir::Op::Conv2dBackwardInput ||
+             n.op == ir::Op::Conv2dBackwardWeight) {
+    // 2 * (the forward's output elements) * (weights per output channel), in all three.
+    const bool weight_out = n.op == ir::Op::Conv2dBackwardWeight;
+    const Shape& w = weight_out ? n.shape : nodes[n.operands[1]].shape;
+    const Shape& out =
+        n.op == ir::Op::Conv2d ? n.shape : nodes[n.operands[weight_out ? 1 : 0]].shape;
+    runtime::prof::add_arg(args, "weight", shape_str(w));
+    if (!w.empty() && w[0] > 0)
+      flops =
+          2.0 * static_cast<double>(shape_numel(out)) * static_cast<double>(shape_numel(w) / w[0]);
+  }
+  if (flops > 0) {
+    runtime::prof::add_arg(args, "gflop", flops * 1e-9);
+    runtime::prof::add_arg(args, "gflop_per_s", took > 0 ? flops / static_cast<double>(took) : 0.0);
+  }
+  if (!step.members.empty()) {
+    std::string ops;
+    for (const plan::Member& m : step.members)
+      ops += util::cat(ops.empty() ? "" : " ", ir::op_info(nodes[m.node].op).name);
+    runtime::prof::add_arg(args, "ops", ops);
+  }
+  runtime::prof::complete("kernel", util::cat(step.label, " %", step.node), start_ns,
+                          start_ns + took, std::move(args));
 }
 
 // The memory preflight (plan/preflight.cpp).

@@ -26,6 +26,9 @@ class CpuExecutable final : public Executable {
   void release_idle_memory() override;
 
  private:
+  // A fine trace's event for a step that ran from `start_ns` for `took` ns (ls::profiler).
+  void trace_step(const plan::Step& step, int64_t start_ns, int64_t took) const;
+
   plan::Plan p_;
   const int threads_;
   const bool profile_ = util::option_on(util::Option::Profile);
