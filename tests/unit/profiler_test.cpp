@@ -271,3 +271,19 @@ TEST(Profiler, StartTwiceIsAnErrorAndStopWhenOffIsNothing) {
   EXPECT_THROW(ls::profiler::start("/proc/no-such-dir/x"), ls::Error);
   fs::remove_all(dir);
 }
+
+TEST(Profiler, ALargeBufferGoesToTheWriterInChunksAndNoEventIsLost) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("lockstep-profiler-chunks-" + std::to_string(getpid()));
+  ls::profiler::start(dir.string());
+  const int spans = 40000;  // more than two chunks of one thread's buffer
+  for (int i = 0; i < spans; ++i) ls::profiler::RecordFunction span("span " + std::to_string(i));
+  const std::string path = ls::profiler::stop();
+  Checked t;
+  ASSERT_NO_FATAL_FAILURE(check_trace(path, t));
+  std::set<std::string> seen;
+  for (const TraceEvent& e : t.events)
+    if (e.name.rfind("span ", 0) == 0) seen.insert(e.name);
+  EXPECT_EQ(seen.size(), static_cast<size_t>(spans));
+  fs::remove_all(dir);
+}
