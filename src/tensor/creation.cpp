@@ -26,8 +26,7 @@ void check_shape(const Shape& shape, DType dtype, const char* op, const Loc& loc
 // The integer value `value`, unless `bad` (bool, broadcast to its shape) holds true somewhere:
 // then the run that computes it fails with `reason`'s text (an Op::Check), as an index out of
 // range does: checked when the program runs, without a sync when it is recorded.
-Tensor checked(const Tensor& value, const Tensor& bad, ir::CheckReason reason,
-               const Loc& loc) {
+Tensor checked(const Tensor& value, const Tensor& bad, ir::CheckReason reason, const Loc& loc) {
   const DType t = value.dtype();
   const Tensor code = mul(cast(expand(bad, value.shape(), loc), t, loc), int64_t{reason}, loc);
   return frontend::record(Op::Check, {node(value, "check", loc), node(code, "check", loc)}, {},
