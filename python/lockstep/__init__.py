@@ -34,7 +34,7 @@ _C._set_package_dir(_os.path.dirname(_os.path.abspath(__file__)) + _os.sep)
 
 from ._reexport import reexport as _reexport  # noqa: E402
 
-_skip = {"nn", "optim", "models", "metrics", "debug", "dist", "data"}
+_skip = {"nn", "optim", "models", "metrics", "debug", "dist", "data", "profiler"}
 for _name in dir(_C):
     if not _name.startswith("_") and _name not in _skip:
         globals()[_name] = getattr(_C, _name)
@@ -130,7 +130,7 @@ class no_grad:
 
 # Every Tensor method is defined in the extension (python/src/tensor.cpp), none here.
 
-from . import nn, optim, models, metrics, debug, dist, data  # noqa: E402,F401
+from . import nn, optim, models, metrics, debug, dist, data, profiler  # noqa: E402,F401
 
 
 def _drain_at_exit():

@@ -75,6 +75,7 @@ void init_optim(py::module_& m);
 void init_extras(py::module_& m);
 void init_dlpack(py::module_& m);
 void init_summary(py::module_& m);
+void init_profiler(py::module_& m);
 
 // Axes given as an int, a sequence of ints, or None (every axis).
 std::vector<int64_t> axes_of(const py::object& dim);

@@ -34,5 +34,6 @@ PYBIND11_MODULE(_lockstep, m) {
   lp::init_extras(m);
   lp::init_dlpack(m);
   lp::init_summary(m);
+  lp::init_profiler(m);
   lp::init_tensor_methods(m);
 }
