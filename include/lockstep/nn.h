@@ -143,6 +143,37 @@ class Conv2d : public Module {
   Tensor* tensor_member(const std::string& name) override;
 };
 
+struct ConvTranspose2dSpec {
+  int64_t in_channels = 0, out_channels = 0;
+  std::array<int64_t, 2> kernel{3, 3};
+  std::array<int64_t, 2> stride{1, 1};
+  std::array<int64_t, 2> padding{0, 0};
+  std::array<int64_t, 2> output_padding{0, 0};
+  int64_t groups = 1;
+  bool bias = true;
+  std::array<int64_t, 2> dilation{1, 1};
+};
+
+// torch.nn.ConvTranspose2d, its initialisation and parameter names.
+class ConvTranspose2d : public Module {
+ public:
+  explicit ConvTranspose2d(const ConvTranspose2dSpec& spec);
+  Tensor forward(const Tensor& x) override;
+  // output_size: the output's [H, W] (or [N, C, H, W]), which picks the output padding in place
+  // of spec.output_padding, as PyTorch's forward(input, output_size).
+  Tensor forward(const Tensor& x, const std::vector<int64_t>& output_size);
+  using Module::operator();
+  Tensor operator()(const Tensor& x, const std::vector<int64_t>& output_size,
+                    Loc loc = Loc::current()) {
+    return call(loc, [&] { return forward(x, output_size); });
+  }
+  ConvTranspose2dSpec spec;
+  Tensor weight, bias;  // weight [in, out / groups, kh, kw]
+
+ protected:
+  Tensor* tensor_member(const std::string& name) override;
+};
+
 // Batch normalization over [N, C] (1d) or [N, C, H, W] (2d). In training, normalizes with the
 // batch statistics and updates the running ones inside the step's graph; in eval, uses them.
 class BatchNorm : public Module {
@@ -274,6 +305,25 @@ class AdaptiveAvgPool2d : public Module {
   explicit AdaptiveAvgPool2d(std::array<int64_t, 2> output_size);
   Tensor forward(const Tensor& x) override;
   std::array<int64_t, 2> output_size;
+};
+
+// torch.nn.functional.interpolate's arguments, for [N, C, H, W] inputs. One of size (1 or 2
+// values: [H, W]) and scale_factor (1 or 2). mode: "nearest", "nearest-exact", "bilinear" or
+// "bicubic"; align_corners only for bilinear and bicubic (unset: false).
+struct InterpolateOptions {
+  std::vector<int64_t> size;
+  std::vector<double> scale_factor;
+  std::string mode = "nearest";
+  std::optional<bool> align_corners;
+  std::optional<bool> recompute_scale_factor;
+};
+// torch.nn.Upsample (UpsamplingNearest2d: mode "nearest"; UpsamplingBilinear2d: "bilinear" with
+// align_corners true).
+class Upsample : public Module {
+ public:
+  explicit Upsample(const InterpolateOptions& options);
+  Tensor forward(const Tensor& x) override;
+  InterpolateOptions options;
 };
 
 // Children named "0", "1", ... as torch.nn.Sequential.
@@ -522,6 +572,10 @@ Tensor mish(const Tensor& x, Loc loc = Loc::current());
 Tensor log_sigmoid(const Tensor& x, Loc loc = Loc::current());
 Tensor erf(const Tensor& x, Loc loc = Loc::current());
 Tensor dropout(const Tensor& x, double p, bool training, Loc loc = Loc::current());
+// torch.nn.functional.interpolate on [N, C, H, W]: nearest as gathers with PyTorch's source
+// indices, bilinear and bicubic as products with [out, in] interpolation matrices made on the
+// host (PyTorch's weights), one along H and one along W.
+Tensor interpolate(const Tensor& x, const InterpolateOptions& options, Loc loc = Loc::current());
 // Batch normalization of x [N, C, ...] per channel (axis 1), as PyTorch's F.batch_norm. In
 // training it normalizes with the batch's statistics and, when given, updates running_mean and
 // running_var in place (momentum; unbiased variance); its gradient is batch norm's own

@@ -287,6 +287,20 @@ Tensor conv2d_backward_input(const Tensor& grad_out, const Tensor& weight, const
 Tensor conv2d_backward_weight(const Tensor& x, const Tensor& grad_out, const Shape& weight_shape,
                               const Conv2dOptions& options = {}, Loc loc = Loc::current());
 
+struct ConvTranspose2dOptions {
+  std::array<int64_t, 2> stride{1, 1};
+  std::array<int64_t, 2> padding{0, 0};
+  std::array<int64_t, 2> output_padding{0, 0};  // below stride or dilation, as PyTorch's
+  int64_t groups = 1;
+  std::array<int64_t, 2> dilation{1, 1};
+};
+// torch.nn.functional.conv_transpose2d: x [N, C, H, W], weight [C, O/groups, kh, kw], bias [O]
+// or undefined -> [N, O, (H-1)*stride - 2*padding + dilation*(kh-1) + output_padding + 1, ...].
+// The adjoint of conv2d: recorded as conv2d_backward_input, so its gradients are a conv2d and a
+// conv2d_backward_weight.
+Tensor conv_transpose2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
+                        const ConvTranspose2dOptions& options = {}, Loc loc = Loc::current());
+
 struct Pool2dOptions {
   std::array<int64_t, 2> kernel{2, 2};
   std::array<int64_t, 2> stride{0, 0};  // 0: same as kernel

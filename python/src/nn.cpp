@@ -106,6 +106,8 @@ void tensor_attr(Layer<M, Options...>& cls, const char* name, Tensor M::*member,
 
 }  // namespace
 
+void init_nn_extra(py::module_& nn, py::module_& functional);  // nn_extra.cpp
+
 void init_nn(py::module_& m) {
   using py::arg;
   const auto none = py::none();
@@ -675,6 +677,7 @@ void init_nn(py::module_& m) {
   py::class_<models::FashionCNN, Module, std::shared_ptr<models::FashionCNN>>(models, "FashionCNN")
       .def(py::init<int64_t, int64_t, int64_t>(), arg("num_classes") = 10, arg("in_channels") = 1,
            arg("image_size") = 28);
+  init_nn_extra(nnm, F);
 }
 
 }  // namespace lockstep::python

@@ -162,3 +162,18 @@ class BCEWithLogitsLoss(Module):
     def forward(self, input, target):
         return functional.binary_cross_entropy_with_logits(input, target,
                                                            reduction=self.reduction)
+
+
+class UpsamplingNearest2d(_nn.Upsample):
+    """torch.nn.UpsamplingNearest2d: Upsample with mode 'nearest'."""
+
+    def __init__(self, size=None, scale_factor=None):
+        super().__init__(size=size, scale_factor=scale_factor, mode="nearest")
+
+
+class UpsamplingBilinear2d(_nn.Upsample):
+    """torch.nn.UpsamplingBilinear2d: Upsample with mode 'bilinear' and align_corners=True."""
+
+    def __init__(self, size=None, scale_factor=None):
+        super().__init__(size=size, scale_factor=scale_factor, mode="bilinear",
+                         align_corners=True)
