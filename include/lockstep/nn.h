@@ -190,9 +190,11 @@ class BatchNorm : public Module {
 using BatchNorm1d = BatchNorm;
 using BatchNorm2d = BatchNorm;
 
+// With `affine`, a weight (ones) and, unless `bias` is false, a bias (zeros), as PyTorch's.
 class LayerNorm : public Module {
  public:
-  explicit LayerNorm(Shape normalized_shape, double eps = 1e-5, bool affine = true);
+  explicit LayerNorm(Shape normalized_shape, double eps = 1e-5, bool affine = true,
+                     bool bias = true);
   Tensor forward(const Tensor& x) override;
   Shape normalized_shape;
   double eps;
@@ -202,11 +204,16 @@ class LayerNorm : public Module {
   Tensor* tensor_member(const std::string& name) override;
 };
 
+// Rows of `weight` [num_embeddings, embedding_dim] (N(0, 1)) by index. With padding_idx
+// (negative counts from the end), that row starts as zeros and gets no gradient, so optimizer
+// steps leave it as it is (PyTorch's padding_idx); its value is still what a lookup returns.
 class Embedding : public Module {
  public:
-  Embedding(int64_t num_embeddings, int64_t embedding_dim);
+  Embedding(int64_t num_embeddings, int64_t embedding_dim,
+            std::optional<int64_t> padding_idx = std::nullopt);
   Tensor forward(const Tensor& indices) override;  // i64 indices of any shape
   Tensor weight;
+  std::optional<int64_t> padding_idx;  // in [0, num_embeddings) when given
 
  protected:
   Tensor* tensor_member(const std::string& name) override;
@@ -439,7 +446,9 @@ struct TransformerEncoderLayerOptions {
   double layer_norm_eps = 1e-5;
   bool batch_first = false;
   bool norm_first = false;
+  bool bias = true;  // of the attention's projections, the linears and the norms
 };
+using TransformerDecoderLayerOptions = TransformerEncoderLayerOptions;
 
 // torch.nn.TransformerEncoderLayer: self_attn, linear1, dropout, linear2, norm1, norm2, dropout1,
 // dropout2 with PyTorch's names; post-norm, or pre-norm with norm_first.
@@ -457,6 +466,99 @@ class TransformerEncoderLayer : public Module {
   std::shared_ptr<Linear> linear1, linear2;
   std::shared_ptr<Dropout> dropout, dropout1, dropout2;
   std::shared_ptr<LayerNorm> norm1, norm2;
+};
+
+// torch.nn.TransformerEncoder: num_layers copies of encoder_layer (its options and its values,
+// as PyTorch's deep copy; each copy its own parameters) named layers.0, layers.1, ..., then
+// `norm` when given. The masks go to every layer.
+class TransformerEncoder : public Module {
+ public:
+  TransformerEncoder(const TransformerEncoderLayer& encoder_layer, int64_t num_layers,
+                     std::shared_ptr<Module> norm = nullptr);
+  Tensor forward(const Tensor& src, const AttentionMasks& masks);
+  Tensor forward(const Tensor& src) override { return forward(src, AttentionMasks{}); }
+  using Module::operator();
+  Tensor operator()(const Tensor& src, const AttentionMasks& masks, Loc loc = Loc::current()) {
+    return call(loc, [&] { return forward(src, masks); });
+  }
+  std::shared_ptr<ModuleList> layers;
+  std::shared_ptr<Module> norm;  // null: none
+};
+
+// torch.nn.TransformerDecoderLayer: self-attention over tgt, attention over memory, the
+// feed-forward block; self_attn, multihead_attn, linear1, dropout, linear2, norm1, norm2, norm3,
+// dropout1, dropout2, dropout3 with PyTorch's names; post-norm, or pre-norm with norm_first.
+// tgt [T, N, E] and memory [S, N, E] (or batch first).
+class TransformerDecoderLayer : public Module {
+ public:
+  explicit TransformerDecoderLayer(const TransformerDecoderLayerOptions& options);
+  Tensor forward(const Tensor& tgt, const Tensor& memory, const AttentionMasks& tgt_masks = {},
+                 const AttentionMasks& memory_masks = {});
+  using Module::forward;  // forward(x) alone is Module's Error: this one takes more
+  using Module::operator();
+  Tensor operator()(const Tensor& tgt, const Tensor& memory, const AttentionMasks& tgt_masks = {},
+                    const AttentionMasks& memory_masks = {}, Loc loc = Loc::current()) {
+    return call(loc, [&] { return forward(tgt, memory, tgt_masks, memory_masks); });
+  }
+  TransformerDecoderLayerOptions options;
+  std::shared_ptr<MultiheadAttention> self_attn, multihead_attn;
+  std::shared_ptr<Linear> linear1, linear2;
+  std::shared_ptr<Dropout> dropout, dropout1, dropout2, dropout3;
+  std::shared_ptr<LayerNorm> norm1, norm2, norm3;
+};
+
+// torch.nn.TransformerDecoder: num_layers copies of decoder_layer (as TransformerEncoder's),
+// then `norm` when given.
+class TransformerDecoder : public Module {
+ public:
+  TransformerDecoder(const TransformerDecoderLayer& decoder_layer, int64_t num_layers,
+                     std::shared_ptr<Module> norm = nullptr);
+  Tensor forward(const Tensor& tgt, const Tensor& memory, const AttentionMasks& tgt_masks = {},
+                 const AttentionMasks& memory_masks = {});
+  using Module::forward;  // forward(x) alone is Module's Error: this one takes more
+  using Module::operator();
+  Tensor operator()(const Tensor& tgt, const Tensor& memory, const AttentionMasks& tgt_masks = {},
+                    const AttentionMasks& memory_masks = {}, Loc loc = Loc::current()) {
+    return call(loc, [&] { return forward(tgt, memory, tgt_masks, memory_masks); });
+  }
+  std::shared_ptr<ModuleList> layers;
+  std::shared_ptr<Module> norm;  // null: none
+};
+
+struct TransformerOptions {
+  int64_t d_model = 512, nhead = 8;
+  int64_t num_encoder_layers = 6, num_decoder_layers = 6;
+  int64_t dim_feedforward = 2048;
+  double dropout = 0.1;
+  Activation activation = Activation::ReLU;
+  double layer_norm_eps = 1e-5;
+  bool batch_first = false;
+  bool norm_first = false;
+  bool bias = true;
+};
+
+// torch.nn.Transformer: encoder (TransformerEncoder with a final LayerNorm) and decoder
+// (TransformerDecoder with a final LayerNorm); every parameter of rank > 1 xavier-uniform
+// initialised, as PyTorch's. forward(src, tgt, ...) is the decoder's output.
+class Transformer : public Module {
+ public:
+  explicit Transformer(const TransformerOptions& options = {});
+  Tensor forward(const Tensor& src, const Tensor& tgt, const AttentionMasks& src_masks = {},
+                 const AttentionMasks& tgt_masks = {}, const AttentionMasks& memory_masks = {});
+  using Module::forward;  // forward(x) alone is Module's Error: this one takes more
+  using Module::operator();
+  Tensor operator()(const Tensor& src, const Tensor& tgt, const AttentionMasks& src_masks = {},
+                    const AttentionMasks& tgt_masks = {}, const AttentionMasks& memory_masks = {},
+                    Loc loc = Loc::current()) {
+    return call(loc, [&] { return forward(src, tgt, src_masks, tgt_masks, memory_masks); });
+  }
+  // [sz, sz] float: -inf above the diagonal, 0 on and below it (an attn_mask letting query i
+  // see keys <= i), as PyTorch's static method.
+  static Tensor generate_square_subsequent_mask(int64_t sz, TensorOptions options = {},
+                                                Loc loc = Loc::current());
+  TransformerOptions options;
+  std::shared_ptr<TransformerEncoder> encoder;
+  std::shared_ptr<TransformerDecoder> decoder;
 };
 
 // ---- recurrent ------------------------------------------------------------------------------

@@ -71,6 +71,7 @@ void init_ops(py::module_& m);
 void init_tensor_methods(py::module_& m);  // after init_ops
 void init_runtime(py::module_& m);
 void init_nn(py::module_& m);
+void init_nn_text(py::module_& nnm);  // from init_nn
 void init_optim(py::module_& m);
 void init_extras(py::module_& m);
 void init_dlpack(py::module_& m);

@@ -237,17 +237,15 @@ void init_nn(py::module_& m) {
     tensor_attr(bn, "num_batches_tracked", &nn::BatchNorm::num_batches_tracked, false);
   }
   auto ln = Layer<nn::LayerNorm>(nnm, "LayerNorm");
-  ln.def(py::init([](const py::object& shape, double eps, bool affine) {
+  ln.def(py::init([](const py::object& shape, double eps, bool affine, bool bias) {
            Shape s =
                py::isinstance<py::int_>(shape) ? Shape{shape.cast<int64_t>()} : shape.cast<Shape>();
-           return std::make_shared<nn::LayerNorm>(s, eps, affine);
+           return std::make_shared<nn::LayerNorm>(s, eps, affine, bias);
          }),
-         arg("normalized_shape"), arg("eps") = 1e-5, arg("elementwise_affine") = true);
+         arg("normalized_shape"), arg("eps") = 1e-5, arg("elementwise_affine") = true,
+         arg("bias") = true);
   tensor_attr(ln, "weight", &nn::LayerNorm::weight, true);
   tensor_attr(ln, "bias", &nn::LayerNorm::bias, true);
-  auto emb = Layer<nn::Embedding>(nnm, "Embedding")
-                 .def(py::init<int64_t, int64_t>(), arg("num_embeddings"), arg("embedding_dim"));
-  tensor_attr(emb, "weight", &nn::Embedding::weight, true);
   Layer<nn::Dropout>(nnm, "Dropout").def(py::init<double>(), arg("p") = 0.5);
   Layer<nn::ReLU>(nnm, "ReLU")
       .def(py::init([](bool) { return std::make_shared<nn::ReLU>(); }), arg("inplace") = false);
@@ -352,36 +350,7 @@ void init_nn(py::module_& m) {
           arg("query"), arg("key"), arg("value"), arg("key_padding_mask") = none,
           arg("need_weights") = true, arg("attn_mask") = none, arg("average_attn_weights") = true,
           arg("is_causal") = false);
-  Layer<nn::TransformerEncoderLayer>(nnm, "TransformerEncoderLayer")
-      .def(py::init([](int64_t d_model, int64_t nhead, int64_t ff, double dropout,
-                       const std::string& activation, double eps, bool batch_first,
-                       bool norm_first) {
-             nn::TransformerEncoderLayerOptions o;
-             o.d_model = d_model;
-             o.nhead = nhead;
-             o.dim_feedforward = ff;
-             o.dropout = dropout;
-             if (activation == "gelu")
-               o.activation = nn::Activation::GELU;
-             else if (activation != "relu")
-               throw Error("activation is 'relu' or 'gelu', not '" + activation + "'");
-             o.layer_norm_eps = eps;
-             o.batch_first = batch_first;
-             o.norm_first = norm_first;
-             return std::make_shared<nn::TransformerEncoderLayer>(o);
-           }),
-           arg("d_model"), arg("nhead"), arg("dim_feedforward") = 2048, arg("dropout") = 0.1,
-           arg("activation") = "relu", arg("layer_norm_eps") = 1e-5, arg("batch_first") = false,
-           arg("norm_first") = false)
-      .def(
-          "forward",
-          [](nn::TransformerEncoderLayer& l, const Tensor& src, const py::object& src_mask,
-             const py::object& key_padding_mask, bool is_causal) {
-            return l.forward(src, nn::AttentionMasks{opt_tensor(src_mask),
-                                                     opt_tensor(key_padding_mask), is_causal});
-          },
-          arg("src"), arg("src_mask") = none, arg("src_key_padding_mask") = none,
-          arg("is_causal") = false);
+  init_nn_text(nnm);  // Embedding and the Transformer family (nn_text.cpp)
   auto rnn_options = [](int64_t in, int64_t hidden, int64_t layers, bool bias, bool batch_first,
                         double dropout, bool bidirectional) {
     nn::RNNOptions o;

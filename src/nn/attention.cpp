@@ -172,13 +172,19 @@ TransformerEncoderLayer::TransformerEncoderLayer(const TransformerEncoderLayerOp
   if (o.d_model <= 0 || o.nhead <= 0 || o.dim_feedforward <= 0)
     throw Error(cat("TransformerEncoderLayer: d_model ", o.d_model, ", nhead ", o.nhead,
                     " and dim_feedforward ", o.dim_feedforward, " must be positive"));
-  self_attn = register_module("self_attn", std::make_shared<MultiheadAttention>(
-                                               o.d_model, o.nhead, o.dropout, true, o.batch_first));
-  linear1 = register_module("linear1", std::make_shared<Linear>(o.d_model, o.dim_feedforward));
+  self_attn = register_module(
+      "self_attn",
+      std::make_shared<MultiheadAttention>(o.d_model, o.nhead, o.dropout, o.bias, o.batch_first));
+  linear1 =
+      register_module("linear1", std::make_shared<Linear>(o.d_model, o.dim_feedforward, o.bias));
   dropout = register_module("dropout", std::make_shared<Dropout>(o.dropout));
-  linear2 = register_module("linear2", std::make_shared<Linear>(o.dim_feedforward, o.d_model));
-  norm1 = register_module("norm1", std::make_shared<LayerNorm>(Shape{o.d_model}, o.layer_norm_eps));
-  norm2 = register_module("norm2", std::make_shared<LayerNorm>(Shape{o.d_model}, o.layer_norm_eps));
+  linear2 =
+      register_module("linear2", std::make_shared<Linear>(o.dim_feedforward, o.d_model, o.bias));
+  auto norm = [&] {
+    return std::make_shared<LayerNorm>(Shape{o.d_model}, o.layer_norm_eps, true, o.bias);
+  };
+  norm1 = register_module("norm1", norm());
+  norm2 = register_module("norm2", norm());
   dropout1 = register_module("dropout1", std::make_shared<Dropout>(o.dropout));
   dropout2 = register_module("dropout2", std::make_shared<Dropout>(o.dropout));
 }

@@ -83,11 +83,11 @@ Tensor BatchNorm::forward(const Tensor& x) {
   return y;
 }
 
-LayerNorm::LayerNorm(Shape shape, double e, bool affine)
+LayerNorm::LayerNorm(Shape shape, double e, bool affine, bool has_bias)
     : normalized_shape(std::move(shape)), eps(e) {
   if (affine) {
     weight = register_parameter("weight", ones(normalized_shape));
-    bias = register_parameter("bias", zeros(normalized_shape));
+    if (has_bias) bias = register_parameter("bias", zeros(normalized_shape));
   }
 }
 
@@ -104,15 +104,22 @@ Tensor LayerNorm::forward(const Tensor& x) {
   Tensor mu = mean(x, axes, true);
   Tensor c = x - mu;
   Tensor y = c * rsqrt(mean(c * c, axes, true) + eps);
-  if (weight.defined()) y = y * weight + bias;
+  if (weight.defined()) y = y * weight;
+  if (bias.defined()) y = y + bias;
   return y;
 }
 
-Embedding::Embedding(int64_t num, int64_t dim) {
+Embedding::Embedding(int64_t num, int64_t dim, std::optional<int64_t> pad) {
   if (num <= 0 || dim <= 0)
     throw Error(cat("Embedding: sizes must be positive, got ", num, "x", dim));
+  if (pad && (*pad < -num || *pad >= num))
+    throw Error(cat("Embedding: padding_idx ", *pad, " is out of range for ", num,
+                    " embeddings; pass one in [", -num, ", ", num - 1, "]"));
+  if (pad) padding_idx = *pad < 0 ? *pad + num : *pad;
   NoGrad no_grad;
-  weight = register_parameter("weight", randn({num, dim}));
+  Tensor w = randn({num, dim});
+  if (padding_idx) w = where(ne(reshape(arange(num, DType::I64), {num, 1}), *padding_idx), w, 0.0);
+  weight = register_parameter("weight", w);
 }
 
 Tensor Embedding::forward(const Tensor& indices) {
@@ -124,6 +131,9 @@ Tensor Embedding::forward(const Tensor& indices) {
   const int64_t dim = weight.size(1);
   Tensor flat = reshape(indices, {-1, 1});
   Tensor rows = gather(weight, 0, expand(flat, {flat.size(0), dim}));
+  // The padding row's lookups pass its value and no gradient: a where over the gathered rows,
+  // inside the graph (no read of the indices).
+  if (padding_idx) rows = where(ne(flat, *padding_idx), rows, rows.detach());
   Shape out = indices.shape();
   out.push_back(dim);
   return reshape(rows, out);
