@@ -418,8 +418,11 @@ TEST(Threads, TensorsFromOtherThreadsAreUsable) {
 }
 
 TEST(RuntimeQueue, TracingWaitsWhenTooManyProgramsAreQueued) {
-  // Steps traced far faster than they run: with at most one program waiting, the loop has to
-  // wait for room instead of queueing all thirty; the values come out right.
+  // Steps traced faster than they run: with at most one program waiting, the loop has to wait
+  // for room instead of queueing all thirty; the values come out right. The runtime thread is
+  // held (a closure of the first step waits for a release 100 ms later), so the loop waits
+  // however fast the programs themselves run (under ThreadSanitizer on a busy machine they once
+  // kept up with the tracing, and nothing waited).
   struct Restore {
     ~Restore() { ls::set_max_queued_programs(2); }
   } restore;
@@ -427,10 +430,18 @@ TEST(RuntimeQueue, TracingWaitsWhenTooManyProgramsAreQueued) {
   Delta waits("queue_waits");
   ls::Tensor a = ls::ones({128, 128});
   const ls::Tensor m = ls::full({128, 128}, 1.0 / 128);
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::thread releaser([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    release.set_value();
+  });
   for (int i = 0; i < 30; ++i)
     ls::step([&] {
       for (int k = 0; k < 10; ++k) a = ls::matmul(a, m);
+      if (i == 0) ls::add_step_closure([released] { released.wait(); });
     });
+  releaser.join();
   for (float v : a.to_vector<float>()) ASSERT_NEAR(v, 1.0f, 1e-4f);
   EXPECT_GT(waits.get(), 0);
   EXPECT_THROW(ls::set_max_queued_programs(0), ls::Error);
