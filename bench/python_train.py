@@ -129,7 +129,7 @@ def main():
         sys.exit(__doc__)
     step, wait, read = (lockstep_loop if framework == "lockstep" else pytorch_loop)(workload,
                                                                                   threads)
-    first, ms, loss = time_steps(step, wait, steps)
+    first, _, ms, loss = time_steps(step, wait, steps)
     name = "lockstep-python" if framework == "lockstep" else "pytorch"
     print(f"result {workload} {name} ms_per_step {ms:.2f} first_step_ms "
           f"{1e3 * first:.1f} loss {read(loss):.4f}", flush=True)

@@ -5,23 +5,34 @@ outside: other layers (5x5, strided and depthwise convolutions, average pooling,
 bidirectional LSTM, BatchNorm1d), hand-written attention, other losses (a VAE's sampled latent and
 KL term, a contrastive loss over normalized embeddings, regression), other optimizers, and sizes
 from a 6k-parameter MLP to a 22M-parameter GPT.
-    python3 bench/user_programs.py <program> <lockstep|pytorch> [steps=10] [threads=2]
-Times rounds of `steps` steps until half a second has passed, after a first step and 3 warm-up
-steps; prints "result <program> <framework> ms <ms per step> first <first step ms> loss <loss>".
-BF16=1 runs the forward under bf16 autocast on either side; LOCKSTEP_PROFILE=1 also prints
-lockstep's kernel timers. scripts/bench-programs runs them all, alternating the two frameworks.
+    python3 bench/user_programs.py <program> <lockstep|pytorch|compile|xla> [steps=10] [threads=2]
+The frameworks: lockstep (each step in `lockstep.step()`); PyTorch eager (whichever torch the
+interpreter imports: Debian's 1.13 or PyTorch 2.x in a virtual environment); torch.compile
+(PyTorch 2.x, Inductor: the step's forward and loss compiled as one function, its backward by
+AOTAutograd, and `optimizer.step` compiled as the docs' "compiling the optimizer" recipe does);
+xla (torch_xla on its CPU device, PJRT_DEVICE=CPU: every tensor made on the XLA device through
+torch.set_default_device, each step in `torch_xla.step()` as the seed's loop does).
+Times rounds of `steps` steps until half a second has passed, after a first step and warm-up
+steps (3; 20 for compile and xla, whose steps settle later); prints "result <program>
+<framework> ms <ms per step> first <first step ms> t100 <ms to the end of step 100, or -1>
+rss_mb <peak resident MiB> loss <loss>". FIRST100=1 runs steps 2-100 after the first step and
+times them (the time to the first 100 steps, compiles included). BF16=1 runs the forward under
+bf16 autocast; LOCKSTEP_PROFILE=1 also prints lockstep's kernel timers. scripts/bench-programs
+runs them all, alternating the frameworks.
 """
 import contextlib
 import math
 import os
+import resource
 import sys
 
 from step_timing import time_steps
 
 PROGRAMS = ["mlp_tiny", "mlp_mnist", "mlp_wide", "lenet", "lenet_b8", "strided", "mobilenet",
             "mixcnn", "vgg", "nanogpt_tiny", "nanogpt", "gpt_long", "gpt_wide", "encoder_drop",
-            "gru", "bilstm", "vae", "tabular", "contrastive"]
-if len(sys.argv) < 3 or sys.argv[1] not in PROGRAMS or sys.argv[2] not in ("lockstep", "pytorch"):
+            "gru", "bilstm", "vae", "tabular", "contrastive", "small_cnn"]
+FRAMEWORKS = ("lockstep", "pytorch", "compile", "xla")
+if len(sys.argv) < 3 or sys.argv[1] not in PROGRAMS or sys.argv[2] not in FRAMEWORKS:
     sys.exit(__doc__ + "programs: " + " ".join(PROGRAMS))
 W, FW = sys.argv[1], sys.argv[2]
 STEPS = int(sys.argv[3]) if len(sys.argv) > 3 else 10
@@ -30,6 +41,10 @@ if FW == "lockstep":
     import lockstep as L
 else:
     import torch as L
+if FW == "xla":
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+    L.set_default_device(torch_xla.device())
 L.set_num_threads(THREADS)
 nn, F = L.nn, L.nn.functional
 L.manual_seed(0)
@@ -200,6 +215,19 @@ class MixCNN(nn.Module):  # SiLU, LeakyReLU, AvgPool, dropout, 5x5 + 3x3 + 1x1
         return self.fc(self.drop(x.flatten(1)))
 
 
+class SmallCNN(nn.Module):  # a user's Fashion-MNIST CNN: few channels, batch norm, SGD momentum
+    def __init__(self):
+        super().__init__()
+        self.c1, self.b1 = nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16)
+        self.c2, self.b2 = nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32)
+        self.f1, self.f2 = nn.Linear(32 * 7 * 7, 128), nn.Linear(128, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.b1(self.c1(x))), 2)
+        x = F.max_pool2d(F.relu(self.b2(self.c2(x))), 2)
+        return self.f2(F.relu(self.f1(x.flatten(1))))
+
+
 class VAE(nn.Module):  # MNIST-sized variational autoencoder, reparameterized sampling
     def __init__(self):
         super().__init__()
@@ -314,6 +342,10 @@ def build():
                           nn.Flatten(), nn.Linear(128 * 4 * 4, 10))
         return classify(m, L.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, nesterov=True),
                         L.randn(64, 3, 32, 32), 10)
+    if W == "small_cnn":
+        m = SmallCNN()
+        return classify(m, L.optim.SGD(m.parameters(), lr=0.01, momentum=0.9),
+                        (L.rand(64, 1, 28, 28) - 0.2860) / 0.3530, 10)
     if W == "vae":
         m = VAE()
         x = L.rand(128, 784)
@@ -336,27 +368,45 @@ def main():
     def autocast():
         if not bf16:
             return contextlib.nullcontext()
-        return L.autocast() if FW == "lockstep" else L.autocast("cpu", dtype=L.bfloat16)
+        if FW == "lockstep":
+            return L.autocast()
+        return L.autocast("xla" if FW == "xla" else "cpu", dtype=L.bfloat16)
+
+    forward, optimizer_step = loss_fn, o.step
+    if FW == "compile":
+        forward, optimizer_step = L.compile(loss_fn), L.compile(o.step)
 
     def body():
         o.zero_grad()
         with autocast():
-            loss = loss_fn()
+            loss = forward()
         loss.backward()
-        o.step()
+        optimizer_step()
         return loss
 
+    step, wait = body, (lambda: None)
     if FW == "lockstep":
         def step():
             with L.step():
                 return body()
         wait = L.wait
-    else:
-        step, wait = body, (lambda: None)
+    elif FW == "xla":
+        def step():
+            with torch_xla.step():
+                return body()
+
+        def wait():
+            torch_xla.sync()
+            xm.wait_device_ops()
 
     # Rounds of STEPS steps until half a second has passed (a tiny program's step takes 0.2 ms).
-    first, ms, loss = time_steps(step, wait, STEPS, min_seconds=0.5)
-    print(f"result {W} {FW} ms {ms:.3f} first {first * 1000:.0f} loss {loss.item():.4f}")
+    first100 = 100 if os.environ.get("FIRST100") == "1" else 0
+    warmup = 20 if FW in ("compile", "xla") else 3
+    first, t100, ms, loss = time_steps(step, wait, STEPS, min_seconds=0.5, warmup=warmup,
+                                       first_n=first100)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"result {W} {FW} ms {ms:.3f} first {first * 1000:.0f} "
+          f"t100 {t100 * 1000 if first100 else -1:.0f} rss_mb {rss:.0f} loss {loss.item():.4f}")
     if FW == "lockstep" and os.environ.get("LOCKSTEP_PROFILE"):
         print(L.metrics.report())
 
