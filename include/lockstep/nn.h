@@ -704,6 +704,13 @@ Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction =
 Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& targets,
                                         Reduction reduction = Reduction::Mean,
                                         Loc loc = Loc::current());
+// torch.nn.functional.binary_cross_entropy: probabilities `input` in [0, 1] against `target` of
+// its shape, -weight (t log(x) + (1 - t) log(1 - x)) with each log clamped to >= -100 as
+// PyTorch's; `weight` (optional) broadcasts to the input. Values outside [0, 1] are not read to
+// be refused (that would be a sync): they give NaN, where PyTorch raises.
+Tensor binary_cross_entropy(const Tensor& input, const Tensor& target,
+                            const Tensor& weight = Tensor(), Reduction reduction = Reduction::Mean,
+                            Loc loc = Loc::current());
 // softmax(q k^T * scale + mask) v over the last two axes: q [..., L, E], k [..., S, E],
 // v [..., S, Ev] -> [..., L, Ev] (F.scaled_dot_product_attention). attn_mask broadcasts to
 // [..., L, S]: bool, true where attending IS allowed (SDPA's convention, the opposite of

@@ -213,6 +213,31 @@ class Adagrad : public Optimizer {
   std::vector<Tensor> sum_;
 };
 
+struct AdadeltaOptions {
+  double lr = 1.0;
+  double rho = 0.9;
+  double eps = 1e-6;
+  double weight_decay = 0;
+  bool skip_nonfinite = false;
+};
+
+// torch.optim.Adadelta: square_avg = rho sq + (1 - rho) g^2;
+// delta = sqrt(acc_delta + eps) / sqrt(square_avg + eps) g; acc_delta = rho acc + (1 - rho)
+// delta^2; p -= lr delta.
+class Adadelta : public Optimizer {
+ public:
+  Adadelta(std::vector<Tensor> params, AdadeltaOptions options);
+  AdadeltaOptions options;
+
+ protected:
+  void update(size_t i, const Tensor& grad, const Tensor& t, const Tensor& ok) override;
+  nn::NamedTensors state() const override;
+  void add_state(size_t i) override;
+
+ private:
+  std::vector<Tensor> square_avg_, acc_delta_;
+};
+
 struct LionOptions {
   double lr = 1e-4;
   double beta1 = 0.9, beta2 = 0.99;

@@ -313,6 +313,38 @@ Tensor binary_cross_entropy_with_logits(const Tensor& x_in, const Tensor& y_in, 
   return reduce(l, r, Tensor(), loc);
 }
 
+Tensor binary_cross_entropy(const Tensor& x_in, const Tensor& y_in, const Tensor& weight,
+                            Reduction r, Loc loc) {
+  const util::UserOp user_op("binary_cross_entropy");
+  const Tensor x = f32_under_autocast(x_in, loc), y = f32_under_autocast(y_in, loc);
+  if (x.shape() != y.shape())
+    util::fail(loc, "binary_cross_entropy",
+               cat("input ", shape_str(x.shape()), " and target ", shape_str(y.shape()), " differ"),
+               "Pass a target of the input's shape");
+  if (!is_floating(x.dtype()) || !is_floating(y.dtype()))
+    util::fail(loc, "binary_cross_entropy",
+               cat("input and target must be floating, got ", dtype_name(x.dtype()), " and ",
+                   dtype_name(y.dtype())),
+               "Cast them to a floating dtype");
+  // PyTorch clamps each log at -100, so that x = 0 or 1 gives a finite loss. The log reads 1
+  // where its argument is 0, so that the clamped side passes a gradient of 0, not 0 / 0.
+  auto clamped_log = [&](const Tensor& v) {
+    const Tensor positive = gt(v, 0.0, loc);
+    return where(positive, clamp_min(log(where(positive, v, 1.0, loc), loc), -100.0, loc), -100.0,
+                 loc);
+  };
+  const Tensor log_x = clamped_log(x);
+  const Tensor log_1mx = clamped_log(sub(1.0, x, loc));
+  Tensor l = neg(add(mul(y, log_x, loc), mul(sub(1.0, y, loc), log_1mx, loc), loc), loc);
+  if (weight.defined()) l = mul(l, f32_under_autocast(weight, loc), loc);
+  if (l.shape() != x.shape())
+    util::fail(loc, "binary_cross_entropy",
+               cat("weight ", shape_str(weight.shape()), " does not broadcast to the input ",
+                   shape_str(x.shape())),
+               "Pass a weight that broadcasts to the input's shape");
+  return reduce(l, r, Tensor(), loc);
+}
+
 Tensor accuracy(const Tensor& logits, const Tensor& targets, Loc loc) {
   check_class_targets("accuracy", logits, targets, loc);
   return mean(cast(eq(argmax(logits, {1}, false, loc), targets, loc), DType::F32, loc), {}, false,

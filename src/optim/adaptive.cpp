@@ -1,5 +1,5 @@
-// RMSprop and Adagrad as torch.optim defines them, and Lion as its paper (and lion-pytorch)
-// does; recorded in place like SGD and Adam, every state change conditional on `ok`.
+// RMSprop, Adagrad and Adadelta as torch.optim defines them, and Lion as its paper (and
+// lion-pytorch) does; recorded in place like SGD and Adam, every state change conditional on `ok`.
 #include <cmath>
 
 #include "lockstep/autograd.h"
@@ -118,6 +118,43 @@ void Adagrad::update(size_t i, const Tensor& grad, const Tensor& t, const Tensor
 nn::NamedTensors Adagrad::state() const {
   nn::NamedTensors out;
   for (size_t i = 0; i < sum_.size(); ++i) out.emplace_back(cat(i, ".sum"), sum_[i]);
+  return out;
+}
+
+// ---- Adadelta -------------------------------------------------------------------------------
+
+Adadelta::Adadelta(std::vector<Tensor> params, AdadeltaOptions o)
+    : Optimizer(std::move(params), o.lr, o.skip_nonfinite), options(o) {
+  if (!(o.rho >= 0 && o.rho <= 1)) throw Error(cat("Adadelta: rho must be in [0, 1], got ", o.rho));
+  check_finite_nonneg("Adadelta", {{"lr", o.lr}, {"eps", o.eps}, {"weight_decay", o.weight_decay}});
+  set_default_weight_decay(o.weight_decay);
+  for (size_t i = 0; i < params_.size(); ++i) add_state(i);
+}
+
+void Adadelta::add_state(size_t i) {
+  square_avg_.push_back(state_full(params_[i], 0));
+  acc_delta_.push_back(state_full(params_[i], 0));
+}
+
+void Adadelta::update(size_t i, const Tensor& grad, const Tensor&, const Tensor& ok) {
+  Tensor& p = params_[i];
+  Tensor g = grad;
+  const double wd = weight_decay_of(i), lr = lr_of(i), rho = options.rho, eps = options.eps;
+  if (wd != 0) g = g + wd * p;
+  const Tensor sq = square_avg_[i] * rho + g * g * (1 - rho);
+  const Tensor delta = sqrt(acc_delta_[i] + eps) / sqrt(sq + eps) * g;
+  const Tensor acc = acc_delta_[i] * rho + delta * delta * (1 - rho);
+  square_avg_[i].copy_(select(ok, sq, square_avg_[i]));
+  acc_delta_[i].copy_(select(ok, acc, acc_delta_[i]));
+  p.copy_(select(ok, p - delta * lr, p));
+}
+
+nn::NamedTensors Adadelta::state() const {
+  nn::NamedTensors out;
+  for (size_t i = 0; i < square_avg_.size(); ++i) {
+    out.emplace_back(cat(i, ".square_avg"), square_avg_[i]);
+    out.emplace_back(cat(i, ".acc_delta"), acc_delta_[i]);
+  }
   return out;
 }
 

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Writes optim.safetensors, which optim_golden_test.cpp reads: for a small model (Linear 6->5,
 tanh, Linear 5->3) on one fixed batch, the initial state and the state after 5 steps of each
-optimizer configuration below (PyTorch's RMSprop, Adagrad; Lion as its paper defines it; SGD
+optimizer configuration below (PyTorch's RMSprop, Adagrad, Adadelta; Lion as its paper defines it; SGD
 and AdamW with parameter groups), and the learning rates (and momenta) PyTorch's schedulers
 give over their first steps.
 
@@ -62,6 +62,9 @@ CONFIGS = {
     "adagrad": lambda m: torch.optim.Adagrad(m.parameters(), lr=0.1, lr_decay=0.01,
                                              weight_decay=0.02, initial_accumulator_value=0.1),
     "lion": lambda m: Lion(m.parameters(), lr=1e-3, weight_decay=0.1),
+    "adadelta": lambda m: torch.optim.Adadelta(m.parameters()),
+    "adadelta_decay": lambda m: torch.optim.Adadelta(m.parameters(), lr=0.5, rho=0.8, eps=1e-5,
+                                                     weight_decay=0.02),
     "sgd_groups": lambda m: torch.optim.SGD(groups(m, 0.1, 0.01), lr=0.1, momentum=0.9),
     "adamw_groups": lambda m: torch.optim.AdamW(groups(m, 1e-2, 0.1), lr=1e-2),
 }

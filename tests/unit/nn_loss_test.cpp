@@ -143,6 +143,43 @@ TEST(NnLoss, BinaryCrossEntropyWithLogitsIsStableForLargeLogits) {
   }
 }
 
+TEST(NnLoss, BinaryCrossEntropyIsTorchsFormulaWithLogsClampedAtMinus100) {
+  // Probabilities at 0 and 1 (clamped logs: a loss of 100, not inf) and in between; a weight.
+  const std::vector<double> xv{0.0, 1.0, 0.25, 0.9, 0.5, 0.01};
+  const std::vector<double> yv{1.0, 0.0, 0.0, 1.0, 0.3, 0.7};
+  const std::vector<double> wv{1.0, 2.0, 0.5, 1.5, 1.0, 3.0};
+  for (ls::DType dt : {ls::f32, ls::f64}) {
+    SCOPED_TRACE(::testing::Message() << dt);
+    ls::Tensor x = f64(xv).to(dt), y = f64(yv).to(dt), w = f64(wv).to(dt);
+    x.set_requires_grad();
+    ls::Tensor per_row, mean, summed;
+    ls::step([&] {
+      per_row = ls::nn::binary_cross_entropy(x, y, w, ls::nn::Reduction::None);
+      summed = ls::nn::binary_cross_entropy(x, y, ls::Tensor(), ls::nn::Reduction::Sum);
+      mean = ls::nn::binary_cross_entropy(x, y);
+      mean.backward();
+    });
+    std::vector<double> want, grad;
+    double total = 0;
+    for (size_t i = 0; i < xv.size(); ++i) {
+      const double v = xv[i], t = yv[i];
+      const double l =
+          -(t * std::max(std::log(v), -100.0) + (1 - t) * std::max(std::log(1 - v), -100.0));
+      want.push_back(wv[i] * l);
+      total += l;
+      // d/dx where neither log is clamped; 0 through a clamped one (x = 0 with t = 1 reads
+      // only log(x), clamped; x = 1 with t = 0 only log(1 - x)).
+      const double d = (v > 0 && v < 1) ? (v - t) / (v * (1 - v)) : 0.0;
+      grad.push_back(d / static_cast<double>(xv.size()));
+    }
+    const double tol = dt == ls::f32 ? 1e-5 : 1e-12;
+    expect_all_near(as_double(per_row), want, tol * 100);
+    EXPECT_NEAR(as_double(summed)[0], total, tol * total);
+    EXPECT_NEAR(as_double(mean)[0], total / 6, tol * total);
+    expect_all_near(as_double(x.grad()), grad, tol * 10);
+  }
+}
+
 TEST(NnLoss, BadInputsAreErrors) {
   ls::Tensor logits = f32(std::vector<float>(6, 0.0f), {2, 3});
   EXPECT_LS_ERROR(ls::nn::cross_entropy(logits, ops_test::i32({0, 1})), "cross_entropy", "i64",
@@ -158,6 +195,11 @@ TEST(NnLoss, BadInputsAreErrors) {
   EXPECT_LS_ERROR(ls::nn::accuracy(logits, ops_test::i32({0, 1})), "accuracy", "i64");
   EXPECT_LS_ERROR(ls::nn::binary_cross_entropy_with_logits(logits, ls::zeros({3, 2})),
                   "binary_cross_entropy_with_logits", "[2, 3]", "[3, 2]");
+  EXPECT_LS_ERROR(ls::nn::binary_cross_entropy(logits, ls::zeros({3, 2})), "binary_cross_entropy",
+                  "[2, 3]", "[3, 2]");
+  EXPECT_LS_ERROR(ls::nn::binary_cross_entropy(logits, ls::zeros({2, 3}), ls::zeros({4})), "[4]");
+  EXPECT_LS_ERROR(ls::nn::binary_cross_entropy(logits, ls::zeros({2, 3}), ls::zeros({2, 1, 3})),
+                  "binary_cross_entropy", "[2, 1, 3]");
   EXPECT_LS_ERROR(ls::nn::mse_loss(logits, ls::zeros({2, 4})), "[2, 3]", "[2, 4]");
   EXPECT_LS_ERROR(ls::nn::linear(f32({1, 2}), f32({1, 2})), "linear", "[2]");
 }

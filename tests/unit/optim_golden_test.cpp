@@ -1,7 +1,7 @@
 // Optimizers and schedules against PyTorch: tests/golden/make_optim_fixtures.py wrote a small
-// model's state after 5 steps of RMSprop, Adagrad, Lion (its paper's rule), and SGD and AdamW
-// with two parameter groups, on one batch; and the learning rates (and momenta) of OneCycleLR,
-// LinearLR, ExponentialLR and ReduceLROnPlateau over their first steps.
+// model's state after 5 steps of RMSprop, Adagrad, Adadelta, Lion (its paper's rule), and SGD and
+// AdamW with two parameter groups, on one batch; and the learning rates (and momenta) of
+// OneCycleLR, LinearLR, ExponentialLR and ReduceLROnPlateau over their first steps.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -85,6 +85,16 @@ TEST(OptimGolden, StatesAfterFiveStepsMatchPyTorch) {
                                                        .lr_decay = 0.01,
                                                        .weight_decay = 0.02,
                                                        .initial_accumulator_value = 0.1});
+       }},
+      {"adadelta",
+       [](Model& m) {
+         return std::make_unique<optim::Adadelta>(m.net.parameters(), optim::AdadeltaOptions{});
+       }},
+      {"adadelta_decay",
+       [](Model& m) {
+         return std::make_unique<optim::Adadelta>(
+             m.net.parameters(),
+             optim::AdadeltaOptions{.lr = 0.5, .rho = 0.8, .eps = 1e-5, .weight_decay = 0.02});
        }},
       {"lion",
        [](Model& m) {
