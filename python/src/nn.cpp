@@ -145,8 +145,10 @@ void init_nn(py::module_& m) {
       .def(
           "apply",
           [](py::object self, const py::function& fn) {
-            Module& mod = self.cast<Module&>();
-            for (const auto& [name, c] : mod.named_modules()) fn(name.empty() ? self : py::cast(c));
+            // PyTorch's order: each child's subtree, then the module itself (what decides the
+            // order of the random draws of an init function such as DCGAN's weights_init).
+            for (py::handle child : self.attr("children")()) child.attr("apply")(fn);
+            fn(self);
             return self;
           },
           arg("fn"))
@@ -246,14 +248,22 @@ void init_nn(py::module_& m) {
          arg("bias") = true);
   tensor_attr(ln, "weight", &nn::LayerNorm::weight, true);
   tensor_attr(ln, "bias", &nn::LayerNorm::bias, true);
-  Layer<nn::Dropout>(nnm, "Dropout").def(py::init<double>(), arg("p") = 0.5);
+  // inplace=True is accepted and computes out of place, as every lockstep op: the module's
+  // output is what PyTorch's in-place module returns, and no other tensor can see the input.
+  Layer<nn::Dropout>(nnm, "Dropout")
+      .def(py::init([](double p, bool) { return std::make_shared<nn::Dropout>(p); }),
+           arg("p") = 0.5, arg("inplace") = false);
   Layer<nn::ReLU>(nnm, "ReLU")
       .def(py::init([](bool) { return std::make_shared<nn::ReLU>(); }), arg("inplace") = false);
   Layer<nn::GELU>(nnm, "GELU")
       .def(py::init([](const std::string& a) { return std::make_shared<nn::GELU>(gelu_of(a)); }),
            arg("approximate") = "none");
-  Layer<nn::LeakyReLU>(nnm, "LeakyReLU").def(py::init<double>(), arg("negative_slope") = 0.01);
-  Layer<nn::ELU>(nnm, "ELU").def(py::init<double>(), arg("alpha") = 1.0);
+  Layer<nn::LeakyReLU>(nnm, "LeakyReLU")
+      .def(py::init([](double slope, bool) { return std::make_shared<nn::LeakyReLU>(slope); }),
+           arg("negative_slope") = 0.01, arg("inplace") = false);
+  Layer<nn::ELU>(nnm, "ELU")
+      .def(py::init([](double alpha, bool) { return std::make_shared<nn::ELU>(alpha); }),
+           arg("alpha") = 1.0, arg("inplace") = false);
   Layer<nn::Softplus>(nnm, "Softplus")
       .def(py::init<double, double>(), arg("beta") = 1.0, arg("threshold") = 20.0);
   Layer<nn::SiLU>(nnm, "SiLU").def(py::init<>());
@@ -505,6 +515,12 @@ void init_nn(py::module_& m) {
         return nn::binary_cross_entropy_with_logits(a, b, reduction_of(r));
       },
       arg("input"), arg("target"), arg("reduction") = "mean");
+  F.def(
+      "binary_cross_entropy",
+      [](const Tensor& a, const Tensor& b, const py::object& weight, const std::string& r) {
+        return nn::binary_cross_entropy(a, b, opt_tensor(weight), reduction_of(r));
+      },
+      arg("input"), arg("target"), arg("weight") = none, arg("reduction") = "mean");
   F.def(
       "scaled_dot_product_attention",
       [](const Tensor& q, const Tensor& k, const Tensor& v, const py::object& mask, double p,

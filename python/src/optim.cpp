@@ -143,6 +143,13 @@ void init_optim(py::module_& m) {
            }),
            arg("params"), arg("lr") = 1e-2, arg("lr_decay") = 0.0, arg("weight_decay") = 0.0,
            arg("initial_accumulator_value") = 0.0, arg("eps") = 1e-10);
+  py::class_<optim::Adadelta, Optimizer, std::shared_ptr<optim::Adadelta>>(om, "Adadelta")
+      .def(py::init([](const py::object& params, double lr, double rho, double eps, double wd) {
+             optim::AdadeltaOptions o{lr, rho, eps, wd, false};
+             return make<optim::Adadelta>(params, o, lr);
+           }),
+           arg("params"), arg("lr") = 1.0, arg("rho") = 0.9, arg("eps") = 1e-6,
+           arg("weight_decay") = 0.0);
   om.def(
       "clip_grad_norm_",
       [](const std::vector<Tensor>& params, double max_norm) {

@@ -148,6 +148,11 @@ void init_tensor(py::module_& m) {
       .def("numel", &Tensor::numel)
       .def_property_readonly("dtype", [](const Tensor& x) { return PyDType{x.dtype()}; })
       .def_property_readonly("device", [](const Tensor& x) { return device_name(x.device()); })
+      .def_property_readonly("is_cuda",
+                             [](const Tensor& x) { return x.device().kind == DeviceKind::Cuda; })
+      // PyTorch's flags of devices lockstep has no backend for: always false.
+      .def_property_readonly("is_xpu", [](const Tensor&) { return false; })
+      .def_property_readonly("is_mps", [](const Tensor&) { return false; })
       .def_property_readonly("is_pending", &Tensor::is_pending)
       .def_property_readonly("is_poisoned", &Tensor::is_poisoned)
       .def("__len__",
@@ -281,6 +286,8 @@ void init_tensor(py::module_& m) {
         return py::iter(py::cast(unbind(x, 0)));
       });
   t.attr("view") = t.attr("reshape");
+  t.def("view_as", [](const Tensor& x, const Tensor& other) { return reshape(x, other.shape()); });
+  t.attr("reshape_as") = t.attr("view_as");
 
   // Operators (the library resolves their place, this file's, to the user's line). Overloads taking
   // a number come first: pybind11 tries them in order, and a number fails the Scalar check at once,

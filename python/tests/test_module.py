@@ -33,7 +33,8 @@ def test_registration_by_attribute_names_as_torch():
     assert not m.training and not m.bn.training
     kinds = []
     m.apply(lambda mod: kinds.append(type(mod).__name__))
-    assert kinds[0] == "Block" and "Conv2d" in kinds
+    # PyTorch's order: each child's subtree, then the module itself.
+    assert kinds == ["Conv2d", "BatchNorm2d", "Flatten", "Linear", "Sequential", "Block"], kinds
 
 
 def test_module_dict_names_its_children_as_torch():

@@ -164,6 +164,16 @@ class BCEWithLogitsLoss(Module):
                                                            reduction=self.reduction)
 
 
+class BCELoss(Module):
+    def __init__(self, weight=None, reduction="mean"):
+        super().__init__()
+        self.weight, self.reduction = weight, reduction
+
+    def forward(self, input, target):
+        return functional.binary_cross_entropy(input, target, weight=self.weight,
+                                               reduction=self.reduction)
+
+
 class UpsamplingNearest2d(_nn.Upsample):
     """torch.nn.UpsamplingNearest2d: Upsample with mode 'nearest'."""
 
