@@ -30,7 +30,8 @@ from step_timing import time_steps
 
 PROGRAMS = ["mlp_tiny", "mlp_mnist", "mlp_wide", "lenet", "lenet_b8", "strided", "mobilenet",
             "mixcnn", "vgg", "nanogpt_tiny", "nanogpt", "gpt_long", "gpt_wide", "encoder_drop",
-            "gru", "bilstm", "vae", "tabular", "contrastive", "small_cnn"]
+            "gru", "bilstm", "vae", "tabular", "contrastive", "small_cnn", "resnet18", "resnet50",
+            "gpt_tiny"]
 FRAMEWORKS = ("lockstep", "pytorch", "compile", "xla")
 if len(sys.argv) < 3 or sys.argv[1] not in PROGRAMS or sys.argv[2] not in FRAMEWORKS:
     sys.exit(__doc__ + "programs: " + " ".join(PROGRAMS))
@@ -215,6 +216,38 @@ class MixCNN(nn.Module):  # SiLU, LeakyReLU, AvgPool, dropout, 5x5 + 3x3 + 1x1
         return self.fc(self.drop(x.flatten(1)))
 
 
+class GPTTiny(nn.Module):  # the suite's gpt_tiny (bench/seq_bench.cpp) from PyTorch's layers
+    def __init__(self, vocab=65, block=64, d=128, h=4, layers=3, ff=512):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(block, d)
+        self.layers = nn.ModuleList([
+            nn.TransformerEncoderLayer(d, h, ff, dropout=0.0, activation="gelu", batch_first=True,
+                                       norm_first=True) for _ in range(layers)])
+        self.ln = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab)
+
+    def forward(self, idx, mask):
+        h = self.tok(idx) + self.pos(L.arange(idx.shape[1]))
+        for layer in self.layers:
+            h = layer(h, src_mask=mask)
+        return self.head(self.ln(h))
+
+
+def resnet(depth, small_stem):
+    """The suite's ResNets (bench/workload_models.h): lockstep.models or torchvision's, 10
+    classes; the small stem is a 3x3 stride-1 convolution without max-pooling."""
+    if FW == "lockstep":
+        return (L.models.resnet18 if depth == 18 else L.models.resnet50)(
+            num_classes=10, small_stem=small_stem)
+    import torchvision
+    m = (torchvision.models.resnet18 if depth == 18 else torchvision.models.resnet50)(
+        num_classes=10)
+    if small_stem:
+        m.conv1 = nn.Conv2d(3, 64, 3, 1, 1, bias=False)
+        m.maxpool = nn.Identity()
+    return m
+
+
 class SmallCNN(nn.Module):  # a user's Fashion-MNIST CNN: few channels, batch norm, SGD momentum
     def __init__(self):
         super().__init__()
@@ -342,6 +375,17 @@ def build():
                           nn.Flatten(), nn.Linear(128 * 4 * 4, 10))
         return classify(m, L.optim.SGD(m.parameters(), lr=0.05, momentum=0.9, nesterov=True),
                         L.randn(64, 3, 32, 32), 10)
+    if W == "gpt_tiny":
+        m = GPTTiny()
+        o = L.optim.AdamW(m.parameters(), lr=3e-4, weight_decay=0.01)
+        t = L.randint(0, 65, (32, 65))
+        x, y = t[:, :-1], t[:, 1:]
+        mask = nn.Transformer.generate_square_subsequent_mask(64)
+        return m, o, lambda: F.cross_entropy(m(x, mask).reshape(-1, 65), y.reshape(-1))
+    if W.startswith("resnet"):
+        m = resnet(18, True) if W == "resnet18" else resnet(50, False)
+        return classify(m, L.optim.SGD(m.parameters(), lr=0.01, momentum=0.9),
+                        L.randn(64, 3, 32, 32) if W == "resnet18" else L.randn(16, 3, 64, 64), 10)
     if W == "small_cnn":
         m = SmallCNN()
         return classify(m, L.optim.SGD(m.parameters(), lr=0.01, momentum=0.9),
