@@ -17,6 +17,7 @@ lockstep.Error (a RuntimeError) and name the .py line that recorded the op.
 """
 
 import atexit as _atexit
+import builtins as _builtins
 import functools as _functools
 import os as _os
 import sys as _sys
@@ -34,7 +35,7 @@ _C._set_package_dir(_os.path.dirname(_os.path.abspath(__file__)) + _os.sep)
 
 from ._reexport import reexport as _reexport  # noqa: E402
 
-_skip = {"nn", "optim", "models", "metrics", "debug", "dist", "data", "profiler"}
+_skip = {"nn", "optim", "models", "metrics", "debug", "dist", "data", "profiler", "amp"}
 for _name in dir(_C):
     if not _name.startswith("_") and _name not in _skip:
         globals()[_name] = getattr(_C, _name)
@@ -128,9 +129,64 @@ class no_grad:
         return without_grad
 
 
-# Every Tensor method is defined in the extension (python/src/tensor.cpp), none here.
+class _Data:
+    """``p.data`` as PyTorch's, for updates by hand (``p.data.add_(p.grad, alpha=-lr)``): its
+    in-place methods (names ending in ``_``) change p with no gradient recorded; anything else is
+    read from p's value, detached. lockstep's tensors are never views, so it is a handle on p, not
+    a tensor of its own."""
 
-from . import nn, optim, models, metrics, debug, dist, data, profiler  # noqa: E402,F401
+    __slots__ = ("_tensor",)
+
+    def __init__(self, tensor):
+        object.__setattr__(self, "_tensor", tensor)
+
+    def __getattr__(self, name):
+        if name.endswith("_") and not name.startswith("_"):
+            method = getattr(self._tensor, name)
+
+            def in_place(*args, **kwargs):
+                with no_grad():
+                    method(*args, **kwargs)
+                return self
+
+            return in_place
+        return getattr(self._tensor.detach(), name)
+
+    def __repr__(self):
+        return repr(self._tensor.detach())
+
+    def __array__(self, dtype=None):
+        return self._tensor.detach().__array__(dtype)
+
+
+def _set_data(tensor, value):
+    with no_grad():
+        tensor.copy_(value._tensor if isinstance(value, _Data) else value)
+
+
+# Every other Tensor method is defined in the extension (python/src/tensor.cpp).
+Tensor.data = property(_Data, _set_data)
+
+
+class device(str):
+    """torch.device, as far as a script on one machine uses it: ``device("cpu")``,
+    ``device("cuda", 0)``, its ``.type`` and ``.index``; it is the device's name, so it goes
+    wherever lockstep takes one."""
+
+    def __new__(cls, type, index=None):
+        return super().__new__(cls, type if index is None else "%s:%d" % (type, index))
+
+    @property
+    def type(self):
+        return self.split(":")[0]
+
+    @property
+    def index(self):
+        return _builtins.int(self.split(":")[1]) if ":" in self else None  # int is a dtype here
+
+
+from . import nn, optim, models, metrics, debug, dist, data, profiler, amp  # noqa: E402,F401
+from .serialization import save, load  # noqa: E402,F401
 
 
 def _drain_at_exit():

@@ -90,11 +90,15 @@ void refuse_foreign_arrays(const py::object& self, const py::args& args) {
 
 // A layer's tensor attribute: reads its member; an assignment replaces the registered parameter
 // (or buffer) as well (Module::set_parameter), so `out.weight = tok.weight` ties the two: one
-// parameter, listed, updated and saved as PyTorch's.
+// parameter, listed, updated and saved as PyTorch's. A layer without it (Linear(bias=False))
+// reads None, as PyTorch's.
 template <typename M, typename... Options>
 void tensor_attr(Layer<M, Options...>& cls, const char* name, Tensor M::*member, bool param) {
   cls.def_property(
-      name, [member](const M& m) { return m.*member; },
+      name,
+      [member](const M& m) -> py::object {
+        return (m.*member).defined() ? py::cast(m.*member) : py::none();
+      },
       [name, param](M& m, const py::object& v) {
         Tensor t = v.is_none() ? Tensor() : v.cast<Tensor>();
         if (param)

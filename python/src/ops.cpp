@@ -94,13 +94,18 @@ void init_ops(py::module_& m) {
       "A new tensor with the same values, bit for bit; gradients flow through it.");
   m.def(
       "arange",
-      [](Scalar a, std::optional<Scalar> b, Scalar step, std::optional<PyDType> dtype) {
+      [](Scalar a, std::optional<Scalar> b, Scalar step, std::optional<PyDType> dtype,
+         const py::object& device) {
         const bool integral = a.is_integer() && (!b || b->is_integer()) && step.is_integer();
         TensorOptions o = options_of(dtype, integral ? DType::I64 : DType::F32);
+        if (!device.is_none()) {  // "cpu", or a tensor's .device (its name)
+          o.has_device = true;
+          o.device = parse_device(py::str(device).cast<std::string>());
+        }
         if (!b) return arange(Scalar(int64_t{0}), a, step, o);
         return arange(a, *b, step, o);
       },
-      arg("start"), arg("end") = none, arg("step") = 1, arg("dtype") = none);
+      arg("start"), arg("end") = none, arg("step") = 1, arg("dtype") = none, arg("device") = none);
   m.def(
       "linspace",
       [](double a, double b, int64_t steps, std::optional<PyDType> dtype) {
@@ -113,6 +118,12 @@ void init_ops(py::module_& m) {
         return randint(low, high, size, TensorOptions(DType::I64));
       },
       arg("low"), arg("high"), arg("size"));
+  m.def(  // torch.randint(high, size): low is 0
+      "randint",
+      [](int64_t high, const Shape& size) {
+        return randint(0, high, size, TensorOptions(DType::I64));
+      },
+      arg("high"), arg("size"));
   m.def("manual_seed", &manual_seed, arg("seed"));
   m.def(
       "bernoulli", [](const Tensor& p) { return bernoulli(p); }, arg("input"));

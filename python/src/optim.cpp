@@ -112,21 +112,25 @@ void init_optim(py::module_& m) {
     return optim::AdamOptions{lr, betas.first, betas.second, eps, wd, skip};
   };
   py::class_<optim::Adam, Optimizer, std::shared_ptr<optim::Adam>>(om, "Adam")
-      .def(py::init([adam_options](const py::object& params, double lr,
-                                   std::pair<double, double> betas, double eps, double wd,
-                                   bool skip) {
-             return make<optim::Adam>(params, adam_options(lr, betas, eps, wd, skip), lr);
-           }),
-           arg("params"), arg("lr") = 1e-3, arg("betas") = std::pair{0.9, 0.999}, arg("eps") = 1e-8,
-           arg("weight_decay") = 0.0, arg("skip_nonfinite") = false);
+      .def(
+          py::init([adam_options](const py::object& params, double lr,
+                                  std::pair<double, double> betas, double eps, double wd, bool skip,
+                                  const py::object& /*foreach*/, const py::object& /*fused*/) {
+            return make<optim::Adam>(params, adam_options(lr, betas, eps, wd, skip), lr);
+          }),
+          arg("params"), arg("lr") = 1e-3, arg("betas") = std::pair{0.9, 0.999}, arg("eps") = 1e-8,
+          arg("weight_decay") = 0.0, arg("skip_nonfinite") = false, arg("foreach") = py::none(),
+          arg("fused") = py::none());
   py::class_<optim::AdamW, optim::Adam, std::shared_ptr<optim::AdamW>>(om, "AdamW")
-      .def(py::init([adam_options](const py::object& params, double lr,
-                                   std::pair<double, double> betas, double eps, double wd,
-                                   bool skip) {
-             return make<optim::AdamW>(params, adam_options(lr, betas, eps, wd, skip), lr);
-           }),
-           arg("params"), arg("lr") = 1e-3, arg("betas") = std::pair{0.9, 0.999}, arg("eps") = 1e-8,
-           arg("weight_decay") = 1e-2, arg("skip_nonfinite") = false);
+      .def(
+          py::init([adam_options](const py::object& params, double lr,
+                                  std::pair<double, double> betas, double eps, double wd, bool skip,
+                                  const py::object& /*foreach*/, const py::object& /*fused*/) {
+            return make<optim::AdamW>(params, adam_options(lr, betas, eps, wd, skip), lr);
+          }),
+          arg("params"), arg("lr") = 1e-3, arg("betas") = std::pair{0.9, 0.999}, arg("eps") = 1e-8,
+          arg("weight_decay") = 1e-2, arg("skip_nonfinite") = false, arg("foreach") = py::none(),
+          arg("fused") = py::none());
   py::class_<optim::RMSprop, Optimizer, std::shared_ptr<optim::RMSprop>>(om, "RMSprop")
       .def(py::init([](const py::object& params, double lr, double alpha, double eps, double wd,
                        double momentum, bool centered) {

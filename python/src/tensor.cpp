@@ -202,6 +202,13 @@ void init_tensor(py::module_& m) {
              os << ") " << values;
              return os.str();
            })
+      // f"{loss:.4f}" as torch's: a 0-d tensor formats as its number; others as their text.
+      .def("__format__",
+           [](const py::object& self, const py::str& spec) -> py::object {
+             const auto format = py::module_::import("builtins").attr("format");
+             if (self.cast<const Tensor&>().dim() == 0) return format(self.attr("item")(), spec);
+             return format(py::str(self), spec);
+           })
       .def("__hash__", [](const Tensor& x) { return reinterpret_cast<intptr_t>(x.impl()); })
       .def("is_same", &Tensor::is_same)
       // Autograd.
@@ -241,6 +248,9 @@ void init_tensor(py::module_& m) {
       .def("bfloat16", [](const Tensor& x) { return x.to(DType::BF16); })
       .def("byte", [](const Tensor& x) { return x.to(DType::U8); })
       .def("type_as", [](const Tensor& x, const Tensor& other) { return x.to(other.dtype()); })
+      .def(
+          "type", [](const Tensor& x, const PyDType& dtype) { return x.to(dtype.value); },
+          py::arg("dtype"))
       .def("is_floating_point", [](const Tensor& x) { return is_floating(x.dtype()); })
       // In place: every handle to the tensor sees the new value.
       .def(
@@ -271,6 +281,15 @@ void init_tensor(py::module_& m) {
            [](const Tensor& x, const py::args& sizes) { return expand(x, shape_of(sizes)); })
       .def("repeat",
            [](const Tensor& x, const py::args& repeats) { return repeat(x, shape_of(repeats)); })
+      // New tensors of this one's dtype and device, as torch's x.new_zeros(2, 3).
+      .def("new_zeros",
+           [](const Tensor& x, const py::args& size) {
+             return zeros(shape_of(size), TensorOptions(x.dtype(), x.device()));
+           })
+      .def("new_ones",
+           [](const Tensor& x, const py::args& size) {
+             return ones(shape_of(size), TensorOptions(x.dtype(), x.device()));
+           })
       .def("t", [](const Tensor& x) { return x.dim() < 2 ? x : transpose(x, 0, 1); })
       .def_property_readonly("T",
                              [](const Tensor& x) {
@@ -337,6 +356,17 @@ void init_tensor(py::module_& m) {
   LS_INPLACE("mul_", mul_)
   LS_INPLACE("div_", div_)
 #undef LS_INPLACE
+  // torch's x.add_(other, alpha=a) and x.sub_(other, alpha=a): x +/- a * other.
+  t.def(
+      "add_",
+      [](Tensor& a, const Tensor& b, Scalar alpha) -> Tensor& { return a.add_(mul(b, alpha)); },
+      py::arg("other"), py::kw_only(), py::arg("alpha"),
+      py::return_value_policy::reference_internal);
+  t.def(
+      "sub_",
+      [](Tensor& a, const Tensor& b, Scalar alpha) -> Tensor& { return a.sub_(mul(b, alpha)); },
+      py::arg("other"), py::kw_only(), py::arg("alpha"),
+      py::return_value_policy::reference_internal);
 }
 
 namespace {

@@ -136,6 +136,13 @@ void Module::add_child(const std::string& name, std::shared_ptr<Module> m) {
           "object.__setattr__)"));
   for (const auto& [path, t] : m->named_parameters()) name_tensor(t, name + "." + path);
   for (const auto& [path, t] : m->named_buffers()) name_tensor(t, name + "." + path);
+  // A name registered already is replaced in its place, as torch's `self.decoder = nn.Linear(..)`
+  // in a subclass of a module that registered a decoder of its own.
+  for (auto& [child_name, child] : children_)
+    if (child_name == name) {
+      child = std::move(m);
+      return;
+    }
   children_.emplace_back(name, std::move(m));
 }
 

@@ -5,9 +5,9 @@ from .._reexport import reexport as _reexport
 
 _nn = _C.nn
 _reexport(globals(), _nn)
-functional = _nn.functional
-init = _nn.init
-from . import utils  # noqa: E402,F401
+# The package's functional and init (functional.py composes more), not the extension's copied above.
+del functional, init  # noqa: F821
+from . import functional, init, utils  # noqa: E402,F401
 _Base = _nn.Module
 
 
@@ -17,6 +17,18 @@ class Parameter(_C.Tensor):
     def __init__(self, data, requires_grad=True):
         super().__init__(data.detach())
         self.requires_grad_(requires_grad)
+
+
+class _Listed(list):
+    """What parameters() returns: a list (len, indexing, as lockstep has always given) that is also
+    an iterator, as torch's generator, for ``next(model.parameters())``."""
+
+    def __next__(self):
+        i = self.__dict__.get("_next", 0)
+        if i >= len(self):
+            raise StopIteration
+        self._next = i + 1
+        return self[i]
 
 
 class Module(_Base):
@@ -49,6 +61,9 @@ class Module(_Base):
             self.set_parameter(name, value)
         except _C.Error:
             self.set_buffer(name, value)
+
+    def parameters(self, recurse=True):
+        return _Listed(super().parameters())
 
     def register_buffer(self, name, tensor):
         self._register_buffer(name, tensor)
@@ -112,6 +127,12 @@ class ModuleDict(_nn.ModuleDict):
     def update(self, modules):
         for name, module in (modules.items() if hasattr(modules, "items") else modules):
             self[name] = module
+
+    def __getattr__(self, name):  # self.transformer.wte, as torch's modules read their children
+        kept = self.__dict__.get("_modules_kept", {})
+        if name in kept:
+            return kept[name]
+        raise AttributeError("'ModuleDict' object has no attribute '%s'" % name)
 
     def __iter__(self):
         return iter(self.keys())
@@ -187,3 +208,58 @@ class UpsamplingBilinear2d(_nn.Upsample):
     def __init__(self, size=None, scale_factor=None):
         super().__init__(size=size, scale_factor=scale_factor, mode="bilinear",
                          align_corners=True)
+
+
+class Transformer(Module):
+    """torch.nn.Transformer, as PyTorch writes it: an encoder and a decoder (each with its final
+    LayerNorm, or the custom ones given), every parameter of rank > 1 xavier-uniform. A Python
+    Module, so that a subclass adds or replaces children as PyTorch's does (the
+    word_language_model's `TransformerModel(nn.Transformer)` puts a Linear in place of the
+    decoder)."""
+
+    def __init__(self, d_model=512, nhead=8, num_encoder_layers=6, num_decoder_layers=6,
+                 dim_feedforward=2048, dropout=0.1, activation=functional.relu,
+                 custom_encoder=None, custom_decoder=None, layer_norm_eps=1e-5,
+                 batch_first=False, norm_first=False, bias=True, device=None, dtype=None):
+        super().__init__()
+        common = dict(dim_feedforward=dim_feedforward, dropout=dropout, activation=activation,
+                      layer_norm_eps=layer_norm_eps, batch_first=batch_first,
+                      norm_first=norm_first, bias=bias)
+        if custom_encoder is not None:
+            self.encoder = custom_encoder
+        else:
+            self.encoder = TransformerEncoder(
+                TransformerEncoderLayer(d_model, nhead, **common), num_encoder_layers,  # noqa: F821
+                LayerNorm(d_model, eps=layer_norm_eps, bias=bias))  # noqa: F821
+        if custom_decoder is not None:
+            self.decoder = custom_decoder
+        else:
+            self.decoder = TransformerDecoder(  # noqa: F821
+                TransformerDecoderLayer(d_model, nhead, **common), num_decoder_layers,  # noqa: F821
+                LayerNorm(d_model, eps=layer_norm_eps, bias=bias))  # noqa: F821
+        for p in self.parameters():
+            if p.dim() > 1:
+                init.xavier_uniform_(p)
+        self.d_model, self.nhead, self.batch_first = d_model, nhead, batch_first
+
+    def forward(self, src, tgt, src_mask=None, tgt_mask=None, memory_mask=None,
+                src_key_padding_mask=None, tgt_key_padding_mask=None,
+                memory_key_padding_mask=None, src_is_causal=None, tgt_is_causal=None,
+                memory_is_causal=False):
+        memory = self.encoder(src, mask=src_mask, src_key_padding_mask=src_key_padding_mask,
+                              is_causal=src_is_causal)
+        return self.decoder(tgt, memory, tgt_mask=tgt_mask, memory_mask=memory_mask,
+                            tgt_key_padding_mask=tgt_key_padding_mask,
+                            memory_key_padding_mask=memory_key_padding_mask,
+                            tgt_is_causal=tgt_is_causal, memory_is_causal=memory_is_causal)
+
+    generate_square_subsequent_mask = staticmethod(_nn.Transformer.generate_square_subsequent_mask)
+
+
+# The modules Python code subclasses with methods of PyTorch's that lockstep needs no work for.
+def _flatten_parameters(self):
+    """cuDNN's packing of an RNN's weights in PyTorch; lockstep's are one program already."""
+
+
+for _rnn in (LSTM, GRU):  # noqa: F821 (from the extension)
+    _rnn.flatten_parameters = _flatten_parameters

@@ -33,3 +33,44 @@ class _ParamGroup:
 
 Optimizer.param_groups = property(  # noqa: F821 (from the extension)
     lambda self: [_ParamGroup(self, i) for i in range(self.num_param_groups())])
+
+
+def _signature(cls):
+    """The signature of an optimizer's constructor, read from its binding's docstring
+    (``inspect.signature(torch.optim.AdamW).parameters``, as nanoGPT asks for ``fused``)."""
+    import ast
+    import inspect
+    line = (cls.__init__.__doc__ or "").strip().split("\n")[0]
+    if not line.startswith("__init__(") or ") -> None" not in line:
+        return None
+    args, depth, cur = [], 0, ""
+    for ch in line[len("__init__("):line.rindex(") -> None")]:
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        if ch == "," and depth == 0:
+            args.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    args.append(cur.strip())
+    params = []
+    for a in args[1:]:  # past self
+        name, _, default = a.partition(" = ")
+        name = name.split(":")[0].strip()
+        if not default:
+            params.append(inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD))
+            continue
+        try:
+            value = ast.literal_eval(default)
+        except (ValueError, SyntaxError):
+            value = default
+        params.append(inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                        default=value))
+    return inspect.Signature(params)
+
+
+for _cls in [c for c in list(globals().values()) if isinstance(c, type)]:
+    if issubclass(_cls, Optimizer) and _cls is not Optimizer:  # noqa: F821
+        _sig = _signature(_cls)
+        if _sig is not None:
+            _cls.__signature__ = _sig
