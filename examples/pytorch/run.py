@@ -58,9 +58,9 @@ def make_data(workdir, lines=24):
     return wlm, chars
 
 
-def argv_of(program, workdir, steps):
+def argv_of(program, workdir, steps, micro_steps):
     """The program's command line: small sizes, dropout 0, `steps` training steps (a few more for
-    word_language_model, whose epochs cover the text)."""
+    word_language_model, whose epochs cover the text), nanoGPT's of `micro_steps` micro-steps."""
     if program.startswith("wlm"):
         model = "LSTM" if program == "wlm_lstm" else "Transformer"
         return ["main.py", "--data", os.path.join(workdir, "wlm"), "--model", model,
@@ -72,7 +72,7 @@ def argv_of(program, workdir, steps):
             "--out_dir=" + os.path.join(workdir, "out"), "--batch_size=4", "--block_size=16",
             "--n_layer=2", "--n_head=2", "--n_embd=32", "--max_iters=%d" % steps,
             "--eval_interval=%d" % max(2, steps // 2), "--eval_iters=2",
-            "--gradient_accumulation_steps=2", "--warmup_iters=2",
+            "--gradient_accumulation_steps=%d" % micro_steps, "--warmup_iters=2",
             "--lr_decay_iters=%d" % steps, "--learning_rate=0.001", "--min_lr=0.0001"]
 
 
@@ -91,7 +91,8 @@ def _pytorch_modules():
                    "lockstep.nn.functional": torch.nn.functional}
 
 
-def run(program, framework, workdir, steps, initial=None, batches_seed=None, on_model=None):
+def run(program, framework, workdir, steps, initial=None, batches_seed=None, on_model=None,
+        micro_steps=2):
     """Runs the program as __main__ in this process; returns (losses, times, state): each loss
     the model computed (floats, in order), the time of each training forward (seconds), and the
     model's state_dict as built (NumPy arrays), before `initial` (if given) replaced it.
@@ -118,7 +119,7 @@ def run(program, framework, workdir, steps, initial=None, batches_seed=None, on_
             sys.modules.pop(name, None)
         sys.path.insert(0, directory)
         os.chdir(directory)
-        sys.argv = argv_of(program, workdir, steps)
+        sys.argv = argv_of(program, workdir, steps, micro_steps)
         import model as port  # the port's model.py, as its script imports it
 
         def after_init(cls):
@@ -192,9 +193,10 @@ def main():
     with tempfile.TemporaryDirectory() as workdir:
         make_data(workdir, lines=24 * max(1, steps // 8))
         with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):
-            losses, times, _ = run(program, framework, workdir, steps)
-    # A training step is the time from one training forward to the next (each program reads
-    # its loss every step, so a step's time includes running it); the first includes compiling.
+            losses, times, _ = run(program, framework, workdir, steps, micro_steps=1)
+    # A training step is the time from one training forward to the next (one forward a step;
+    # each program reads its loss every step, so a step's time includes running it); the first
+    # includes compiling.
     gaps = np.diff(times) * 1000
     ms, first = float(np.median(gaps[1:])), gaps[0]
     print("result %s %s ms %.3f first %.0f loss %.4f" % (program, framework, ms, first,
