@@ -191,3 +191,44 @@ def test_optimizer_signatures_and_a_disabled_grad_scaler():
     assert scaler.scale(loss) is loss and not scaler.is_enabled()
     with pytest.raises(lockstep.Error, match="float16"):
         lockstep.amp.GradScaler(enabled=True)
+
+
+def _nanogpt_model_module(framework):
+    """nanoGPT's model.py as a module of its own, under lockstep or (the same source) PyTorch."""
+    import importlib.util
+    names = ("lockstep", "lockstep.nn", "lockstep.nn.functional")
+    saved = {n: sys.modules.get(n) for n in names}
+    if framework == "pytorch":
+        sys.modules.update(ports._pytorch_modules()[1])
+    try:
+        spec = importlib.util.spec_from_file_location(
+            "nanogpt_model_" + framework, os.path.join(PORTS, "nanogpt", "model.py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        for n in names:
+            sys.modules.pop(n, None)
+            if saved[n] is not None:
+                sys.modules[n] = saved[n]
+
+
+def test_nanogpt_generates_as_pytorch_does():
+    # model.generate: crop to the block, the last position's logits, top-k by torch.topk and a
+    # masked assignment, softmax, torch.multinomial, torch.cat. With top_k=1 the draw is the
+    # argmax, so both frameworks must produce the same tokens from the same weights.
+    import lockstep
+    import torch
+    ours_m, theirs_m = _nanogpt_model_module("lockstep"), _nanogpt_model_module("pytorch")
+    cfg = dict(block_size=8, vocab_size=13, n_layer=2, n_head=2, n_embd=16, bias=True)
+    theirs = theirs_m.GPT(theirs_m.GPTConfig(**cfg)).eval()
+    ours = ours_m.GPT(ours_m.GPTConfig(**cfg)).eval()
+    own = ours.state_dict()
+    ours.load_state_dict({k: lockstep.from_numpy(v.numpy()) for k, v in
+                          theirs.state_dict().items() if k in own})
+    prompt = np.array([[1, 2, 3], [4, 5, 6]])
+    got = ours.generate(lockstep.from_numpy(prompt), 12, temperature=0.9, top_k=1)
+    want = theirs.generate(torch.from_numpy(prompt), 12, temperature=0.9, top_k=1)
+    assert got.tolist() == want.tolist()
+    sampled = ours.generate(lockstep.from_numpy(prompt), 5, top_k=4).numpy()
+    assert sampled.shape == (2, 8) and sampled.min() >= 0 and sampled.max() < 13
