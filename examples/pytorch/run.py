@@ -62,7 +62,8 @@ def argv_of(program, workdir, steps, micro_steps):
     """The program's command line: small sizes, dropout 0, `steps` training steps (a few more for
     word_language_model, whose epochs cover the text), nanoGPT's of `micro_steps` micro-steps."""
     if program.startswith("wlm"):
-        model = "LSTM" if program == "wlm_lstm" else "Transformer"
+        model = {"wlm_lstm": "LSTM", "wlm_transformer": "Transformer", "wlm_rnn_tanh": "RNN_TANH",
+                 "wlm_rnn_relu": "RNN_RELU"}[program]
         return ["main.py", "--data", os.path.join(workdir, "wlm"), "--model", model,
                 "--emsize", "32", "--nhid", "32", "--nlayers", "2", "--nhead", "2",
                 "--bptt", "8", "--batch_size", "4", "--dropout", "0", "--lr", "5",

@@ -2,7 +2,9 @@
 pytorch/examples' word_language_model with an LSTM and with a Transformer, nanoGPT's model.py and train.py), run a
 few steps by lockstep and, the same source, by PyTorch 1.13 (examples/pytorch/run.py), from the
 same initial weights and on the same batches: every loss the model computes (training steps,
-evaluation, the reloaded best model's test loss) agrees to 1e-4. And each runs as a script."""
+evaluation, the reloaded best model's test loss) agrees to 1e-4 (word_language_model's Elman
+RNN_TANH and RNN_RELU too). And each runs as a script; and the names the ports needed are checked
+against PyTorch's."""
 import os
 import sys
 
@@ -50,6 +52,11 @@ def test_word_language_model_transformer_matches_pytorch(tmp_path, capsys):
     ours, theirs = _compare("wlm_transformer", tmp_path, 8, on_model=_eval_mode, min_losses=12)
     print(capsys.readouterr().out)
     print("Transformer losses, lockstep:", ours, "PyTorch:", theirs)
+
+
+@pytest.mark.parametrize("program", ["wlm_rnn_tanh", "wlm_rnn_relu"])
+def test_word_language_model_elman_rnns_match_pytorch(program, tmp_path):
+    _compare(program, tmp_path, 4, min_losses=8)
 
 
 def test_nanogpt_matches_pytorch(tmp_path, capsys):
@@ -232,3 +239,36 @@ def test_nanogpt_generates_as_pytorch_does():
     assert got.tolist() == want.tolist()
     sampled = ours.generate(lockstep.from_numpy(prompt), 5, top_k=4).numpy()
     assert sampled.shape == (2, 8) and sampled.min() >= 0 and sampled.max() < 13
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(nonlinearity="relu", num_layers=2),
+                                dict(bidirectional=True, batch_first=True, num_layers=2)])
+def test_rnn_matches_pytorch(kw):
+    import lockstep
+    import torch
+    theirs, ours = torch.nn.RNN(3, 4, **kw), lockstep.nn.RNN(3, 4, **kw)
+    assert [n for n, _ in ours.named_parameters()] == [n for n, _ in theirs.named_parameters()]
+    ours.load_state_dict({k: lockstep.from_numpy(v.detach().numpy())
+                          for k, v in theirs.state_dict().items()})
+    x = np.random.default_rng(2).standard_normal((5, 2, 3)).astype(np.float32)
+    batch = 5 if kw.get("batch_first") else 2
+    h0 = np.random.default_rng(3).standard_normal(
+        (kw.get("num_layers", 1) * (2 if kw.get("bidirectional") else 1), batch, 4))
+    h0 = h0.astype(np.float32)
+    tx = torch.from_numpy(x).requires_grad_()
+    lx = lockstep.from_numpy(x).requires_grad_()
+    tout, th = theirs(tx, torch.from_numpy(h0))
+    lout, lh = ours(lx, lockstep.from_numpy(h0))
+    np.testing.assert_allclose(lout.numpy(), tout.detach().numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(lh.numpy(), th.detach().numpy(), rtol=1e-5, atol=1e-6)
+    ((tout * tout).sum() + th.sum()).backward()
+    ((lout * lout).sum() + lh.sum()).backward()
+    np.testing.assert_allclose(lx.grad.numpy(), tx.grad.numpy(), rtol=1e-4, atol=1e-6)
+    for (n, p), (_, tp) in zip(ours.named_parameters(), theirs.named_parameters()):
+        np.testing.assert_allclose(p.grad.numpy(), tp.grad.numpy(), rtol=1e-4, atol=1e-6,
+                                   err_msg=n)
+    single, tsingle = ours(lx[:, 0]), theirs(tx[:, 0])  # unbatched, no initial state
+    np.testing.assert_allclose(single[0].numpy(), tsingle[0].detach().numpy(), rtol=1e-5,
+                               atol=1e-6)
+    with pytest.raises(lockstep.Error, match="nonlinearity"):
+        lockstep.nn.RNN(3, 4, nonlinearity="sigmoid")

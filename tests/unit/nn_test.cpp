@@ -191,6 +191,27 @@ TEST(NnModule, ATiedWeightIsOneParameterComputedWithByBothLayers) {
   EXPECT_THROW(m.set_parameter("nope.weight", e), ls::Error);
 }
 
+// A subclass that registers a child under a name its base registered replaces it in its place, as
+// PyTorch's `self.decoder = nn.Linear(...)` in a subclass of nn.Transformer does.
+TEST(NnModule, RegisteringANameAgainReplacesThatChildInItsPlace) {
+  struct Base : ls::nn::Module {
+    Base() {
+      register_module("encoder", std::make_shared<ls::nn::Linear>(2, 2));
+      register_module("decoder", std::make_shared<ls::nn::Linear>(2, 3));
+      register_module("norm", std::make_shared<ls::nn::LayerNorm>(ls::Shape{3}));
+    }
+  };
+  struct Sub : Base {
+    std::shared_ptr<ls::nn::Linear> decoder =
+        register_module("decoder", std::make_shared<ls::nn::Linear>(2, 3, false));
+  } m;
+  EXPECT_EQ(names(m.named_parameters()),
+            (std::vector<std::string>{"encoder.weight", "encoder.bias", "decoder.weight",
+                                      "norm.weight", "norm.bias"}));
+  EXPECT_EQ(m.named_children().size(), 3u);
+  EXPECT_TRUE(m.named_children()[1].second == m.decoder);
+}
+
 // ---- BatchNorm ------------------------------------------------------------------------------
 
 TEST(NnBatchNorm, TrainingUsesBatchStatsAndUpdatesRunningStatsInTheStep) {

@@ -1,7 +1,5 @@
-# karpathy/nanoGPT's configurator.py, ported to lockstep from its commit
-# 3adf61e154c3fe3fca428ad6bc3818b27a3b8291.
-# The diff against the original:
-#   none (train.py execs it from the working directory).
+# karpathy/nanoGPT's configurator.py at its commit 3adf61e154c3fe3fca428ad6bc3818b27a3b8291,
+# unchanged but for these lines: train.py execs it from the working directory.
 #
 """
 Poor Man's Configurator. Probably a terrible idea. Example usage:

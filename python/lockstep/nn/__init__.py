@@ -263,3 +263,80 @@ def _flatten_parameters(self):
 
 for _rnn in (LSTM, GRU):  # noqa: F821 (from the extension)
     _rnn.flatten_parameters = _flatten_parameters
+
+
+class RNN(Module):
+    """torch.nn.RNN, the Elman network: h_t = act(x_t W_ih^T + b_ih + h_{t-1} W_hh^T + b_hh) with
+    act tanh or relu, num_layers stacked (dropout between them in training), one or two
+    directions; PyTorch's arguments, parameter names (weight_ih_l0, ..._reverse) and uniform
+    init. Composed of lockstep's ops: one matmul over all steps for the inputs, then one per step."""
+
+    def __init__(self, input_size, hidden_size, num_layers=1, nonlinearity="tanh", bias=True,
+                 batch_first=False, dropout=0.0, bidirectional=False, device=None, dtype=None):
+        super().__init__()
+        if nonlinearity not in ("tanh", "relu"):
+            raise _C.Error("RNN: unknown nonlinearity '%s'; use 'tanh' or 'relu'" % nonlinearity)
+        if num_layers < 1 or hidden_size < 1 or not 0.0 <= dropout <= 1.0:
+            raise _C.Error("RNN: num_layers and hidden_size must be positive and dropout in [0, 1];"
+                           " got %d, %d, %r" % (num_layers, hidden_size, dropout))
+        self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
+        self.nonlinearity, self.bias, self.batch_first = nonlinearity, bias, batch_first
+        self.dropout, self.bidirectional = float(dropout), bidirectional
+        k = hidden_size ** -0.5
+        for layer in range(num_layers):
+            for suffix in self._suffixes(layer):
+                n_in = input_size if layer == 0 else hidden_size * (2 if bidirectional else 1)
+                shapes = [("weight_ih", (hidden_size, n_in)), ("weight_hh", (hidden_size,
+                                                                             hidden_size))]
+                if bias:
+                    shapes += [("bias_ih", (hidden_size,)), ("bias_hh", (hidden_size,))]
+                for name, shape in shapes:
+                    setattr(self, name + suffix, Parameter(_C.rand(*shape) * (2 * k) - k))
+
+    def _suffixes(self, layer):
+        return ["_l%d" % layer] + (["_l%d_reverse" % layer] if self.bidirectional else [])
+
+    def forward(self, input, hx=None):
+        batched = input.dim() == 3
+        if input.dim() not in (2, 3):
+            raise _C.Error("RNN: expected a 2-d (unbatched) or 3-d input; got shape %s"
+                           % (list(input.shape),))
+        x = input if batched else input.unsqueeze(1)
+        if self.batch_first and batched:
+            x = x.transpose(0, 1)
+        steps, n = x.shape[0], x.shape[1]
+        directions = 2 if self.bidirectional else 1
+        if hx is None:
+            hx = _C.zeros(self.num_layers * directions, n, self.hidden_size)
+        elif not batched:
+            hx = hx.unsqueeze(1)
+        act = _C.tanh if self.nonlinearity == "tanh" else _C.relu
+        finals = []
+        for layer in range(self.num_layers):
+            outputs = []
+            for d, suffix in enumerate(self._suffixes(layer)):
+                w_ih, w_hh = getattr(self, "weight_ih" + suffix), getattr(self, "weight_hh" + suffix)
+                xs = x @ w_ih.t()
+                if self.bias:
+                    xs = xs + getattr(self, "bias_ih" + suffix)
+                h, ys = hx[layer * directions + d], [None] * steps
+                for t in (range(steps - 1, -1, -1) if d else range(steps)):
+                    hh = h @ w_hh.t()
+                    if self.bias:
+                        hh = hh + getattr(self, "bias_hh" + suffix)
+                    h = act(xs[t] + hh)
+                    ys[t] = h
+                outputs.append(_C.stack(ys))
+                finals.append(h)
+            x = outputs[0] if directions == 1 else _C.cat(outputs, dim=2)
+            if self.dropout > 0 and self.training and layer + 1 < self.num_layers:
+                x = functional.dropout(x, self.dropout, training=True)
+        h_n = _C.stack(finals)
+        if self.batch_first and batched:
+            x = x.transpose(0, 1)
+        if not batched:
+            return x.squeeze(1), h_n.squeeze(1)
+        return x, h_n
+
+    def flatten_parameters(self):
+        """cuDNN's packing of the weights in PyTorch; nothing to do here."""
