@@ -176,12 +176,23 @@ std::shared_ptr<Buffer> materialize(const Tensor& t, const Loc& loc, const char*
     std::lock_guard<std::recursive_mutex> lock(graph_mutex());
     const std::string at = util::where(loc);
     const std::string site = cat(api, " at ", at);
+    std::vector<std::shared_ptr<TensorImpl>> targets{impl};
     if (const int64_t step = me.active_step.load(); step != 0) {
       if (me.implicit_step != step) me.implicit_step = step, me.implicit_in_step = 0;
       site_in_step(site, ++me.implicit_in_step, cat("step ", step));
+      // Inside a step the read computes all of the step's work so far, not only the value read:
+      // what the rest of the step uses (the forward behind a loss already differentiated, the
+      // gradients) is then computed once, here, instead of again by the step's program (a
+      // DCGAN step reading five values ran 2.4x slower). The step's journal still holds every
+      // value at entry, so its rollback is unchanged.
+      if (auto pending = pending_targets(me)) {
+        targets = std::move(*pending);
+        if (std::find(targets.begin(), targets.end(), impl) == targets.end())
+          targets.push_back(impl);
+      }
     }
     std::vector<Job> jobs =
-        build_jobs({impl}, cat("implicit sync at ", at), site, nullptr, true, me);
+        build_jobs(std::move(targets), cat("implicit sync at ", at), site, nullptr, true, me);
     enqueue(jobs);
     value = current_node(*impl);
   }

@@ -131,6 +131,36 @@ TEST(Step, RollbackAfterAReadInsideTheStep) {
   EXPECT_EQ(bits(p), p0);
 }
 
+// A read inside a step computes the step's work so far, once: the forward behind a loss already
+// differentiated is not computed again by the step's program (the gradients were computed with
+// the read), so the step with reads executes no more nodes than the same step without them.
+TEST(Step, AReadInsideTheStepComputesTheWorkSoFarOnlyOnce) {
+  ls::Tensor x = ls::from_vector<float>({0.5f, -1.0f, 2.0f, 0.25f});
+  auto run = [&](bool read) {
+    ls::Tensor w = ls::from_vector<float>({1, 2, 3, 4});
+    w.set_requires_grad(true);
+    ls::wait();
+    Delta nodes("executed_nodes");
+    float seen = 0;
+    ls::step([&] {
+      ls::Tensor h = x * w;
+      for (int i = 0; i < 8; ++i) h = ls::tanh(h * 1.5f + 0.1f);
+      ls::Tensor loss = ls::sum(h * h);
+      loss.backward();
+      if (read) seen = loss.item<float>();  // the forward and the gradient, computed here
+      ls::NoGrad no_grad;
+      w.sub_(w.grad() * 0.1f);
+      if (read) seen += ls::sum(w).item<float>();  // the update only
+    });
+    ls::wait();
+    return std::pair{nodes.get(), w.to_vector<float>()};
+  };
+  const auto [plain_nodes, plain_w] = run(false);
+  const auto [read_nodes, read_w] = run(true);
+  EXPECT_EQ(read_w, plain_w);
+  EXPECT_LE(read_nodes, plain_nodes + 8) << "without reads: " << plain_nodes;
+}
+
 TEST(Step, GuardCommitsOnNormalExitAndRollsBackOnUnwinding) {
   ls::Tensor p = ls::from_vector<float>({1, 1});
   {
