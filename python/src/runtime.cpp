@@ -137,6 +137,10 @@ void init_runtime(py::module_& m) {
       "Runs closure(*args) on the runtime thread after the current step's program has run.");
   m.def("set_num_threads", &set_num_threads, arg("n"));
   m.def("get_num_threads", &num_threads);
+  m.def("set_flush_denormal", &set_flush_denormal, arg("mode"),
+        "Whether the cpu backend's programs flush denormal floats to zero (default True); "
+        "returns whether this CPU can (PyTorch's torch.set_flush_denormal).");
+  m.def("flush_denormal", &flush_denormal);
   m.def(
       "cpu_kernels", [](const PyDType& d) { return cpu_kernels(d.value); },
       arg("dtype") = PyDType{DType::F32});

@@ -98,3 +98,32 @@ TEST(Parallel, CompilingOnAUsersThreadStartsNoTeamThere) {
 }
 
 }  // namespace
+
+// Denormals are flushed to zero by default, in every thread of the program's team (a large
+// elementwise product is split over 2 threads); ls::set_flush_denormal(false) keeps them.
+TEST(Denormals, FlushedToZeroByDefaultAndKeptWhenAsked) {
+  namespace ls = lockstep;
+  ASSERT_TRUE(ls::flush_denormal());
+  ls::set_num_threads(2);
+  const int64_t n = 1 << 20;
+  const std::vector<float> tiny(n, 1e-30f);
+  auto product = [&] {
+    ls::Tensor x = ls::from_vector<float>(tiny);
+    ls::Tensor d = ls::from_vector<float>(std::vector<float>(n, 1e-40f));  // denormal input
+    return std::pair{(x * 1e-10f).to_vector<float>(), (d * 2.0f).to_vector<float>()};
+  };
+  auto [flushed, doubled] = product();
+  for (int64_t i : {int64_t{0}, n / 2 + 1, n - 1}) {
+    EXPECT_EQ(flushed[i], 0.0f) << i;  // FTZ: a denormal result is zero
+    EXPECT_EQ(doubled[i], 0.0f) << i;  // DAZ: a denormal input reads as zero
+  }
+  EXPECT_TRUE(ls::set_flush_denormal(false));
+  auto [kept, kept_doubled] = product();
+  EXPECT_TRUE(ls::set_flush_denormal(true));
+  ls::set_num_threads(0);
+  for (int64_t i : {int64_t{0}, n / 2 + 1, n - 1}) {
+    EXPECT_GT(kept[i], 0.0f) << i;
+    EXPECT_LT(kept[i], 1.2e-38f) << i;
+    EXPECT_FLOAT_EQ(kept_doubled[i], 2e-40f) << i;
+  }
+}

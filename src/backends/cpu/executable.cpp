@@ -11,6 +11,7 @@
 #include <sstream>
 #include <string>
 
+#include "backends/cpu/denormals.h"
 #include "dist/comm.h"
 #include "runtime/metrics.h"
 #include "runtime/profiler.h"
@@ -37,6 +38,7 @@ std::vector<std::shared_ptr<Storage>> CpuExecutable::run(
     const std::function<void()>& past_checks) {
   std::lock_guard<std::mutex> lock(mu_);
   if (omp_get_max_threads() != threads_) omp_set_num_threads(threads_);
+  DenormalScope denormals(threads_);
   if (!arena_ && p_.arena_bytes) arena_ = alloc_host(p_.arena_bytes);
   if (!copies_ && p_.copies_bytes) copies_ = alloc_host(p_.copies_bytes);
   // The regions, fresh for every run: outputs placed there are slices of them, which the
