@@ -184,8 +184,10 @@ std::shared_ptr<Buffer> materialize(const Tensor& t, const Loc& loc, const char*
       // what the rest of the step uses (the forward behind a loss already differentiated, the
       // gradients) is then computed once, here, instead of again by the step's program (a
       // DCGAN step reading five values ran 2.4x slower). The step's journal still holds every
-      // value at entry, so its rollback is unchanged.
-      if (auto pending = pending_targets(me)) {
+      // value at entry, so its rollback is unchanged. Not in data parallel: a read on one rank
+      // (rank 0 printing its loss) must not take the step's collectives into a program the
+      // other ranks never run.
+      if (auto pending = dist::detail::active() ? std::nullopt : pending_targets(me)) {
         targets = std::move(*pending);
         if (std::find(targets.begin(), targets.end(), impl) == targets.end())
           targets.push_back(impl);

@@ -169,6 +169,23 @@ TEST(DataParallel, ValuesKeptByRankZeroAloneDoNotStopTheRun) {
   EXPECT_EQ(r.out.substr(h0 + 18, 16), r.out.substr(h1 + 18, 16)) << "replicas agree:\n" << r.out;
 }
 
+// A read inside the step on rank 0 alone (of a value no collective reads), after the gradients'
+// all-reduce was recorded: the read computes its own value only (outside data parallel it
+// computes the step's work so far), so rank 0 runs no collective that rank 1 does not.
+TEST(DataParallel, AReadInsideTheStepOnOneRankDoesNotStopTheRun) {
+  const Job r = mpirun(2, "read-rank0 3", "LOCKSTEP_DIST_TIMEOUT=20");
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  for (int s = 1; s <= 3; ++s) {
+    EXPECT_NE(r.out.find("rank 0 step " + std::to_string(s) + " local logits"), std::string::npos)
+        << r.out;
+    EXPECT_NE(r.out.find("rank 1 step " + std::to_string(s) + " loss"), std::string::npos) << r.out;
+  }
+  const size_t h0 = r.out.find("rank 0 final hash "), h1 = r.out.find("rank 1 final hash ");
+  ASSERT_NE(h0, std::string::npos) << r.out;
+  ASSERT_NE(h1, std::string::npos) << r.out;
+  EXPECT_EQ(r.out.substr(h0 + 18, 16), r.out.substr(h1 + 18, 16)) << "replicas agree:\n" << r.out;
+}
+
 // The natural error path of a data-parallel program (issue 30, item 4): a divergence error is
 // caught and main returns 1 while the earlier steps' programs are still queued (a closure holds
 // the runtime thread). Exit drains them before oneDNN's static state is gone: every rank exits 1

@@ -146,6 +146,8 @@ int run(int argc, char** argv) {
         });
       }
       dp.average_gradients();
+      if (mode == "read-rank0" && rank == 0)  // a read inside the step, on one rank only
+        std::printf("rank 0 step %d local logits %.6g\n", s, ls::sum(logits).item<float>());
       opt->step();
       loss = ls::dist::all_reduce(loss, 1.0 / world);
     });
