@@ -77,6 +77,9 @@ void init_extras(py::module_& m);
 void init_dlpack(py::module_& m);
 void init_summary(py::module_& m);
 void init_profiler(py::module_& m);
+// The hottest calls entered below pybind11's dispatcher (fast_calls.cpp): after the functions it
+// fronts are defined, before init_tensor_methods makes methods of them.
+void init_fast_calls(py::module_& m);
 
 // Axes given as an int, a sequence of ints, or None (every axis).
 std::vector<int64_t> axes_of(const py::object& dim);

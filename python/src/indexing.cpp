@@ -178,12 +178,13 @@ void init_indexing(py::module_& m, py::class_<Tensor>& t) {
           "indices is a whole axis, as torch's.")
       .def(
           "index_put_",
-          [](Tensor& x, const py::object& indices, const py::object& values,
-             bool accumulate) -> Tensor& {
-            return x.copy_(put(x, put_key(indices), values, accumulate), user_place());
+          [](py::object self, const py::object& indices, const py::object& values,
+             bool accumulate) {
+            Tensor& x = self.cast<Tensor&>();
+            x.copy_(put(x, put_key(indices), values, accumulate), user_place());
+            return self;
           },
-          py::arg("indices"), py::arg("values"), py::arg("accumulate") = false,
-          py::return_value_policy::reference_internal);
+          py::arg("indices"), py::arg("values"), py::arg("accumulate") = false);
   m.attr("index_put") = t.attr("index_put");
 }
 

@@ -35,5 +35,6 @@ PYBIND11_MODULE(_lockstep, m) {
   lp::init_dlpack(m);
   lp::init_summary(m);
   lp::init_profiler(m);
+  lp::init_fast_calls(m);
   lp::init_tensor_methods(m);
 }

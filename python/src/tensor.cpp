@@ -215,8 +215,12 @@ void init_tensor(py::module_& m) {
       .def_property("requires_grad", &Tensor::requires_grad,
                     [](Tensor& x, bool on) { x.set_requires_grad(on); })
       .def(
-          "requires_grad_", [](Tensor& x, bool on) -> Tensor& { return x.set_requires_grad(on); },
-          py::arg("requires_grad") = true, py::return_value_policy::reference_internal)
+          "requires_grad_",
+          [](py::object self, bool on) {
+            self.cast<Tensor&>().set_requires_grad(on);
+            return self;
+          },
+          py::arg("requires_grad") = true)
       .def_property(
           "grad",
           [](const Tensor& x) -> py::object {
@@ -253,15 +257,21 @@ void init_tensor(py::module_& m) {
           py::arg("dtype"))
       .def("is_floating_point", [](const Tensor& x) { return is_floating(x.dtype()); })
       // In place: every handle to the tensor sees the new value.
-      .def(
-          "copy_", [](Tensor& x, const Tensor& src) -> Tensor& { return x.copy_(src); },
-          py::return_value_policy::reference_internal)
-      .def(
-          "fill_", [](Tensor& x, Scalar v) -> Tensor& { return x.fill_(v); },
-          py::return_value_policy::reference_internal)
-      .def(
-          "zero_", [](Tensor& x) -> Tensor& { return x.zero_(); },
-          py::return_value_policy::reference_internal)
+      .def("copy_",
+           [](py::object self, const Tensor& src) {
+             self.cast<Tensor&>().copy_(src);
+             return self;
+           })
+      .def("fill_",
+           [](py::object self, Scalar v) {
+             self.cast<Tensor&>().fill_(v);
+             return self;
+           })
+      .def("zero_",
+           [](py::object self) {
+             self.cast<Tensor&>().zero_();
+             return self;
+           })
       .def(
           "__dlpack__", [](const Tensor& x, const py::object&) { return to_dlpack(x); },
           py::arg("stream") = py::none(),
@@ -340,13 +350,15 @@ void init_tensor(py::module_& m) {
   t.def("__neg__", [](const Tensor& a) { return neg(a); });
   t.def("__abs__", [](const Tensor& a) { return abs(a); });
   t.def("__invert__", [](const Tensor& a) { return logical_not(a); });
-#define LS_INPLACE(py_name, method)                                               \
-  t.def(                                                                          \
-      py_name, [](Tensor& a, const Tensor& b) -> Tensor& { return a.method(b); }, \
-      py::return_value_policy::reference_internal);                               \
-  t.def(                                                                          \
-      py_name, [](Tensor& a, Scalar b) -> Tensor& { return a.method(b); },        \
-      py::return_value_policy::reference_internal);
+#define LS_INPLACE(py_name, method)                     \
+  t.def(py_name, [](py::object self, const Tensor& b) { \
+    self.cast<Tensor&>().method(b);                     \
+    return self;                                        \
+  });                                                   \
+  t.def(py_name, [](py::object self, Scalar b) {        \
+    self.cast<Tensor&>().method(b);                     \
+    return self;                                        \
+  });
   LS_INPLACE("__iadd__", add_)
   LS_INPLACE("__isub__", sub_)
   LS_INPLACE("__imul__", mul_)
@@ -359,14 +371,18 @@ void init_tensor(py::module_& m) {
   // torch's x.add_(other, alpha=a) and x.sub_(other, alpha=a): x +/- a * other.
   t.def(
       "add_",
-      [](Tensor& a, const Tensor& b, Scalar alpha) -> Tensor& { return a.add_(mul(b, alpha)); },
-      py::arg("other"), py::kw_only(), py::arg("alpha"),
-      py::return_value_policy::reference_internal);
+      [](py::object self, const Tensor& b, Scalar alpha) {
+        self.cast<Tensor&>().add_(mul(b, alpha));
+        return self;
+      },
+      py::arg("other"), py::kw_only(), py::arg("alpha"));
   t.def(
       "sub_",
-      [](Tensor& a, const Tensor& b, Scalar alpha) -> Tensor& { return a.sub_(mul(b, alpha)); },
-      py::arg("other"), py::kw_only(), py::arg("alpha"),
-      py::return_value_policy::reference_internal);
+      [](py::object self, const Tensor& b, Scalar alpha) {
+        self.cast<Tensor&>().sub_(mul(b, alpha));
+        return self;
+      },
+      py::arg("other"), py::kw_only(), py::arg("alpha"));
 }
 
 namespace {

@@ -19,6 +19,10 @@ class Parameter(_C.Tensor):
         self.requires_grad_(requires_grad)
 
 
+# Its operators as fast as lockstep.Tensor's (CPython gives a subclass the generic slots).
+_C._install_fast_slots(Parameter)
+
+
 class _Listed(list):
     """What parameters() returns: a list (len, indexing, as lockstep has always given) that is also
     an iterator, as torch's generator, for ``next(model.parameters())``."""
