@@ -11,7 +11,8 @@
 // waited most (communication and skew); hidden = 1 - exposed / comm.
 // With LOCKSTEP_PROFILE set, rank 0 also prints ls::metrics::report() (time per kernel kind,
 // all_reduce_start and all_reduce_wait) to stderr.
-//   dist_bench <mlp|resnet18|resnet50> [timed_steps=20] [threads=1] [bucket_mib=25]
+// With `zero1`, the optimizer is sharded over the ranks (ls::dist::ZeroRedundancyOptimizer).
+//   dist_bench <mlp|resnet18|resnet50> [timed_steps=20] [threads=1] [bucket_mib=25] [plain|zero1]
 #include <lockstep/lockstep.h>
 #include <algorithm>
 #include <chrono>
@@ -34,8 +35,9 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(
-        stderr, "usage: dist_bench <mlp|resnet18|resnet50> [timed_steps] [threads] [bucket_mib]\n");
+    std::fprintf(stderr,
+                 "usage: dist_bench <mlp|resnet18|resnet50> [timed_steps] [threads] [bucket_mib] "
+                 "[plain|zero1]\n");
     return 2;
   }
   try {
@@ -50,7 +52,16 @@ int main(int argc, char** argv) {
     ls::dist::DataParallelOptions dp_options;
     if (argc > 4) dp_options.bucket_bytes = static_cast<int64_t>(std::atof(argv[4]) * (1 << 20));
     ls::dist::DataParallel dp(*model, dp_options);
-    ls::optim::SGD opt(model->parameters(), {.lr = 0.01, .momentum = 0.9});
+    auto sgd = [](std::vector<ls::Tensor> params) {
+      return std::make_unique<ls::optim::SGD>(std::move(params),
+                                              ls::optim::SGDOptions{.lr = 0.01, .momentum = 0.9});
+    };
+    const bool zero = argc > 5 && std::string(argv[5]) == "zero1";
+    std::unique_ptr<ls::optim::Optimizer> opt;
+    if (zero)
+      opt = std::make_unique<ls::dist::ZeroRedundancyOptimizer>(model->parameters(), sgd);
+    else
+      opt = sgd(model->parameters());
     const FixedBatch batch = fixed_batch(w);
     const ls::Tensor &images = batch.images, &labels = batch.labels;
     ls::sync();
@@ -58,11 +69,11 @@ int main(int argc, char** argv) {
     auto train = [&](int n) {
       for (int s = 0; s < n; ++s)
         ls::step([&] {
-          opt.zero_grad();
+          opt->zero_grad();
           ls::Tensor loss = ls::nn::cross_entropy((*model)(images), labels);
           loss.backward();
           dp.average_gradients();
-          opt.step();
+          opt->step();
         });
       ls::wait();
     };

@@ -493,14 +493,20 @@ int run(const Options& o) {
   // seeds 0, 1, 2); with SGD (momentum 0.9, lr 0.05) one epoch gives 89.6%.
   const double lr = o.lr.value_or(sgd ? 0.05 : 3e-3);
   const double weight_decay = o.weight_decay.value_or(sgd ? 0.0 : 0.01);
-  std::unique_ptr<ls::optim::Optimizer> opt;
-  if (sgd)
-    opt = std::make_unique<ls::optim::SGD>(
-        model->parameters(),
-        ls::optim::SGDOptions{.lr = lr, .momentum = o.momentum, .weight_decay = weight_decay});
-  else
-    opt = std::make_unique<ls::optim::AdamW>(
-        model->parameters(), ls::optim::AdamOptions{.lr = lr, .weight_decay = weight_decay});
+  auto make_optimizer =
+      [&](std::vector<ls::Tensor> params) -> std::shared_ptr<ls::optim::Optimizer> {
+    if (sgd)
+      return std::make_shared<ls::optim::SGD>(
+          std::move(params),
+          ls::optim::SGDOptions{.lr = lr, .momentum = o.momentum, .weight_decay = weight_decay});
+    return std::make_shared<ls::optim::AdamW>(
+        std::move(params), ls::optim::AdamOptions{.lr = lr, .weight_decay = weight_decay});
+  };
+  // --zero 1: each replica keeps and updates its shard of the optimizer's state.
+  std::shared_ptr<ls::optim::Optimizer> opt =
+      o.zero == 1
+          ? std::make_shared<ls::dist::ZeroRedundancyOptimizer>(model->parameters(), make_optimizer)
+          : make_optimizer(model->parameters());
   // Cosine decay over the whole run, after a linear warm-up.
   const int64_t total_steps = o.num_epochs * steps_per_epoch;
   const int64_t warmup =

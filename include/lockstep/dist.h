@@ -25,9 +25,12 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "lockstep/optim.h"
 #include "lockstep/tensor.h"
 
 namespace lockstep::nn {
@@ -73,6 +76,12 @@ bool broken();
 Tensor all_reduce(const Tensor& x, double scale = 1.0, Loc loc = Loc::current());
 // Rank `root`'s value on every rank. Lazy, as all_reduce; no gradient.
 Tensor broadcast(const Tensor& x, int root = 0, Loc loc = Loc::current());
+// The same, ordered after `after` on every rank: the program computes them before it, whatever
+// each rank computes `x` from. Collectives must run in one order on every rank; a value only the
+// root computes (its shard of an update) would otherwise put its broadcast earlier on the ranks
+// that only receive it (ZeroRedundancyOptimizer orders its broadcasts so).
+Tensor broadcast(const Tensor& x, int root, const std::vector<Tensor>& after,
+                 Loc loc = Loc::current());
 
 // A hash of the values (bytes) of `tensors`, the same on every rank that holds the same values.
 uint64_t hash_values(const std::vector<Tensor>& tensors, Loc loc = Loc::current());
@@ -110,6 +119,65 @@ class DataParallel {
  private:
   nn::Module* model_;
   DataParallelOptions options_;
+};
+
+// ZeRO stage 1 under PyTorch's name (torch.distributed.optim.ZeroRedundancyOptimizer): the
+// optimizer's state is sharded over the ranks. Each parameter has one owner rank, chosen as
+// PyTorch does (largest first, each to the rank holding the fewest elements so far); a rank keeps
+// the state of its own parameters only and updates only them, with the optimizer `make_local`
+// builds over them (any ls::optim optimizer), then every parameter takes its owner's value by a
+// broadcast in the step's program. Gradients stay whole on every rank (DataParallel's
+// average_gradients, as before), so the updates, clip_grad_norm_ and the skip of non-finite
+// steps are those of the unsharded optimizer: the replicas train exactly as with DataParallel
+// alone. AdamW in f32 keeps 8 bytes of state per parameter; each rank keeps about 8/N of them.
+//
+//   ls::dist::DataParallel dp(model);
+//   ls::dist::ZeroRedundancyOptimizer opt(model.parameters(), [](std::vector<ls::Tensor> mine) {
+//     return std::make_unique<ls::optim::AdamW>(std::move(mine), ls::optim::AdamOptions{.lr =
+//     1e-3});
+//   });
+//   ls::step([&] { ...; loss.backward(); dp.average_gradients(); opt.step(); });
+//
+// It is an ls::optim::Optimizer: schedulers, parameter groups (learning rate and weight decay per
+// group, handed to the local optimizer at each update) and checkpoints work on it. Its state_dict
+// holds this rank's shard (the step counts and the local optimizer's buffers, named by the
+// parameters' indices in params()): each rank saves and loads its own, at the same world size.
+// Every rank must own at least one parameter (fewer parameters than ranks is an Error).
+struct ZeroOptions {
+  bool skip_nonfinite = false;  // as the optimizers' own option (the local one's is not used)
+};
+
+class ZeroRedundancyOptimizer : public optim::Optimizer {
+ public:
+  using LocalFactory = std::function<std::shared_ptr<optim::Optimizer>(std::vector<Tensor> params)>;
+  ZeroRedundancyOptimizer(std::vector<Tensor> params, const LocalFactory& make_local,
+                          ZeroOptions options = {}, Loc loc = Loc::current());
+  // The rank that updates params()[i] and keeps its state.
+  int owner(size_t i) const { return owners_[i]; }
+  // The optimizer over this rank's parameters.
+  optim::Optimizer& local() { return *local_; }
+  // Elements of optimizer state this rank keeps (its local optimizer's buffers).
+  int64_t local_state_numel() const;
+  double momentum() const override;
+  void set_momentum(double momentum) override;
+
+ protected:
+  void update(size_t i, const Tensor& grad, const Tensor& t, const Tensor& ok) override;
+  nn::NamedTensors state() const override;
+  void add_state(size_t i) override;
+
+ private:
+  struct Shard;
+  static Shard partition(std::vector<Tensor> params, const LocalFactory& make_local,
+                         const Loc& loc);
+  ZeroRedundancyOptimizer(Shard shard, ZeroOptions options);
+
+  std::shared_ptr<optim::Optimizer> local_;
+  std::vector<int> owners_;        // per parameter
+  std::vector<int64_t> local_of_;  // per parameter: its index in local_, or -1
+  std::vector<size_t> global_of_;  // per parameter of local_: its index in params()
+  std::vector<int64_t> load_;      // elements owned per rank (for added groups)
+  Tensor last_broadcast_;          // this step's last (update orders the next after it)
 };
 
 }  // namespace lockstep::dist

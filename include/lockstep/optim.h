@@ -13,6 +13,10 @@
 #include "lockstep/nn.h"
 #include "lockstep/tensor.h"
 
+namespace lockstep::dist {
+class ZeroRedundancyOptimizer;
+}
+
 namespace lockstep::optim {
 
 // Parameters with their own hyper-parameters (PyTorch's param_groups), added to an optimizer
@@ -86,6 +90,8 @@ class Optimizer {
 
   std::vector<Tensor> params_;
   Tensor step_;
+  // Drives an optimizer over its shard of the parameters through update, state and add_state.
+  friend class dist::ZeroRedundancyOptimizer;
   // The subclass' default weight decay, for group 0 and groups that set none (set by each
   // subclass' constructor before it creates state).
   void set_default_weight_decay(double wd);

@@ -113,6 +113,23 @@ void init_extras(py::module_& m) {
   dist.def(
       "broadcast", [](const Tensor& x, int root) { return dist::broadcast(x, root); },
       arg("tensor"), arg("src") = 0);
+  // PyTorch's signature: ZeroRedundancyOptimizer(params, optimizer_class, **defaults), the local
+  // optimizer made as optimizer_class(this rank's parameters, **defaults).
+  py::class_<dist::ZeroRedundancyOptimizer, optim::Optimizer,
+             std::shared_ptr<dist::ZeroRedundancyOptimizer>>(dist, "ZeroRedundancyOptimizer")
+      .def(py::init([](const std::vector<Tensor>& params, const py::object& optimizer_class,
+                       const py::kwargs& defaults) {
+             const Loc loc = user_place();
+             auto make = [&](std::vector<Tensor> mine) {
+               return optimizer_class(mine, **defaults).cast<std::shared_ptr<optim::Optimizer>>();
+             };
+             return std::make_shared<dist::ZeroRedundancyOptimizer>(params, make,
+                                                                    dist::ZeroOptions{}, loc);
+           }),
+           arg("params"), arg("optimizer_class"))
+      .def("owner", &dist::ZeroRedundancyOptimizer::owner, arg("index"))
+      .def_property_readonly("local_optimizer", &dist::ZeroRedundancyOptimizer::local)
+      .def("local_state_numel", &dist::ZeroRedundancyOptimizer::local_state_numel);
   py::class_<dist::DataParallel>(dist, "DataParallel")
       .def(py::init([](nn::Module& model) {
              const Loc loc = user_place();

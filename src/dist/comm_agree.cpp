@@ -26,6 +26,28 @@ namespace detail {
 
 std::shared_ptr<const Agreement> agreement_of(const ir::Graph& graph, const std::string& setting) {
   const size_t n = graph.nodes.size();
+  // What the broadcasts' roots compute for themselves: a node that feeds a broadcast's operand
+  // and no other collective. Only the root's operand counts, so it may differ from rank to rank
+  // (under ZeroRedundancyOptimizer each rank updates its own parameters and broadcasts them; with
+  // DataParallel's broadcast_buffers, rank 0's running statistics): it is left out, and the
+  // broadcast reads a stand-in of its shape and dtype.
+  std::vector<char> to_broadcast(n, 0), to_other(n, 0), local(n, 0);
+  for (size_t j = n; j-- > 0;) {
+    const ir::GraphNode& node = graph.nodes[j];
+    for (size_t k = 0; k < node.operands.size(); ++k) {
+      const int32_t o = node.operands[k];
+      // A broadcast's value is its last operand (those before it only order it): what the root
+      // sends, whatever the broadcast's own result feeds.
+      if (node.op == ir::Op::Broadcast && k + 1 == node.operands.size()) {
+        to_broadcast[o] = 1;
+        continue;
+      }
+      to_broadcast[o] |= to_broadcast[j];
+      to_other[o] |= to_other[j] || ir::is_collective(node.op);
+    }
+  }
+  for (size_t i = 0; i < n; ++i)
+    local[i] = to_broadcast[i] && !to_other[i] && !ir::is_collective(graph.nodes[i].op);
   // Nodes are in topological order: first what reads a collective's result (transitively),
   // then, backwards, everything those and the collectives read.
   std::vector<char> in(n, 0);
@@ -34,12 +56,19 @@ std::shared_ptr<const Agreement> agreement_of(const ir::Graph& graph, const std:
     const ir::GraphNode& node = graph.nodes[i];
     in[i] = ir::is_collective(node.op);
     any = any || in[i];
-    for (int32_t o : node.operands) in[i] = in[i] || in[o];
+    if (!local[i])
+      for (int32_t o : node.operands) in[i] = in[i] || in[o];
   }
   if (!any) return nullptr;
+  // A broadcast's value (its last operand) is the root's: every rank's part reads a stand-in.
+  auto is_value = [&](const ir::GraphNode& node, size_t k) {
+    return node.op == ir::Op::Broadcast && k + 1 == node.operands.size();
+  };
   for (size_t i = n; i-- > 0;)
     if (in[i])
-      for (int32_t o : graph.nodes[i].operands) in[o] = 1;
+      for (size_t k = 0; k < graph.nodes[i].operands.size(); ++k)
+        if (const int32_t o = graph.nodes[i].operands[k]; !local[o] && !is_value(graph.nodes[i], k))
+          in[o] = 1;
   auto out = std::make_shared<Agreement>();
   auto part = std::make_shared<ir::Graph>();
   part->device = graph.device;
@@ -50,8 +79,26 @@ std::shared_ptr<const Agreement> agreement_of(const ir::Graph& graph, const std:
   for (size_t i = 0; i < n; ++i) {
     if (!in[i]) continue;
     ir::GraphNode node = graph.nodes[i];
-    for (int32_t& o : node.operands) {
+    for (size_t k = 0; k < node.operands.size(); ++k) {
+      int32_t& o = node.operands[k];
       read[o] = 1;
+      if (id[o] < 0 || is_value(graph.nodes[i], k)) {  // a stand-in of its shape and dtype
+        ir::GraphNode stand_in;
+        stand_in.op = ir::Op::Data;
+        stand_in.shape = graph.nodes[o].shape;
+        stand_in.dtype = graph.nodes[o].dtype;
+        stand_in.input = part->num_buffer_inputs++;
+        stand_in.origin = graph.nodes[o].origin;
+        mix(static_cast<uint64_t>(stand_in.op) << 8 | static_cast<uint64_t>(stand_in.dtype));
+        mix(stand_in.shape.size());
+        for (int64_t d : stand_in.shape) mix(static_cast<uint64_t>(d));
+        mix(0);
+        mix(0);
+        mix(static_cast<uint64_t>(static_cast<int64_t>(stand_in.input)));
+        o = static_cast<int32_t>(part->nodes.size());
+        part->nodes.push_back(std::move(stand_in));
+        continue;
+      }
       o = id[o];
     }
     if (node.op == ir::Op::Data) node.input = part->num_buffer_inputs++;
@@ -205,7 +252,7 @@ void agree(const Agreement& agreement, const std::string& origin,
     mine.scalars = ir::mix64(mine.scalars ^ static_cast<uint64_t>(v.i));
   }
   const std::string what = cat(origin, " (program #", mine.round, " with collectives)");
-  const std::vector<Record> all = exchange(mine, what);
+  const std::vector<Record> all = detail::exchange(mine, what);
   bool same = true, all_here = true, same_scalars = true;
   for (const Record& r : all) {
     same = same && r.hash == hash && r.round == mine.round && r.kind == 1;

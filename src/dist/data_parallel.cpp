@@ -45,12 +45,17 @@ Tensor all_reduce(const Tensor& x, double scale, Loc loc) {
   return record_all_reduce(x, scale, -1, 0, 0, "dist::all_reduce", loc);
 }
 
-Tensor broadcast(const Tensor& x, int root, Loc loc) {
+Tensor broadcast(const Tensor& x, int root, Loc loc) { return broadcast(x, root, {}, loc); }
+
+Tensor broadcast(const Tensor& x, int root, const std::vector<Tensor>& after, Loc loc) {
   if (root < 0 || root >= world_size())
     util::fail(loc, "dist::broadcast", cat("root rank ", root, " of a world of ", world_size()),
                cat("Use a rank in [0, ", world_size(), ")"));
-  return frontend::record(ir::Op::Broadcast, {frontend::node(x, "dist::broadcast", loc)}, {root},
-                          loc, x.shape(), x.dtype());
+  std::vector<ir::NodePtr> operands;
+  for (const Tensor& t : after) operands.push_back(frontend::node(t, "dist::broadcast", loc));
+  operands.push_back(frontend::node(x, "dist::broadcast", loc));
+  return frontend::record(ir::Op::Broadcast, std::move(operands), {root}, loc, x.shape(),
+                          x.dtype());
 }
 
 uint64_t hash_values(const std::vector<Tensor>& tensors, Loc loc) {

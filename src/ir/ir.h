@@ -19,7 +19,8 @@
 //   *Pool2d*        ir::PoolAttrs (attrs.h)
 //                   MaxPool2dBackward (grad_out, indices); AvgPool2dBackward (grad_out)
 //   AllReduce       ir::AllReduceAttrs (attrs.h): the sum over the ranks times a scale
-//   Broadcast       [root]                      the root rank's value on every rank
+//   Broadcast       [root]                      the root rank's value on every rank: of its last
+//                                               operand; any before it only order it after them
 // Reshape, Expand, Cast, the conv/pool backward ops take their result shape/dtype from the node.
 #pragma once
 

@@ -387,8 +387,9 @@ void infer(Op op, const std::vector<NodePtr>& in, const std::vector<int64_t>& at
     case Op::Broadcast:
       c.attrs_size(attrs, 1);
       if (attrs[0] < 0) c.fail(cat("root rank ", attrs[0], " is negative"), "Use a rank >= 0");
-      *shape = in[0]->shape;
-      *dtype = in[0]->dtype;
+      if (in.empty()) c.fail("nothing to broadcast", "Pass the value (last operand)");
+      *shape = in.back()->shape;
+      *dtype = in.back()->dtype;
       return;
     case Op::MatMul: {
       c.same_dtype();

@@ -10,6 +10,7 @@
 
 #include <lockstep/io.h>
 #include <lockstep/lockstep.h>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -133,6 +134,44 @@ TEST(DataParallel, MlpSgdTwoRanksTrainAsOneProcessWithTheGlobalBatch) {
 TEST(DataParallel, MlpAdamWFourRanks) { expect_same_training("mlp", "adamw", 4); }
 TEST(DataParallel, CnnSgdTwoRanks) { expect_same_training("cnn", "sgd", 2); }
 TEST(DataParallel, OverTcp) { expect_same_training("mlp", "sgd", 2, "--mca btl tcp,self"); }
+
+// ZeRO stage 1 (ZeroRedundancyOptimizer) against DataParallel with the whole optimizer on each
+// rank, same ranks, same data: every rank updates only the parameters it owns and broadcasts them,
+// so the training is the same to the bit (the same per-rank losses, the same final hash), and the
+// optimizer state is split: each rank keeps less than the whole, all of it together exactly once.
+void expect_zero_trains_as_data_parallel(const std::string& model, const std::string& optim,
+                                         int np) {
+  const std::string args = "train " + model + " " + optim + " 5 4 " + tmp("zero.safetensors");
+  const Job dp = mpirun(np, args);
+  const Job zero = mpirun(np, args + " zero1");
+  ASSERT_EQ(dp.exit_code, 0) << dp.out;
+  ASSERT_EQ(zero.exit_code, 0) << zero.out;
+  EXPECT_EQ(losses(zero.out), losses(dp.out)) << zero.out << dp.out;
+  const std::vector<std::string> a = hashes(dp.out), b = hashes(zero.out);
+  ASSERT_EQ(b.size(), static_cast<size_t>(np)) << zero.out;
+  for (const std::string& h : b) EXPECT_EQ(h, a.at(0)) << zero.out << dp.out;
+  std::regex line(R"(rank (\d+) zero state (\d+) of (\d+))");
+  int64_t total = 0, whole = 0;
+  int ranks = 0;
+  for (std::sregex_iterator it(zero.out.begin(), zero.out.end(), line), end; it != end; ++it) {
+    const int64_t mine = std::stoll((*it)[2]);
+    whole = std::stoll((*it)[3]);
+    EXPECT_GT(mine, 0) << "every rank keeps a share:\n" << zero.out;
+    EXPECT_LT(mine, whole) << zero.out;
+    total += mine;
+    ++ranks;
+  }
+  EXPECT_EQ(ranks, np) << zero.out;
+  EXPECT_EQ(total, whole) << "each element of state is kept once:\n" << zero.out;
+  std::remove(tmp("zero.safetensors").c_str());
+}
+
+TEST(DataParallel, ZeroStage1TrainsBitForBitAsDataParallel) {
+  expect_zero_trains_as_data_parallel("mlp", "adamw", 2);
+  expect_zero_trains_as_data_parallel("cnn", "sgd", 4);
+  // Batch norm's buffers are broadcast from rank 0 each step as well (broadcast_buffers).
+  expect_zero_trains_as_data_parallel("bn", "adamw", 4);
+}
 
 TEST(DataParallel, ARankWithAnotherOpMakesEveryRankFailNamingTheNode) {
   const Job r = mpirun(2, "diverge-op 5", "LOCKSTEP_DIST_TIMEOUT=20");
@@ -261,6 +300,32 @@ TEST(DataParallel, LockstepTrainNprocs) {
        at = out.find("total: images/s", at + 1))
     ++totals;
   EXPECT_EQ(totals, 2u) << out;
+}
+
+// lockstep-train --nprocs 2 --zero 1: the optimizer's state sharded, the same training (each
+// replica's logged losses equal those of the run without it); with --checkpoint, refused as a
+// usage error until checkpoints are sharded.
+TEST(DataParallel, LockstepTrainZeroTrainsAsWithout) {
+  const std::string args = std::string("env OMP_NUM_THREADS=1 ") + LOCKSTEP_TRAIN_EXE +
+                           " --nprocs 2 --model mlp --data fake --num-steps 12 --log-steps 4 "
+                           "--batch-size 16 --workers 0";
+  const Job plain = run(args), zero = run(args + " --zero 1");
+  ASSERT_EQ(plain.exit_code, 0) << plain.out;
+  ASSERT_EQ(zero.exit_code, 0) << zero.out;
+  auto logged = [](const std::string& out) {
+    std::regex line(R"(epoch: 1, step: (\d+), loss: ([0-9.]+))");
+    std::vector<std::string> v;
+    for (std::sregex_iterator it(out.begin(), out.end(), line), end; it != end; ++it)
+      v.push_back((*it)[1].str() + " " + (*it)[2].str());
+    std::sort(v.begin(), v.end());
+    return v;
+  };
+  EXPECT_EQ(logged(zero.out).size(), 6u) << zero.out;
+  EXPECT_EQ(logged(zero.out), logged(plain.out)) << zero.out << plain.out;
+  const Job refused = run(args + " --zero 1 --checkpoint " + tmp("zero.ckpt"));
+  EXPECT_EQ(refused.exit_code, 2) << refused.out;
+  EXPECT_NE(refused.out.find("sharded checkpoints are not written yet"), std::string::npos)
+      << refused.out;
 }
 
 // A model with batch norm: every step the ranks take rank 0's running statistics

@@ -1,8 +1,12 @@
 // One rank of the data parallel tests (dist_test.cpp starts it under mpirun). Trains a small
 // model on deterministic synthetic data, rank r taking samples [r*B, (r+1)*B) of each global
 // batch of N*B, so that N ranks with batch B see what one process with batch N*B sees:
-//   dist_worker train MODEL OPTIM STEPS BATCH OUT   MODEL mlp|cnn|bn, OPTIM sgd|adamw; rank 0
-//                                                   writes the final parameters to OUT
+//   dist_worker train MODEL OPTIM STEPS BATCH OUT [zero1]
+//                                                   MODEL mlp|cnn|bn, OPTIM sgd|adamw; rank 0
+//                                                   writes the final parameters to OUT; zero1:
+//                                                   the optimizer sharded
+//                                                   (ZeroRedundancyOptimizer), each rank printing
+//                                                   "rank R zero state N of M"
 //   dist_worker diverge-op|diverge-batch STEPS      rank 1 records another graph at step 3
 //   dist_worker diverge-queued STEPS                 the same without a read per step: the error
 //                                                   leaves programs queued when main returns
@@ -103,16 +107,23 @@ int run(int argc, char** argv) {
   ls::manual_seed(7 + static_cast<uint64_t>(rank));
   std::shared_ptr<ls::nn::Module> model = make_model(model_name);
   ls::dist::DataParallel dp(*model);
-  std::unique_ptr<ls::optim::Optimizer> opt;
   // diverge-lr: rank 1 was started with another learning rate.
   const double lr = mode == "diverge-lr" && rank == 1 ? 0.2 : 0.1;
   if (mode == "threads" && rank == 1) ls::set_num_threads(2);  // the others run 1
-  if (optim_name == "sgd")
-    opt = std::make_unique<ls::optim::SGD>(model->parameters(),
-                                           ls::optim::SGDOptions{.lr = lr, .momentum = 0.9});
+  auto make_optimizer =
+      [&](std::vector<ls::Tensor> params) -> std::unique_ptr<ls::optim::Optimizer> {
+    if (optim_name == "sgd")
+      return std::make_unique<ls::optim::SGD>(std::move(params),
+                                              ls::optim::SGDOptions{.lr = lr, .momentum = 0.9});
+    return std::make_unique<ls::optim::AdamW>(std::move(params),
+                                              ls::optim::AdamOptions{.lr = 0.01});
+  };
+  const bool zero = train && argc > 7 && std::string(argv[7]) == "zero1";
+  std::unique_ptr<ls::optim::Optimizer> opt;
+  if (zero)
+    opt = std::make_unique<ls::dist::ZeroRedundancyOptimizer>(model->parameters(), make_optimizer);
   else
-    opt =
-        std::make_unique<ls::optim::AdamW>(model->parameters(), ls::optim::AdamOptions{.lr = 0.01});
+    opt = make_optimizer(model->parameters());
   const bool image = model_name != "mlp";
   for (int s = 1; s <= steps; ++s) {
     int64_t n = per_rank;
@@ -154,6 +165,17 @@ int run(int argc, char** argv) {
     if (mode == "diverge-queued") continue;  // no read: the steps' programs stay queued
     std::printf("rank %d step %d loss %.9g\n", rank, s, loss.item<float>());
     std::fflush(stdout);
+  }
+  if (zero) {
+    // The state of the unsharded optimizer: a momentum buffer per parameter element (SGD), or
+    // two moments (AdamW).
+    int64_t whole = 0;
+    for (const ls::Tensor& p : model->parameters()) whole += p.numel();
+    if (optim_name != "sgd") whole *= 2;
+    std::printf("rank %d zero state %lld of %lld\n", rank,
+                static_cast<long long>(
+                    static_cast<ls::dist::ZeroRedundancyOptimizer&>(*opt).local_state_numel()),
+                static_cast<long long>(whole));
   }
   std::printf("rank %d final hash %016llx\n", rank,
               static_cast<unsigned long long>(dp.state_hash()));

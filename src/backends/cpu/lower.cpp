@@ -387,7 +387,8 @@ bool collective_applies(const Lowering& l) {
   return ir::op_info(l.n.op).family == ir::OpFamily::Collective;
 }
 void lower_collective(Lowering& l) {
-  const int32_t id = l.id, x = l.n.operands[0];
+  // A broadcast's operands before its value only order it (ir.h).
+  const int32_t id = l.id, x = l.n.operands.back();
   l.step.reads = l.n.operands;
   const DType dtype = l.n.dtype;
   const int64_t count = shape_numel(l.n.shape);

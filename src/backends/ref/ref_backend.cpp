@@ -402,7 +402,7 @@ void eval_exact(const ir::GraphNode& n, const std::vector<Arr>& a,
     case Op::AllReduce:
       return all_reduce(n, a[0], out);
     case Op::Broadcast:
-      if (count) std::memcpy(out, a[0].data, static_cast<size_t>(count) * dtype_size(n.dtype));
+      if (count) std::memcpy(out, a.back().data, static_cast<size_t>(count) * dtype_size(n.dtype));
       dist::detail::broadcast(out, static_cast<size_t>(count) * dtype_size(n.dtype),
                               static_cast<int>(n.attrs[0]),
                               util::cat("broadcast recorded at ", util::where(n.origin.loc)));

@@ -1,0 +1,160 @@
+// ZeroRedundancyOptimizer (lockstep/dist.h): ZeRO stage 1, the optimizer's state sharded by
+// parameter over the ranks; each parameter updated by its owner and broadcast from it inside the
+// step's program.
+#include <algorithm>
+#include <numeric>
+#include <string>
+#include <utility>
+
+#include "lockstep/dist.h"
+#include "util/check.h"
+
+namespace lockstep::dist {
+
+using util::cat;
+
+struct ZeroRedundancyOptimizer::Shard {
+  std::vector<Tensor> params;
+  std::vector<int> owners;
+  std::vector<int64_t> local_of;
+  std::vector<int64_t> load;
+  std::shared_ptr<optim::Optimizer> local;
+};
+
+namespace {
+
+// The rank holding the fewest elements so far (the lowest such rank).
+int lightest(const std::vector<int64_t>& load) {
+  return static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+}
+
+}  // namespace
+
+ZeroRedundancyOptimizer::Shard ZeroRedundancyOptimizer::partition(std::vector<Tensor> params,
+                                                                  const LocalFactory& make_local,
+                                                                  const Loc& loc) {
+  const int world = world_size(), me = rank();
+  if (!make_local)
+    util::fail(loc, "ZeroRedundancyOptimizer", "no function to make the local optimizer",
+               "Pass one that builds an ls::optim optimizer over the parameters it is given");
+  for (size_t i = 0; i < params.size(); ++i)
+    if (!params[i].defined())
+      util::fail(loc, "ZeroRedundancyOptimizer", cat("parameter ", i, " is an empty tensor"),
+                 "Pass the model's parameters()");
+  if (params.size() < static_cast<size_t>(world))
+    util::fail(
+        loc, "ZeroRedundancyOptimizer",
+        cat(params.size(), " parameters cannot give each of the ", world, " ranks one to keep"),
+        "Use fewer ranks, or the plain optimizer with DataParallel");
+  // PyTorch's partition: the largest parameters first, each to the lightest rank.
+  std::vector<size_t> order(params.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return params[a].numel() > params[b].numel(); });
+  Shard s;
+  s.owners.assign(params.size(), 0);
+  s.local_of.assign(params.size(), -1);
+  s.load.assign(static_cast<size_t>(world), 0);
+  for (size_t i : order) {
+    const int r = lightest(s.load);
+    s.owners[i] = r;
+    s.load[static_cast<size_t>(r)] += std::max<int64_t>(params[i].numel(), 1);
+  }
+  std::vector<Tensor> mine;
+  for (size_t i = 0; i < params.size(); ++i)
+    if (s.owners[i] == me) {
+      s.local_of[i] = static_cast<int64_t>(mine.size());
+      mine.push_back(params[i]);
+    }
+  s.local = make_local(mine);
+  if (!s.local)
+    util::fail(loc, "ZeroRedundancyOptimizer", "the local optimizer's function returned none",
+               "Return an ls::optim optimizer made over the parameters given");
+  const std::vector<Tensor>& got = s.local->params();
+  bool same = got.size() == mine.size();
+  for (size_t j = 0; same && j < got.size(); ++j) same = got[j].is_same(mine[j]);
+  if (!same)
+    util::fail(loc, "ZeroRedundancyOptimizer",
+               cat("the local optimizer holds ", got.size(), " parameters, not the ", mine.size(),
+                   " this rank was given, in their order"),
+               "Build it over exactly the parameters its function receives");
+  s.params = std::move(params);
+  return s;
+}
+
+ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<Tensor> params,
+                                                 const LocalFactory& make_local,
+                                                 ZeroOptions options, Loc loc)
+    : ZeroRedundancyOptimizer(partition(std::move(params), make_local, loc), options) {}
+
+ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(Shard shard, ZeroOptions options)
+    : Optimizer(shard.params, shard.local->lr(), options.skip_nonfinite),
+      local_(std::move(shard.local)),
+      owners_(std::move(shard.owners)),
+      local_of_(std::move(shard.local_of)),
+      load_(std::move(shard.load)) {
+  set_default_weight_decay(local_->group_weight_decay(0));
+  global_of_.resize(local_->params().size());
+  for (size_t i = 0; i < local_of_.size(); ++i)
+    if (local_of_[i] >= 0) global_of_[static_cast<size_t>(local_of_[i])] = i;
+}
+
+void ZeroRedundancyOptimizer::update(size_t i, const Tensor& grad, const Tensor& t,
+                                     const Tensor& ok) {
+  if (const int64_t j = local_of_[i]; j >= 0) {
+    // This group's hyper-parameters as they are now (a scheduler sets them on this optimizer).
+    Group& g = local_->groups_[local_->group_of_[static_cast<size_t>(j)]];
+    g.lr = lr_of(i);
+    g.weight_decay = weight_decay_of(i);
+    local_->update(static_cast<size_t>(j), grad, t, ok);
+  }
+  // Broadcasts in one order on every rank, after every gradient's all-reduce: the first of a
+  // step after all the gradients (the last parameter's first, as backward makes them), each
+  // other after the one before it. Without it, a rank that only receives a parameter would
+  // broadcast it as soon as the step starts, its owner only after the update.
+  std::vector<Tensor> after;
+  size_t first = 0;
+  while (first < params_.size() && !params_[first].grad().defined()) ++first;
+  if (i == first) {
+    for (size_t k = params_.size(); k-- > 0;)
+      if (Tensor g = params_[k].grad(); g.defined()) after.push_back(std::move(g));
+  } else {
+    after.push_back(last_broadcast_);
+  }
+  last_broadcast_ = broadcast(params_[i], owners_[i], after);
+  params_[i].copy_(last_broadcast_);
+}
+
+nn::NamedTensors ZeroRedundancyOptimizer::state() const {
+  // The local optimizer names its buffers by its own indices ("3.exp_avg"): by params()' here.
+  nn::NamedTensors out;
+  for (auto& [name, t] : local_->state()) {
+    const size_t dot = name.find('.');
+    const size_t j = std::stoul(name.substr(0, dot));
+    out.emplace_back(cat(global_of_.at(j), name.substr(dot)), t);
+  }
+  return out;
+}
+
+void ZeroRedundancyOptimizer::add_state(size_t i) {
+  // A parameter of an added group: to the lightest rank, as the constructor's.
+  const int r = lightest(load_);
+  load_[static_cast<size_t>(r)] += std::max<int64_t>(params_[i].numel(), 1);
+  owners_.push_back(r);
+  local_of_.push_back(-1);
+  if (r != rank()) return;
+  local_->add_param_group({{params_[i]}, lr_of(i), weight_decay_of(i)});
+  local_of_.back() = static_cast<int64_t>(local_->params().size()) - 1;
+  global_of_.push_back(i);
+}
+
+int64_t ZeroRedundancyOptimizer::local_state_numel() const {
+  int64_t n = 0;
+  for (const auto& [name, t] : local_->state()) n += t.numel();
+  return n;
+}
+
+double ZeroRedundancyOptimizer::momentum() const { return local_->momentum(); }
+void ZeroRedundancyOptimizer::set_momentum(double momentum) { local_->set_momentum(momentum); }
+
+}  // namespace lockstep::dist

@@ -1,0 +1,121 @@
+// ZeroRedundancyOptimizer in one process (world size 1: this rank owns every parameter), against
+// the optimizer it wraps: the same updates with parameter groups, a scheduler and gradient
+// clipping; its state named by the parameters' indices and loaded back; bad local optimizers
+// refused. The sharding over several ranks is tested under mpirun (tests/dist).
+#include <gtest/gtest.h>
+
+#include <lockstep/lockstep.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace ls = lockstep;
+
+namespace {
+
+struct Net {
+  ls::nn::Linear a{6, 5}, b{5, 3};
+  std::vector<ls::Tensor> first() { return a.parameters(); }
+  std::vector<ls::Tensor> second() { return b.parameters(); }
+  ls::Tensor loss(const ls::Tensor& x) { return ls::sum(ls::square(b(ls::relu(a(x))))); }
+};
+
+// Trains `net` for a few steps with `opt` (a StepLR on it, the gradients clipped), returning
+// the parameters' values.
+std::vector<std::vector<float>> train(Net& net, ls::optim::Optimizer& opt) {
+  ls::optim::StepLR schedule(opt, 2, 0.5);
+  for (int s = 0; s < 5; ++s) {
+    ls::step([&] {
+      opt.zero_grad();
+      net.loss(ls::full({4, 6}, 0.1 * (s + 1)) + ls::arange(6)).backward();
+      std::vector<ls::Tensor> all = net.first();
+      for (const ls::Tensor& p : net.second()) all.push_back(p);
+      ls::optim::clip_grad_norm_(all, 5.0);
+      opt.step();
+    });
+    schedule.step();
+  }
+  std::vector<std::vector<float>> out;
+  for (auto* params : {&net.a, &net.b})
+    for (const ls::Tensor& p : params->parameters()) out.push_back(p.to_vector<float>());
+  return out;
+}
+
+ls::optim::AdamOptions adam() { return {.lr = 0.05, .weight_decay = 0.01}; }
+
+TEST(ZeroRedundancyOptimizer, OnOneRankUpdatesAsTheOptimizerItWraps) {
+  ls::manual_seed(3);
+  Net plain_net;
+  ls::manual_seed(3);
+  Net zero_net;
+  ls::optim::AdamW plain(plain_net.first(), adam());
+  plain.add_param_group({plain_net.second(), 0.02, 0.0});
+  ls::dist::ZeroRedundancyOptimizer zero(zero_net.first(), [](std::vector<ls::Tensor> mine) {
+    return std::make_unique<ls::optim::AdamW>(std::move(mine), adam());
+  });
+  zero.add_param_group({zero_net.second(), 0.02, 0.0});
+  EXPECT_EQ(zero.num_param_groups(), 2u);
+  EXPECT_DOUBLE_EQ(zero.group_weight_decay(0), 0.01);  // the local optimizer's default
+  for (size_t i = 0; i < zero.params().size(); ++i) EXPECT_EQ(zero.owner(i), 0);
+  const auto want = train(plain_net, plain), got = train(zero_net, zero);
+  ASSERT_EQ(want.size(), got.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(want[i], got[i]) << "parameter " << i;
+  // Two moments per element of every parameter, all on this rank.
+  int64_t elements = 0;
+  for (const ls::Tensor& p : zero.params()) elements += p.numel();
+  EXPECT_EQ(zero.local_state_numel(), 2 * elements);
+}
+
+TEST(ZeroRedundancyOptimizer, ItsStateIsNamedByTheParametersAndLoadsBack) {
+  ls::manual_seed(4);
+  Net net;
+  ls::dist::ZeroRedundancyOptimizer zero(net.first(), [](std::vector<ls::Tensor> mine) {
+    return std::make_unique<ls::optim::SGD>(std::move(mine),
+                                            ls::optim::SGDOptions{.lr = 0.1, .momentum = 0.9});
+  });
+  zero.add_param_group({net.second()});
+  train(net, zero);
+  const ls::nn::NamedTensors state = zero.state_dict();
+  std::vector<std::string> names;
+  for (const auto& [name, t] : state) names.push_back(name);
+  for (const char* name :
+       {"step", "0.momentum_buffer", "1.momentum_buffer", "2.momentum_buffer", "3.momentum_buffer"})
+    EXPECT_NE(std::find(names.begin(), names.end(), name), names.end()) << name;
+  auto buffer = [](const ls::nn::NamedTensors& named, const std::string& name) {
+    for (const auto& [n, t] : named)
+      if (n == name) return t.to_vector<float>();
+    return std::vector<float>();
+  };
+  const std::vector<float> before = buffer(state, "3.momentum_buffer");
+  ASSERT_EQ(before.size(), 3u);
+  ls::nn::NamedTensors changed, saved;  // (the state's own handles see what is loaded)
+  for (const auto& [name, t] : state) {
+    changed.emplace_back(name, ls::zeros_like(t));
+    saved.emplace_back(name, ls::zeros_like(t) + t);
+  }
+  zero.load_state_dict(changed);
+  EXPECT_EQ(buffer(zero.state_dict(), "3.momentum_buffer"), std::vector<float>(3, 0.0f));
+  zero.load_state_dict(saved);
+  EXPECT_EQ(buffer(zero.state_dict(), "3.momentum_buffer"), before);
+}
+
+TEST(ZeroRedundancyOptimizer, RefusesALocalOptimizerOverOtherParameters) {
+  Net net;
+  const auto none = [](std::vector<ls::Tensor>) -> std::unique_ptr<ls::optim::Optimizer> {
+    return nullptr;
+  };
+  EXPECT_THROW(ls::dist::ZeroRedundancyOptimizer(net.first(), none), ls::Error);
+  const auto others = [&](std::vector<ls::Tensor>) -> std::unique_ptr<ls::optim::Optimizer> {
+    return std::make_unique<ls::optim::SGD>(net.second(), ls::optim::SGDOptions{});
+  };
+  try {
+    ls::dist::ZeroRedundancyOptimizer zero(net.first(), others);
+    FAIL() << "an optimizer over other parameters was taken";
+  } catch (const ls::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("exactly the parameters"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(ls::dist::ZeroRedundancyOptimizer(net.first(), nullptr), ls::Error);
+}
+
+}  // namespace
