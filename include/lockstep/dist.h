@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/io.h"
 #include "lockstep/optim.h"
 #include "lockstep/tensor.h"
 
@@ -179,5 +180,28 @@ class ZeroRedundancyOptimizer : public optim::Optimizer {
   std::vector<int64_t> load_;      // elements owned per rank (for added groups)
   Tensor last_broadcast_;          // this step's last (update orders the next after it)
 };
+
+// Sharded checkpoints: each rank writes its own part of the training state to
+// `dir`/shard-<rank>-of-<N>-g<generation>.safetensors (checksummed, written atomically): the
+// optimizer's buffers of the parameters it owns (ZeroRedundancyOptimizer::owner; with another
+// optimizer, the same partition of its parameters), its share of the model's tensors (the same
+// partition of the state dict), and rank 0 the rest (step counts, the scheduler's state, the
+// generator's). No rank gathers the state. Then rank 0 writes `dir`/index.safetensors (world
+// size, generation, files, `metadata`), the commit: a save killed before it leaves the previous
+// checkpoint whole, and the previous generation's files are removed after it. Call between steps,
+// on every rank.
+void save_sharded(const std::string& dir, const nn::Module& model,
+                  const optim::Optimizer* optimizer = nullptr,
+                  const optim::Scheduler* scheduler = nullptr, const io::Metadata& metadata = {},
+                  Loc loc = Loc::current());
+// Loads a sharded checkpoint at any world size: each rank reads, from whichever files hold them,
+// the model's tensors and the optimizer state it keeps now (all of it for an unsharded optimizer;
+// its owned parameters' for ZeroRedundancyOptimizer, however the saving run partitioned them).
+// Everything is checked first (a missing, truncated or corrupt file, a tensor of another shape,
+// a tensor no file holds: an Error naming the file or the tensor) and nothing changes then.
+// Returns the metadata saved with it.
+io::Metadata load_sharded(const std::string& dir, nn::Module& model,
+                          optim::Optimizer* optimizer = nullptr,
+                          optim::Scheduler* scheduler = nullptr, Loc loc = Loc::current());
 
 }  // namespace lockstep::dist

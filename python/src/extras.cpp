@@ -130,6 +130,36 @@ void init_extras(py::module_& m) {
       .def("owner", &dist::ZeroRedundancyOptimizer::owner, arg("index"))
       .def_property_readonly("local_optimizer", &dist::ZeroRedundancyOptimizer::local)
       .def("local_state_numel", &dist::ZeroRedundancyOptimizer::local_state_numel);
+  dist.def(
+      "save_sharded",
+      [](const std::string& dir, const nn::Module& model, const py::object& optimizer,
+         const py::object& scheduler, const py::object& metadata) {
+        const Loc loc = user_place();
+        const io::Metadata meta = metadata_of(metadata);
+        const optim::Optimizer* o = ptr_of<optim::Optimizer>(optimizer);
+        const optim::Scheduler* s = ptr_of<optim::Scheduler>(scheduler);
+        NoGil release;
+        dist::save_sharded(dir, model, o, s, meta, loc);
+      },
+      arg("dir"), arg("model"), arg("optimizer") = none, arg("scheduler") = none,
+      arg("metadata") = none,
+      "Each rank writes its part of the training state to dir; rank 0 commits an index last.");
+  dist.def(
+      "load_sharded",
+      [](const std::string& dir, nn::Module& model, const py::object& optimizer,
+         const py::object& scheduler) {
+        const Loc loc = user_place();
+        optim::Optimizer* o = ptr_of<optim::Optimizer>(optimizer);
+        optim::Scheduler* s = ptr_of<optim::Scheduler>(scheduler);
+        io::Metadata meta;
+        {
+          NoGil release;
+          meta = dist::load_sharded(dir, model, o, s, loc);
+        }
+        return meta;
+      },
+      arg("dir"), arg("model"), arg("optimizer") = none, arg("scheduler") = none,
+      "Loads a sharded checkpoint at any world size; returns its metadata.");
   py::class_<dist::DataParallel>(dist, "DataParallel")
       .def(py::init([](nn::Module& model) {
              const Loc loc = user_place();

@@ -71,6 +71,37 @@ def test_alone_it_updates_as_the_optimizer_it_wraps():
         lockstep.dist.ZeroRedundancyOptimizer([lockstep.zeros(2)], int)
 
 
+def test_a_sharded_checkpoint_resumes_the_same_training(tmp_path):
+    def run(steps, load=None, save_at=None):
+        lockstep.manual_seed(1)
+        model = lockstep.nn.Linear(4, 3)
+        opt = lockstep.dist.ZeroRedundancyOptimizer(model.parameters(), lockstep.optim.Adam,
+                                                    lr=0.1)
+        first = 0
+        if load:
+            first = int(lockstep.dist.load_sharded(str(load), model, opt)["step"]) + 1
+        losses = []
+        for s in range(first, steps):
+            with lockstep.step():
+                opt.zero_grad()
+                loss = (model(lockstep.ones(2, 4) * (s + 1)) ** 2).mean()
+                loss.backward()
+                opt.step()
+            losses.append(loss.item())
+            if s == save_at:
+                lockstep.dist.save_sharded(str(tmp_path / "ck"), model, opt,
+                                           metadata={"step": str(s)})
+        return losses
+
+    whole = run(5)
+    run(5, save_at=2)
+    assert sorted(os.listdir(tmp_path / "ck")) == ["index.safetensors",
+                                                   "shard-0-of-1-g1.safetensors"]
+    assert run(5, load=tmp_path / "ck") == whole[3:]
+    with pytest.raises(lockstep.Error, match="holds no index"):
+        lockstep.dist.load_sharded(str(tmp_path), lockstep.nn.Linear(4, 3))
+
+
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="no mpirun")
 def test_two_ranks_train_as_data_parallel_and_split_the_state(tmp_path):
     script = tmp_path / "zero.py"

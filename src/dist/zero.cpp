@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "dist/partition.h"
 #include "lockstep/dist.h"
 #include "util/check.h"
 
@@ -20,15 +21,6 @@ struct ZeroRedundancyOptimizer::Shard {
   std::vector<int64_t> load;
   std::shared_ptr<optim::Optimizer> local;
 };
-
-namespace {
-
-// The rank holding the fewest elements so far (the lowest such rank).
-int lightest(const std::vector<int64_t>& load) {
-  return static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
-}
-
-}  // namespace
 
 ZeroRedundancyOptimizer::Shard ZeroRedundancyOptimizer::partition(std::vector<Tensor> params,
                                                                   const LocalFactory& make_local,
@@ -46,20 +38,12 @@ ZeroRedundancyOptimizer::Shard ZeroRedundancyOptimizer::partition(std::vector<Te
         loc, "ZeroRedundancyOptimizer",
         cat(params.size(), " parameters cannot give each of the ", world, " ranks one to keep"),
         "Use fewer ranks, or the plain optimizer with DataParallel");
-  // PyTorch's partition: the largest parameters first, each to the lightest rank.
-  std::vector<size_t> order(params.size());
-  std::iota(order.begin(), order.end(), size_t{0});
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return params[a].numel() > params[b].numel(); });
   Shard s;
-  s.owners.assign(params.size(), 0);
-  s.local_of.assign(params.size(), -1);
+  std::vector<int64_t> sizes;
+  for (const Tensor& p : params) sizes.push_back(p.numel());
   s.load.assign(static_cast<size_t>(world), 0);
-  for (size_t i : order) {
-    const int r = lightest(s.load);
-    s.owners[i] = r;
-    s.load[static_cast<size_t>(r)] += std::max<int64_t>(params[i].numel(), 1);
-  }
+  s.owners = detail::partition_by_size(sizes, s.load);
+  s.local_of.assign(params.size(), -1);
   std::vector<Tensor> mine;
   for (size_t i = 0; i < params.size(); ++i)
     if (s.owners[i] == me) {
@@ -138,8 +122,7 @@ nn::NamedTensors ZeroRedundancyOptimizer::state() const {
 
 void ZeroRedundancyOptimizer::add_state(size_t i) {
   // A parameter of an added group: to the lightest rank, as the constructor's.
-  const int r = lightest(load_);
-  load_[static_cast<size_t>(r)] += std::max<int64_t>(params_[i].numel(), 1);
+  const int r = detail::partition_by_size({params_[i].numel()}, load_)[0];
   owners_.push_back(r);
   local_of_.push_back(-1);
   if (r != rank()) return;

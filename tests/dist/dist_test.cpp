@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <regex>
@@ -171,6 +172,58 @@ TEST(DataParallel, ZeroStage1TrainsBitForBitAsDataParallel) {
   expect_zero_trains_as_data_parallel("cnn", "sgd", 4);
   // Batch norm's buffers are broadcast from rank 0 each step as well (broadcast_buffers).
   expect_zero_trains_as_data_parallel("bn", "adamw", 4);
+}
+
+// Sharded checkpoints at any world size: 4 ranks under ZeRO-1 save after step 3, 2 ranks under
+// ZeRO-1 resume (and save again after step 5, replacing the 4 files by 2), 1 process with the
+// plain optimizer resumes that: each step's loss is the uninterrupted 4-rank run's (the same
+// global batch; 1e-5 relative, the ranks' reduction order aside). A truncated shard and another
+// model are Errors naming the file or the tensor.
+TEST(DataParallel, ShardedCheckpointsResumeAtAnyWorldSize) {
+  const std::string dir = tmp("sharded"), out = tmp("sharded.safetensors");
+  auto job = [&](int np, const std::string& env, int steps, const std::string& extra) {
+    return mpirun(np,
+                  "train mlp adamw " + std::to_string(steps) + " " + std::to_string(16 / np) + " " +
+                      out + extra,
+                  env);
+  };
+  const Job whole = job(4, "", 6, " zero1");
+  ASSERT_EQ(whole.exit_code, 0) << whole.out;
+  const auto want = losses(whole.out);
+  const Job save4 = job(4, "CKPT_SAVE=" + dir + " CKPT_AT=3", 3, " zero1");
+  ASSERT_EQ(save4.exit_code, 0) << save4.out;
+  const Job resume2 = job(2, "CKPT_LOAD=" + dir + " CKPT_SAVE=" + dir + " CKPT_AT=5", 6, " zero1");
+  ASSERT_EQ(resume2.exit_code, 0) << resume2.out;
+  const auto got2 = losses(resume2.out);
+  EXPECT_EQ(got2.count({0, 3}), 0u) << "starts after the saved step:\n" << resume2.out;
+  for (int s = 4; s <= 6; ++s)
+    for (int r = 0; r < 2; ++r)
+      EXPECT_NEAR(got2.at({r, s}), want.at({0, s}), 1e-5) << "rank " << r << " step " << s;
+  int shards = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir))
+    shards += entry.path().filename().string().rfind("shard-", 0) == 0;
+  EXPECT_EQ(shards, 2) << "the 4-rank generation's files are gone";
+  const Job resume1 = job(1, "CKPT_LOAD=" + dir, 6, "");
+  ASSERT_EQ(resume1.exit_code, 0) << resume1.out;
+  const auto got1 = losses(resume1.out);
+  ASSERT_EQ(got1.size(), 1u) << resume1.out;
+  EXPECT_NEAR(got1.at({0, 6}), want.at({0, 6}), 1e-5) << resume1.out;
+  // Another model: named by its first tensor that differs.
+  const Job other = mpirun(1, "train cnn adamw 6 16 " + out, "CKPT_LOAD=" + dir);
+  EXPECT_EQ(other.exit_code, 1) << other.out;
+  EXPECT_NE(other.out.find("load_sharded"), std::string::npos) << other.out;
+  // A truncated shard: named.
+  std::string victim;
+  for (const auto& entry : std::filesystem::directory_iterator(dir))
+    if (entry.path().filename().string().rfind("shard-1", 0) == 0) victim = entry.path().string();
+  ASSERT_FALSE(victim.empty());
+  std::filesystem::resize_file(victim, std::filesystem::file_size(victim) - 8);
+  const Job broken = job(2, "CKPT_LOAD=" + dir, 6, " zero1");
+  EXPECT_EQ(broken.exit_code, 1) << broken.out;
+  EXPECT_NE(broken.out.find(std::filesystem::path(victim).filename().string()), std::string::npos)
+      << broken.out;
+  std::filesystem::remove_all(dir);
+  std::remove(out.c_str());
 }
 
 TEST(DataParallel, ARankWithAnotherOpMakesEveryRankFailNamingTheNode) {

@@ -6,7 +6,10 @@
 //                                                   writes the final parameters to OUT; zero1:
 //                                                   the optimizer sharded
 //                                                   (ZeroRedundancyOptimizer), each rank printing
-//                                                   "rank R zero state N of M"
+//                                                   "rank R zero state N of M". CKPT_LOAD=DIR:
+//                                                   start from load_sharded(DIR), at the step
+//                                                   after the one saved; CKPT_SAVE=DIR, CKPT_AT=S:
+//                                                   save_sharded(DIR) after step S
 //   dist_worker diverge-op|diverge-batch STEPS      rank 1 records another graph at step 3
 //   dist_worker diverge-queued STEPS                 the same without a read per step: the error
 //                                                   leaves programs queued when main returns
@@ -125,7 +128,12 @@ int run(int argc, char** argv) {
   else
     opt = make_optimizer(model->parameters());
   const bool image = model_name != "mlp";
-  for (int s = 1; s <= steps; ++s) {
+  int first_step = 1;
+  if (const char* dir = std::getenv("CKPT_LOAD"); dir && train)
+    first_step = std::stoi(ls::dist::load_sharded(dir, *model, opt.get()).at("step")) + 1;
+  const char* save_dir = std::getenv("CKPT_SAVE");
+  const int save_at = std::getenv("CKPT_AT") ? std::atoi(std::getenv("CKPT_AT")) : 0;
+  for (int s = first_step; s <= steps; ++s) {
     int64_t n = per_rank;
     if (mode == "diverge-batch" && rank == 1 && s == 3) n = per_rank / 2;
     if (mode == "sleep" && rank == 1 && s == 3)
@@ -165,6 +173,8 @@ int run(int argc, char** argv) {
     if (mode == "diverge-queued") continue;  // no read: the steps' programs stay queued
     std::printf("rank %d step %d loss %.9g\n", rank, s, loss.item<float>());
     std::fflush(stdout);
+    if (save_dir && train && s == save_at)
+      ls::dist::save_sharded(save_dir, *model, opt.get(), nullptr, {{"step", std::to_string(s)}});
   }
   if (zero) {
     // The state of the unsharded optimizer: a momentum buffer per parameter element (SGD), or

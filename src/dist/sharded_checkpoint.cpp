@@ -1,0 +1,236 @@
+// Sharded checkpoints (save_sharded, load_sharded in lockstep/dist.h): one safetensors file per
+// rank with its part of the state, committed by an index rank 0 writes last; loaded at any world
+// size by reading from each file the tensors this rank keeps.
+#include <filesystem>
+#include <map>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dist/partition.h"
+#include "lockstep/autograd.h"
+#include "lockstep/dist.h"
+#include "lockstep/runtime.h"
+#include "util/check.h"
+
+namespace lockstep::dist {
+
+using util::cat;
+
+namespace {
+
+const char* const kFormat = "lockstep-sharded-checkpoint";
+const std::string kModel = "model.", kOptimizer = "optimizer.", kScheduler = "scheduler.",
+                  kGenerator = "generator.state", kMeta = "meta.";
+
+std::string index_path(const std::string& dir) { return dir + "/index.safetensors"; }
+std::string shard_name(int rank, int world, int64_t generation) {
+  return cat("shard-", rank, "-of-", world, "-g", generation, ".safetensors");
+}
+
+// The parameter an optimizer entry belongs to ("3.exp_avg": 3), or -1 for the optimizer's own
+// counters ("step", "skipped_updates") and each parameter's update count ("3.step"), which every
+// rank holds alike.
+int64_t param_of(const std::string& name) {
+  const size_t dot = name.find('.');
+  if (dot == std::string::npos || dot == 0 || name.compare(dot + 1, std::string::npos, "step") == 0)
+    return -1;
+  for (size_t k = 0; k < dot; ++k)
+    if (name[k] < '0' || name[k] > '9') return -1;
+  return std::stoll(name.substr(0, dot));
+}
+
+// The index's metadata, or an empty map when `dir` holds none.
+io::Metadata read_index(const std::string& dir, const Loc& loc, bool required) {
+  std::error_code ec;
+  if (!std::filesystem::exists(index_path(dir), ec)) {
+    if (required)
+      util::fail(loc, "load_sharded", cat("'", dir, "' holds no index.safetensors"),
+                 "Pass the directory save_sharded wrote (its index is written last: a save that "
+                 "was interrupted before it left none)");
+    return {};
+  }
+  io::Metadata meta =
+      io::load_safetensors(index_path(dir), Device{DeviceKind::Cpu, 0}, loc).metadata;
+  auto it = meta.find("format");
+  if (it == meta.end() || it->second != kFormat)
+    util::fail(loc, required ? "load_sharded" : "save_sharded",
+               cat("'", index_path(dir), "' is not the index of a sharded lockstep checkpoint"),
+               "Use another directory");
+  return meta;
+}
+
+int64_t meta_int(const io::Metadata& meta, const std::string& key, const std::string& path,
+                 const Loc& loc) {
+  auto it = meta.find(key);
+  try {
+    if (it != meta.end()) return std::stoll(it->second);
+  } catch (const std::exception&) {
+  }
+  util::fail(loc, "load_sharded", cat("'", path, "' has no valid '", key, "'"),
+             "The index was not written by save_sharded");
+}
+
+}  // namespace
+
+void save_sharded(const std::string& dir, const nn::Module& model,
+                  const optim::Optimizer* optimizer, const optim::Scheduler* scheduler,
+                  const io::Metadata& metadata, Loc loc) {
+  if (in_step())
+    util::fail(loc, "save_sharded", "called inside a step",
+               "Call it between steps, on every rank (the ranks meet in it)");
+  const int me = rank(), world = world_size();
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec)
+    util::fail(loc, "save_sharded", cat("cannot create '", dir, "': ", ec.message()),
+               "Pass a directory this process may write");
+  // A new generation's files: the previous checkpoint stays whole until the index names these.
+  const io::Metadata previous = read_index(dir, loc, false);
+  const int64_t generation =
+      max_on_all_ranks(previous.empty() ? 1 : meta_int(previous, "generation", dir, loc) + 1,
+                       "save_sharded's generation");
+  // This rank's share: its part of the model's tensors, its parameters' optimizer buffers, and
+  // on rank 0 what every rank holds alike.
+  io::TensorMap mine;
+  const nn::NamedTensors state = model.state_dict();
+  std::vector<int64_t> sizes, load(static_cast<size_t>(world), 0);
+  for (const auto& [name, t] : state) sizes.push_back(t.numel());
+  const std::vector<int> writer = detail::partition_by_size(sizes, load);
+  for (size_t k = 0; k < state.size(); ++k)
+    if (writer[k] == me) mine.emplace_back(kModel + state[k].first, state[k].second);
+  if (optimizer) {
+    const auto* zero = dynamic_cast<const ZeroRedundancyOptimizer*>(optimizer);
+    std::vector<int> owner;
+    if (!zero) {
+      std::vector<int64_t> psizes, pload(static_cast<size_t>(world), 0);
+      for (const Tensor& p : optimizer->params()) psizes.push_back(p.numel());
+      owner = detail::partition_by_size(psizes, pload);
+    }
+    for (const auto& [name, t] : optimizer->state_dict()) {
+      const int64_t i = param_of(name);
+      const int who = i < 0 ? 0 : zero ? zero->owner(static_cast<size_t>(i)) : owner.at(i);
+      if (who == me) mine.emplace_back(kOptimizer + name, t);
+    }
+  }
+  if (me == 0) {
+    if (scheduler)
+      for (const auto& [name, t] : scheduler->state_dict()) mine.emplace_back(kScheduler + name, t);
+    mine.emplace_back(kGenerator, generator_state());
+  }
+  sync(loc);
+  const io::Metadata shard_meta{{"format", kFormat},
+                                {"rank", std::to_string(me)},
+                                {"world_size", std::to_string(world)},
+                                {"generation", std::to_string(generation)}};
+  io::save_safetensors(dir + "/" + shard_name(me, world, generation), mine, shard_meta, loc);
+  barrier();  // every shard is on disk before the index names them
+  if (me == 0) {
+    io::Metadata index{{"format", kFormat},
+                       {"version", "1"},
+                       {"world_size", std::to_string(world)},
+                       {"generation", std::to_string(generation)}};
+    if (scheduler) index.emplace("scheduler", scheduler->kind());
+    for (int r = 0; r < world; ++r)
+      index.emplace(cat("file.", r), shard_name(r, world, generation));
+    for (const auto& [key, value] : metadata) index.emplace(kMeta + key, value);
+    io::save_safetensors(index_path(dir), {}, index, loc);
+    // The files of earlier generations (of any world size) are no longer named by the index.
+    std::set<std::string> current;
+    for (int r = 0; r < world; ++r) current.insert(shard_name(r, world, generation));
+    for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+      const std::string name = entry.path().filename().string();
+      if (name.rfind("shard-", 0) == 0 && !current.count(name))
+        std::filesystem::remove(entry.path(), ec);
+    }
+  }
+  barrier();  // no rank returns (and maybe saves again) before the index is in place
+}
+
+io::Metadata load_sharded(const std::string& dir, nn::Module& model, optim::Optimizer* optimizer,
+                          optim::Scheduler* scheduler, Loc loc) {
+  const io::Metadata index = read_index(dir, loc, true);
+  const int64_t world = meta_int(index, "world_size", index_path(dir), loc);
+  if (scheduler) {
+    auto kind = index.find("scheduler");
+    if (kind == index.end() || kind->second != scheduler->kind())
+      util::fail(loc, "load_sharded",
+                 cat("'", dir, "' holds ",
+                     kind == index.end() ? std::string("no scheduler state")
+                                         : "the state of a " + kind->second,
+                     ", not of a ", scheduler->kind()),
+                 "Make the same kind of scheduler as the run that saved it");
+  }
+  // What this rank needs: every model tensor, the optimizer state it keeps now, the scheduler's
+  // and the generator's, each as its file names it, with its shape and dtype here.
+  std::map<std::string, const Tensor*> wanted;
+  const nn::NamedTensors model_state = model.state_dict();
+  const nn::NamedTensors optimizer_state = optimizer ? optimizer->state_dict() : nn::NamedTensors{};
+  const nn::NamedTensors scheduler_state = scheduler ? scheduler->state_dict() : nn::NamedTensors{};
+  for (const auto& [name, t] : model_state) wanted[kModel + name] = &t;
+  for (const auto& [name, t] : optimizer_state) wanted[kOptimizer + name] = &t;
+  for (const auto& [name, t] : scheduler_state) wanted[kScheduler + name] = &t;
+  wanted[kGenerator] = &generator_state();
+  // Each file's header first: only the tensors wanted are read, each from the file holding it.
+  std::map<std::string, Tensor> found;
+  for (int64_t r = 0; r < world; ++r) {
+    auto it = index.find(cat("file.", r));
+    if (it == index.end() || it->second.find('/') != std::string::npos)
+      util::fail(loc, "load_sharded", cat("'", index_path(dir), "' names no valid file.", r),
+                 "The index was not written by save_sharded");
+    const std::string path = dir + "/" + it->second;
+    auto vet = [&](const io::Metadata&, const std::vector<io::TensorInfo>& infos) {
+      std::set<std::string> read;
+      for (const io::TensorInfo& info : infos) {
+        auto w = wanted.find(info.name);
+        if (w == wanted.end()) continue;
+        if (info.dtype != w->second->dtype() || info.shape != w->second->shape())
+          util::fail(loc, "load_sharded",
+                     cat("'", path, "': tensor '", info.name, "' is ", dtype_name(info.dtype),
+                         shape_str(info.shape), ", here ", dtype_name(w->second->dtype()),
+                         shape_str(w->second->shape())),
+                     "Load it into the model (and optimizer) that saved it");
+        read.insert(info.name);
+      }
+      return read;
+    };
+    io::Loaded file = io::load_safetensors(path, default_device(), vet, loc);
+    if (!file.checksummed)
+      util::fail(loc, "load_sharded", cat("'", path, "' has no checksums of its data"),
+                 "Use another copy of the checkpoint");
+    for (auto& [name, t] : file.tensors) found[name] = std::move(t);
+  }
+  for (const auto& [name, t] : wanted)
+    if (!found.count(name))
+      util::fail(loc, "load_sharded", cat("no file of '", dir, "' holds tensor '", name, "'"),
+                 "Load it into the model (and optimizer) that saved it");
+  auto named = [&](const std::string& prefix, const nn::NamedTensors& like) {
+    nn::NamedTensors out;
+    for (const auto& [name, t] : like) out.emplace_back(name, found.at(prefix + name));
+    return out;
+  };
+  const nn::NamedTensors model_in = named(kModel, model_state);
+  const nn::NamedTensors optimizer_in = named(kOptimizer, optimizer_state);
+  const nn::NamedTensors scheduler_in = named(kScheduler, scheduler_state);
+  try {
+    model.check_state_dict(model_in, true);
+    if (optimizer) optimizer->check_state_dict(optimizer_in);
+    if (scheduler) scheduler->check_state_dict(scheduler_in);
+  } catch (const Error& e) {
+    util::fail(loc, "load_sharded", cat("'", dir, "' does not fit: ", e.what()), "");
+  }
+  model.load_state_dict(model_in, true);
+  if (optimizer) optimizer->load_state_dict(optimizer_in);
+  if (scheduler) scheduler->load_state_dict(scheduler_in);
+  {
+    NoGrad no_grad;
+    generator_state().copy_(found.at(kGenerator));
+  }
+  io::Metadata out;
+  for (const auto& [key, value] : index)
+    if (key.rfind(kMeta, 0) == 0) out.emplace(key.substr(kMeta.size()), value);
+  return out;
+}
+
+}  // namespace lockstep::dist
