@@ -27,6 +27,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -518,14 +519,21 @@ int run(const Options& o) {
   // Where to start: a checkpoint's metadata says which epoch it was saved in, how many steps of
   // that epoch were done and whether the epoch was complete.
   int64_t epoch = 1, step = 0, global_step = 0;
+  // A directory is a sharded checkpoint (--zero 1 writes one), loaded at any --nprocs.
+  std::error_code fs_error;
+  const bool sharded_checkpoint =
+      o.zero == 1 || std::filesystem::is_directory(o.checkpoint, fs_error);
   if (o.resume) {
-    const ls::io::Metadata meta = ls::load_checkpoint(o.checkpoint, *model, opt.get());
+    const ls::io::Metadata meta = sharded_checkpoint
+                                      ? ls::dist::load_sharded(o.checkpoint, *model, opt.get())
+                                      : ls::load_checkpoint(o.checkpoint, *model, opt.get());
     auto it = meta.find("model");
     if (it != meta.end() && it->second != o.model)
       throw ls::Error("checkpoint '" + o.checkpoint + "' holds a " + it->second + ", not a " +
                       o.model);
-    if (world > 1) {  // every rank loaded the file: they must hold the same state
-      dp.check_replicas_agree();
+    // Every rank loaded the same model (and, without --zero, the same optimizer state).
+    if (world > 1) dp.check_replicas_agree();
+    if (world > 1 && o.zero == 0) {
       std::vector<ls::Tensor> opt_state;
       for (const auto& kv : opt->state_dict()) opt_state.push_back(kv.second);
       ls::dist::check_same_on_all_ranks(opt_state, "the optimizer's state from " + o.checkpoint);
@@ -541,7 +549,7 @@ int run(const Options& o) {
   if (schedule) schedule->set_count(global_step);
   // Files written late are checked now: a FIFO, a device (/dev/null), a directory or a symbolic
   // link there is refused before any training, not after an epoch or by a write that blocks.
-  if (!o.checkpoint.empty()) ls::io::check_save_path(o.checkpoint);
+  if (!o.checkpoint.empty() && o.zero == 0) ls::io::check_save_path(o.checkpoint);
   if (!o.metrics_json.empty()) ls::io::check_save_path(o.metrics_json);
 
   const ls::DType precision = o.precision == "bf16" ? ls::bf16 : ls::f32;
@@ -583,14 +591,18 @@ int run(const Options& o) {
   std::fflush(stdout);
 
   auto save = [&](int64_t at_epoch, int64_t at_step, bool epoch_done) {
-    if (o.checkpoint.empty() || rank != 0) return;  // replicas are identical: rank 0 writes
-    ls::save_checkpoint(o.checkpoint, *model, opt.get(), schedule.get(),
-                        {{"epoch", std::to_string(at_epoch)},
-                         {"step", std::to_string(at_step)},
-                         {"epoch_done", epoch_done ? "1" : "0"},
-                         {"global_step", std::to_string(global_step)},
-                         {"model", o.model},
-                         {"data", o.data}});
+    if (o.checkpoint.empty()) return;
+    const ls::io::Metadata meta{{"epoch", std::to_string(at_epoch)},
+                                {"step", std::to_string(at_step)},
+                                {"epoch_done", epoch_done ? "1" : "0"},
+                                {"global_step", std::to_string(global_step)},
+                                {"model", o.model},
+                                {"data", o.data}};
+    // --zero 1: every rank writes its shard. Otherwise the replicas are identical: rank 0 writes.
+    if (o.zero == 1)
+      ls::dist::save_sharded(o.checkpoint, *model, opt.get(), schedule.get(), meta);
+    else if (rank == 0)
+      ls::save_checkpoint(o.checkpoint, *model, opt.get(), schedule.get(), meta);
   };
 
   // The replicas train the same model: rank 0 logs. A resumed run replaces the events of the

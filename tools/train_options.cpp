@@ -41,7 +41,8 @@ options:
                      replica; each replica trains on its shard of every epoch (default: 1)
   --zero S           with --nprocs: 1 shards the optimizer's state over the replicas (ZeRO
                      stage 1, ls::dist::ZeroRedundancyOptimizer), 0 keeps a whole copy on each
-                     (default: 0); not yet with --checkpoint
+                     (default: 0); --checkpoint PATH is then a directory of one file per
+                     replica (ls::dist::save_sharded), which --resume loads at any --nprocs
   --threads N        compute threads (default: 0, every core; per replica)
   --workers N        data loading threads (default: 2)
   --log-steps N      print a line every N steps (default: 20)
@@ -240,12 +241,6 @@ Options parse_args(int argc, char** argv) {
     }
   }
   if (o.resume && o.checkpoint.empty()) throw UsageError("--resume needs --checkpoint PATH");
-  // Each rank holds its shard of the optimizer's state, and a checkpoint is rank 0's alone:
-  // it would lose the others' shards.
-  if (o.zero > 0 && !o.checkpoint.empty())
-    throw UsageError(
-        "--zero 1 with --checkpoint: the optimizer's state is sharded over the ranks and "
-        "sharded checkpoints are not written yet; drop one of them");
   if (stem_given && !is_resnet(o.model))
     throw UsageError("--stem applies to the resnets only, not to --model " + o.model);
   const bool fake = o.data == "fake";

@@ -356,8 +356,8 @@ TEST(DataParallel, LockstepTrainNprocs) {
 }
 
 // lockstep-train --nprocs 2 --zero 1: the optimizer's state sharded, the same training (each
-// replica's logged losses equal those of the run without it); with --checkpoint, refused as a
-// usage error until checkpoints are sharded.
+// replica's logged losses equal those of the run without it); its --checkpoint is a directory of
+// one file per replica, which --resume loads with another --nprocs.
 TEST(DataParallel, LockstepTrainZeroTrainsAsWithout) {
   const std::string args = std::string("env OMP_NUM_THREADS=1 ") + LOCKSTEP_TRAIN_EXE +
                            " --nprocs 2 --model mlp --data fake --num-steps 12 --log-steps 4 "
@@ -375,10 +375,19 @@ TEST(DataParallel, LockstepTrainZeroTrainsAsWithout) {
   };
   EXPECT_EQ(logged(zero.out).size(), 6u) << zero.out;
   EXPECT_EQ(logged(zero.out), logged(plain.out)) << zero.out << plain.out;
-  const Job refused = run(args + " --zero 1 --checkpoint " + tmp("zero.ckpt"));
-  EXPECT_EQ(refused.exit_code, 2) << refused.out;
-  EXPECT_NE(refused.out.find("sharded checkpoints are not written yet"), std::string::npos)
-      << refused.out;
+  const std::string dir = tmp("zero_ckpt");
+  const Job saved = run(args + " --zero 1 --checkpoint " + dir);
+  ASSERT_EQ(saved.exit_code, 0) << saved.out;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/shard-1-of-2-g1.safetensors")) << saved.out;
+  const Job resumed = run(std::string("env OMP_NUM_THREADS=1 ") + LOCKSTEP_TRAIN_EXE +
+                          " --model mlp --data fake --num-steps 12 --num-epochs 2 --log-steps 4 "
+                          "--batch-size 16 --workers 0 --zero 1 --resume --checkpoint " +
+                          dir);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.out;
+  EXPECT_NE(resumed.out.find("resuming from " + dir + " at epoch 2, step 0"), std::string::npos)
+      << resumed.out;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/shard-0-of-1-g2.safetensors")) << resumed.out;
+  std::filesystem::remove_all(dir);
 }
 
 // A model with batch norm: every step the ranks take rank 0's running statistics
