@@ -31,13 +31,17 @@ py::object next_of(Loader& l) {
   return py::cast(std::move(*batch));
 }
 
-}  // namespace
+// save_checkpoint and dist.save_sharded: (where, model, optimizer=None, scheduler=None,
+// metadata=None); load_checkpoint and dist.load_sharded the same without metadata, returning it.
+using SaveFn = void (*)(const std::string&, const nn::Module&, const optim::Optimizer*,
+                        const optim::Scheduler*, const io::Metadata&, Loc);
+using LoadFn = io::Metadata (*)(const std::string&, nn::Module&, optim::Optimizer*,
+                                optim::Scheduler*, Loc);
 
-void init_extras(py::module_& m) {
-  using py::arg;
-  const auto none = py::none();
+template <SaveFn Save>
+void def_save(py::module_& m, const char* name, const char* where, const char* doc) {
   m.def(
-      "save_checkpoint",
+      name,
       [](const std::string& path, const nn::Module& model, const py::object& optimizer,
          const py::object& scheduler, const py::object& metadata) {
         const Loc loc = user_place();
@@ -45,13 +49,16 @@ void init_extras(py::module_& m) {
         const optim::Optimizer* o = ptr_of<optim::Optimizer>(optimizer);
         const optim::Scheduler* s = ptr_of<optim::Scheduler>(scheduler);
         NoGil release;
-        save_checkpoint(path, model, o, s, meta, loc);
+        Save(path, model, o, s, meta, loc);
       },
-      arg("path"), arg("model"), arg("optimizer") = none, arg("scheduler") = none,
-      arg("metadata") = none,
-      "Saves the model, optimizer and scheduler state in one safetensors file, atomically.");
+      py::arg(where), py::arg("model"), py::arg("optimizer") = py::none(),
+      py::arg("scheduler") = py::none(), py::arg("metadata") = py::none(), doc);
+}
+
+template <LoadFn Load>
+void def_load(py::module_& m, const char* name, const char* where, const char* doc) {
   m.def(
-      "load_checkpoint",
+      name,
       [](const std::string& path, nn::Module& model, const py::object& optimizer,
          const py::object& scheduler) {
         const Loc loc = user_place();
@@ -60,11 +67,24 @@ void init_extras(py::module_& m) {
         io::Metadata meta;
         {
           NoGil release;
-          meta = load_checkpoint(path, model, o, s, loc);
+          meta = Load(path, model, o, s, loc);
         }
         return meta;
       },
-      arg("path"), arg("model"), arg("optimizer") = none, arg("scheduler") = none,
+      py::arg(where), py::arg("model"), py::arg("optimizer") = py::none(),
+      py::arg("scheduler") = py::none(), doc);
+}
+
+}  // namespace
+
+void init_extras(py::module_& m) {
+  using py::arg;
+  const auto none = py::none();
+  def_save<static_cast<SaveFn>(&save_checkpoint)>(
+      m, "save_checkpoint", "path",
+      "Saves the model, optimizer and scheduler state in one safetensors file, atomically.");
+  def_load<static_cast<LoadFn>(&load_checkpoint)>(
+      m, "load_checkpoint", "path",
       "Loads a checkpoint into the model (and optimizer, scheduler); returns its metadata.");
   m.def(
       "save_file",
@@ -130,35 +150,11 @@ void init_extras(py::module_& m) {
       .def("owner", &dist::ZeroRedundancyOptimizer::owner, arg("index"))
       .def_property_readonly("local_optimizer", &dist::ZeroRedundancyOptimizer::local)
       .def("local_state_numel", &dist::ZeroRedundancyOptimizer::local_state_numel);
-  dist.def(
-      "save_sharded",
-      [](const std::string& dir, const nn::Module& model, const py::object& optimizer,
-         const py::object& scheduler, const py::object& metadata) {
-        const Loc loc = user_place();
-        const io::Metadata meta = metadata_of(metadata);
-        const optim::Optimizer* o = ptr_of<optim::Optimizer>(optimizer);
-        const optim::Scheduler* s = ptr_of<optim::Scheduler>(scheduler);
-        NoGil release;
-        dist::save_sharded(dir, model, o, s, meta, loc);
-      },
-      arg("dir"), arg("model"), arg("optimizer") = none, arg("scheduler") = none,
-      arg("metadata") = none,
+  def_save<&dist::save_sharded>(
+      dist, "save_sharded", "dir",
       "Each rank writes its part of the training state to dir; rank 0 commits an index last.");
-  dist.def(
-      "load_sharded",
-      [](const std::string& dir, nn::Module& model, const py::object& optimizer,
-         const py::object& scheduler) {
-        const Loc loc = user_place();
-        optim::Optimizer* o = ptr_of<optim::Optimizer>(optimizer);
-        optim::Scheduler* s = ptr_of<optim::Scheduler>(scheduler);
-        io::Metadata meta;
-        {
-          NoGil release;
-          meta = dist::load_sharded(dir, model, o, s, loc);
-        }
-        return meta;
-      },
-      arg("dir"), arg("model"), arg("optimizer") = none, arg("scheduler") = none,
+  def_load<&dist::load_sharded>(
+      dist, "load_sharded", "dir",
       "Loads a sharded checkpoint at any world size; returns its metadata.");
   py::class_<dist::DataParallel>(dist, "DataParallel")
       .def(py::init([](nn::Module& model) {

@@ -305,20 +305,7 @@ void init_fast_calls(py::module_& m) {
   Py_DECREF(call);
 
 #define LS_UNARY(name) front(m, #name, &unary_front<static_cast<Unary>(&lockstep::name)>);
-  LS_UNARY(neg)
-  LS_UNARY(abs)
-  LS_UNARY(exp)
-  LS_UNARY(log)
-  LS_UNARY(log1p)
-  LS_UNARY(sqrt)
-  LS_UNARY(rsqrt)
-  LS_UNARY(tanh)
-  LS_UNARY(sigmoid)
-  LS_UNARY(relu)
-  LS_UNARY(sin)
-  LS_UNARY(cos)
-  LS_UNARY(erf)
-  LS_UNARY(square)
+  LS_PY_UNARY_OPS(LS_UNARY)
 #undef LS_UNARY
 #define LS_BINARY(name) front(m, #name, &binary_front<LS_BINARY_FNS(name)>);
   LS_BINARY(add)

@@ -141,25 +141,7 @@ void init_ops(py::module_& m) {
 #define LS_UNARY(name) \
   m.def(               \
       #name, [](const Tensor& x) { return name(x); }, arg("input"));
-  LS_UNARY(neg)
-  LS_UNARY(abs)
-  LS_UNARY(exp)
-  LS_UNARY(log)
-  LS_UNARY(log1p)
-  LS_UNARY(sqrt)
-  LS_UNARY(rsqrt)
-  LS_UNARY(tanh)
-  LS_UNARY(sigmoid)
-  LS_UNARY(relu)
-  LS_UNARY(sin)
-  LS_UNARY(cos)
-  LS_UNARY(erf)
-  LS_UNARY(floor)
-  LS_UNARY(ceil)
-  LS_UNARY(sign)
-  LS_UNARY(logical_not)
-  LS_UNARY(isfinite)
-  LS_UNARY(square)
+  LS_PY_UNARY_OPS(LS_UNARY)
 #undef LS_UNARY
 // (Scalar, Tensor) and (Tensor, Scalar) before (Tensor, Tensor): see tensor.cpp's operators.
 #define LS_BINARY(name)                                                                         \

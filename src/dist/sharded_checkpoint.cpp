@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "dist/partition.h"
-#include "lockstep/autograd.h"
 #include "lockstep/dist.h"
 #include "lockstep/runtime.h"
+#include "nn/training_state.h"
 #include "util/check.h"
 
 namespace lockstep::dist {
@@ -210,23 +210,10 @@ io::Metadata load_sharded(const std::string& dir, nn::Module& model, optim::Opti
     for (const auto& [name, t] : like) out.emplace_back(name, found.at(prefix + name));
     return out;
   };
-  const nn::NamedTensors model_in = named(kModel, model_state);
-  const nn::NamedTensors optimizer_in = named(kOptimizer, optimizer_state);
-  const nn::NamedTensors scheduler_in = named(kScheduler, scheduler_state);
-  try {
-    model.check_state_dict(model_in, true);
-    if (optimizer) optimizer->check_state_dict(optimizer_in);
-    if (scheduler) scheduler->check_state_dict(scheduler_in);
-  } catch (const Error& e) {
-    util::fail(loc, "load_sharded", cat("'", dir, "' does not fit: ", e.what()), "");
-  }
-  model.load_state_dict(model_in, true);
-  if (optimizer) optimizer->load_state_dict(optimizer_in);
-  if (scheduler) scheduler->load_state_dict(scheduler_in);
-  {
-    NoGrad no_grad;
-    generator_state().copy_(found.at(kGenerator));
-  }
+  nn::load_training_state("load_sharded", dir, model, optimizer, scheduler,
+                          {named(kModel, model_state), named(kOptimizer, optimizer_state),
+                           named(kScheduler, scheduler_state), found.at(kGenerator)},
+                          loc);
   io::Metadata out;
   for (const auto& [key, value] : index)
     if (key.rfind(kMeta, 0) == 0) out.emplace(key.substr(kMeta.size()), value);

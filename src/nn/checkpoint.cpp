@@ -7,6 +7,7 @@
 
 #include "lockstep/autograd.h"
 #include "lockstep/runtime.h"
+#include "nn/training_state.h"
 #include "runtime/profiler.h"
 #include "util/check.h"
 
@@ -34,7 +35,7 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 // Saving checks the same before anything is written: what save_checkpoint writes,
 // load_checkpoint accepts, and a diverged state never replaces the last good file.
 void check_values(const std::string& path, const std::string& name, const Tensor& t, const Loc& loc,
-                  bool saving = false) {
+                  bool saving = false, const char* loader = "load_checkpoint") {
   auto refuse = [&](size_t at, const std::string& value, const std::string& why) {
     if (saving)
       util::fail(loc, "save_checkpoint",
@@ -44,7 +45,7 @@ void check_values(const std::string& path, const std::string& name, const Tensor
                  "at the path, if any, is kept; resume from it with a lower learning rate or "
                  "gradient clipping");
     util::fail(
-        loc, "load_checkpoint",
+        loc, loader,
         cat("'", path, "': tensor '", name, "' holds ", value, " at element ", at, ": ", why),
         "The file was written from a diverged run or edited: resume from an earlier "
         "checkpoint");
@@ -229,23 +230,35 @@ io::Metadata load_checkpoint(const std::string& path, nn::Module& model,
           cat("'", path, "' holds the state of a ", kind->second, ", not of a ", scheduler->kind()),
           "Make the same kind of scheduler as the run that saved it");
   }
-  // Everything is checked before anything changes: the values too.
-  for (const auto& [name, t] : file.tensors) check_values(path, name, t, loc);
-  try {
-    model.check_state_dict(model_state, true);
-    if (optimizer) optimizer->check_state_dict(optimizer_state);
-    if (scheduler) scheduler->check_state_dict(scheduler_state);
-  } catch (const Error& e) {
-    util::fail(loc, "load_checkpoint", cat("'", path, "' does not fit: ", e.what()), "");
-  }
-  model.load_state_dict(model_state, true);
-  if (optimizer) optimizer->load_state_dict(optimizer_state);
-  // After the optimizer's: the scheduler sets the groups' lrs.
-  if (scheduler) scheduler->load_state_dict(scheduler_state);
-  NoGrad no_grad;
-  Tensor g = generator_state();
-  g.copy_(generator);
+  nn::load_training_state(
+      "load_checkpoint", path, model, optimizer, scheduler,
+      {std::move(model_state), std::move(optimizer_state), std::move(scheduler_state), generator},
+      loc);
   return file.metadata;
+}
+
+void nn::load_training_state(const char* who, const std::string& source, Module& model,
+                             optim::Optimizer* optimizer, optim::Scheduler* scheduler,
+                             const TrainingState& state, const Loc& loc) {
+  // Everything is checked before anything changes: the values too.
+  for (const auto& [prefix, named] : {std::pair{&kModel, &state.model},
+                                      {&kOptimizer, &state.optimizer},
+                                      {&kScheduler, &state.scheduler}})
+    for (const auto& [name, t] : *named) check_values(source, *prefix + name, t, loc, false, who);
+  check_values(source, kGenerator, state.generator, loc, false, who);
+  try {
+    model.check_state_dict(state.model, true);
+    if (optimizer) optimizer->check_state_dict(state.optimizer);
+    if (scheduler) scheduler->check_state_dict(state.scheduler);
+  } catch (const Error& e) {
+    util::fail(loc, who, cat("'", source, "' does not fit: ", e.what()), "");
+  }
+  model.load_state_dict(state.model, true);
+  if (optimizer) optimizer->load_state_dict(state.optimizer);
+  // After the optimizer's: the scheduler sets the groups' lrs.
+  if (scheduler) scheduler->load_state_dict(state.scheduler);
+  NoGrad no_grad;
+  generator_state().copy_(state.generator);
 }
 
 }  // namespace lockstep

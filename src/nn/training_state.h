@@ -1,0 +1,25 @@
+// What the checkpoint loaders share (src/nn/checkpoint.cpp, src/dist/sharded_checkpoint.cpp):
+// a training state read from files, checked whole, then loaded.
+#pragma once
+
+#include <string>
+
+#include "lockstep/nn.h"
+#include "lockstep/optim.h"
+
+namespace lockstep::nn {
+
+struct TrainingState {
+  NamedTensors model, optimizer, scheduler;  // by their own names (no "model." prefix)
+  Tensor generator;
+};
+
+// Checks everything before anything changes (each value as a training state holds it, then each
+// state against the model, optimizer and scheduler: an Error naming `who`, `source` and the
+// tensor), then loads the model, the optimizer, the scheduler (after the optimizer: it sets the
+// groups' lrs) and the generator.
+void load_training_state(const char* who, const std::string& source, Module& model,
+                         optim::Optimizer* optimizer, optim::Scheduler* scheduler,
+                         const TrainingState& state, const Loc& loc);
+
+}  // namespace lockstep::nn
