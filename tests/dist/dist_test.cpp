@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -222,6 +223,34 @@ TEST(DataParallel, ShardedCheckpointsResumeAtAnyWorldSize) {
   EXPECT_EQ(broken.exit_code, 1) << broken.out;
   EXPECT_NE(broken.out.find(std::filesystem::path(victim).filename().string()), std::string::npos)
       << broken.out;
+  std::filesystem::remove_all(dir);
+  std::remove(out.c_str());
+}
+
+// A rank killed at a random moment of a run that saves a sharded checkpoint after every step
+// (most kills land in a save: the steps are short): whatever the moment, the directory holds a
+// checkpoint that loads whole (every tensor, every checksum). 20 trials (LOCKSTEP_KILL_TRIALS
+// sets another count); the kill moments are a fixed pseudo-random sequence.
+TEST(DataParallel, ARankKilledDuringShardedSavesLeavesACheckpointThatLoads) {
+  const char* n = std::getenv("LOCKSTEP_KILL_TRIALS");
+  const int trials = n ? std::atoi(n) : 20;
+  const std::string dir = tmp("killed"), out = tmp("killed.safetensors");
+  std::mt19937 rng(12345);
+  int killed = 0;
+  for (int t = 0; t < trials; ++t) {
+    const int ms = 100 + static_cast<int>(rng() % 200);
+    const Job job =
+        mpirun(2, "train mlp adamw 80 4 " + out + " zero1",
+               "CKPT_SAVE=" + dir +
+                   " CKPT_AT=0 LOCKSTEP_DIST_TIMEOUT=10 KILL_AFTER_MS=" + std::to_string(ms));
+    killed += job.exit_code != 0;
+    if (!std::filesystem::exists(dir + "/index.safetensors")) continue;  // killed before a save
+    const Job load = mpirun(1, "train mlp adamw 0 16 " + out, "CKPT_LOAD=" + dir);
+    ASSERT_EQ(load.exit_code, 0) << "trial " << t << ", killed after " << ms << " ms:\n"
+                                 << job.out << "\nloading:\n"
+                                 << load.out;
+  }
+  EXPECT_GT(killed, trials / 2) << "the kills must land inside the runs";
   std::filesystem::remove_all(dir);
   std::remove(out.c_str());
 }

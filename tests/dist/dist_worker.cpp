@@ -9,7 +9,9 @@
 //                                                   "rank R zero state N of M". CKPT_LOAD=DIR:
 //                                                   start from load_sharded(DIR), at the step
 //                                                   after the one saved; CKPT_SAVE=DIR, CKPT_AT=S:
-//                                                   save_sharded(DIR) after step S
+//                                                   save_sharded(DIR) after step S (CKPT_AT=0:
+//                                                   after every step); KILL_AFTER_MS=T: rank 1
+//                                                   kills itself (SIGKILL) T ms after it starts
 //   dist_worker diverge-op|diverge-batch STEPS      rank 1 records another graph at step 3
 //   dist_worker diverge-queued STEPS                 the same without a read per step: the error
 //                                                   leaves programs queued when main returns
@@ -88,6 +90,11 @@ std::shared_ptr<ls::nn::Module> make_model(const std::string& name) {
 int run(int argc, char** argv) {
   ls::dist::init();
   const int rank = ls::dist::rank(), world = ls::dist::world_size();
+  if (const char* ms = std::getenv("KILL_AFTER_MS"); ms && rank == 1)
+    std::thread([t = std::atoi(ms)] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(t));
+      std::raise(SIGKILL);
+    }).detach();
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "exchange-cost") {
     const int n = std::atoi(argv[2]);
@@ -173,7 +180,7 @@ int run(int argc, char** argv) {
     if (mode == "diverge-queued") continue;  // no read: the steps' programs stay queued
     std::printf("rank %d step %d loss %.9g\n", rank, s, loss.item<float>());
     std::fflush(stdout);
-    if (save_dir && train && s == save_at)
+    if (save_dir && train && (s == save_at || save_at == 0))
       ls::dist::save_sharded(save_dir, *model, opt.get(), nullptr, {{"step", std::to_string(s)}});
   }
   if (zero) {
