@@ -178,7 +178,7 @@ class ZeroRedundancyOptimizer : public optim::Optimizer {
   std::vector<int64_t> local_of_;  // per parameter: its index in local_, or -1
   std::vector<size_t> global_of_;  // per parameter of local_: its index in params()
   std::vector<int64_t> load_;      // elements owned per rank (for added groups)
-  Tensor last_broadcast_;          // this step's last (update orders the next after it)
+  size_t last_ = 0;                // the parameter broadcast last (the next is ordered after it)
 };
 
 // Sharded checkpoints: each rank writes its own part of the training state to

@@ -103,10 +103,10 @@ void ZeroRedundancyOptimizer::update(size_t i, const Tensor& grad, const Tensor&
     for (size_t k = params_.size(); k-- > 0;)
       if (Tensor g = params_[k].grad(); g.defined()) after.push_back(std::move(g));
   } else {
-    after.push_back(last_broadcast_);
+    after.push_back(params_[last_]);  // its value is the previous broadcast's
   }
-  last_broadcast_ = broadcast(params_[i], owners_[i], after);
-  params_[i].copy_(last_broadcast_);
+  params_[i].copy_(broadcast(params_[i], owners_[i], after));
+  last_ = i;
 }
 
 nn::NamedTensors ZeroRedundancyOptimizer::state() const {
