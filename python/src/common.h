@@ -82,11 +82,13 @@ void init_profiler(py::module_& m);
 void init_fast_calls(py::module_& m);
 
 // The elementwise functions of one tensor, lockstep.<name>(x): bound in ops.cpp, fronted in
-// fast_calls.cpp (X is applied to each name).
-#define LS_PY_UNARY_OPS(X)                                                                       \
-  X(neg)                                                                                         \
-  X(abs) X(exp) X(log) X(log1p) X(sqrt) X(rsqrt) X(tanh) X(sigmoid) X(relu) X(sin) X(cos) X(erf) \
-      X(floor) X(ceil) X(sign) X(logical_not) X(isfinite) X(square)
+// fast_calls.cpp (X is applied to each name). Kept out of clang-format, which lays the list out
+// differently on each pass.
+// clang-format off
+#define LS_PY_UNARY_OPS(X)                                                                 \
+  X(neg) X(abs) X(exp) X(log) X(log1p) X(sqrt) X(rsqrt) X(tanh) X(sigmoid) X(relu) X(sin) \
+  X(cos) X(erf) X(floor) X(ceil) X(sign) X(logical_not) X(isfinite) X(square)
+// clang-format on
 
 // Axes given as an int, a sequence of ints, or None (every axis).
 std::vector<int64_t> axes_of(const py::object& dim);
