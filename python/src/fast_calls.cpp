@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 
 #include "common.h"
 
@@ -151,10 +152,17 @@ PyObject* binary_front(PyObject* self, PyObject* const* args, Py_ssize_t nargs, 
 // the left operand's method, then the right one's reflected method), by calling the methods
 // themselves: the generic slot function cannot be called from another slot (it calls the left
 // operand's method only while it is that type's slot).
+// `name` must be a string literal: its interned Python string is made once and kept.
+PyObject* interned(const char* name) {
+  static std::unordered_map<const char*, PyObject*> strings;  // under the GIL
+  PyObject*& s = strings[name];
+  if (!s) s = PyUnicode_InternFromString(name);
+  return s;
+}
+
 PyObject* call_method(PyObject* self, const char* name, PyObject* arg) {
-  PyObject* key = PyUnicode_InternFromString(name);
+  PyObject* key = interned(name);
   PyObject* method = key ? _PyType_Lookup(Py_TYPE(self), key) : nullptr;  // borrowed
-  Py_XDECREF(key);
   if (!method) {
     if (PyErr_Occurred()) return nullptr;
     Py_RETURN_NOTIMPLEMENTED;
@@ -208,8 +216,7 @@ ternaryfunc g_generic_call = nullptr;
 PyObject* module_call_slot(PyObject* self, PyObject* args, PyObject* kwargs) {
   if ((!kwargs || PyDict_GET_SIZE(kwargs) == 0) && PyTuple_GET_SIZE(args) == 1)
     if (const Tensor* x = tensor_of(PyTuple_GET_ITEM(args, 0))) {
-      static PyObject* const forward = PyUnicode_InternFromString("forward");
-      if (_PyType_Lookup(Py_TYPE(self), forward) == g_module_forward) {
+      if (_PyType_Lookup(Py_TYPE(self), interned("forward")) == g_module_forward) {
         py::detail::type_caster_generic module(g_module_info);
         if (module.load(self, false) && module.value)
           return guarded([&] {
@@ -230,10 +237,8 @@ PyObject* module_call_slot(PyObject* self, PyObject* args, PyObject* kwargs) {
 void install_slots(PyTypeObject* type) {
   PyNumberMethods* n = type->tp_as_number;
   const auto inherits = [&](const char* dunder) {
-    PyObject* name = PyUnicode_InternFromString(dunder);
-    const bool same = _PyType_Lookup(type, name) == _PyType_Lookup(g_tensor_type, name);
-    Py_DECREF(name);
-    return same;
+    PyObject* name = interned(dunder);
+    return _PyType_Lookup(type, name) == _PyType_Lookup(g_tensor_type, name);
   };
   if (inherits("__add__") && inherits("__radd__"))
     n->nb_add = &binary_slot<LS_BINARY_FNS(add), kAdd, kRAdd>;
@@ -294,7 +299,7 @@ void init_fast_calls(py::module_& m) {
   g_module_info = py::detail::get_type_info(g_module_type);
   g_module_forward = PyDict_GetItemString(g_module_type->tp_dict, "forward");
   g_generic_call = g_module_type->tp_call;
-  PyObject* call = PyUnicode_InternFromString("__call__");
+  PyObject* call = interned("__call__");
   PyObject* module_call = _PyType_Lookup(g_module_type, call);
   for (const auto& [type, infos] : py::detail::get_internals().registered_types_py)
     if (PyType_IsSubtype(type, g_module_type) && type->tp_dictoffset == 0 &&
@@ -302,7 +307,6 @@ void init_fast_calls(py::module_& m) {
       type->tp_call = &module_call_slot;
       PyType_Modified(type);
     }
-  Py_DECREF(call);
 
 #define LS_UNARY(name) front(m, #name, &unary_front<static_cast<Unary>(&lockstep::name)>);
   LS_PY_UNARY_OPS(LS_UNARY)

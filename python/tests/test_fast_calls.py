@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 import lockstep
-import lockstep.nn.functional as F
 
 
 def line_of(marker):
@@ -127,7 +126,7 @@ def test_a_subclass_of_a_layer_keeps_its_own_forward():
 
     m = Doubled(3, 2)
     x = t(A)
-    np.testing.assert_allclose(m(x).numpy(), 2 * m.forward(x).numpy() / 2 * 1, rtol=1e-6)
+    np.testing.assert_allclose(m(x).numpy(), m.forward(x).numpy(), rtol=1e-6)
     np.testing.assert_allclose(m(x).numpy(), 2 * (A @ m.weight.numpy().T + m.bias.numpy()),
                                rtol=1e-5)
 
@@ -192,4 +191,3 @@ def test_a_training_step_through_the_fast_calls_matches_numpy():
     g = (z > 0) * 0.5 / 6.0
     np.testing.assert_allclose(lin.weight.numpy(), w - 0.1 * g.T @ A, rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(lin.bias.numpy(), b - 0.1 * g.sum(0), rtol=1e-5, atol=1e-7)
-    assert F.relu is not None

@@ -31,14 +31,16 @@ std::shared_ptr<const Agreement> agreement_of(const ir::Graph& graph, const std:
   // (under ZeroRedundancyOptimizer each rank updates its own parameters and broadcasts them; with
   // DataParallel's broadcast_buffers, rank 0's running statistics): it is left out, and the
   // broadcast reads a stand-in of its shape and dtype.
+  // A broadcast's value is its last operand (those before it only order it).
+  auto is_value = [](const ir::GraphNode& node, size_t k) {
+    return node.op == ir::Op::Broadcast && k + 1 == node.operands.size();
+  };
   std::vector<char> to_broadcast(n, 0), to_other(n, 0), local(n, 0);
   for (size_t j = n; j-- > 0;) {
     const ir::GraphNode& node = graph.nodes[j];
     for (size_t k = 0; k < node.operands.size(); ++k) {
       const int32_t o = node.operands[k];
-      // A broadcast's value is its last operand (those before it only order it): what the root
-      // sends, whatever the broadcast's own result feeds.
-      if (node.op == ir::Op::Broadcast && k + 1 == node.operands.size()) {
+      if (is_value(node, k)) {  // what the root sends, whatever the broadcast's result feeds
         to_broadcast[o] = 1;
         continue;
       }
@@ -60,10 +62,7 @@ std::shared_ptr<const Agreement> agreement_of(const ir::Graph& graph, const std:
       for (int32_t o : node.operands) in[i] = in[i] || in[o];
   }
   if (!any) return nullptr;
-  // A broadcast's value (its last operand) is the root's: every rank's part reads a stand-in.
-  auto is_value = [&](const ir::GraphNode& node, size_t k) {
-    return node.op == ir::Op::Broadcast && k + 1 == node.operands.size();
-  };
+  // A broadcast's value is the root's: every rank's part reads a stand-in for it.
   for (size_t i = n; i-- > 0;)
     if (in[i])
       for (size_t k = 0; k < graph.nodes[i].operands.size(); ++k)
@@ -76,6 +75,16 @@ std::shared_ptr<const Agreement> agreement_of(const ir::Graph& graph, const std:
   std::vector<char> read(n, 0);
   uint64_t h = 0x6c6f636b73746570ull;
   auto mix = [&h](uint64_t v) { h = ir::mix64(h ^ v); };
+  auto mix_node = [&mix](const ir::GraphNode& node) {
+    mix(static_cast<uint64_t>(node.op) << 8 | static_cast<uint64_t>(node.dtype));
+    mix(node.shape.size());
+    for (int64_t d : node.shape) mix(static_cast<uint64_t>(d));
+    mix(node.attrs.size());
+    for (int64_t a : node.attrs) mix(static_cast<uint64_t>(a));
+    mix(node.operands.size());
+    for (int32_t o : node.operands) mix(static_cast<uint64_t>(o));
+    mix(static_cast<uint64_t>(static_cast<int64_t>(node.input)));
+  };
   for (size_t i = 0; i < n; ++i) {
     if (!in[i]) continue;
     ir::GraphNode node = graph.nodes[i];
@@ -89,12 +98,7 @@ std::shared_ptr<const Agreement> agreement_of(const ir::Graph& graph, const std:
         stand_in.dtype = graph.nodes[o].dtype;
         stand_in.input = part->num_buffer_inputs++;
         stand_in.origin = graph.nodes[o].origin;
-        mix(static_cast<uint64_t>(stand_in.op) << 8 | static_cast<uint64_t>(stand_in.dtype));
-        mix(stand_in.shape.size());
-        for (int64_t d : stand_in.shape) mix(static_cast<uint64_t>(d));
-        mix(0);
-        mix(0);
-        mix(static_cast<uint64_t>(static_cast<int64_t>(stand_in.input)));
+        mix_node(stand_in);
         o = static_cast<int32_t>(part->nodes.size());
         part->nodes.push_back(std::move(stand_in));
         continue;
@@ -106,14 +110,7 @@ std::shared_ptr<const Agreement> agreement_of(const ir::Graph& graph, const std:
       out->scalars.push_back(node.input);
       node.input = part->num_scalar_inputs++;
     }
-    mix(static_cast<uint64_t>(node.op) << 8 | static_cast<uint64_t>(node.dtype));
-    mix(node.shape.size());
-    for (int64_t d : node.shape) mix(static_cast<uint64_t>(d));
-    mix(node.attrs.size());
-    for (int64_t a : node.attrs) mix(static_cast<uint64_t>(a));
-    mix(node.operands.size());
-    for (int32_t o : node.operands) mix(static_cast<uint64_t>(o));
-    mix(static_cast<uint64_t>(static_cast<int64_t>(node.input)));
+    mix_node(node);
     id[i] = static_cast<int32_t>(part->nodes.size());
     part->nodes.push_back(std::move(node));
   }

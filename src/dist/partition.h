@@ -8,9 +8,11 @@
 #include <numeric>
 #include <vector>
 
+#include "lockstep/tensor.h"
+
 namespace lockstep::dist::detail {
 
-// The rank of each size's tensor; `load` (one entry per rank) is added to.
+// The rank of each size's tensor; `load` (the elements each rank holds already) is added to.
 inline std::vector<int> partition_by_size(const std::vector<int64_t>& sizes,
                                           std::vector<int64_t>& load) {
   std::vector<size_t> order(sizes.size());
@@ -24,6 +26,18 @@ inline std::vector<int> partition_by_size(const std::vector<int64_t>& sizes,
     load[static_cast<size_t>(lightest)] += std::max<int64_t>(sizes[i], 1);
   }
   return owners;
+}
+
+// The same from nothing held yet, over `world` ranks.
+inline std::vector<int> partition_by_size(const std::vector<int64_t>& sizes, int world) {
+  std::vector<int64_t> load(static_cast<size_t>(world), 0);
+  return partition_by_size(sizes, load);
+}
+
+inline std::vector<int64_t> sizes_of(const std::vector<Tensor>& tensors) {
+  std::vector<int64_t> sizes;
+  for (const Tensor& t : tensors) sizes.push_back(t.numel());
+  return sizes;
 }
 
 }  // namespace lockstep::dist::detail

@@ -21,8 +21,11 @@ using util::cat;
 namespace {
 
 const char* const kFormat = "lockstep-sharded-checkpoint";
-const std::string kModel = "model.", kOptimizer = "optimizer.", kScheduler = "scheduler.",
-                  kGenerator = "generator.state", kMeta = "meta.";
+const std::string& kModel = nn::kModelPrefix;
+const std::string& kOptimizer = nn::kOptimizerPrefix;
+const std::string& kScheduler = nn::kSchedulerPrefix;
+const std::string& kGenerator = nn::kGeneratorName;
+const std::string kMeta = "meta.";  // the index's keys for the caller's metadata
 
 std::string index_path(const std::string& dir) { return dir + "/index.safetensors"; }
 std::string shard_name(int rank, int world, int64_t generation) {
@@ -95,19 +98,15 @@ void save_sharded(const std::string& dir, const nn::Module& model,
   // on rank 0 what every rank holds alike.
   io::TensorMap mine;
   const nn::NamedTensors state = model.state_dict();
-  std::vector<int64_t> sizes, load(static_cast<size_t>(world), 0);
+  std::vector<int64_t> sizes;
   for (const auto& [name, t] : state) sizes.push_back(t.numel());
-  const std::vector<int> writer = detail::partition_by_size(sizes, load);
+  const std::vector<int> writer = detail::partition_by_size(sizes, world);
   for (size_t k = 0; k < state.size(); ++k)
     if (writer[k] == me) mine.emplace_back(kModel + state[k].first, state[k].second);
   if (optimizer) {
     const auto* zero = dynamic_cast<const ZeroRedundancyOptimizer*>(optimizer);
     std::vector<int> owner;
-    if (!zero) {
-      std::vector<int64_t> psizes, pload(static_cast<size_t>(world), 0);
-      for (const Tensor& p : optimizer->params()) psizes.push_back(p.numel());
-      owner = detail::partition_by_size(psizes, pload);
-    }
+    if (!zero) owner = detail::partition_by_size(detail::sizes_of(optimizer->params()), world);
     for (const auto& [name, t] : optimizer->state_dict()) {
       const int64_t i = param_of(name);
       const int who = i < 0 ? 0 : zero ? zero->owner(static_cast<size_t>(i)) : owner.at(i);

@@ -39,10 +39,8 @@ ZeroRedundancyOptimizer::Shard ZeroRedundancyOptimizer::partition(std::vector<Te
         cat(params.size(), " parameters cannot give each of the ", world, " ranks one to keep"),
         "Use fewer ranks, or the plain optimizer with DataParallel");
   Shard s;
-  std::vector<int64_t> sizes;
-  for (const Tensor& p : params) sizes.push_back(p.numel());
   s.load.assign(static_cast<size_t>(world), 0);
-  s.owners = detail::partition_by_size(sizes, s.load);
+  s.owners = detail::partition_by_size(detail::sizes_of(params), s.load);
   s.local_of.assign(params.size(), -1);
   std::vector<Tensor> mine;
   for (size_t i = 0; i < params.size(); ++i)

@@ -16,10 +16,10 @@ namespace lockstep {
 using util::cat;
 
 namespace {
-const std::string kModel = "model.";
-const std::string kOptimizer = "optimizer.";
-const std::string kScheduler = "scheduler.";
-const std::string kGenerator = "generator.state";
+const std::string& kModel = nn::kModelPrefix;
+const std::string& kOptimizer = nn::kOptimizerPrefix;
+const std::string& kScheduler = nn::kSchedulerPrefix;
+const std::string& kGenerator = nn::kGeneratorName;
 // Version 2 records checksums of the data (io::kChecksumKey), which loading then requires;
 // version 1 files (before them) still load.
 const std::string kVersion = "2";

@@ -9,6 +9,13 @@
 
 namespace lockstep::nn {
 
+// How a checkpoint file names the state's tensors: "model.<name>", "optimizer.<name>",
+// "scheduler.<name>", and the generator's.
+inline const std::string kModelPrefix = "model.";
+inline const std::string kOptimizerPrefix = "optimizer.";
+inline const std::string kSchedulerPrefix = "scheduler.";
+inline const std::string kGeneratorName = "generator.state";
+
 struct TrainingState {
   NamedTensors model, optimizer, scheduler;  // by their own names (no "model." prefix)
   Tensor generator;
