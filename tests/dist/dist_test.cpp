@@ -272,37 +272,42 @@ TEST(DataParallel, ARankWithAnotherOpMakesEveryRankFailNamingTheNode) {
                                                             << r.out;
 }
 
+namespace {
+
+// A 2-rank run (worker `mode`) in which rank 0 alone prints "rank 0 step S local <what>" each
+// step: every step completes on both ranks and the replicas stay identical. Returns the run.
+Job expect_rank_zero_alone_does_not_stop_the_run(const std::string& mode, int steps,
+                                                 const std::string& what) {
+  const Job r = mpirun(2, mode + " " + std::to_string(steps), "LOCKSTEP_DIST_TIMEOUT=20");
+  EXPECT_EQ(r.exit_code, 0) << r.out;
+  for (int s = 1; s <= steps; ++s) {
+    EXPECT_NE(r.out.find("rank 0 step " + std::to_string(s) + " local " + what), std::string::npos)
+        << r.out;
+    EXPECT_NE(r.out.find("rank 1 step " + std::to_string(s) + " loss"), std::string::npos) << r.out;
+  }
+  const std::vector<std::string> h = hashes(r.out);
+  EXPECT_EQ(h.size(), 2u) << r.out;
+  if (h.size() == 2) {
+    EXPECT_EQ(h[0], h[1]) << "replicas agree:\n" << r.out;
+  }
+  return r;
+}
+
+}  // namespace
+
 // Rank 0 keeps its local loss and an accuracy of its own in a step closure, for its log: its
 // program has more nodes and outputs, but the same replicated part (the collectives, what they
 // read and what reads them), so the ranks train on and stay identical (issue 30, item 14).
 TEST(DataParallel, ValuesKeptByRankZeroAloneDoNotStopTheRun) {
-  const Job r = mpirun(2, "log-rank0 4", "LOCKSTEP_DIST_TIMEOUT=20");
-  EXPECT_EQ(r.exit_code, 0) << r.out;
-  for (int s = 1; s <= 4; ++s) {
-    EXPECT_NE(r.out.find("rank 0 step " + std::to_string(s) + " local loss"), std::string::npos)
-        << r.out;
-    EXPECT_NE(r.out.find("rank 1 step " + std::to_string(s) + " loss"), std::string::npos) << r.out;
-  }
+  const Job r = expect_rank_zero_alone_does_not_stop_the_run("log-rank0", 4, "loss");
   EXPECT_EQ(r.out.find("rank 1 step 1 local loss"), std::string::npos) << r.out;
-  const std::vector<std::string> h = hashes(r.out);
-  ASSERT_EQ(h.size(), 2u) << r.out;
-  EXPECT_EQ(h[0], h[1]) << "replicas agree:\n" << r.out;
 }
 
 // A read inside the step on rank 0 alone (of a value no collective reads), after the gradients'
 // all-reduce was recorded: the read computes its own value only (outside data parallel it
 // computes the step's work so far), so rank 0 runs no collective that rank 1 does not.
 TEST(DataParallel, AReadInsideTheStepOnOneRankDoesNotStopTheRun) {
-  const Job r = mpirun(2, "read-rank0 3", "LOCKSTEP_DIST_TIMEOUT=20");
-  EXPECT_EQ(r.exit_code, 0) << r.out;
-  for (int s = 1; s <= 3; ++s) {
-    EXPECT_NE(r.out.find("rank 0 step " + std::to_string(s) + " local logits"), std::string::npos)
-        << r.out;
-    EXPECT_NE(r.out.find("rank 1 step " + std::to_string(s) + " loss"), std::string::npos) << r.out;
-  }
-  const std::vector<std::string> h = hashes(r.out);
-  ASSERT_EQ(h.size(), 2u) << r.out;
-  EXPECT_EQ(h[0], h[1]) << "replicas agree:\n" << r.out;
+  expect_rank_zero_alone_does_not_stop_the_run("read-rank0", 3, "logits");
 }
 
 // The natural error path of a data-parallel program (issue 30, item 4): a divergence error is
