@@ -11,8 +11,10 @@
 // waited most (communication and skew); hidden = 1 - exposed / comm.
 // With LOCKSTEP_PROFILE set, rank 0 also prints ls::metrics::report() (time per kernel kind,
 // all_reduce_start and all_reduce_wait) to stderr.
-// With `zero1`, the optimizer is sharded over the ranks (ls::dist::ZeroRedundancyOptimizer).
-//   dist_bench <mlp|resnet18|resnet50> [timed_steps=20] [threads=1] [bucket_mib=25] [plain|zero1]
+// With `zero1`, the optimizer is sharded over the ranks (ls::dist::ZeroRedundancyOptimizer); with
+// `zero2`, the gradients as well (each reduced to its owner).
+//   dist_bench <mlp|resnet18|resnet50> [timed_steps=20] [threads=1] [bucket_mib=25]
+//              [plain|zero1|zero2]
 #include <lockstep/lockstep.h>
 #include <algorithm>
 #include <chrono>
@@ -37,7 +39,7 @@ int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr,
                  "usage: dist_bench <mlp|resnet18|resnet50> [timed_steps] [threads] [bucket_mib] "
-                 "[plain|zero1]\n");
+                 "[plain|zero1|zero2]\n");
     return 2;
   }
   try {
@@ -56,10 +58,13 @@ int main(int argc, char** argv) {
       return std::make_unique<ls::optim::SGD>(std::move(params),
                                               ls::optim::SGDOptions{.lr = 0.01, .momentum = 0.9});
     };
-    const bool zero = argc > 5 && std::string(argv[5]) == "zero1";
+    const std::string mode = argc > 5 ? argv[5] : "plain";
+    if (mode != "plain" && mode != "zero1" && mode != "zero2")
+      throw ls::Error("dist_bench: the optimizer is plain, zero1 or zero2, not '" + mode + "'");
     std::unique_ptr<ls::optim::Optimizer> opt;
-    if (zero)
-      opt = std::make_unique<ls::dist::ZeroRedundancyOptimizer>(model->parameters(), sgd);
+    if (mode == "zero1" || mode == "zero2")
+      opt = std::make_unique<ls::dist::ZeroRedundancyOptimizer>(
+          model->parameters(), sgd, ls::dist::ZeroOptions{.stage = mode == "zero2" ? 2 : 1});
     else
       opt = sgd(model->parameters());
     const FixedBatch batch = fixed_batch(w);

@@ -503,11 +503,13 @@ int run(const Options& o) {
     return std::make_shared<ls::optim::AdamW>(
         std::move(params), ls::optim::AdamOptions{.lr = lr, .weight_decay = weight_decay});
   };
-  // --zero 1: each replica keeps and updates its shard of the optimizer's state.
+  // --zero 1: each replica keeps and updates its shard of the optimizer's state; 2: and keeps
+  // the gradients of its shard alone.
   std::shared_ptr<ls::optim::Optimizer> opt =
-      o.zero == 1
-          ? std::make_shared<ls::dist::ZeroRedundancyOptimizer>(model->parameters(), make_optimizer)
-          : make_optimizer(model->parameters());
+      o.zero > 0 ? std::make_shared<ls::dist::ZeroRedundancyOptimizer>(
+                       model->parameters(), make_optimizer,
+                       ls::dist::ZeroOptions{.stage = static_cast<int>(o.zero)})
+                 : make_optimizer(model->parameters());
   // Cosine decay over the whole run, after a linear warm-up.
   const int64_t total_steps = o.num_epochs * steps_per_epoch;
   const int64_t warmup =
@@ -519,10 +521,10 @@ int run(const Options& o) {
   // Where to start: a checkpoint's metadata says which epoch it was saved in, how many steps of
   // that epoch were done and whether the epoch was complete.
   int64_t epoch = 1, step = 0, global_step = 0;
-  // A directory is a sharded checkpoint (--zero 1 writes one), loaded at any --nprocs.
+  // A directory is a sharded checkpoint (--zero writes one), loaded at any --nprocs.
   std::error_code fs_error;
   const bool sharded_checkpoint =
-      o.zero == 1 || std::filesystem::is_directory(o.checkpoint, fs_error);
+      o.zero > 0 || std::filesystem::is_directory(o.checkpoint, fs_error);
   if (o.resume) {
     const ls::io::Metadata meta = sharded_checkpoint
                                       ? ls::dist::load_sharded(o.checkpoint, *model, opt.get())
@@ -598,8 +600,8 @@ int run(const Options& o) {
                                 {"global_step", std::to_string(global_step)},
                                 {"model", o.model},
                                 {"data", o.data}};
-    // --zero 1: every rank writes its shard. Otherwise the replicas are identical: rank 0 writes.
-    if (o.zero == 1)
+    // --zero: every rank writes its shard. Otherwise the replicas are identical: rank 0 writes.
+    if (o.zero > 0)
       ls::dist::save_sharded(o.checkpoint, *model, opt.get(), schedule.get(), meta);
     else if (rank == 0)
       ls::save_checkpoint(o.checkpoint, *model, opt.get(), schedule.get(), meta);

@@ -40,9 +40,10 @@ options:
                      mpirun; `mpirun -np N lockstep-train ...` works too). --batch-size is per
                      replica; each replica trains on its shard of every epoch (default: 1)
   --zero S           with --nprocs: 1 shards the optimizer's state over the replicas (ZeRO
-                     stage 1, ls::dist::ZeroRedundancyOptimizer), 0 keeps a whole copy on each
-                     (default: 0); --checkpoint PATH is then a directory of one file per
-                     replica (ls::dist::save_sharded), which --resume loads at any --nprocs
+                     stage 1, ls::dist::ZeroRedundancyOptimizer), 2 the gradients as well
+                     (stage 2), 0 keeps a whole copy on each (default: 0); --checkpoint PATH is
+                     then a directory of one file per replica (ls::dist::save_sharded), which
+                     --resume loads at any --nprocs
   --threads N        compute threads (default: 0, every core; per replica)
   --workers N        data loading threads (default: 2)
   --log-steps N      print a line every N steps (default: 20)
@@ -200,7 +201,7 @@ Options parse_args(int argc, char** argv) {
     } else if (arg == "--nprocs") {
       o.nprocs = parse_int(arg, value(), 1, 1024);
     } else if (arg == "--zero") {
-      o.zero = parse_int(arg, value(), 0, 1);
+      o.zero = parse_int(arg, value(), 0, 2);
     } else if (arg == "--threads") {
       o.threads = parse_int(arg, value(), 0, 1024);
     } else if (arg == "--workers") {

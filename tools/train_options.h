@@ -35,7 +35,7 @@ struct Options {
   std::string stem = "auto";
   int64_t threads = 0;
   int64_t nprocs = 1;
-  int64_t zero = 0;  // ZeRO stage: 0 (none) or 1 (optimizer state sharded)
+  int64_t zero = 0;  // ZeRO stage: 0 (none), 1 (optimizer state sharded) or 2 (gradients too)
   int64_t workers = 2;
   int64_t log_steps = 20;
   uint64_t seed = 0;

@@ -122,29 +122,43 @@ class DataParallel {
   DataParallelOptions options_;
 };
 
-// ZeRO stage 1 under PyTorch's name (torch.distributed.optim.ZeroRedundancyOptimizer): the
+// ZeRO stages 1 and 2 under PyTorch's name (torch.distributed.optim.ZeroRedundancyOptimizer): the
 // optimizer's state is sharded over the ranks. Each parameter has one owner rank, chosen as
 // PyTorch does (largest first, each to the rank holding the fewest elements so far); a rank keeps
 // the state of its own parameters only and updates only them, with the optimizer `make_local`
 // builds over them (any ls::optim optimizer), then every parameter takes its owner's value by a
-// broadcast in the step's program. Gradients stay whole on every rank (DataParallel's
-// average_gradients, as before), so the updates, clip_grad_norm_ and the skip of non-finite
-// steps are those of the unsharded optimizer: the replicas train exactly as with DataParallel
-// alone. AdamW in f32 keeps 8 bytes of state per parameter; each rank keeps about 8/N of them.
+// broadcast in the step's program. AdamW in f32 keeps 8 bytes of state per parameter; each rank
+// keeps about 8/N of them.
+//
+// Stage 1: gradients stay whole on every rank (DataParallel's average_gradients, as before), so
+// the updates, clip_grad_norm_ and the skip of non-finite steps are those of the unsharded
+// optimizer: the replicas train exactly as with DataParallel alone.
+// Stage 2: the gradients are sharded too. step() reduces each gradient to its owner alone (in
+// buckets, in the order backward makes them, overlapped with it as DataParallel's all-reduces;
+// DataParallel's all-reduces recorded in the same step are replaced, not run), and the other ranks
+// drop theirs: after the step a rank holds the gradients of the parameters it owns. Clip with
+// ZeroOptions::max_grad_norm (the global norm, from each rank's share), not clip_grad_norm_ over
+// the model's gradients (which a rank no longer holds whole); skip_nonfinite skips on every rank
+// when any rank's share is not finite.
 //
 //   ls::dist::DataParallel dp(model);
 //   ls::dist::ZeroRedundancyOptimizer opt(model.parameters(), [](std::vector<ls::Tensor> mine) {
 //     return std::make_unique<ls::optim::AdamW>(std::move(mine), ls::optim::AdamOptions{.lr =
 //     1e-3});
-//   });
+//   }, {.stage = 2, .max_grad_norm = 1.0});
 //   ls::step([&] { ...; loss.backward(); dp.average_gradients(); opt.step(); });
 //
 // It is an ls::optim::Optimizer: schedulers, parameter groups (learning rate and weight decay per
 // group, handed to the local optimizer at each update) and checkpoints work on it. Its state_dict
 // holds this rank's shard (the step counts and the local optimizer's buffers, named by the
-// parameters' indices in params()): each rank saves and loads its own, at the same world size.
+// parameters' indices in params()): each rank saves and loads its own, at the same world size
+// (save_sharded and load_sharded below: at any).
 // Every rank must own at least one parameter (fewer parameters than ranks is an Error).
 struct ZeroOptions {
+  int stage = 1;  // 1: the optimizer's state sharded; 2: the gradients as well
+  // > 0: step() first scales the gradients so that their global L2 norm is at most this (as
+  // clip_grad_norm_ over all of them); last_grad_norm() is the norm before.
+  double max_grad_norm = 0;
   bool skip_nonfinite = false;  // as the optimizers' own option (the local one's is not used)
 };
 
@@ -155,10 +169,14 @@ class ZeroRedundancyOptimizer : public optim::Optimizer {
                           ZeroOptions options = {}, Loc loc = Loc::current());
   // The rank that updates params()[i] and keeps its state.
   int owner(size_t i) const { return owners_[i]; }
+  int stage() const { return stage_; }
   // The optimizer over this rank's parameters.
   optim::Optimizer& local() { return *local_; }
   // Elements of optimizer state this rank keeps (its local optimizer's buffers).
   int64_t local_state_numel() const;
+  // The gradients' global L2 norm before the last step's clipping (a 0-d tensor; undefined
+  // without max_grad_norm or before the first step).
+  const Tensor& last_grad_norm() const { return grad_norm_; }
   double momentum() const override;
   void set_momentum(double momentum) override;
 
@@ -166,19 +184,31 @@ class ZeroRedundancyOptimizer : public optim::Optimizer {
   void update(size_t i, const Tensor& grad, const Tensor& t, const Tensor& ok) override;
   nn::NamedTensors state() const override;
   void add_state(size_t i) override;
+  std::vector<Tensor> step_gradients() override;
+  Tensor count_nonfinite(const std::vector<Tensor>& grads, const Tensor& loss) override;
 
  private:
   struct Shard;
   static Shard partition(std::vector<Tensor> params, const LocalFactory& make_local,
-                         const Loc& loc);
+                         const ZeroOptions& options, const Loc& loc);
   ZeroRedundancyOptimizer(Shard shard, ZeroOptions options);
+  std::vector<Tensor> reduce_to_owners();
+  void clip(std::vector<Tensor>& grads);
 
   std::shared_ptr<optim::Optimizer> local_;
   std::vector<int> owners_;        // per parameter
   std::vector<int64_t> local_of_;  // per parameter: its index in local_, or -1
   std::vector<size_t> global_of_;  // per parameter of local_: its index in params()
   std::vector<int64_t> load_;      // elements owned per rank (for added groups)
-  size_t last_ = 0;                // the parameter broadcast last (the next is ordered after it)
+  int stage_ = 1;
+  double max_grad_norm_ = 0;
+  Tensor grad_norm_;
+  // This step's: the gradients as averaged, before clipping (under stage 2 the reduces, which
+  // every rank holds), and the values every rank computed by a collective before the updates (the
+  // norm, the non-finite count): the broadcasts are ordered after them.
+  std::vector<Tensor> reduced_;
+  std::vector<Tensor> globals_;
+  size_t last_ = 0;  // the parameter broadcast last (the next is ordered after it)
 };
 
 // Sharded checkpoints: each rank writes its own part of the training state to
@@ -203,5 +233,14 @@ void save_sharded(const std::string& dir, const nn::Module& model,
 io::Metadata load_sharded(const std::string& dir, nn::Module& model,
                           optim::Optimizer* optimizer = nullptr,
                           optim::Scheduler* scheduler = nullptr, Loc loc = Loc::current());
+
+// Writes the model's tensors of the sharded checkpoint in `dir` to one ordinary safetensors file
+// at `path`, named as the model's state_dict names them (PyTorch's: safetensors.torch.load_file
+// then load_state_dict(strict=True) takes it), with the checkpoint's metadata and "format": "pt".
+// Streamed: each tensor is read from its shard's file (its checksum checked) when the file needs
+// it, so one tensor at a time is in memory, whatever the model's size. No collective: call it on
+// one process (a rank, or a program of its own), before or after training. Returns the metadata.
+io::Metadata export_safetensors(const std::string& dir, const std::string& path,
+                                Loc loc = Loc::current());
 
 }  // namespace lockstep::dist

@@ -39,6 +39,18 @@ inline constexpr const char* kChecksumKey = "lockstep.crc32";
 // device or directory without blocking on it.
 void save_safetensors(const std::string& path, const TensorMap& tensors,
                       const Metadata& metadata = {}, Loc loc = Loc::current());
+// The same, streamed: each tensor's bytes come from its `read` when the file needs them (twice:
+// once for the checksums in the header, once for the data), so that no more than one tensor is
+// in memory at a time (an export of a sharded checkpoint reads each from its shard's file).
+// `read` returns numel(shape) * dtype_size(dtype) bytes (bools as 0/1).
+struct TensorSource {
+  std::string name;
+  DType dtype;
+  Shape shape;
+  std::function<std::vector<unsigned char>()> read;
+};
+void save_safetensors_streamed(const std::string& path, const std::vector<TensorSource>& tensors,
+                               const Metadata& metadata = {}, Loc loc = Loc::current());
 // Throws the Error save_safetensors would for a `path` it may not replace (the rules above), so
 // that a program that saves late (a checkpoint after an epoch) can refuse such a path at its start.
 void check_save_path(const std::string& path, Loc loc = Loc::current());

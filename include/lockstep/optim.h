@@ -82,6 +82,12 @@ class Optimizer {
   virtual nn::NamedTensors state() const = 0;
   // Creates the state of params_[i] (called for each parameter, also for added groups).
   virtual void add_state(size_t i) = 0;
+  // The gradient step() applies to each parameter (undefined: no update, no state change); by
+  // default the parameters' grad(). ZeroRedundancyOptimizer's stage 2 reduces them here.
+  virtual std::vector<Tensor> step_gradients();
+  // With skip_nonfinite: how many elements of those gradients and of `loss` (if defined) are not
+  // finite, as an i64 0-d tensor; 0 on every rank that must update.
+  virtual Tensor count_nonfinite(const std::vector<Tensor>& grads, const Tensor& loss);
   // The learning rate and weight decay of params_[i]'s group.
   double lr_of(size_t i) const { return groups_[group_of_[i]].lr; }
   double weight_decay_of(size_t i) const { return groups_[group_of_[i]].weight_decay; }

@@ -134,25 +134,44 @@ void init_extras(py::module_& m) {
       "broadcast", [](const Tensor& x, int root) { return dist::broadcast(x, root); },
       arg("tensor"), arg("src") = 0);
   // PyTorch's signature: ZeroRedundancyOptimizer(params, optimizer_class, **defaults), the local
-  // optimizer made as optimizer_class(this rank's parameters, **defaults).
+  // optimizer made as optimizer_class(this rank's parameters, **defaults); and lockstep's
+  // keywords: stage (1 or 2), max_grad_norm, skip_nonfinite.
   py::class_<dist::ZeroRedundancyOptimizer, optim::Optimizer,
              std::shared_ptr<dist::ZeroRedundancyOptimizer>>(dist, "ZeroRedundancyOptimizer")
       .def(py::init([](const std::vector<Tensor>& params, const py::object& optimizer_class,
+                       int stage, double max_grad_norm, bool skip_nonfinite,
                        const py::kwargs& defaults) {
              const Loc loc = user_place();
              auto make = [&](std::vector<Tensor> mine) {
                return optimizer_class(mine, **defaults).cast<std::shared_ptr<optim::Optimizer>>();
              };
-             return std::make_shared<dist::ZeroRedundancyOptimizer>(params, make,
-                                                                    dist::ZeroOptions{}, loc);
+             return std::make_shared<dist::ZeroRedundancyOptimizer>(
+                 params, make,
+                 dist::ZeroOptions{.stage = stage,
+                                   .max_grad_norm = max_grad_norm,
+                                   .skip_nonfinite = skip_nonfinite},
+                 loc);
            }),
-           arg("params"), arg("optimizer_class"))
+           arg("params"), arg("optimizer_class"), py::kw_only(), arg("stage") = 1,
+           arg("max_grad_norm") = 0.0, arg("skip_nonfinite") = false)
+      .def_property_readonly("stage", &dist::ZeroRedundancyOptimizer::stage)
+      .def_property_readonly("last_grad_norm", &dist::ZeroRedundancyOptimizer::last_grad_norm)
       .def("owner", &dist::ZeroRedundancyOptimizer::owner, arg("index"))
       .def_property_readonly("local_optimizer", &dist::ZeroRedundancyOptimizer::local)
       .def("local_state_numel", &dist::ZeroRedundancyOptimizer::local_state_numel);
   def_save<&dist::save_sharded>(
       dist, "save_sharded", "dir",
       "Each rank writes its part of the training state to dir; rank 0 commits an index last.");
+  dist.def(
+      "export_safetensors",
+      [](const std::string& dir, const std::string& path) {
+        const Loc loc = user_place();
+        NoGil release;
+        return dist::export_safetensors(dir, path, loc);
+      },
+      arg("dir"), arg("path"),
+      "Writes the model's tensors of the sharded checkpoint in dir to one safetensors file at "
+      "path (PyTorch's names), one tensor in memory at a time; returns its metadata.");
   def_load<&dist::load_sharded>(
       dist, "load_sharded", "dir",
       "Loads a sharded checkpoint at any world size; returns its metadata.");

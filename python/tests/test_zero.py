@@ -1,6 +1,7 @@
-"""lockstep.dist.ZeroRedundancyOptimizer (ZeRO stage 1) from Python, with PyTorch's signature:
-alone it updates as the optimizer it wraps; under mpirun its two ranks train bit for bit as
-DataParallel with the whole optimizer, each keeping part of the state."""
+"""lockstep.dist.ZeroRedundancyOptimizer (ZeRO stages 1 and 2) from Python, with PyTorch's
+signature: alone it updates as the optimizer it wraps; under mpirun its two ranks train bit for bit
+as DataParallel with the whole optimizer, each keeping part of the state (and under stage 2 part of
+the gradients)."""
 import os
 import re
 import shutil
@@ -23,8 +24,9 @@ SCRIPT = textwrap.dedent("""
     model = lockstep.nn.Sequential(lockstep.nn.Linear(8, 16), lockstep.nn.ReLU(),
                                    lockstep.nn.Linear(16, 3))
     dp = lockstep.dist.DataParallel(model)
-    if sys.argv[1] == "zero":
+    if sys.argv[1].startswith("zero"):
         opt = lockstep.dist.ZeroRedundancyOptimizer(model.parameters(), lockstep.optim.AdamW,
+                                                     stage=2 if sys.argv[1] == "zero2" else 1,
                                                      lr=0.01, weight_decay=0.1)
     else:
         opt = lockstep.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1)
@@ -39,8 +41,10 @@ SCRIPT = textwrap.dedent("""
             opt.step()
             loss = lockstep.dist.all_reduce(loss, 1.0 / world)
         print("rank %d step %d loss %.9g" % (rank, s, loss.item()), flush=True)
-    if sys.argv[1] == "zero":
+    if sys.argv[1].startswith("zero"):
         print("rank %d state %d" % (rank, opt.local_state_numel()), flush=True)
+        held = sum(p.grad.numel() for p in model.parameters() if p.grad is not None)
+        print("rank %d grads %d" % (rank, held), flush=True)
     print("rank %d hash %016x" % (rank, dp.state_hash()), flush=True)
 """)
 
@@ -68,6 +72,11 @@ def test_alone_it_updates_as_the_optimizer_it_wraps():
     assert "0.momentum_buffer" in dict(zero.state_dict())
     with pytest.raises(TypeError):
         lockstep.dist.ZeroRedundancyOptimizer([lockstep.zeros(2)], int)
+    with pytest.raises(lockstep.Error, match="stage 3"):
+        lockstep.dist.ZeroRedundancyOptimizer([lockstep.zeros(2)], lockstep.optim.SGD, stage=3,
+                                              lr=0.1)
+    assert lockstep.dist.ZeroRedundancyOptimizer([lockstep.zeros(2)], lockstep.optim.SGD,
+                                                 stage=2, lr=0.1).stage == 2
 
 
 def test_a_sharded_checkpoint_resumes_the_same_training(tmp_path):
@@ -101,13 +110,55 @@ def test_a_sharded_checkpoint_resumes_the_same_training(tmp_path):
         lockstep.dist.load_sharded(str(tmp_path), lockstep.nn.Linear(4, 3))
 
 
+def read_safetensors(path):
+    """The tensors of a safetensors file, as the format's specification lays them out (the
+    `safetensors` package is not among Debian's)."""
+    import json
+    import struct
+    raw = open(path, "rb").read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    meta = header.pop("__metadata__", {})
+    kinds = {"F32": np.float32, "F64": np.float64, "I64": np.int64, "I32": np.int32}
+    data = raw[8 + n:]
+    out = {name: np.frombuffer(data[e["data_offsets"][0]:e["data_offsets"][1]],
+                               dtype=kinds[e["dtype"]]).reshape(e["shape"])
+           for name, e in header.items()}
+    return out, meta
+
+
+def test_the_export_loads_into_pytorch(tmp_path):
+    torch = pytest.importorskip("torch")
+    lockstep.manual_seed(3)
+    model = lockstep.nn.Sequential(lockstep.nn.Linear(4, 8), lockstep.nn.ReLU(),
+                                   lockstep.nn.Linear(8, 2))
+    opt = lockstep.dist.ZeroRedundancyOptimizer(model.parameters(), lockstep.optim.AdamW, lr=0.1)
+    with lockstep.step():
+        opt.zero_grad()
+        model(lockstep.ones(2, 4)).sum().backward()
+        opt.step()
+    lockstep.dist.save_sharded(str(tmp_path / "ck"), model, opt, metadata={"step": "1"})
+    meta = lockstep.dist.export_safetensors(str(tmp_path / "ck"), str(tmp_path / "model.st"))
+    assert meta == {"step": "1"}
+    tensors, file_meta = read_safetensors(tmp_path / "model.st")
+    assert file_meta["format"] == "pt" and file_meta["step"] == "1"
+    peer = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    peer.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in tensors.items()}, strict=True)
+    x = np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)
+    want = model(lockstep.tensor(x)).numpy()
+    np.testing.assert_allclose(peer(torch.from_numpy(x)).detach().numpy(), want, rtol=1e-6,
+                               atol=1e-6)
+    with pytest.raises(lockstep.Error, match="holds no index"):
+        lockstep.dist.export_safetensors(str(tmp_path), str(tmp_path / "x.st"))
+
+
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="no mpirun")
 def test_two_ranks_train_as_data_parallel_and_split_the_state(tmp_path):
     script = tmp_path / "zero.py"
     script.write_text(SCRIPT)
     env = dict(os.environ, OMP_NUM_THREADS="1")
     outs = {}
-    for mode in ("plain", "zero"):
+    for mode in ("plain", "zero", "zero2"):
         cmd = ["mpirun", "--oversubscribe", "-np", "2", "-x", "PYTHONPATH", "-x",
                "OMP_NUM_THREADS", sys.executable, str(script), mode]
         if os.geteuid() == 0:
@@ -118,9 +169,15 @@ def test_two_ranks_train_as_data_parallel_and_split_the_state(tmp_path):
     # mpirun forwards each rank's output in the chunks it reads: two ranks' lines can land on one
     # line of the merged stream, so records are found anywhere.
     losses = {m: sorted(re.findall(r"rank \d step \d loss [0-9.e+-]+", o)) for m, o in outs.items()}
-    assert len(losses["zero"]) == 8 and losses["zero"] == losses["plain"], outs
     hashes = {m: set(re.findall(r"hash ([0-9a-f]{16})", o)) for m, o in outs.items()}
-    assert len(hashes["zero"]) == 1 and hashes["zero"] == hashes["plain"], outs
-    state = [int(n) for n in re.findall(r"rank \d state (\d+)", outs["zero"])]
-    whole = 2 * (8 * 16 + 16 + 16 * 3 + 3)  # AdamW: two moments per element
-    assert len(state) == 2 and min(state) > 0 and sum(state) == whole, outs["zero"]
+    params = 8 * 16 + 16 + 16 * 3 + 3
+    for zero in ("zero", "zero2"):
+        assert len(losses[zero]) == 8 and losses[zero] == losses["plain"], outs
+        assert len(hashes[zero]) == 1 and hashes[zero] == hashes["plain"], outs
+        state = [int(n) for n in re.findall(r"rank \d state (\d+)", outs[zero])]
+        # AdamW: two moments per element
+        assert len(state) == 2 and min(state) > 0 and sum(state) == 2 * params, outs[zero]
+    # Stage 1 keeps every gradient on each rank; stage 2 each rank those of its shard alone.
+    assert re.findall(r"rank \d grads (\d+)", outs["zero"]) == [str(params)] * 2, outs["zero"]
+    grads = [int(n) for n in re.findall(r"rank \d grads (\d+)", outs["zero2"])]
+    assert len(grads) == 2 and min(grads) > 0 and sum(grads) == params, outs["zero2"]

@@ -24,8 +24,10 @@ bool active();
 struct InFlight;
 // Starts summing `count` elements of `dtype` at `data` (kept alive by `keep` until done).
 // `what` names it in errors ("all_reduce of 3 gradients (1.20 MiB) at train.cpp:40").
+// root >= 0: a reduce, the sum written on rank `root` alone (the others' `data` is unchanged).
 std::shared_ptr<InFlight> start_all_reduce(void* data, int64_t count, DType dtype,
-                                           std::shared_ptr<void> keep, std::string what);
+                                           std::shared_ptr<void> keep, std::string what,
+                                           int root = -1);
 // Waits for it: Error naming `what` and the program when the deadline passes or MPI fails.
 void wait(InFlight& op);
 // Lets MPI move every collective in flight along (OpenMPI progresses only inside MPI calls).
@@ -34,7 +36,7 @@ void progress();
 bool in_flight();
 
 // Blocking forms (collectives outside buckets, and the ref backend's).
-void all_reduce(void* data, int64_t count, DType dtype, const std::string& what);
+void all_reduce(void* data, int64_t count, DType dtype, const std::string& what, int root = -1);
 void broadcast(void* data, size_t bytes, int root, const std::string& what);
 
 // What the ranks agree on before a program with collectives runs: its replicated part, the

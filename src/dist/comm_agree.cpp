@@ -13,6 +13,7 @@
 
 #include "dist/comm.h"
 #include "dist/comm_world.h"
+#include "ir/attrs.h"
 #include "ir/random_bits.h"
 #include "lockstep/dist.h"
 #include "runtime/explain.h"
@@ -31,8 +32,11 @@ std::shared_ptr<const Agreement> agreement_of(const ir::Graph& graph, const std:
   // (under ZeroRedundancyOptimizer each rank updates its own parameters and broadcasts them; with
   // DataParallel's broadcast_buffers, rank 0's running statistics): it is left out, and the
   // broadcast reads a stand-in of its shape and dtype.
-  // A broadcast's value is its last operand (those before it only order it).
+  // A broadcast's value is its last operand (those before it only order it). So are the shares a
+  // `local` all-reduce sums (each rank's over the parameters it owns, under ZeRO stage 2): they
+  // differ from rank to rank in what they are computed from, not only in value.
   auto is_value = [](const ir::GraphNode& node, size_t k) {
+    if (node.op == ir::Op::AllReduce) return ir::AllReduceAttrs::of(node.attrs).local;
     return node.op == ir::Op::Broadcast && k + 1 == node.operands.size();
   };
   std::vector<char> to_broadcast(n, 0), to_other(n, 0), local(n, 0);

@@ -151,7 +151,7 @@ void stop_progress() {
 #endif
 
 std::shared_ptr<InFlight> start_all_reduce(void* data, int64_t count, DType dtype,
-                                           std::shared_ptr<void> keep, std::string what) {
+                                           std::shared_ptr<void> keep, std::string what, int root) {
   auto op = std::make_shared<InFlight>();
   op->keep = std::move(keep);
   op->what = std::move(what);
@@ -163,18 +163,28 @@ std::shared_ptr<InFlight> start_all_reduce(void* data, int64_t count, DType dtyp
   }
   if (w.broken.load()) throw_broken();
   op->bytes = count * static_cast<int64_t>(dtype_size(dtype));
-  runtime::prof::Span span("collective", "all_reduce start");
+  runtime::prof::Span span("collective", root < 0 ? "all_reduce start" : "reduce start");
   if (span) span.arg("what", op->what), span.arg("bytes", op->bytes);
   if (count > INT32_MAX)
     throw Error(cat("dist: ", op->what, ": ", count,
                     " elements in one all-reduce is more than MPI's 2^31 - 1: use smaller "
                     "buckets (DataParallelOptions::bucket_bytes)"));
-  check(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), mpi_type(dtype, op->what),
-                       MPI_SUM, w.data, &op->request),
-        "MPI_Iallreduce", op->what);
+  const MPI_Datatype type = mpi_type(dtype, op->what);
+  if (root < 0)
+    check(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(count), type, MPI_SUM, w.data,
+                         &op->request),
+          "MPI_Iallreduce", op->what);
+  else if (root == w.rank)
+    check(MPI_Ireduce(MPI_IN_PLACE, data, static_cast<int>(count), type, MPI_SUM, root, w.data,
+                      &op->request),
+          "MPI_Ireduce", op->what);
+  else
+    check(MPI_Ireduce(data, nullptr, static_cast<int>(count), type, MPI_SUM, root, w.data,
+                      &op->request),
+          "MPI_Ireduce", op->what);
   add_in_flight(op);
 #else
-  (void)data, (void)count, (void)dtype;
+  (void)data, (void)count, (void)dtype, (void)root;
   op->done = true;
 #endif
   return op;
@@ -214,7 +224,7 @@ void wait(InFlight& op) {
     }
   }
   if (ok) {
-    check(rc, "MPI_Iallreduce", op.what);
+    check(rc, "MPI_Test", op.what);
     op.done = true;
     return;
   }
@@ -232,9 +242,9 @@ void wait(InFlight& op) {
 #endif
 }
 
-void all_reduce(void* data, int64_t count, DType dtype, const std::string& what) {
+void all_reduce(void* data, int64_t count, DType dtype, const std::string& what, int root) {
   if (!active()) return;
-  auto op = start_all_reduce(data, count, dtype, nullptr, what);
+  auto op = start_all_reduce(data, count, dtype, nullptr, what, root);
   wait(*op);
 }
 

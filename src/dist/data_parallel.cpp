@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "dist/comm.h"
+#include "dist/ops.h"
 #include "ir/attrs.h"
 #include "lockstep/autograd.h"
 #include "lockstep/dist.h"
@@ -15,17 +16,16 @@ namespace lockstep::dist {
 
 using util::cat;
 
-namespace {
-
-Tensor record_all_reduce(const Tensor& x, double scale, int64_t order, int64_t bucket,
-                         int64_t first_bucket, const char* op, const Loc& loc) {
-  if (!is_floating(x.dtype()) && scale != 1)
-    util::fail(loc, op, cat("scale ", scale, " of ", dtype_name(x.dtype()), " values"),
+Tensor detail::record_all_reduce(const Tensor& x, const ir::AllReduceAttrs& attrs, const char* op,
+                                 const Loc& loc) {
+  if (!is_floating(x.dtype()) && attrs.scale != 1)
+    util::fail(loc, op, cat("scale ", attrs.scale, " of ", dtype_name(x.dtype()), " values"),
                "Integer sums take no scale: cast to ls::f32 first, or pass scale 1");
-  return frontend::record(ir::Op::AllReduce, {frontend::node(x, op, loc)},
-                          ir::AllReduceAttrs{scale, order, bucket, first_bucket}.encode(), loc,
+  return frontend::record(ir::Op::AllReduce, {frontend::node(x, op, loc)}, attrs.encode(), loc,
                           x.shape(), x.dtype());
 }
+
+namespace {
 
 // What a replica holds: the parameters, then the buffers.
 std::vector<Tensor> state_of(const nn::Module& model) {
@@ -42,7 +42,7 @@ uint64_t fnv1a(const unsigned char* p, size_t n, uint64_t h) {
 }  // namespace
 
 Tensor all_reduce(const Tensor& x, double scale, Loc loc) {
-  return record_all_reduce(x, scale, -1, 0, 0, "dist::all_reduce", loc);
+  return detail::record_all_reduce(x, {.scale = scale}, "dist::all_reduce", loc);
 }
 
 Tensor broadcast(const Tensor& x, int root, Loc loc) { return broadcast(x, root, {}, loc); }
@@ -96,8 +96,12 @@ void DataParallel::average_gradients(Loc loc) {
     Tensor p = params[static_cast<size_t>(k)];
     Tensor g = p.grad();
     if (!g.defined()) continue;
-    p.set_grad(record_all_reduce(g, scale, n - 1 - k, options_.bucket_bytes,
-                                 options_.first_bucket_bytes, "dist::DataParallel", loc),
+    p.set_grad(detail::record_all_reduce(g,
+                                         {.scale = scale,
+                                          .order = n - 1 - k,
+                                          .bucket_bytes = options_.bucket_bytes,
+                                          .first_bucket_bytes = options_.first_bucket_bytes},
+                                         "dist::DataParallel", loc),
                loc);
   }
   if (options_.broadcast_buffers) {

@@ -12,6 +12,7 @@
 #include "lockstep/dist.h"
 #include "lockstep/runtime.h"
 #include "nn/training_state.h"
+#include "runtime/lazy.h"
 #include "util/check.h"
 
 namespace lockstep::dist {
@@ -62,6 +63,16 @@ io::Metadata read_index(const std::string& dir, const Loc& loc, bool required) {
                cat("'", index_path(dir), "' is not the index of a sharded lockstep checkpoint"),
                "Use another directory");
   return meta;
+}
+
+// The path of rank r's file, as the index names it.
+std::string shard_path(const std::string& dir, const io::Metadata& index, int64_t r,
+                       const Loc& loc) {
+  auto it = index.find(cat("file.", r));
+  if (it == index.end() || it->second.find('/') != std::string::npos)
+    util::fail(loc, "load_sharded", cat("'", index_path(dir), "' names no valid file.", r),
+               "The index was not written by save_sharded");
+  return dir + "/" + it->second;
 }
 
 int64_t meta_int(const io::Metadata& meta, const std::string& key, const std::string& path,
@@ -147,6 +158,46 @@ void save_sharded(const std::string& dir, const nn::Module& model,
   barrier();  // no rank returns (and maybe saves again) before the index is in place
 }
 
+io::Metadata export_safetensors(const std::string& dir, const std::string& path, Loc loc) {
+  const io::Metadata index = read_index(dir, loc, true);
+  const int64_t world = meta_int(index, "world_size", index_path(dir), loc);
+  const Device cpu{DeviceKind::Cpu, 0};
+  std::vector<io::TensorSource> sources;
+  for (int64_t r = 0; r < world; ++r) {
+    const std::string file = shard_path(dir, index, r, loc);
+    // The header alone: which model tensors this file holds.
+    auto list = [&](const io::Metadata&, const std::vector<io::TensorInfo>& infos) {
+      for (const io::TensorInfo& info : infos) {
+        if (info.name.rfind(kModel, 0) != 0) continue;
+        // Read when the export needs its bytes: this tensor alone, checked against its checksum.
+        auto read = [file, name = info.name, loc] {
+          auto one = [&](const io::Metadata&, const std::vector<io::TensorInfo>&) {
+            return std::set<std::string>{name};
+          };
+          io::Loaded l = io::load_safetensors(file, Device{DeviceKind::Cpu, 0}, one, loc);
+          if (!l.checksummed)
+            util::fail(loc, "export_safetensors", cat("'", file, "' has no checksums of its data"),
+                       "Use another copy of the checkpoint");
+          return runtime::read_bytes(l.tensors.at(0).second, loc, "export_safetensors");
+        };
+        sources.push_back({info.name.substr(kModel.size()), info.dtype, info.shape, read});
+      }
+      return std::set<std::string>{};
+    };
+    io::load_safetensors(file, cpu, list, loc);
+  }
+  if (sources.empty())
+    util::fail(loc, "export_safetensors", cat("no file of '", dir, "' holds a model tensor"),
+               "Pass a checkpoint save_sharded wrote with the model");
+  io::Metadata meta;
+  for (const auto& [key, value] : index)
+    if (key.rfind(kMeta, 0) == 0) meta.emplace(key.substr(kMeta.size()), value);
+  io::Metadata file_meta = meta;
+  file_meta["format"] = "pt";
+  io::save_safetensors_streamed(path, sources, file_meta, loc);
+  return meta;
+}
+
 io::Metadata load_sharded(const std::string& dir, nn::Module& model, optim::Optimizer* optimizer,
                           optim::Scheduler* scheduler, Loc loc) {
   const io::Metadata index = read_index(dir, loc, true);
@@ -174,11 +225,7 @@ io::Metadata load_sharded(const std::string& dir, nn::Module& model, optim::Opti
   // Each file's header first: only the tensors wanted are read, each from the file holding it.
   std::map<std::string, Tensor> found;
   for (int64_t r = 0; r < world; ++r) {
-    auto it = index.find(cat("file.", r));
-    if (it == index.end() || it->second.find('/') != std::string::npos)
-      util::fail(loc, "load_sharded", cat("'", index_path(dir), "' names no valid file.", r),
-                 "The index was not written by save_sharded");
-    const std::string path = dir + "/" + it->second;
+    const std::string path = shard_path(dir, index, r, loc);
     auto vet = [&](const io::Metadata&, const std::vector<io::TensorInfo>& infos) {
       std::set<std::string> read;
       for (const io::TensorInfo& info : infos) {

@@ -1,13 +1,17 @@
-// ZeroRedundancyOptimizer (lockstep/dist.h): ZeRO stage 1, the optimizer's state sharded by
-// parameter over the ranks; each parameter updated by its owner and broadcast from it inside the
-// step's program.
+// ZeroRedundancyOptimizer (lockstep/dist.h): ZeRO stages 1 and 2, the optimizer's state (and
+// under stage 2 the gradients) sharded by parameter over the ranks; each gradient reduced to its
+// owner (stage 2), each parameter updated by its owner and broadcast from it inside the step's
+// program.
 #include <algorithm>
 #include <numeric>
 #include <string>
 #include <utility>
 
+#include "dist/ops.h"
 #include "dist/partition.h"
 #include "lockstep/dist.h"
+#include "runtime/lazy.h"
+#include "tensor/frontend.h"
 #include "util/check.h"
 
 namespace lockstep::dist {
@@ -24,8 +28,15 @@ struct ZeroRedundancyOptimizer::Shard {
 
 ZeroRedundancyOptimizer::Shard ZeroRedundancyOptimizer::partition(std::vector<Tensor> params,
                                                                   const LocalFactory& make_local,
+                                                                  const ZeroOptions& options,
                                                                   const Loc& loc) {
   const int world = world_size(), me = rank();
+  if (options.stage != 1 && options.stage != 2)
+    util::fail(loc, "ZeroRedundancyOptimizer", cat("stage ", options.stage),
+               "Use stage 1 (the optimizer's state sharded) or 2 (the gradients as well)");
+  if (!(options.max_grad_norm >= 0))
+    util::fail(loc, "ZeroRedundancyOptimizer", cat("max_grad_norm ", options.max_grad_norm),
+               "Use a norm > 0 to clip, or 0 not to");
   if (!make_local)
     util::fail(loc, "ZeroRedundancyOptimizer", "no function to make the local optimizer",
                "Pass one that builds an ls::optim optimizer over the parameters it is given");
@@ -67,14 +78,16 @@ ZeroRedundancyOptimizer::Shard ZeroRedundancyOptimizer::partition(std::vector<Te
 ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<Tensor> params,
                                                  const LocalFactory& make_local,
                                                  ZeroOptions options, Loc loc)
-    : ZeroRedundancyOptimizer(partition(std::move(params), make_local, loc), options) {}
+    : ZeroRedundancyOptimizer(partition(std::move(params), make_local, options, loc), options) {}
 
 ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(Shard shard, ZeroOptions options)
     : Optimizer(shard.params, shard.local->lr(), options.skip_nonfinite),
       local_(std::move(shard.local)),
       owners_(std::move(shard.owners)),
       local_of_(std::move(shard.local_of)),
-      load_(std::move(shard.load)) {
+      load_(std::move(shard.load)),
+      stage_(options.stage),
+      max_grad_norm_(options.max_grad_norm) {
   set_default_weight_decay(local_->group_weight_decay(0));
   global_of_.resize(local_->params().size());
   for (size_t i = 0; i < local_of_.size(); ++i)
@@ -90,21 +103,105 @@ void ZeroRedundancyOptimizer::update(size_t i, const Tensor& grad, const Tensor&
     g.weight_decay = weight_decay_of(i);
     local_->update(static_cast<size_t>(j), grad, t, ok);
   }
-  // Broadcasts in one order on every rank, after every gradient's all-reduce: the first of a
-  // step after all the gradients (the last parameter's first, as backward makes them), each
-  // other after the one before it. Without it, a rank that only receives a parameter would
-  // broadcast it as soon as the step starts, its owner only after the update.
+  // Broadcasts in one order on every rank, after every gradient's all-reduce (or reduce) and the
+  // step's other collectives: the first of a step after all the gradients (the last parameter's
+  // first, as backward makes them), each other after the one before it. Without it, a rank that
+  // only receives a parameter would broadcast it as soon as the step starts, its owner only after
+  // the update.
   std::vector<Tensor> after;
   size_t first = 0;
-  while (first < params_.size() && !params_[first].grad().defined()) ++first;
+  while (first < reduced_.size() && !reduced_[first].defined()) ++first;
   if (i == first) {
-    for (size_t k = params_.size(); k-- > 0;)
-      if (Tensor g = params_[k].grad(); g.defined()) after.push_back(std::move(g));
+    for (size_t k = reduced_.size(); k-- > 0;)
+      if (reduced_[k].defined()) after.push_back(reduced_[k]);
+    after.insert(after.end(), globals_.begin(), globals_.end());
   } else {
     after.push_back(params_[last_]);  // its value is the previous broadcast's
   }
   params_[i].copy_(broadcast(params_[i], owners_[i], after));
   last_ = i;
+}
+
+std::vector<Tensor> ZeroRedundancyOptimizer::reduce_to_owners() {
+  const Loc loc = Loc::current();
+  const char* const op = "ZeroRedundancyOptimizer";
+  const auto n = static_cast<int64_t>(params_.size());
+  const DataParallelOptions defaults;
+  std::vector<Tensor> reduced(params_.size());
+  for (int64_t k = 0; k < n; ++k) {
+    Tensor p = params_[static_cast<size_t>(k)];
+    const Tensor g = p.grad();
+    if (!g.defined()) continue;
+    // In the order backward makes them, bucketed as DataParallel's; a gradient DataParallel's
+    // average_gradients is about to all-reduce is reduced instead, from what it would sum.
+    ir::AllReduceAttrs attrs{.scale = 1.0 / world_size(),
+                             .order = n - 1 - k,
+                             .bucket_bytes = defaults.bucket_bytes,
+                             .first_bucket_bytes = defaults.first_bucket_bytes,
+                             .root = owners_[static_cast<size_t>(k)]};
+    Tensor local = g;
+    const ir::NodePtr node = frontend::node(g, op, loc);
+    if (node->op == ir::Op::AllReduce) {
+      const ir::AllReduceAttrs averaged = ir::AllReduceAttrs::of(node->attrs);
+      if (averaged.order >= 0 && averaged.root < 0 && !averaged.local) {
+        attrs.scale = averaged.scale;
+        attrs.bucket_bytes = averaged.bucket_bytes;
+        attrs.first_bucket_bytes = averaged.first_bucket_bytes;
+        local = runtime::new_tensor(node->operands[0]);
+      }
+    }
+    reduced[static_cast<size_t>(k)] = detail::record_all_reduce(local, attrs, op, loc);
+    p.set_grad(owners_[static_cast<size_t>(k)] == rank() ? reduced[static_cast<size_t>(k)]
+                                                         : Tensor());
+  }
+  return reduced;
+}
+
+void ZeroRedundancyOptimizer::clip(std::vector<Tensor>& grads) {
+  if (stage_ == 1 || world_size() == 1) {
+    grad_norm_ = optim::clip_grad_norm_(params_, max_grad_norm_);
+    for (size_t i = 0; i < params_.size(); ++i) grads[i] = params_[i].grad();
+    return;
+  }
+  // The global norm from each rank's sum of squares over the gradients it owns; each rank then
+  // scales its own (as clip_grad_norm_ does all of them).
+  DType dt = DType::F32;
+  for (const Tensor& p : params_)
+    if (p.grad().defined() && p.grad().dtype() == DType::F64) dt = DType::F64;
+  Tensor sq = zeros({}, TensorOptions(dt, params_[0].device()));
+  for (const Tensor& p : params_)
+    if (const Tensor& g = p.grad(); g.defined()) sq = sq + cast(sum(g * g), dt);
+  grad_norm_ = sqrt(
+      detail::record_all_reduce(sq, {.local = true}, "ZeroRedundancyOptimizer", Loc::current()));
+  globals_.push_back(grad_norm_);
+  const Tensor scale = minimum(max_grad_norm_ / (grad_norm_ + 1e-6), 1.0);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Tensor p = params_[i];
+    if (!p.grad().defined()) continue;
+    p.set_grad(p.grad() * cast(scale, p.grad().dtype()));
+    grads[i] = p.grad();
+  }
+}
+
+std::vector<Tensor> ZeroRedundancyOptimizer::step_gradients() {
+  globals_.clear();
+  reduced_ = stage_ == 2 && world_size() > 1 ? reduce_to_owners() : Optimizer::step_gradients();
+  std::vector<Tensor> grads = reduced_;
+  if (max_grad_norm_ > 0) clip(grads);
+  return grads;
+}
+
+Tensor ZeroRedundancyOptimizer::count_nonfinite(const std::vector<Tensor>& grads,
+                                                const Tensor& loss) {
+  if (stage_ == 1 || world_size() == 1) return Optimizer::count_nonfinite(grads, loss);
+  // Each rank counts in the gradients it owns (and its own loss); the sum is every rank's.
+  std::vector<Tensor> mine(grads.size());
+  for (size_t i = 0; i < grads.size(); ++i)
+    if (owners_[i] == rank()) mine[i] = grads[i];
+  Tensor bad = detail::record_all_reduce(Optimizer::count_nonfinite(mine, loss), {.local = true},
+                                         "ZeroRedundancyOptimizer", Loc::current());
+  globals_.push_back(bad);
+  return bad;
 }
 
 nn::NamedTensors ZeroRedundancyOptimizer::state() const {

@@ -272,7 +272,7 @@ void check_text(const std::string& text, const std::string& what, const std::str
 
 // The header of `tensors`, padded with spaces to a multiple of 8 bytes as the reference
 // implementation does, with each tensor's data placed right after the previous one's.
-std::string make_header(const TensorMap& tensors, const Metadata& metadata) {
+std::string make_header(const std::vector<TensorSource>& tensors, const Metadata& metadata) {
   std::string h = "{";
   bool first = true;
   if (!metadata.empty()) {
@@ -289,13 +289,13 @@ std::string make_header(const TensorMap& tensors, const Metadata& metadata) {
     first = false;
   }
   uint64_t offset = 0;
-  for (const auto& [name, t] : tensors) {
-    const uint64_t bytes = static_cast<uint64_t>(t.numel()) * dtype_size(t.dtype());
+  for (const TensorSource& t : tensors) {
+    const uint64_t bytes = static_cast<uint64_t>(shape_numel(t.shape)) * dtype_size(t.dtype);
     if (!first) h += ',';
     first = false;
-    json::append_string(h, name);
-    h += cat(":{\"dtype\":\"", format_name(t.dtype()), "\",\"shape\":[");
-    for (size_t i = 0; i < t.shape().size(); ++i) h += cat(i ? "," : "", t.shape()[i]);
+    json::append_string(h, t.name);
+    h += cat(":{\"dtype\":\"", format_name(t.dtype), "\",\"shape\":[");
+    for (size_t i = 0; i < t.shape.size(); ++i) h += cat(i ? "," : "", t.shape[i]);
     h += cat("],\"data_offsets\":[", offset, ",", offset + bytes, "]}");
     offset += bytes;
   }
@@ -629,21 +629,36 @@ void check_save_path(const std::string& path, Loc loc) {
 
 void save_safetensors(const std::string& path, const TensorMap& tensors, const Metadata& metadata,
                       Loc loc) {
-  std::set<std::string> names;
+  std::vector<TensorSource> sources;
   for (const auto& [name, t] : tensors) {
     if (!t.defined())
       util::fail(loc, "save_safetensors",
                  cat("saving '", path, "': tensor '", name, "' is an empty handle"),
                  "Pass only defined tensors");
-    if (name == kMetadataKey)
+    // Its bytes as they go to the file (bools as 0/1).
+    sources.push_back({name, t.dtype(), t.shape(), [t, loc] {
+                         std::vector<unsigned char> bytes = runtime::read_bytes(t, loc, "save");
+                         if (t.dtype() == DType::Bool)
+                           for (unsigned char& b : bytes) b = b != 0;
+                         return bytes;
+                       }});
+  }
+  save_safetensors_streamed(path, sources, metadata, loc);
+}
+
+void save_safetensors_streamed(const std::string& path, const std::vector<TensorSource>& tensors,
+                               const Metadata& metadata, Loc loc) {
+  std::set<std::string> names;
+  for (const TensorSource& t : tensors) {
+    if (t.name == kMetadataKey)
       util::fail(loc, "save_safetensors",
                  cat("saving '", path, "': \"__metadata__\" cannot name a tensor"),
                  "Rename the tensor; pass metadata as the metadata argument");
-    if (!names.insert(name).second)
+    if (!names.insert(t.name).second)
       util::fail(loc, "save_safetensors",
-                 cat("saving '", path, "': duplicate tensor name '", name, "'"),
+                 cat("saving '", path, "': duplicate tensor name '", t.name, "'"),
                  "Give each tensor its own name");
-    check_text(name, cat("tensor name '", name, "'"), path, loc);
+    check_text(t.name, cat("tensor name '", t.name, "'"), path, loc);
   }
   for (const auto& [key, value] : metadata) {
     check_text(key, cat("metadata key '", key, "'"), path, loc);
@@ -653,22 +668,20 @@ void save_safetensors(const std::string& path, const TensorMap& tensors, const M
                  cat("saving '", path, "': metadata key '", key, "' is the writer's own"),
                  "Name it otherwise");
   }
-  // Each tensor's bytes as they go to the file (bools as 0/1).
-  auto bytes_of = [&](const std::string& name, const Tensor& t) {
-    std::vector<unsigned char> bytes = runtime::read_bytes(t, loc, "save");
-    LS_INTERNAL_CHECK(bytes.size() == static_cast<size_t>(t.numel()) * dtype_size(t.dtype()),
-                      "tensor '", name, "' read ", bytes.size(), " bytes");
-    if (t.dtype() == DType::Bool)
-      for (unsigned char& b : bytes) b = b != 0;
+  auto bytes_of = [&](const TensorSource& t) {
+    std::vector<unsigned char> bytes = t.read();
+    LS_INTERNAL_CHECK(
+        bytes.size() == static_cast<size_t>(shape_numel(t.shape)) * dtype_size(t.dtype), "tensor '",
+        t.name, "' read ", bytes.size(), " bytes");
     return bytes;
   };
   // The checksums go in the header, before the data: a first pass computes them (one tensor's
   // bytes in memory at a time).
   std::string checksums = "{";
-  for (const auto& [name, t] : tensors) {
-    const std::vector<unsigned char> bytes = bytes_of(name, t);
+  for (const TensorSource& t : tensors) {
+    const std::vector<unsigned char> bytes = bytes_of(t);
     if (checksums.size() > 1) checksums += ',';
-    json::append_string(checksums, name);
+    json::append_string(checksums, t.name);
     checksums += cat(":\"", hex8(checksum(bytes.data(), bytes.size())), "\"");
   }
   checksums += '}';
@@ -679,8 +692,8 @@ void save_safetensors(const std::string& path, const TensorMap& tensors, const M
   AtomicFile file(path, loc);
   file.write(encode_u64(header.size()).data(), 8);
   file.write(header.data(), header.size());
-  for (const auto& [name, t] : tensors) {
-    const std::vector<unsigned char> bytes = bytes_of(name, t);
+  for (const TensorSource& t : tensors) {
+    const std::vector<unsigned char> bytes = bytes_of(t);
     file.write(bytes.data(), bytes.size());
   }
   file.commit();

@@ -62,25 +62,31 @@ struct SliceAttrs {
   std::vector<int64_t> encode() const { return {axis, start, end, step}; }
 };
 
-// AllReduce: the sum over the ranks times `scale`. order >= 0: a gradient DataParallel averages,
-// bucketed with the others by the backend, buckets closing at `bucket_bytes` (the first at
-// `first_bucket_bytes`); order -1: on its own.
+// AllReduce: the sum over the ranks times `scale`. order >= 0: a gradient DataParallel (or
+// ZeroRedundancyOptimizer) averages, bucketed with the others by the backend, buckets closing at
+// `bucket_bytes` (the first at `first_bucket_bytes`); order -1: on its own. root >= 0: a reduce,
+// whose sum only rank `root` receives (on the other ranks the value is not meaningful: it only
+// orders what reads it). local: each rank's operand is its own share (a partial sum over the
+// parameters it owns), which the ranks' agreement does not compare.
 struct AllReduceAttrs {
   double scale = 1;
-  int64_t order = -1, bucket_bytes = 0, first_bucket_bytes = 0;
+  int64_t order = -1, bucket_bytes = 0, first_bucket_bytes = 0, root = -1;
+  bool local = false;
 
   static AllReduceAttrs of(const std::vector<int64_t>& a) {
     AllReduceAttrs r;
     if (a.empty()) return r;  // a plain sum, as recorded before buckets existed
-    LS_INTERNAL_CHECK(a.size() == 4, "all_reduce attrs: expected 4, got ", a.size());
+    LS_INTERNAL_CHECK(a.size() == 4 || a.size() == 6, "all_reduce attrs: expected 6, got ",
+                      a.size());
     std::memcpy(&r.scale, &a[0], sizeof r.scale);
     r.order = a[1], r.bucket_bytes = a[2], r.first_bucket_bytes = a[3];
+    if (a.size() == 6) r.root = a[4], r.local = a[5] != 0;
     return r;
   }
   std::vector<int64_t> encode() const {
     int64_t bits = 0;
     std::memcpy(&bits, &scale, sizeof bits);
-    return {bits, order, bucket_bytes, first_bucket_bytes};
+    return {bits, order, bucket_bytes, first_bucket_bytes, root, local ? 1 : 0};
   }
 };
 

@@ -18,7 +18,8 @@
 //                   Conv2d (x, w); BackwardInput (grad_out, w); BackwardWeight (x, grad_out)
 //   *Pool2d*        ir::PoolAttrs (attrs.h)
 //                   MaxPool2dBackward (grad_out, indices); AvgPool2dBackward (grad_out)
-//   AllReduce       ir::AllReduceAttrs (attrs.h): the sum over the ranks times a scale
+//   AllReduce       ir::AllReduceAttrs (attrs.h): the sum over the ranks times a scale (or
+//                                               a reduce: the sum on one root rank alone)
 //   Broadcast       [root]                      the root rank's value on every rank: of its last
 //                                               operand; any before it only order it after them
 // Reshape, Expand, Cast, the conv/pool backward ops take their result shape/dtype from the node.

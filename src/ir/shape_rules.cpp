@@ -378,7 +378,8 @@ void infer(Op op, const std::vector<NodePtr>& in, const std::vector<int64_t>& at
       return;
     }
     case Op::AllReduce:
-      c.attrs_size(attrs, 4);
+      c.attrs_size(attrs, 6);
+      if (attrs[4] < -1) c.fail(cat("root rank ", attrs[4], " is negative"), "Use a rank >= 0");
       if (in[0]->dtype == DType::Bool)
         c.fail("cannot sum bool values over the ranks", "Cast to ls::i32 first");
       *shape = in[0]->shape;

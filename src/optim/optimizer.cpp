@@ -136,17 +136,29 @@ Tensor Optimizer::select(const Tensor& ok, const Tensor& fresh, const Tensor& ol
   return ok.defined() ? where(ok, fresh, old) : fresh;
 }
 
+std::vector<Tensor> Optimizer::step_gradients() {
+  std::vector<Tensor> grads;
+  grads.reserve(params_.size());
+  for (const Tensor& p : params_) grads.push_back(p.grad());
+  return grads;
+}
+
+Tensor Optimizer::count_nonfinite(const std::vector<Tensor>& grads, const Tensor& loss) {
+  // Counts non-finite elements rather than squaring: large but finite gradients (whose squares
+  // overflow) are not a reason to skip.
+  Tensor bad = zeros({}, TensorOptions(DType::I64, params_[0].device()));
+  for (const Tensor& g : grads)
+    if (g.defined()) bad = bad + sum(logical_not(isfinite(g)));
+  if (loss.defined()) bad = bad + sum(logical_not(isfinite(loss)));
+  return bad;
+}
+
 void Optimizer::step(const Tensor& loss) {
   NoGrad no_grad;
+  const std::vector<Tensor> grads = step_gradients();
   Tensor ok;
   if (skip_nonfinite_) {
-    // Counts non-finite elements rather than squaring: large but finite gradients (whose
-    // squares overflow) are not a reason to skip.
-    Tensor bad = zeros({}, TensorOptions(DType::I64, params_[0].device()));
-    for (const Tensor& p : params_)
-      if (p.grad().defined()) bad = bad + sum(logical_not(isfinite(p.grad())));
-    if (loss.defined()) bad = bad + sum(logical_not(isfinite(loss)));
-    ok = eq(bad, 0);
+    ok = eq(count_nonfinite(grads, loss), 0);
     skipped_ += cast(logical_not(ok), DType::I64);
     if (in_step())
       add_step_closure([ok] {
@@ -156,7 +168,7 @@ void Optimizer::step(const Tensor& loss) {
   step_ += ok.defined() ? cast(ok, DType::I64)
                         : scalar_tensor(1, TensorOptions(DType::I64, step_.device()));
   for (size_t i = 0; i < params_.size(); ++i) {
-    const Tensor g = params_[i].grad();
+    const Tensor& g = grads[i];
     if (!g.defined()) continue;  // as PyTorch: no gradient, no update and no state change
     // Each parameter counts its own updates (PyTorch's state["step"]): one first updated
     // later starts its bias correction and momentum from its own first step.

@@ -175,6 +175,71 @@ TEST(DataParallel, ZeroStage1TrainsBitForBitAsDataParallel) {
   expect_zero_trains_as_data_parallel("bn", "adamw", 4);
 }
 
+// ZeRO stage 2 against DataParallel: each gradient reduced to its owner alone, the others dropped.
+// The same training (each step's loss within 1e-5 relative: a reduce may sum the ranks in
+// another order than an all-reduce; to the bit with 2 ranks, whose sum has one order, unless the
+// norm is clipped: a sum of the ranks' shares, not of all the squares in one order), the
+// replicas bit-identical to each other, the optimizer state and the gradients each rank holds
+// after the step split over the ranks (all of them together exactly once). `env`: CLIP, NAN_AT
+// (both runs); `mca`: the transport.
+void expect_stage2_trains_as_data_parallel(const std::string& model, const std::string& optim,
+                                           int np, const std::string& env = "",
+                                           const std::string& mca = "") {
+  const std::string args = "train " + model + " " + optim + " 5 4 " + tmp("zero2.safetensors");
+  const Job dp = mpirun(np, args, env, mca);
+  const Job zero = mpirun(np, args + " zero2", env, mca);
+  ASSERT_EQ(dp.exit_code, 0) << dp.out;
+  ASSERT_EQ(zero.exit_code, 0) << zero.out;
+  const auto want = losses(dp.out), got = losses(zero.out);
+  ASSERT_EQ(got.size(), want.size()) << zero.out;
+  for (const auto& [key, loss] : want) {
+    if (std::isnan(loss)) {  // the step NAN_AT made non-finite on rank 1, skipped by all
+      EXPECT_TRUE(std::isnan(got.at(key))) << zero.out;
+      continue;
+    }
+    EXPECT_NEAR(got.at(key), loss, 1e-5 * std::abs(loss))
+        << "rank " << key.first << " step " << key.second << "\n"
+        << zero.out;
+  }
+  if (np == 2 && env.find("CLIP") == std::string::npos) {  // the norm: a sum of shares
+    EXPECT_EQ(hashes(zero.out), hashes(dp.out)) << zero.out << dp.out;
+  }
+  const std::vector<std::string> h = hashes(zero.out);
+  ASSERT_EQ(h.size(), static_cast<size_t>(np)) << zero.out;
+  for (const std::string& one : h) EXPECT_EQ(one, h.front()) << zero.out;
+  for (const char* what : {"state", "grads"}) {
+    std::regex line(std::string(R"(rank (\d+) zero )") + what + R"( (\d+) of (\d+))");
+    int64_t total = 0, whole = 0;
+    int ranks = 0;
+    for (std::sregex_iterator it(zero.out.begin(), zero.out.end(), line), end; it != end; ++it) {
+      const int64_t mine = std::stoll((*it)[2]);
+      whole = std::stoll((*it)[3]);
+      EXPECT_GT(mine, 0) << what << ": every rank keeps a share:\n" << zero.out;
+      EXPECT_LT(mine, whole) << what << "\n" << zero.out;
+      total += mine;
+      ++ranks;
+    }
+    EXPECT_EQ(ranks, np) << zero.out;
+    EXPECT_EQ(total, whole) << what << ": each element is kept once:\n" << zero.out;
+  }
+  std::remove(tmp("zero2.safetensors").c_str());
+}
+
+TEST(DataParallel, ZeroStage2TrainsAsDataParallel) {
+  expect_stage2_trains_as_data_parallel("mlp", "adamw", 2);
+  expect_stage2_trains_as_data_parallel("cnn", "sgd", 4);
+  expect_stage2_trains_as_data_parallel("bn", "adamw", 4);
+}
+
+// Clipping to the global norm (each rank's share summed over the ranks) and the skip of a step
+// whose gradients are not finite on one rank only (every rank skips it), as DataParallel with
+// clip_grad_norm_ and skip_nonfinite; over TCP as well as shared memory.
+TEST(DataParallel, ZeroStage2ClipsAndSkipsAsDataParallel) {
+  expect_stage2_trains_as_data_parallel("mlp", "adamw", 2, "CLIP=0.5 NAN_AT=3");
+  expect_stage2_trains_as_data_parallel("cnn", "sgd", 4, "CLIP=0.5 NAN_AT=2");
+  expect_stage2_trains_as_data_parallel("mlp", "sgd", 2, "CLIP=0.5", "--mca btl tcp,self");
+}
+
 // Sharded checkpoints at any world size: 4 ranks under ZeRO-1 save after step 3, 2 ranks under
 // ZeRO-1 resume (and save again after step 5, replacing the 4 files by 2), 1 process with the
 // plain optimizer resumes that: each step's loss is the uninterrupted 4-rank run's (the same
@@ -193,6 +258,20 @@ TEST(DataParallel, ShardedCheckpointsResumeAtAnyWorldSize) {
   const auto want = losses(whole.out);
   const Job save4 = job(4, "CKPT_SAVE=" + dir + " CKPT_AT=3", 3, " zero1");
   ASSERT_EQ(save4.exit_code, 0) << save4.out;
+  // Exported to one ordinary file: the model's tensors as rank 0 wrote them after that step.
+  const std::string exported = tmp("exported.safetensors");
+  EXPECT_EQ(ls::dist::export_safetensors(dir, exported).at("step"), "3");
+  const ls::io::Loaded file = ls::io::load_safetensors(exported),
+                       saved = ls::io::load_safetensors(out);
+  EXPECT_TRUE(file.checksummed);
+  EXPECT_EQ(file.metadata.at("format"), "pt");
+  ASSERT_EQ(file.tensors.size(), saved.tensors.size());
+  std::map<std::string, ls::Tensor> by_name(saved.tensors.begin(), saved.tensors.end());
+  for (const auto& [name, t] : file.tensors) {
+    ASSERT_TRUE(by_name.count(name)) << name;
+    EXPECT_EQ(ls::dist::hash_values({t}), ls::dist::hash_values({by_name.at(name)})) << name;
+  }
+  std::remove(exported.c_str());
   const Job resume2 = job(2, "CKPT_LOAD=" + dir + " CKPT_SAVE=" + dir + " CKPT_AT=5", 6, " zero1");
   ASSERT_EQ(resume2.exit_code, 0) << resume2.out;
   const auto got2 = losses(resume2.out);
@@ -394,9 +473,10 @@ TEST(DataParallel, LockstepTrainZeroTrainsAsWithout) {
   const std::string args = std::string("env OMP_NUM_THREADS=1 ") + LOCKSTEP_TRAIN_EXE +
                            " --nprocs 2 --model mlp --data fake --num-steps 12 --log-steps 4 "
                            "--batch-size 16 --workers 0";
-  const Job plain = run(args), zero = run(args + " --zero 1");
+  const Job plain = run(args), zero = run(args + " --zero 1"), zero2 = run(args + " --zero 2");
   ASSERT_EQ(plain.exit_code, 0) << plain.out;
   ASSERT_EQ(zero.exit_code, 0) << zero.out;
+  ASSERT_EQ(zero2.exit_code, 0) << zero2.out;
   auto logged = [](const std::string& out) {
     std::regex line(R"(epoch: 1, step: (\d+), loss: ([0-9.]+))");
     std::vector<std::string> v;
@@ -407,8 +487,10 @@ TEST(DataParallel, LockstepTrainZeroTrainsAsWithout) {
   };
   EXPECT_EQ(logged(zero.out).size(), 6u) << zero.out;
   EXPECT_EQ(logged(zero.out), logged(plain.out)) << zero.out << plain.out;
+  EXPECT_EQ(logged(zero2.out), logged(plain.out)) << zero2.out << plain.out;
+  // Saved under stage 2 by 2 replicas, resumed under stage 1 by one.
   const std::string dir = tmp("zero_ckpt");
-  const Job saved = run(args + " --zero 1 --checkpoint " + dir);
+  const Job saved = run(args + " --zero 2 --checkpoint " + dir);
   ASSERT_EQ(saved.exit_code, 0) << saved.out;
   EXPECT_TRUE(std::filesystem::exists(dir + "/shard-1-of-2-g1.safetensors")) << saved.out;
   const Job resumed = run(std::string("env OMP_NUM_THREADS=1 ") + LOCKSTEP_TRAIN_EXE +

@@ -1,12 +1,18 @@
 // One rank of the data parallel tests (dist_test.cpp starts it under mpirun). Trains a small
 // model on deterministic synthetic data, rank r taking samples [r*B, (r+1)*B) of each global
 // batch of N*B, so that N ranks with batch B see what one process with batch N*B sees:
-//   dist_worker train MODEL OPTIM STEPS BATCH OUT [zero1]
+//   dist_worker train MODEL OPTIM STEPS BATCH OUT [zero1|zero2]
 //                                                   MODEL mlp|cnn|bn, OPTIM sgd|adamw; rank 0
-//                                                   writes the final parameters to OUT; zero1:
-//                                                   the optimizer sharded
-//                                                   (ZeroRedundancyOptimizer), each rank printing
-//                                                   "rank R zero state N of M". CKPT_LOAD=DIR:
+//                                                   writes the final parameters to OUT; zero1,
+//                                                   zero2: the optimizer sharded
+//                                                   (ZeroRedundancyOptimizer of that stage), each
+//                                                   rank printing "rank R zero state N of M" and
+//                                                   "rank R zero grads N of M" (the gradient
+//                                                   elements it holds after the last step).
+//                                                   CLIP=C: gradients clipped to global norm C
+//                                                   (clip_grad_norm_, or the option). NAN_AT=S:
+//                                                   rank 1's loss is NaN at step S, the optimizers
+//                                                   skip non-finite steps. CKPT_LOAD=DIR:
 //                                                   start from load_sharded(DIR), at the step
 //                                                   after the one saved; CKPT_SAVE=DIR, CKPT_AT=S:
 //                                                   save_sharded(DIR) after step S (CKPT_AT=0:
@@ -33,6 +39,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <thread>
@@ -120,18 +127,26 @@ int run(int argc, char** argv) {
   // diverge-lr: rank 1 was started with another learning rate.
   const double lr = mode == "diverge-lr" && rank == 1 ? 0.2 : 0.1;
   if (mode == "threads" && rank == 1) ls::set_num_threads(2);  // the others run 1
+  const int nan_at = train && std::getenv("NAN_AT") ? std::atoi(std::getenv("NAN_AT")) : 0;
+  const bool skip = nan_at > 0;
   auto make_optimizer =
       [&](std::vector<ls::Tensor> params) -> std::unique_ptr<ls::optim::Optimizer> {
     if (optim_name == "sgd")
-      return std::make_unique<ls::optim::SGD>(std::move(params),
-                                              ls::optim::SGDOptions{.lr = lr, .momentum = 0.9});
-    return std::make_unique<ls::optim::AdamW>(std::move(params),
-                                              ls::optim::AdamOptions{.lr = 0.01});
+      return std::make_unique<ls::optim::SGD>(
+          std::move(params),
+          ls::optim::SGDOptions{.lr = lr, .momentum = 0.9, .skip_nonfinite = skip});
+    return std::make_unique<ls::optim::AdamW>(
+        std::move(params), ls::optim::AdamOptions{.lr = 0.01, .skip_nonfinite = skip});
   };
-  const bool zero = train && argc > 7 && std::string(argv[7]) == "zero1";
+  const std::string zero_arg = train && argc > 7 ? argv[7] : "";
+  const bool zero = zero_arg == "zero1" || zero_arg == "zero2";
+  const double clip = std::getenv("CLIP") ? std::atof(std::getenv("CLIP")) : 0.0;
   std::unique_ptr<ls::optim::Optimizer> opt;
   if (zero)
-    opt = std::make_unique<ls::dist::ZeroRedundancyOptimizer>(model->parameters(), make_optimizer);
+    opt = std::make_unique<ls::dist::ZeroRedundancyOptimizer>(
+        model->parameters(), make_optimizer,
+        ls::dist::ZeroOptions{
+            .stage = zero_arg == "zero2" ? 2 : 1, .max_grad_norm = clip, .skip_nonfinite = skip});
   else
     opt = make_optimizer(model->parameters());
   const bool image = model_name != "mlp";
@@ -153,6 +168,10 @@ int run(int argc, char** argv) {
       if ((mode == "diverge-op" || mode == "diverge-queued") && rank == 1 && s == 3)
         logits = ls::mul(logits, 2.0);
       loss = ls::nn::cross_entropy(logits, b.y);
+      if (nan_at > 0) {  // the same program on every rank: only the values differ
+        const float f = rank == 1 && s == nan_at ? std::numeric_limits<float>::quiet_NaN() : 1.0f;
+        loss = loss * ls::from_vector(std::vector<float>{f});
+      }
       loss.backward();
       if (mode == "diverge-queued" && s == 1)  // the runtime thread lags: step 2 stays queued
         ls::add_step_closure([] { std::this_thread::sleep_for(std::chrono::seconds(2)); });
@@ -174,6 +193,7 @@ int run(int argc, char** argv) {
       dp.average_gradients();
       if (mode == "read-rank0" && rank == 0)  // a read inside the step, on one rank only
         std::printf("rank 0 step %d local logits %.6g\n", s, ls::sum(logits).item<float>());
+      if (clip > 0 && !zero) ls::optim::clip_grad_norm_(model->parameters(), clip);
       opt->step();
       loss = ls::dist::all_reduce(loss, 1.0 / world);
     });
@@ -193,6 +213,13 @@ int run(int argc, char** argv) {
                 static_cast<long long>(
                     static_cast<ls::dist::ZeroRedundancyOptimizer&>(*opt).local_state_numel()),
                 static_cast<long long>(whole));
+    int64_t grads = 0, params = 0;
+    for (const ls::Tensor& p : model->parameters()) {
+      params += p.numel();
+      if (p.grad().defined()) grads += p.grad().numel();
+    }
+    std::printf("rank %d zero grads %lld of %lld\n", rank, static_cast<long long>(grads),
+                static_cast<long long>(params));
   }
   std::printf("rank %d final hash %016llx\n", rank,
               static_cast<unsigned long long>(dp.state_hash()));

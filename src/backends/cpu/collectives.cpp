@@ -1,7 +1,9 @@
 // The bucket pass: the gradients DataParallel averages (AllReduce nodes with an order >= 0) are
-// all-reduced in buckets, as PyTorch DDP does: in the order backward produces them (their
-// order attribute), a bucket closing once it holds its size (the first bucket's smaller, so that
-// communication starts early) or when the next gradient has another dtype or scale.
+// all-reduced in buckets, as PyTorch DDP does, in the order backward produces them (their order
+// attribute), a bucket closing once it holds its size (the first bucket's smaller, so that
+// communication starts early) or when the next gradient has another dtype or scale. The gradients
+// ZeroRedundancyOptimizer's stage 2 reduces to their owners (a root >= 0) go in buckets of their
+// own, each run of one owner's gradients in a bucket one reduce.
 // Each bucket is a region of the plan where its gradients and then their sums live side by side
 // (place_gradients) and becomes two steps: a start, right after the last of its gradients is
 // computed, that copies in those not computed there and starts a non-blocking all-reduce in
@@ -34,10 +36,11 @@ struct Bucket {
   std::vector<size_t> offset;  // bytes into the region
   std::vector<int64_t> count;  // elements
   DType dtype = DType::F32;
+  std::vector<int64_t> root;  // per member: the rank it is reduced to (-1: all of them)
   double scale = 1;
   size_t bytes = 0;
   int32_t region = -1;
-  std::shared_ptr<dist::detail::InFlight> op;
+  std::vector<std::shared_ptr<dist::detail::InFlight>> ops;
   std::string what;
 };
 
@@ -58,9 +61,10 @@ void scale_in_place(void* data, int64_t n, double scale) {
 
 std::string describe(const ir::Graph& g, const Bucket& b, int number, size_t in_place) {
   const ir::GraphNode& first = g.nodes[b.members.front()];
-  return util::cat("all_reduce of bucket ", number, " (", b.members.size(), " gradient",
-                   b.members.size() > 1 ? "s" : "", ", ", b.bytes, " bytes, ", in_place,
-                   " computed in place) recorded at ", util::where(first.origin.loc));
+  return util::cat(b.root.front() < 0 ? "all_reduce" : "reduce", " of bucket ", number, " (",
+                   b.members.size(), " gradient", b.members.size() > 1 ? "s" : "", ", ", b.bytes,
+                   " bytes, ", in_place, " computed in place) recorded at ",
+                   util::where(first.origin.loc));
 }
 
 // Gradients the backward computes straight into their bucket's region (as PyTorch DDP's
@@ -171,13 +175,15 @@ void bucket_all_reduces(plan::Plan& p) {
     const ir::AllReduceAttrs attrs = ir::AllReduceAttrs::of(n.attrs);
     const double scale = attrs.scale;
     Bucket* b = full ? nullptr : buckets.back().get();
-    if (!b || b->dtype != n.dtype || b->scale != scale) {
+    if (!b || b->dtype != n.dtype || b->scale != scale ||
+        (b->root.front() < 0) != (attrs.root < 0)) {
       buckets.push_back(std::make_shared<Bucket>());
       b = buckets.back().get();
       b->dtype = n.dtype;
       b->scale = scale;
     }
     b->members.push_back(id);
+    b->root.push_back(attrs.root);
     b->operands.push_back(n.operands[0]);
     b->offset.push_back(b->bytes);
     b->count.push_back(shape_numel(n.shape));
@@ -214,9 +220,19 @@ void bucket_all_reduces(plan::Plan& p) {
           std::memcpy(c.ptr[b->members[m]], c.ptr[b->operands[m]], bytes);
       }
       const std::shared_ptr<Storage>& region = (*c.regions)[static_cast<size_t>(b->region)];
-      b->op = dist::detail::start_all_reduce(region->data(),
-                                             static_cast<int64_t>(b->bytes / dtype_size(b->dtype)),
-                                             b->dtype, region, b->what);
+      const size_t elem = dtype_size(b->dtype);
+      // One all-reduce of the region; or one reduce per run of members with the same root.
+      for (size_t m = 0; m < b->members.size();) {
+        size_t end = m + 1;
+        while (b->root[m] >= 0 && end < b->members.size() && b->root[end] == b->root[m]) ++end;
+        if (b->root[m] < 0) end = b->members.size();
+        const size_t to = end < b->members.size() ? b->offset[end] : b->bytes;
+        b->ops.push_back(dist::detail::start_all_reduce(
+            static_cast<char*>(region->data()) + b->offset[m],
+            static_cast<int64_t>((to - b->offset[m]) / elem), b->dtype, region, b->what,
+            static_cast<int>(b->root[m])));
+        m = end;
+      }
     };
     start.payload = sp;
     plan::Step wait;
@@ -226,11 +242,12 @@ void bucket_all_reduces(plan::Plan& p) {
     wait.can_fail = true;
     auto wp = std::make_shared<CpuStep>();
     wp->run = [b](Ctx& c) {
-      std::shared_ptr<dist::detail::InFlight> op = std::move(b->op);
-      LS_INTERNAL_CHECK(op != nullptr, "an all-reduce wait without its start");
+      std::vector<std::shared_ptr<dist::detail::InFlight>> ops = std::move(b->ops);
+      b->ops.clear();
+      LS_INTERNAL_CHECK(!ops.empty(), "an all-reduce wait without its start");
       // The communication not hidden behind the steps since the start (metrics timer).
       const int64_t t0 = runtime::now_ns();
-      dist::detail::wait(*op);
+      for (const auto& op : ops) dist::detail::wait(*op);
       runtime::time_ns(runtime::Timer::AllReduceWait, runtime::now_ns() - t0);
       if (b->scale == 1.0) return;  // integers are bucketed only so (bucketable)
       for (size_t m = 0; m < b->members.size(); ++m) {

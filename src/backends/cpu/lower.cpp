@@ -403,8 +403,11 @@ void lower_collective(Lowering& l) {
     };
     return;
   }
-  const double scale = ir::AllReduceAttrs::of(l.n.attrs).scale;
-  const std::string what = util::cat("all_reduce recorded at ", where);
+  // A reduce (root >= 0) leaves the other ranks' values as they were: only the root's is read.
+  const ir::AllReduceAttrs attrs = ir::AllReduceAttrs::of(l.n.attrs);
+  const double scale = attrs.scale;
+  const int root = static_cast<int>(attrs.root);
+  const std::string what = util::cat(root < 0 ? "all_reduce" : "reduce", " recorded at ", where);
   l.cs.run = [=](Ctx& c) {
     // bf16 values are summed in f32 and rounded once.
     std::vector<float> wide;
@@ -417,7 +420,7 @@ void lower_collective(Lowering& l) {
       std::memcpy(c.ptr[id], c.ptr[x], bytes);
     }
     const DType sum_dtype = dtype == DType::BF16 ? DType::F32 : dtype;
-    dist::detail::all_reduce(data, count, sum_dtype, what);
+    dist::detail::all_reduce(data, count, sum_dtype, what, root);
     if (scale != 1 && sum_dtype == DType::F32)
       for (float& v : std::span(static_cast<float*>(data), static_cast<size_t>(count)))
         v = static_cast<float>(v * scale);

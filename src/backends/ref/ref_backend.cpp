@@ -151,13 +151,16 @@ void reduce(const ir::GraphNode& n, const Arr& x, void* out) {
   });
 }
 
-// The sum over the ranks (dist/comm.h), then the scale.
+// The sum over the ranks (dist/comm.h; on the root alone for a reduce), then the scale.
 void all_reduce(const ir::GraphNode& n, const Arr& x, void* out) {
   const int64_t count = shape_numel(n.shape);
   if (count) std::memcpy(out, x.data, static_cast<size_t>(count) * dtype_size(n.dtype));
+  const ir::AllReduceAttrs attrs = ir::AllReduceAttrs::of(n.attrs);
   dist::detail::all_reduce(out, count, n.dtype,
-                           util::cat("all_reduce recorded at ", util::where(n.origin.loc)));
-  const double scale = ir::AllReduceAttrs::of(n.attrs).scale;
+                           util::cat(attrs.root < 0 ? "all_reduce" : "reduce", " recorded at ",
+                                     util::where(n.origin.loc)),
+                           static_cast<int>(attrs.root));
+  const double scale = attrs.scale;
   if (scale == 1) return;
   by_dtype<void>(n.dtype, [&](auto tag) {
     using T = decltype(tag);
