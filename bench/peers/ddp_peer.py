@@ -2,8 +2,13 @@
 # PyTorch DDP (gloo) twin of bench/dist_bench.cpp: the same workloads (bench/workloads.h: MLP
 # 784-1024-1024-10 batch 128, ResNet-18 small stem 32x32 batch 64, per rank), SGD momentum 0.9
 # lr 0.01, one fixed random batch per rank, 3 warm-up steps, then timed steps. Rank 0 prints
-#   result <workload> ddp ranks R threads T img_per_s X step_ms S
-#   ddp_peer.py <mlp|resnet18> [timed_steps=20] [threads=1] [ranks=1]
+#   result <workload> <mode> ranks R threads T img_per_s X step_ms S
+#   ddp_peer.py <mlp|resnet18> [timed_steps=20] [threads=1] [ranks=1] [mode=ddp]
+# mode: ddp (DistributedDataParallel), zero1 (DDP with torch.distributed.optim.
+# ZeroRedundancyOptimizer: the optimizer's state sharded), fsdp2_grad_op (FSDP2's fully_shard
+# with reshard_after_forward=False: gradients and state sharded, parameters gathered once per
+# step, ZeRO-2's traffic) or fsdp2 (reshard_after_forward=True: ZeRO-3). The FSDP2 modes need
+# PyTorch 2.6 or later.
 import os
 import sys
 import time
@@ -52,7 +57,7 @@ class ResNet18Small(nn.Module):
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
 
 
-def worker(rank, world, workload, steps, threads, port):
+def worker(rank, world, workload, steps, threads, port, mode):
     torch.set_num_threads(threads)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
@@ -68,8 +73,21 @@ def worker(rank, world, workload, steps, threads, port):
         batch = 64
         images = torch.randn(batch, 3, 32, 32)
     labels = torch.randint(0, 10, (batch,))
-    ddp = nn.parallel.DistributedDataParallel(model)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
+    if mode.startswith("fsdp2"):
+        from torch.distributed.fsdp import fully_shard
+        reshard = mode == "fsdp2"
+        blocks = model.layers if workload != "mlp" else [m for m in model if isinstance(m, nn.Linear)]
+        for block in blocks:
+            fully_shard(block, reshard_after_forward=reshard)
+        ddp = fully_shard(model, reshard_after_forward=reshard)
+    else:
+        ddp = nn.parallel.DistributedDataParallel(model)
+    if mode == "zero1":
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        opt = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.SGD, lr=0.01,
+                                      momentum=0.9)
+    else:
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
 
     def train(n):
         for _ in range(n):
@@ -84,7 +102,7 @@ def worker(rank, world, workload, steps, threads, port):
     dist.barrier()
     took = time.perf_counter() - t0
     if rank == 0:
-        print(f"result {workload} ddp ranks {world} threads {threads} "
+        print(f"result {workload} {mode} ranks {world} threads {threads} "
               f"img_per_s {batch * world * steps / took:.2f} step_ms {took * 1e3 / steps:.2f}",
               flush=True)
     dist.destroy_process_group()
@@ -95,8 +113,11 @@ def main():
     steps = int(sys.argv[2]) if len(sys.argv) > 2 else 20
     threads = int(sys.argv[3]) if len(sys.argv) > 3 else 1
     ranks = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+    mode = sys.argv[5] if len(sys.argv) > 5 else "ddp"
+    if mode not in ("ddp", "zero1", "fsdp2_grad_op", "fsdp2"):
+        sys.exit(f"ddp_peer.py: mode is ddp, zero1, fsdp2_grad_op or fsdp2, not {mode!r}")
     port = 29500 + os.getpid() % 1000
-    mp.spawn(worker, args=(ranks, workload, steps, threads, port), nprocs=ranks, join=True)
+    mp.spawn(worker, args=(ranks, workload, steps, threads, port, mode), nprocs=ranks, join=True)
 
 
 if __name__ == "__main__":

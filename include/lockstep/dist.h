@@ -224,6 +224,18 @@ void save_sharded(const std::string& dir, const nn::Module& model,
                   const optim::Optimizer* optimizer = nullptr,
                   const optim::Scheduler* scheduler = nullptr, const io::Metadata& metadata = {},
                   Loc loc = Loc::current());
+// The same, asynchronous: returns once this rank's part is copied (host memory the size of its
+// share), while a thread of its own writes the file and, once every rank's is on disk, rank 0
+// commits the index, as save_sharded does; training goes on meanwhile. A rank killed before the
+// commit leaves the previous checkpoint whole. The next save (of either kind), load_sharded,
+// export_safetensors, wait_for_save, finalize and the process's exit wait for it. Call between
+// steps, on every rank; an error of the writer is thrown by the next of those to wait.
+void save_sharded_async(const std::string& dir, const nn::Module& model,
+                        const optim::Optimizer* optimizer = nullptr,
+                        const optim::Scheduler* scheduler = nullptr,
+                        const io::Metadata& metadata = {}, Loc loc = Loc::current());
+// Waits for this process's asynchronous save in flight, if any; throws what its writer threw.
+void wait_for_save();
 // Loads a sharded checkpoint at any world size: each rank reads, from whichever files hold them,
 // the model's tensors and the optimizer state it keeps now (all of it for an unsharded optimizer;
 // its owned parameters' for ZeroRedundancyOptimizer, however the saving run partitioned them).

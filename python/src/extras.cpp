@@ -162,6 +162,17 @@ void init_extras(py::module_& m) {
   def_save<&dist::save_sharded>(
       dist, "save_sharded", "dir",
       "Each rank writes its part of the training state to dir; rank 0 commits an index last.");
+  def_save<&dist::save_sharded_async>(
+      dist, "save_sharded_async", "dir",
+      "As save_sharded, but returns once this rank's part is copied: a thread writes and commits "
+      "it while training goes on (the next save or load, wait_for_save and the exit wait).");
+  dist.def(
+      "wait_for_save",
+      [] {
+        NoGil release;
+        dist::wait_for_save();
+      },
+      "Waits for this process's asynchronous save in flight; raises what its writer raised.");
   dist.def(
       "export_safetensors",
       [](const std::string& dir, const std::string& path) {

@@ -110,6 +110,32 @@ def test_a_sharded_checkpoint_resumes_the_same_training(tmp_path):
         lockstep.dist.load_sharded(str(tmp_path), lockstep.nn.Linear(4, 3))
 
 
+def test_an_asynchronous_save_holds_the_values_of_its_step(tmp_path):
+    lockstep.manual_seed(4)
+    model = lockstep.nn.Linear(3, 2)
+    opt = lockstep.dist.ZeroRedundancyOptimizer(model.parameters(), lockstep.optim.SGD, lr=0.5)
+
+    def train(steps):
+        for _ in range(steps):
+            with lockstep.step():
+                opt.zero_grad()
+                (model(lockstep.ones(4, 3)) ** 2).sum().backward()
+                opt.step()
+
+    train(2)
+    saved = [p.numpy().copy() for p in model.parameters()]
+    lockstep.dist.save_sharded_async(str(tmp_path / "ck"), model, opt, metadata={"step": "2"})
+    train(3)  # updates the parameters in place while the writer may still write
+    lockstep.dist.wait_for_save()
+    assert os.path.exists(tmp_path / "ck" / "index.safetensors")
+    fresh = lockstep.nn.Linear(3, 2)
+    assert lockstep.dist.load_sharded(str(tmp_path / "ck"), fresh)["step"] == "2"
+    for a, b in zip(saved, fresh.parameters()):
+        np.testing.assert_array_equal(a, b.numpy())
+    assert not np.array_equal(saved[0], model.weight.numpy())
+    lockstep.dist.wait_for_save()  # nothing in flight: returns
+
+
 def read_safetensors(path):
     """The tensors of a safetensors file, as the format's specification lays them out (the
     `safetensors` package is not among Debian's)."""

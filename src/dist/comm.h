@@ -39,6 +39,11 @@ bool in_flight();
 void all_reduce(void* data, int64_t count, DType dtype, const std::string& what, int root = -1);
 void broadcast(void* data, size_t bytes, int root, const std::string& what);
 
+// Waits until every rank has called it, on a communicator of its own (the writer threads of
+// asynchronous sharded saves: the other threads' exchanges go on meanwhile). Throws Error naming
+// the ranks that did not come within the deadline (the world is then broken).
+void save_barrier(const std::string& what);
+
 // What the ranks agree on before a program with collectives runs: its replicated part, the
 // collectives with every node they read (the forward and backward that make the gradients) and
 // every node that reads their results, with what those read (the optimizer's update and its

@@ -373,6 +373,34 @@ void barrier() {
 #endif
 }
 
+namespace detail {
+
+void save_barrier(const std::string& what) {
+#if LOCKSTEP_WITH_MPI
+  World& w = world();
+  if (w.size <= 1) return;
+  if (w.broken.load()) throw_broken();
+  auto buf = std::make_shared<std::vector<char>>(2 * static_cast<size_t>(w.size), 0);
+  Swap swap(buf->data(), buf->data() + w.size, 1, 31, w.saves, what);
+  if (!poll_until([&] { return swap.test(true, what); }, Clock::now() + timeout())) {
+    keep_until_exit(buf);
+    if (w.broken.load()) throw_broken();
+    const std::string why = cat(ranks_text(swap.missing()), " did not reach ", what, " within ",
+                                seconds(timeout()), " (rank ", w.rank, " of ", w.size, " waited)");
+    break_world(why);
+    throw Error(cat("dist: ", why,
+                    ": they are stuck or dead, or their files take longer to write. ",
+                    kAfterDeadline));
+  }
+  check(MPI_Waitall(static_cast<int>(swap.send.size()), swap.send.data(), MPI_STATUSES_IGNORE),
+        "MPI_Waitall", what);
+#else
+  (void)what;
+#endif
+}
+
+}  // namespace detail
+
 int64_t max_on_all_ranks(int64_t value, const std::string& what) {
 #if LOCKSTEP_WITH_MPI
   World& w = world();

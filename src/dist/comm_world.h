@@ -40,7 +40,9 @@ struct World {
   int64_t rounds = 0;  // agreements so far (recording threads, under `control_mu`)
   std::mutex control_mu;
 #if LOCKSTEP_WITH_MPI
-  MPI_Comm data = MPI_COMM_NULL, control = MPI_COMM_NULL, probe = MPI_COMM_NULL;
+  // `saves`: the asynchronous sharded saves' writer threads (their barriers before the commit).
+  MPI_Comm data = MPI_COMM_NULL, control = MPI_COMM_NULL, probe = MPI_COMM_NULL,
+           saves = MPI_COMM_NULL;
 #endif
   // Buffers of requests left in flight when a deadline passed: MPI may still write them.
   std::mutex abandoned_mu;

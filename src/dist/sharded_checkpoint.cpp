@@ -1,13 +1,19 @@
 // Sharded checkpoints (save_sharded, load_sharded in lockstep/dist.h): one safetensors file per
 // rank with its part of the state, committed by an index rank 0 writes last; loaded at any world
 // size by reading from each file the tensors this rank keeps.
+#include <exception>
 #include <filesystem>
+#include <functional>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
+#include "dist/comm.h"
 #include "dist/partition.h"
 #include "lockstep/dist.h"
 #include "lockstep/runtime.h"
@@ -88,77 +94,170 @@ int64_t meta_int(const io::Metadata& meta, const std::string& key, const std::st
 
 }  // namespace
 
-void save_sharded(const std::string& dir, const nn::Module& model,
+namespace {
+
+// A save after the ranks agreed on its generation: this rank's file, then the commit.
+struct ShardSave {
+  std::string dir;
+  int me = 0, world = 1;
+  int64_t generation = 0;
+  io::TensorMap mine;  // this rank's part of the state
+  io::Metadata metadata;
+  std::string scheduler_kind;  // empty: no scheduler
+};
+
+ShardSave prepare(const std::string& dir, const nn::Module& model,
                   const optim::Optimizer* optimizer, const optim::Scheduler* scheduler,
-                  const io::Metadata& metadata, Loc loc) {
+                  const io::Metadata& metadata, const char* api, const Loc& loc) {
   if (in_step())
-    util::fail(loc, "save_sharded", "called inside a step",
+    util::fail(loc, api, "called inside a step",
                "Call it between steps, on every rank (the ranks meet in it)");
-  const int me = rank(), world = world_size();
+  ShardSave s;
+  s.dir = dir;
+  s.me = rank();
+  s.world = world_size();
+  s.metadata = metadata;
+  if (scheduler) s.scheduler_kind = scheduler->kind();
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec)
-    util::fail(loc, "save_sharded", cat("cannot create '", dir, "': ", ec.message()),
+    util::fail(loc, api, cat("cannot create '", dir, "': ", ec.message()),
                "Pass a directory this process may write");
   // A new generation's files: the previous checkpoint stays whole until the index names these.
   const io::Metadata previous = read_index(dir, loc, false);
-  const int64_t generation =
+  s.generation =
       max_on_all_ranks(previous.empty() ? 1 : meta_int(previous, "generation", dir, loc) + 1,
-                       "save_sharded's generation");
+                       cat(api, "'s generation"));
   // This rank's share: its part of the model's tensors, its parameters' optimizer buffers, and
   // on rank 0 what every rank holds alike.
-  io::TensorMap mine;
   const nn::NamedTensors state = model.state_dict();
   std::vector<int64_t> sizes;
   for (const auto& [name, t] : state) sizes.push_back(t.numel());
-  const std::vector<int> writer = detail::partition_by_size(sizes, world);
+  const std::vector<int> writer = detail::partition_by_size(sizes, s.world);
   for (size_t k = 0; k < state.size(); ++k)
-    if (writer[k] == me) mine.emplace_back(kModel + state[k].first, state[k].second);
+    if (writer[k] == s.me) s.mine.emplace_back(kModel + state[k].first, state[k].second);
   if (optimizer) {
     const auto* zero = dynamic_cast<const ZeroRedundancyOptimizer*>(optimizer);
     std::vector<int> owner;
-    if (!zero) owner = detail::partition_by_size(detail::sizes_of(optimizer->params()), world);
+    if (!zero) owner = detail::partition_by_size(detail::sizes_of(optimizer->params()), s.world);
     for (const auto& [name, t] : optimizer->state_dict()) {
       const int64_t i = param_of(name);
       const int who = i < 0 ? 0 : zero ? zero->owner(static_cast<size_t>(i)) : owner.at(i);
-      if (who == me) mine.emplace_back(kOptimizer + name, t);
+      if (who == s.me) s.mine.emplace_back(kOptimizer + name, t);
     }
   }
-  if (me == 0) {
+  if (s.me == 0) {
     if (scheduler)
-      for (const auto& [name, t] : scheduler->state_dict()) mine.emplace_back(kScheduler + name, t);
-    mine.emplace_back(kGenerator, generator_state());
+      for (const auto& [name, t] : scheduler->state_dict())
+        s.mine.emplace_back(kScheduler + name, t);
+    s.mine.emplace_back(kGenerator, generator_state());
   }
-  sync(loc);
+  return s;
+}
+
+// Writes this rank's file (from `tensors`), then, once every rank's is on disk (`barrier`),
+// rank 0 commits the index and removes the previous generation's files; no rank returns before
+// the index is in place.
+void write_and_commit(const ShardSave& s, const std::vector<io::TensorSource>& tensors,
+                      const std::function<void()>& barrier_fn, const Loc& loc) {
   const io::Metadata shard_meta{{"format", kFormat},
-                                {"rank", std::to_string(me)},
-                                {"world_size", std::to_string(world)},
-                                {"generation", std::to_string(generation)}};
-  io::save_safetensors(dir + "/" + shard_name(me, world, generation), mine, shard_meta, loc);
-  barrier();  // every shard is on disk before the index names them
-  if (me == 0) {
+                                {"rank", std::to_string(s.me)},
+                                {"world_size", std::to_string(s.world)},
+                                {"generation", std::to_string(s.generation)}};
+  io::save_safetensors_streamed(s.dir + "/" + shard_name(s.me, s.world, s.generation), tensors,
+                                shard_meta, loc);
+  barrier_fn();  // every shard is on disk before the index names them
+  if (s.me == 0) {
     io::Metadata index{{"format", kFormat},
                        {"version", "1"},
-                       {"world_size", std::to_string(world)},
-                       {"generation", std::to_string(generation)}};
-    if (scheduler) index.emplace("scheduler", scheduler->kind());
-    for (int r = 0; r < world; ++r)
-      index.emplace(cat("file.", r), shard_name(r, world, generation));
-    for (const auto& [key, value] : metadata) index.emplace(kMeta + key, value);
-    io::save_safetensors(index_path(dir), {}, index, loc);
+                       {"world_size", std::to_string(s.world)},
+                       {"generation", std::to_string(s.generation)}};
+    if (!s.scheduler_kind.empty()) index.emplace("scheduler", s.scheduler_kind);
+    for (int r = 0; r < s.world; ++r)
+      index.emplace(cat("file.", r), shard_name(r, s.world, s.generation));
+    for (const auto& [key, value] : s.metadata) index.emplace(kMeta + key, value);
+    io::save_safetensors(index_path(s.dir), io::TensorMap{}, index, loc);
     // The files of earlier generations (of any world size) are no longer named by the index.
     std::set<std::string> current;
-    for (int r = 0; r < world; ++r) current.insert(shard_name(r, world, generation));
-    for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    for (int r = 0; r < s.world; ++r) current.insert(shard_name(r, s.world, s.generation));
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(s.dir, ec)) {
       const std::string name = entry.path().filename().string();
       if (name.rfind("shard-", 0) == 0 && !current.count(name))
         std::filesystem::remove(entry.path(), ec);
     }
   }
-  barrier();  // no rank returns (and maybe saves again) before the index is in place
+  barrier_fn();  // no rank returns (and maybe saves again) before the index is in place
+}
+
+// This process's asynchronous save in flight: its writer thread and what it threw. Waited for by
+// the next save or load, wait_for_save, finalize, and at exit.
+struct PendingSave {
+  std::mutex mu;
+  std::thread thread;
+  std::exception_ptr error;
+  ~PendingSave() {
+    if (thread.joinable()) thread.join();
+  }
+};
+PendingSave& pending_save() {
+  static PendingSave p;
+  return p;
+}
+
+}  // namespace
+
+void wait_for_save() {
+  PendingSave& p = pending_save();
+  std::lock_guard<std::mutex> lock(p.mu);
+  if (p.thread.joinable()) p.thread.join();
+  if (std::exception_ptr e = std::exchange(p.error, nullptr)) std::rethrow_exception(e);
+}
+
+void save_sharded(const std::string& dir, const nn::Module& model,
+                  const optim::Optimizer* optimizer, const optim::Scheduler* scheduler,
+                  const io::Metadata& metadata, Loc loc) {
+  wait_for_save();
+  const ShardSave s = prepare(dir, model, optimizer, scheduler, metadata, "save_sharded", loc);
+  sync(loc);
+  std::vector<io::TensorSource> tensors;
+  for (const auto& [name, t] : s.mine)
+    tensors.push_back({name, t.dtype(), t.shape(),
+                       [t, loc] { return runtime::read_bytes(t, loc, "save_sharded"); }});
+  write_and_commit(
+      s, tensors, [] { barrier(); }, loc);
+}
+
+void save_sharded_async(const std::string& dir, const nn::Module& model,
+                        const optim::Optimizer* optimizer, const optim::Scheduler* scheduler,
+                        const io::Metadata& metadata, Loc loc) {
+  wait_for_save();
+  auto s = std::make_shared<ShardSave>(
+      prepare(dir, model, optimizer, scheduler, metadata, "save_sharded_async", loc));
+  // A copy of the values as they are now: the next steps update the tensors in place.
+  sync(loc);
+  std::vector<io::TensorSource> tensors;
+  for (const auto& [name, t] : s->mine) {
+    auto bytes = std::make_shared<const std::vector<unsigned char>>(
+        runtime::read_bytes(t, loc, "save_sharded_async"));
+    tensors.push_back({name, t.dtype(), t.shape(), [bytes] { return *bytes; }});
+  }
+  s->mine.clear();
+  PendingSave& p = pending_save();
+  std::lock_guard<std::mutex> lock(p.mu);
+  p.thread = std::thread([s, tensors = std::move(tensors), loc, &p] {
+    try {
+      write_and_commit(
+          *s, tensors, [] { detail::save_barrier("the commit of an asynchronous sharded save"); },
+          loc);
+    } catch (...) {
+      p.error = std::current_exception();  // read after the join, under p.mu
+    }
+  });
 }
 
 io::Metadata export_safetensors(const std::string& dir, const std::string& path, Loc loc) {
+  wait_for_save();
   const io::Metadata index = read_index(dir, loc, true);
   const int64_t world = meta_int(index, "world_size", index_path(dir), loc);
   const Device cpu{DeviceKind::Cpu, 0};
@@ -200,6 +299,7 @@ io::Metadata export_safetensors(const std::string& dir, const std::string& path,
 
 io::Metadata load_sharded(const std::string& dir, nn::Module& model, optim::Optimizer* optimizer,
                           optim::Scheduler* scheduler, Loc loc) {
+  wait_for_save();
   const io::Metadata index = read_index(dir, loc, true);
   const int64_t world = meta_int(index, "world_size", index_path(dir), loc);
   if (scheduler) {

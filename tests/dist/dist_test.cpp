@@ -240,7 +240,8 @@ TEST(DataParallel, ZeroStage2ClipsAndSkipsAsDataParallel) {
   expect_stage2_trains_as_data_parallel("mlp", "sgd", 2, "CLIP=0.5", "--mca btl tcp,self");
 }
 
-// Sharded checkpoints at any world size: 4 ranks under ZeRO-1 save after step 3, 2 ranks under
+// Sharded checkpoints at any world size: 4 ranks under ZeRO-1 save after step 3 (asynchronously;
+// exported to one file, which holds rank 0's parameters of that step), 2 ranks under
 // ZeRO-1 resume (and save again after step 5, replacing the 4 files by 2), 1 process with the
 // plain optimizer resumes that: each step's loss is the uninterrupted 4-rank run's (the same
 // global batch; 1e-5 relative, the ranks' reduction order aside). A truncated shard and another
@@ -256,7 +257,8 @@ TEST(DataParallel, ShardedCheckpointsResumeAtAnyWorldSize) {
   const Job whole = job(4, "", 6, " zero1");
   ASSERT_EQ(whole.exit_code, 0) << whole.out;
   const auto want = losses(whole.out);
-  const Job save4 = job(4, "CKPT_SAVE=" + dir + " CKPT_AT=3", 3, " zero1");
+  // Saved asynchronously (the run ends while the writers may still write: its exit waits).
+  const Job save4 = job(4, "CKPT_ASYNC=1 CKPT_SAVE=" + dir + " CKPT_AT=3", 3, " zero1");
   ASSERT_EQ(save4.exit_code, 0) << save4.out;
   // Exported to one ordinary file: the model's tensors as rank 0 wrote them after that step.
   const std::string exported = tmp("exported.safetensors");
@@ -308,19 +310,21 @@ TEST(DataParallel, ShardedCheckpointsResumeAtAnyWorldSize) {
 
 // A rank killed at a random moment of a run that saves a sharded checkpoint after every step
 // (most kills land in a save: the steps are short): whatever the moment, the directory holds a
-// checkpoint that loads whole (every tensor, every checksum). 20 trials (LOCKSTEP_KILL_TRIALS
-// sets another count); the kill moments are a fixed pseudo-random sequence.
-TEST(DataParallel, ARankKilledDuringShardedSavesLeavesACheckpointThatLoads) {
-  const char* n = std::getenv("LOCKSTEP_KILL_TRIALS");
-  const int trials = n ? std::atoi(n) : 20;
+// checkpoint that loads whole (every tensor, every checksum). `trials` trials (LOCKSTEP_KILL_TRIALS
+// sets another count); the kill moments are a fixed pseudo-random sequence. `env`: CKPT_ASYNC=1
+// saves asynchronously (the kill then lands while the writer threads write or commit, or while
+// the next steps run).
+void expect_kills_leave_a_checkpoint_that_loads(int trials, const std::string& env) {
+  if (const char* n = std::getenv("LOCKSTEP_KILL_TRIALS")) trials = std::atoi(n);
   const std::string dir = tmp("killed"), out = tmp("killed.safetensors");
+  std::filesystem::remove_all(dir);
   std::mt19937 rng(12345);
   int killed = 0;
   for (int t = 0; t < trials; ++t) {
     const int ms = 100 + static_cast<int>(rng() % 200);
     const Job job =
         mpirun(2, "train mlp adamw 80 4 " + out + " zero1",
-               "CKPT_SAVE=" + dir +
+               env + " CKPT_SAVE=" + dir +
                    " CKPT_AT=0 LOCKSTEP_DIST_TIMEOUT=10 KILL_AFTER_MS=" + std::to_string(ms));
     killed += job.exit_code != 0;
     if (!std::filesystem::exists(dir + "/index.safetensors")) continue;  // killed before a save
@@ -332,6 +336,14 @@ TEST(DataParallel, ARankKilledDuringShardedSavesLeavesACheckpointThatLoads) {
   EXPECT_GT(killed, trials / 2) << "the kills must land inside the runs";
   std::filesystem::remove_all(dir);
   std::remove(out.c_str());
+}
+
+TEST(DataParallel, ARankKilledDuringShardedSavesLeavesACheckpointThatLoads) {
+  expect_kills_leave_a_checkpoint_that_loads(20, "");
+}
+
+TEST(DataParallel, ARankKilledDuringAsynchronousSavesLeavesACheckpointThatLoads) {
+  expect_kills_leave_a_checkpoint_that_loads(10, "CKPT_ASYNC=1");
 }
 
 TEST(DataParallel, ARankWithAnotherOpMakesEveryRankFailNamingTheNode) {

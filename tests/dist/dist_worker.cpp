@@ -16,7 +16,8 @@
 //                                                   start from load_sharded(DIR), at the step
 //                                                   after the one saved; CKPT_SAVE=DIR, CKPT_AT=S:
 //                                                   save_sharded(DIR) after step S (CKPT_AT=0:
-//                                                   after every step); KILL_AFTER_MS=T: rank 1
+//                                                   after every step; CKPT_ASYNC=1:
+//                                                   save_sharded_async); KILL_AFTER_MS=T: rank 1
 //                                                   kills itself (SIGKILL) T ms after it starts
 //   dist_worker diverge-op|diverge-batch STEPS      rank 1 records another graph at step 3
 //   dist_worker diverge-queued STEPS                 the same without a read per step: the error
@@ -200,8 +201,13 @@ int run(int argc, char** argv) {
     if (mode == "diverge-queued") continue;  // no read: the steps' programs stay queued
     std::printf("rank %d step %d loss %.9g\n", rank, s, loss.item<float>());
     std::fflush(stdout);
-    if (save_dir && train && (s == save_at || save_at == 0))
-      ls::dist::save_sharded(save_dir, *model, opt.get(), nullptr, {{"step", std::to_string(s)}});
+    if (save_dir && train && (s == save_at || save_at == 0)) {
+      if (std::getenv("CKPT_ASYNC"))
+        ls::dist::save_sharded_async(save_dir, *model, opt.get(), nullptr,
+                                     {{"step", std::to_string(s)}});
+      else
+        ls::dist::save_sharded(save_dir, *model, opt.get(), nullptr, {{"step", std::to_string(s)}});
+    }
   }
   if (zero) {
     // The state of the unsharded optimizer: a momentum buffer per parameter element (SGD), or
