@@ -16,6 +16,7 @@
 //   dist_bench <mlp|resnet18|resnet50> [timed_steps=20] [threads=1] [bucket_mib=25]
 //              [plain|zero1|zero2]
 #include <lockstep/lockstep.h>
+#include <sys/resource.h>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -100,6 +101,14 @@ int main(int argc, char** argv) {
         static_cast<double>(ls::metrics::timer_total_ns("all_reduce_progress") - progress0) / 1e6 /
         steps;
     const double took = seconds_since(t0);
+    // What this rank holds after a training step (the comm-only runs below set every gradient).
+    const auto planned = static_cast<double>(ls::metrics::counter("planned_bytes"));  // a step's
+    double params_b = 0, grads_b = 0, state_b = 0;
+    for (const ls::Tensor& p : model->parameters()) {
+      params_b += static_cast<double>(p.numel()) * 4;
+      if (p.grad().defined()) grads_b += static_cast<double>(p.grad().numel()) * 4;
+    }
+    for (const auto& [name, t] : opt->state_dict()) state_b += static_cast<double>(t.numel()) * 4;
     // Every rank's waits (each rank holds its own, at its index), then per step the least and the
     // most any rank waited: the rank that reached the wait last waited only for communication
     // still in flight; the others also waited for it to finish its step (skew).
@@ -132,13 +141,30 @@ int main(int argc, char** argv) {
       std::sort(runs.begin(), runs.end());
       comm_ms = runs[runs.size() / 2];
     }
+    // Memory per rank, the most of any rank: what it holds between steps (the parameters, the
+    // gradients it keeps, its optimizer state), the most a step's program planned to take on
+    // top of that (its working set: activations, gradients in flight, scratch), and the
+    // process's peak resident size.
+    auto mib = [](double bytes) { return bytes / (1 << 20); };
+    struct rusage usage {};
+    getrusage(RUSAGE_SELF, &usage);
+    std::vector<float> mem(static_cast<size_t>(world) * 5, 0.0f);
+    const float mine[5] = {static_cast<float>(mib(params_b)), static_cast<float>(mib(grads_b)),
+                           static_cast<float>(mib(state_b)), static_cast<float>(mib(planned)),
+                           static_cast<float>(usage.ru_maxrss / 1024.0)};
+    std::copy(mine, mine + 5, mem.begin() + static_cast<std::ptrdiff_t>(rank) * 5);
+    mem = ls::dist::all_reduce(ls::from_vector(mem, {world, 5})).to_vector<float>();
+    float most[5] = {0, 0, 0, 0, 0};
+    for (int r = 0; r < world; ++r)
+      for (int k = 0; k < 5; ++k) most[k] = std::max(most[k], mem[static_cast<size_t>(r) * 5 + k]);
     if (rank == 0) {
       std::printf(
           "result %s lockstep ranks %d threads %d img_per_s %.2f step_ms %.2f comm_ms %.2f "
-          "exposed_ms %.2f hidden %.3f exposed_max_ms %.2f progress_ms %.2f\n",
+          "exposed_ms %.2f hidden %.3f exposed_max_ms %.2f progress_ms %.2f params_mib %.1f "
+          "grads_mib %.1f state_mib %.1f planned_mib %.1f rss_mib %.1f\n",
           w.name.c_str(), world, threads, static_cast<double>(w.batch) * world * steps / took,
           took * 1e3 / steps, comm_ms, exposed_ms, comm_ms > 0 ? 1 - exposed_ms / comm_ms : 0.0,
-          exposed_max_ms, progress_ms);
+          exposed_max_ms, progress_ms, most[0], most[1], most[2], most[3], most[4]);
       std::fflush(stdout);
       if (std::getenv("LOCKSTEP_PROFILE"))
         std::fprintf(stderr, "%s", ls::metrics::report().c_str());

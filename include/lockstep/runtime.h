@@ -162,9 +162,9 @@ namespace metrics {
 // rollbacks, run_time_rollbacks (steps undone because their program failed), transfers,
 // bytes_to_device, bytes_from_device, execution_errors, queue_waits, and from the cpu backend
 // in_place_outputs, in_place_copies (values copied aside because a check that may fail runs after
-// their in-place update), winograd_convolutions. Gauges: planned_bytes (the memory the most
-// recently queued program planned to take, see set_memory_limit) and max_planned_bytes (the
-// largest since the last reset); the whole list, with meanings, is src/runtime/metrics.def. A
+// their in-place update), winograd_convolutions. Gauge: planned_bytes (the memory the most
+// recently queued program planned to take, see set_memory_limit; each site's largest is in
+// report_json's sites); the whole list, with meanings, is src/runtime/metrics.def. A
 // name not there is an Error naming the known ones (a misspelling must not read 0).
 int64_t counter(const std::string& name);
 // Timers (trace, graph, compile, execute; all_reduce_wait: time a data parallel step waited for
