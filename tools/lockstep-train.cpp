@@ -600,8 +600,12 @@ int run(const Options& o) {
                                 {"global_step", std::to_string(global_step)},
                                 {"model", o.model},
                                 {"data", o.data}};
-    // --zero: every rank writes its shard. Otherwise the replicas are identical: rank 0 writes.
-    if (o.zero > 0)
+    // --zero: every rank writes its shard, asynchronously after an epoch (the next epoch trains
+    // while the writers write; the next save and the exit wait for them). Otherwise the
+    // replicas are identical: rank 0 writes.
+    if (o.zero > 0 && epoch_done)
+      ls::dist::save_sharded_async(o.checkpoint, *model, opt.get(), schedule.get(), meta);
+    else if (o.zero > 0)
       ls::dist::save_sharded(o.checkpoint, *model, opt.get(), schedule.get(), meta);
     else if (rank == 0)
       ls::save_checkpoint(o.checkpoint, *model, opt.get(), schedule.get(), meta);
@@ -732,6 +736,7 @@ int run(const Options& o) {
   }
   ls::wait();
   check_finite();
+  ls::dist::wait_for_save();  // the last epoch's checkpoint is committed (or its error thrown)
 
   if (interrupted()) {
     // `step` steps of `epoch` are done (every traced step ran: ls::wait above).

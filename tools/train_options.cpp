@@ -42,8 +42,9 @@ options:
   --zero S           with --nprocs: 1 shards the optimizer's state over the replicas (ZeRO
                      stage 1, ls::dist::ZeroRedundancyOptimizer), 2 the gradients as well
                      (stage 2), 0 keeps a whole copy on each (default: 0); --checkpoint PATH is
-                     then a directory of one file per replica (ls::dist::save_sharded), which
-                     --resume loads at any --nprocs
+                     then a directory of one file per replica (ls::dist::save_sharded; after
+                     an epoch written while the next one trains), which --resume loads at any
+                     --nprocs
   --threads N        compute threads (default: 0, every core; per replica)
   --workers N        data loading threads (default: 2)
   --log-steps N      print a line every N steps (default: 20)
