@@ -231,6 +231,12 @@ TEST(DataParallel, ZeroStage2TrainsAsDataParallel) {
   expect_stage2_trains_as_data_parallel("bn", "adamw", 4);
 }
 
+// Under bf16 autocast (the forward's products in bf16, the gradients of the f32 parameters f32).
+TEST(DataParallel, ZeroStage2UnderBf16AutocastTrainsAsDataParallel) {
+  expect_stage2_trains_as_data_parallel("mlp", "adamw", 2, "AUTOCAST=1");
+  expect_stage2_trains_as_data_parallel("cnn", "sgd", 4, "AUTOCAST=1");
+}
+
 // Clipping to the global norm (each rank's share summed over the ranks) and the skip of a step
 // whose gradients are not finite on one rank only (every rank skips it), as DataParallel with
 // clip_grad_norm_ and skip_nonfinite; over TCP as well as shared memory.

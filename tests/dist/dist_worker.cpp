@@ -12,7 +12,8 @@
 //                                                   CLIP=C: gradients clipped to global norm C
 //                                                   (clip_grad_norm_, or the option). NAN_AT=S:
 //                                                   rank 1's loss is NaN at step S, the optimizers
-//                                                   skip non-finite steps. CKPT_LOAD=DIR:
+//                                                   skip non-finite steps. AUTOCAST=1: the
+//                                                   forward under bf16 autocast. CKPT_LOAD=DIR:
 //                                                   start from load_sharded(DIR), at the step
 //                                                   after the one saved; CKPT_SAVE=DIR, CKPT_AT=S:
 //                                                   save_sharded(DIR) after step S (CKPT_AT=0:
@@ -41,6 +42,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -165,10 +167,13 @@ int run(int argc, char** argv) {
     ls::Tensor loss;
     ls::step([&] {
       opt->zero_grad();
+      std::optional<ls::AutocastScope> bf16;
+      if (std::getenv("AUTOCAST")) bf16.emplace(ls::DType::BF16);
       ls::Tensor logits = (*model)(b.x);
       if ((mode == "diverge-op" || mode == "diverge-queued") && rank == 1 && s == 3)
         logits = ls::mul(logits, 2.0);
       loss = ls::nn::cross_entropy(logits, b.y);
+      bf16.reset();  // the backward and the update as autocast leaves them (outside the scope)
       if (nan_at > 0) {  // the same program on every rank: only the values differ
         const float f = rank == 1 && s == nan_at ? std::numeric_limits<float>::quiet_NaN() : 1.0f;
         loss = loss * ls::from_vector(std::vector<float>{f});
