@@ -173,7 +173,7 @@ int run(int argc, char** argv) {
       if ((mode == "diverge-op" || mode == "diverge-queued") && rank == 1 && s == 3)
         logits = ls::mul(logits, 2.0);
       loss = ls::nn::cross_entropy(logits, b.y);
-      bf16.reset();  // the backward and the update as autocast leaves them (outside the scope)
+      bf16.reset();      // the backward and the update as autocast leaves them (outside the scope)
       if (nan_at > 0) {  // the same program on every rank: only the values differ
         const float f = rank == 1 && s == nan_at ? std::numeric_limits<float>::quiet_NaN() : 1.0f;
         loss = loss * ls::from_vector(std::vector<float>{f});
