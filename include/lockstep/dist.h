@@ -186,6 +186,7 @@ class ZeroRedundancyOptimizer : public optim::Optimizer {
   void add_state(size_t i) override;
   std::vector<Tensor> step_gradients() override;
   Tensor count_nonfinite(const std::vector<Tensor>& grads, const Tensor& loss) override;
+  void end_step() override;
 
  private:
   struct Shard;
@@ -205,7 +206,8 @@ class ZeroRedundancyOptimizer : public optim::Optimizer {
   Tensor grad_norm_;
   // This step's: the gradients as averaged, before clipping (under stage 2 the reduces, which
   // every rank holds), and the values every rank computed by a collective before the updates (the
-  // norm, the non-finite count): the broadcasts are ordered after them.
+  // norm, the non-finite count): the broadcasts are ordered after them. Dropped after the step:
+  // held, they would keep every gradient's buffer alive between steps.
   std::vector<Tensor> reduced_;
   std::vector<Tensor> globals_;
   size_t last_ = 0;  // the parameter broadcast last (the next is ordered after it)

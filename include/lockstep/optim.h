@@ -88,6 +88,8 @@ class Optimizer {
   // With skip_nonfinite: how many elements of those gradients and of `loss` (if defined) are not
   // finite, as an i64 0-d tensor; 0 on every rank that must update.
   virtual Tensor count_nonfinite(const std::vector<Tensor>& grads, const Tensor& loss);
+  // After the updates of a step (what step_gradients kept for them may be dropped).
+  virtual void end_step() {}
   // The learning rate and weight decay of params_[i]'s group.
   double lr_of(size_t i) const { return groups_[group_of_[i]].lr; }
   double weight_decay_of(size_t i) const { return groups_[group_of_[i]].weight_decay; }

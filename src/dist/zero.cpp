@@ -191,6 +191,11 @@ std::vector<Tensor> ZeroRedundancyOptimizer::step_gradients() {
   return grads;
 }
 
+void ZeroRedundancyOptimizer::end_step() {
+  reduced_.clear();
+  globals_.clear();
+}
+
 Tensor ZeroRedundancyOptimizer::count_nonfinite(const std::vector<Tensor>& grads,
                                                 const Tensor& loss) {
   if (stage_ == 1 || world_size() == 1) return Optimizer::count_nonfinite(grads, loss);

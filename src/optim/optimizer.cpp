@@ -179,6 +179,7 @@ void Optimizer::step(const Tensor& loss) {
       n += 1;
     update(i, g, cast(n, params_[i].dtype()), ok);
   }
+  end_step();
 }
 
 void Optimizer::zero_grad() {
