@@ -137,6 +137,25 @@ struct Record {
   uint64_t scalars = 0;  // agreement: a hash of the program's host scalar values
 };
 
+// Waits for `swap`'s messages until the deadline, then for its sends (received, so they
+// complete). Past the deadline the world is broken, `buffers` kept until exit (MPI may still
+// write them), and the Error names the ranks whose message never came, and `cause`: what may
+// hold them.
+void finish_swap(Swap& swap, std::shared_ptr<void> buffers, const std::string& what,
+                 const char* cause) {
+  World& w = world();
+  if (!poll_until([&] { return swap.test(true, what); }, Clock::now() + timeout())) {
+    keep_until_exit(std::move(buffers));
+    if (w.broken.load()) throw_broken();
+    const std::string why = cat(ranks_text(swap.missing()), " did not reach ", what, " within ",
+                                seconds(timeout()), " (rank ", w.rank, " of ", w.size, " waited)");
+    break_world(why);
+    throw Error(cat("dist: ", why, ": ", cause, ". ", kAfterDeadline));
+  }
+  check(MPI_Waitall(static_cast<int>(swap.send.size()), swap.send.data(), MPI_STATUSES_IGNORE),
+        "MPI_Waitall", what);
+}
+
 // Sends `mine` to every other rank and receives theirs (point to point on the recording threads'
 // communicator, so that the ranks that never send are known). Throws Error naming the ranks
 // that did not arrive before the deadline (the world is then broken).
@@ -152,18 +171,7 @@ std::vector<Record> exchange(const Record& mine, const std::string& what) {
   buf->in[static_cast<size_t>(w.rank)] = mine;
   Swap swap(reinterpret_cast<char*>(buf->in.data()), reinterpret_cast<const char*>(buf->out.data()),
             sizeof(Record), 11, w.control, what);
-  if (!poll_until([&] { return swap.test(true, what); }, Clock::now() + timeout())) {
-    keep_until_exit(buf);
-    if (w.broken.load()) throw_broken();
-    const std::string why = cat(ranks_text(swap.missing()), " did not reach ", what, " within ",
-                                seconds(timeout()), " (rank ", w.rank, " of ", w.size, " waited)");
-    break_world(why);
-    throw Error(cat("dist: ", why, ": they are stuck, dead, or running a different program. ",
-                    kAfterDeadline));
-  }
-  // The sends were received, so they complete.
-  check(MPI_Waitall(static_cast<int>(swap.send.size()), swap.send.data(), MPI_STATUSES_IGNORE),
-        "MPI_Waitall", what);
+  finish_swap(swap, buf, what, "they are stuck, dead, or running a different program");
   return buf->in;
 }
 
@@ -382,18 +390,7 @@ void save_barrier(const std::string& what) {
   if (w.broken.load()) throw_broken();
   auto buf = std::make_shared<std::vector<char>>(2 * static_cast<size_t>(w.size), 0);
   Swap swap(buf->data(), buf->data() + w.size, 1, 31, w.saves, what);
-  if (!poll_until([&] { return swap.test(true, what); }, Clock::now() + timeout())) {
-    keep_until_exit(buf);
-    if (w.broken.load()) throw_broken();
-    const std::string why = cat(ranks_text(swap.missing()), " did not reach ", what, " within ",
-                                seconds(timeout()), " (rank ", w.rank, " of ", w.size, " waited)");
-    break_world(why);
-    throw Error(cat("dist: ", why,
-                    ": they are stuck or dead, or their files take longer to write. ",
-                    kAfterDeadline));
-  }
-  check(MPI_Waitall(static_cast<int>(swap.send.size()), swap.send.data(), MPI_STATUSES_IGNORE),
-        "MPI_Waitall", what);
+  finish_swap(swap, buf, what, "they are stuck or dead, or their files take longer to write");
 #else
   (void)what;
 #endif
