@@ -546,6 +546,24 @@ TEST(DataParallel, RanksWithAnotherLearningRateFailNamingTheValues) {
   EXPECT_EQ(r.out.find("rank 0 step 1 loss"), std::string::npos) << r.out;
 }
 
+// Ranks under other ZeRO stages (or one sharded and one not) run other programs: every rank fails
+// at the first step, before any collective of it runs, naming the first node that differs.
+TEST(DataParallel, RanksWithAnotherZeroStageFailBeforeAnyCollective) {
+  for (const char* other : {"zero2", "plain"}) {
+    const Job r = mpirun(2, "train mlp adamw 3 4 " + tmp("stage.safetensors") + " zero1",
+                         std::string("LOCKSTEP_DIST_TIMEOUT=20 ZERO_RANK1=") + other);
+    EXPECT_NE(r.exit_code, 0) << r.out;
+    EXPECT_LT(r.seconds, 15) << "must fail well before the 20 s deadline:\n" << r.out;
+    for (int rank : {0, 1})
+      EXPECT_NE(r.out.find("rank " + std::to_string(rank) +
+                           " error: dist: the ranks are about to run different programs"),
+                std::string::npos)
+          << r.out;
+    EXPECT_NE(r.out.find("Nothing of this program ran"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("step 1 loss"), std::string::npos) << r.out;
+  }
+}
+
 // Ranks with other thread counts: the message names the thread counts, not the batch size.
 TEST(DataParallel, RanksWithOtherThreadCountsFailNamingThem) {
   const Job r = mpirun(2, "threads 3", "LOCKSTEP_DIST_TIMEOUT=20");

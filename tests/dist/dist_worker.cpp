@@ -13,7 +13,9 @@
 //                                                   (clip_grad_norm_, or the option). NAN_AT=S:
 //                                                   rank 1's loss is NaN at step S, the optimizers
 //                                                   skip non-finite steps. AUTOCAST=1: the
-//                                                   forward under bf16 autocast. CKPT_LOAD=DIR:
+//                                                   forward under bf16 autocast. ZERO_RANK1=Z:
+//                                                   rank 1 takes Z for the zero argument.
+//                                                   CKPT_LOAD=DIR:
 //                                                   start from load_sharded(DIR), at the step
 //                                                   after the one saved; CKPT_SAVE=DIR, CKPT_AT=S:
 //                                                   save_sharded(DIR) after step S (CKPT_AT=0:
@@ -141,7 +143,8 @@ int run(int argc, char** argv) {
     return std::make_unique<ls::optim::AdamW>(
         std::move(params), ls::optim::AdamOptions{.lr = 0.01, .skip_nonfinite = skip});
   };
-  const std::string zero_arg = train && argc > 7 ? argv[7] : "";
+  std::string zero_arg = train && argc > 7 ? argv[7] : "";
+  if (const char* other = std::getenv("ZERO_RANK1"); other && rank == 1) zero_arg = other;
   const bool zero = zero_arg == "zero1" || zero_arg == "zero2";
   const double clip = std::getenv("CLIP") ? std::atof(std::getenv("CLIP")) : 0.0;
   std::unique_ptr<ls::optim::Optimizer> opt;
