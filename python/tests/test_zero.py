@@ -136,6 +136,21 @@ def test_an_asynchronous_save_holds_the_values_of_its_step(tmp_path):
     lockstep.dist.wait_for_save()  # nothing in flight: returns
 
 
+def test_the_exit_waits_for_an_asynchronous_save(tmp_path):
+    script = textwrap.dedent("""
+        import sys
+        import lockstep
+        model = lockstep.nn.Linear(256, 256)
+        lockstep.dist.save_sharded_async(sys.argv[1], model)
+        # no wait: the interpreter's exit waits for the writer
+    """)
+    r = subprocess.run([sys.executable, "-c", script, str(tmp_path / "ck")], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    fresh = lockstep.nn.Linear(256, 256)
+    lockstep.dist.load_sharded(str(tmp_path / "ck"), fresh)
+
+
 def read_safetensors(path):
     """The tensors of a safetensors file, as the format's specification lays them out (the
     `safetensors` package is not among Debian's)."""

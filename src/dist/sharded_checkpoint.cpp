@@ -1,6 +1,8 @@
 // Sharded checkpoints (save_sharded, load_sharded in lockstep/dist.h): one safetensors file per
 // rank with its part of the state, committed by an index rank 0 writes last; loaded at any world
 // size by reading from each file the tensors this rank keeps.
+#include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <functional>
@@ -196,13 +198,23 @@ struct PendingSave {
   std::mutex mu;
   std::thread thread;
   std::exception_ptr error;
-  ~PendingSave() {
-    if (thread.joinable()) thread.join();
-  }
 };
 PendingSave& pending_save() {
-  static PendingSave p;
-  return p;
+  // Never destroyed: finalize, from its own exit handler, may still wait for it. The exit waits
+  // for a save in flight (registered after MPI's handler, this one runs before it).
+  static PendingSave* p = [] {
+    auto* made = new PendingSave;
+    std::atexit([] {
+      try {
+        wait_for_save();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "lockstep: dist: rank %d: an asynchronous save failed: %s\n", rank(),
+                     e.what());
+      }
+    });
+    return made;
+  }();
+  return *p;
 }
 
 }  // namespace
