@@ -7,19 +7,22 @@
 // Each bucket is a region of the plan where its gradients and then their sums live side by side
 // (place_gradients) and becomes two steps: a start, right after the last of its gradients is
 // computed, that copies in those not computed there and starts a non-blocking all-reduce in
-// place; and a wait, which waits for it and scales the sums in place. The steps that read the sums
-// (the optimizer's updates, and what depends on them) move after everything else (the rest of the
-// backward), grouped by the last bucket they read, each group behind its bucket's wait, in the
-// order the buckets started: the communication overlaps the rest of the backward and the first
-// buckets' updates (the executable calls into MPI between its steps, dist::detail::progress, and so
-// may a progress thread: LOCKSTEP_DIST_PROGRESS_US). Updates made in place before the last wait,
-// which may fail, keep a copy of what they overwrite until it passes (the executable's rollback).
+// place; and a wait, which waits for it and scales the sums in place (a reduce's: copies this
+// rank's own sums out of the region, which then dies with the run, and scales them there). The
+// steps that read the sums (the optimizer's updates, and what depends on them) move after
+// everything else (the rest of the backward), grouped by the last bucket they read, each group
+// behind its bucket's wait, in the order the buckets started: the communication overlaps the rest
+// of the backward and the first buckets' updates (the executable calls into MPI between its
+// steps, dist::detail::progress, and so may a progress thread: LOCKSTEP_DIST_PROGRESS_US).
+// Updates made in place before the last wait, which may fail, keep a copy of what they overwrite
+// until it passes (the executable's rollback).
 #include <algorithm>
 #include <cstring>
 
 #include "backends/cpu/passes.h"
 #include "dist/comm.h"
 #include "ir/attrs.h"
+#include "lockstep/dist.h"
 #include "runtime/metrics.h"
 #include "util/check.h"
 
@@ -88,9 +91,14 @@ std::vector<size_t> place_gradients(plan::Plan& p,
   std::vector<size_t> in_place(buckets.size(), 0);
   for (size_t k = 0; k < buckets.size(); ++k) {
     Bucket& b = *buckets[k];
+    const bool reduce = b.root.front() >= 0;
     for (size_t m = 0; m < b.members.size(); ++m) {
       const int32_t member = b.members[m];
-      p.placed[member] = {b.region, static_cast<int64_t>(b.offset[m])};
+      const std::pair<int32_t, int64_t> slot{b.region, static_cast<int64_t>(b.offset[m])};
+      // This rank's results of a reduce are not kept in the region: the wait copies them out, so
+      // that what it keeps after the step (its own gradients) holds no other rank's share alive.
+      // The others' stay there (nothing meaningful: only read to order the broadcasts).
+      if (!reduce || b.root[m] != dist::rank()) p.placed[member] = slot;
       const int32_t r = root[b.operands[m]];
       const ir::GraphNode& value = g.nodes[r];
       if (value.op == ir::Op::Data || p.constant_at[r] >= 0 || p.is_output[r] || producer[r] < 0 ||
@@ -98,7 +106,7 @@ std::vector<size_t> place_gradients(plan::Plan& p,
           plan::bytes_of(value) != plan::bytes_of(g.nodes[member]) ||
           last_read[r] > static_cast<int>(start[k]))
         continue;
-      p.placed[r] = p.placed[member];
+      p.placed[r] = slot;
       ++in_place[k];
     }
   }
@@ -213,13 +221,13 @@ void bucket_all_reduces(plan::Plan& p) {
     start.can_fail = true;
     auto sp = std::make_shared<CpuStep>();
     sp->run = [b](Ctx& c) {
-      // The gradients not computed in place are copied in (the region holds each member).
+      // The gradients not computed in place are copied in (the region holds each one).
+      const std::shared_ptr<Storage>& region = (*c.regions)[static_cast<size_t>(b->region)];
       for (size_t m = 0; m < b->members.size(); ++m) {
         const size_t bytes = static_cast<size_t>(b->count[m]) * dtype_size(b->dtype);
-        if (bytes && c.ptr[b->operands[m]] != c.ptr[b->members[m]])
-          std::memcpy(c.ptr[b->members[m]], c.ptr[b->operands[m]], bytes);
+        char* slot = static_cast<char*>(region->data()) + b->offset[m];
+        if (bytes && c.ptr[b->operands[m]] != slot) std::memcpy(slot, c.ptr[b->operands[m]], bytes);
       }
-      const std::shared_ptr<Storage>& region = (*c.regions)[static_cast<size_t>(b->region)];
       const size_t elem = dtype_size(b->dtype);
       // One all-reduce of the region; or one reduce per run of members with the same root.
       for (size_t m = 0; m < b->members.size();) {
@@ -249,8 +257,19 @@ void bucket_all_reduces(plan::Plan& p) {
       const int64_t t0 = runtime::now_ns();
       for (const auto& op : ops) dist::detail::wait(*op);
       runtime::time_ns(runtime::Timer::AllReduceWait, runtime::now_ns() - t0);
+      if (b->root.front() >= 0) {
+        // This rank's sums out of the region (the others' members hold nothing meaningful).
+        const char* region =
+            static_cast<const char*>((*c.regions)[static_cast<size_t>(b->region)]->data());
+        for (size_t m = 0; m < b->members.size(); ++m) {
+          if (b->root[m] != dist::rank()) continue;
+          const size_t bytes = static_cast<size_t>(b->count[m]) * dtype_size(b->dtype);
+          if (bytes) std::memcpy(c.ptr[b->members[m]], region + b->offset[m], bytes);
+        }
+      }
       if (b->scale == 1.0) return;  // integers are bucketed only so (bucketable)
       for (size_t m = 0; m < b->members.size(); ++m) {
+        if (b->root[m] >= 0 && b->root[m] != dist::rank()) continue;
         if (b->dtype == DType::F32)
           scale_in_place<float>(c.ptr[b->members[m]], b->count[m], b->scale);
         else
