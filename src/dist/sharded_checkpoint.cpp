@@ -235,7 +235,7 @@ void save_sharded(const std::string& dir, const nn::Module& model,
   std::vector<io::TensorSource> tensors;
   for (const auto& [name, t] : s.mine)
     tensors.push_back({name, t.dtype(), t.shape(),
-                       [t, loc] { return runtime::read_bytes(t, loc, "save_sharded"); }});
+                       [t = t, loc] { return runtime::read_bytes(t, loc, "save_sharded"); }});
   write_and_commit(
       s, tensors, [] { barrier(); }, loc);
 }

@@ -636,7 +636,8 @@ void save_safetensors(const std::string& path, const TensorMap& tensors, const M
                  cat("saving '", path, "': tensor '", name, "' is an empty handle"),
                  "Pass only defined tensors");
     // Its bytes as they go to the file (bools as 0/1).
-    sources.push_back({name, t.dtype(), t.shape(), [t, loc] {
+    // (An init-capture: clang's OpenMP mode cannot capture a structured binding.)
+    sources.push_back({name, t.dtype(), t.shape(), [t = t, loc] {
                          std::vector<unsigned char> bytes = runtime::read_bytes(t, loc, "save");
                          if (t.dtype() == DType::Bool)
                            for (unsigned char& b : bytes) b = b != 0;
