@@ -51,6 +51,10 @@ struct TensorSource {
 };
 void save_safetensors_streamed(const std::string& path, const std::vector<TensorSource>& tensors,
                                const Metadata& metadata = {}, Loc loc = Loc::current());
+// Each tensor as a source that reads its bytes as save_safetensors writes them (reading is a sync;
+// bools as 0/1). An empty handle is an Error naming it and `path`, the file it is for.
+std::vector<TensorSource> sources_of(const TensorMap& tensors, const std::string& path,
+                                     Loc loc = Loc::current());
 // Throws the Error save_safetensors would for a `path` it may not replace (the rules above), so
 // that a program that saves late (a checkpoint after an epoch) can refuse such a path at its start.
 void check_save_path(const std::string& path, Loc loc = Loc::current());

@@ -94,10 +94,6 @@ int64_t meta_int(const io::Metadata& meta, const std::string& key, const std::st
              "The index was not written by save_sharded");
 }
 
-}  // namespace
-
-namespace {
-
 // A save after the ranks agreed on its generation: this rank's file, then the commit.
 struct ShardSave {
   std::string dir;
@@ -232,12 +228,8 @@ void save_sharded(const std::string& dir, const nn::Module& model,
   wait_for_save();
   const ShardSave s = prepare(dir, model, optimizer, scheduler, metadata, "save_sharded", loc);
   sync(loc);
-  std::vector<io::TensorSource> tensors;
-  for (const auto& [name, t] : s.mine)
-    tensors.push_back({name, t.dtype(), t.shape(),
-                       [t = t, loc] { return runtime::read_bytes(t, loc, "save_sharded"); }});
   write_and_commit(
-      s, tensors, [] { barrier(); }, loc);
+      s, io::sources_of(s.mine, dir, loc), [] { barrier(); }, loc);
 }
 
 void save_sharded_async(const std::string& dir, const nn::Module& model,
@@ -248,11 +240,10 @@ void save_sharded_async(const std::string& dir, const nn::Module& model,
       prepare(dir, model, optimizer, scheduler, metadata, "save_sharded_async", loc));
   // A copy of the values as they are now: the next steps update the tensors in place.
   sync(loc);
-  std::vector<io::TensorSource> tensors;
-  for (const auto& [name, t] : s->mine) {
-    auto bytes = std::make_shared<const std::vector<unsigned char>>(
-        runtime::read_bytes(t, loc, "save_sharded_async"));
-    tensors.push_back({name, t.dtype(), t.shape(), [bytes] { return *bytes; }});
+  std::vector<io::TensorSource> tensors = io::sources_of(s->mine, dir, loc);
+  for (io::TensorSource& t : tensors) {
+    auto bytes = std::make_shared<const std::vector<unsigned char>>(t.read());
+    t.read = [bytes] { return *bytes; };
   }
   s->mine.clear();
   PendingSave& p = pending_save();

@@ -627,8 +627,7 @@ void check_save_path(const std::string& path, Loc loc) {
                "Save to a regular file or a new path");
 }
 
-void save_safetensors(const std::string& path, const TensorMap& tensors, const Metadata& metadata,
-                      Loc loc) {
+std::vector<TensorSource> sources_of(const TensorMap& tensors, const std::string& path, Loc loc) {
   std::vector<TensorSource> sources;
   for (const auto& [name, t] : tensors) {
     if (!t.defined())
@@ -644,7 +643,12 @@ void save_safetensors(const std::string& path, const TensorMap& tensors, const M
                          return bytes;
                        }});
   }
-  save_safetensors_streamed(path, sources, metadata, loc);
+  return sources;
+}
+
+void save_safetensors(const std::string& path, const TensorMap& tensors, const Metadata& metadata,
+                      Loc loc) {
+  save_safetensors_streamed(path, sources_of(tensors, path, loc), metadata, loc);
 }
 
 void save_safetensors_streamed(const std::string& path, const std::vector<TensorSource>& tensors,
