@@ -10,6 +10,7 @@
 #include "dist/ops.h"
 #include "dist/partition.h"
 #include "lockstep/dist.h"
+#include "optim/clip.h"
 #include "runtime/lazy.h"
 #include "tensor/frontend.h"
 #include "util/check.h"
@@ -164,23 +165,17 @@ void ZeroRedundancyOptimizer::clip(std::vector<Tensor>& grads) {
     return;
   }
   // The global norm from each rank's sum of squares over the gradients it owns; each rank then
-  // scales its own (as clip_grad_norm_ does all of them).
-  DType dt = DType::F32;
-  for (const Tensor& p : params_)
-    if (p.grad().defined() && p.grad().dtype() == DType::F64) dt = DType::F64;
-  Tensor sq = zeros({}, TensorOptions(dt, params_[0].device()));
-  for (const Tensor& p : params_)
-    if (const Tensor& g = p.grad(); g.defined()) sq = sq + cast(sum(g * g), dt);
+  // scales its own (as clip_grad_norm_ does all of them). The dtype from every rank's gradients
+  // (the reduces, which all hold), so that the ranks' sums agree.
+  const DType dt = optim::detail::norm_dtype(reduced_);
+  Tensor sq = optim::detail::grad_square_sum(params_, dt);
+  if (!sq.defined()) sq = zeros({}, TensorOptions(dt, params_[0].device()));
   grad_norm_ = sqrt(
       detail::record_all_reduce(sq, {.local = true}, "ZeroRedundancyOptimizer", Loc::current()));
   globals_.push_back(grad_norm_);
-  const Tensor scale = minimum(max_grad_norm_ / (grad_norm_ + 1e-6), 1.0);
-  for (size_t i = 0; i < params_.size(); ++i) {
-    Tensor p = params_[i];
-    if (!p.grad().defined()) continue;
-    p.set_grad(p.grad() * cast(scale, p.grad().dtype()));
-    grads[i] = p.grad();
-  }
+  optim::detail::scale_grads_to(params_, grad_norm_, max_grad_norm_);
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (Tensor g = params_[i].grad(); g.defined()) grads[i] = g;
 }
 
 std::vector<Tensor> ZeroRedundancyOptimizer::step_gradients() {

@@ -7,6 +7,7 @@
 #include "lockstep/optim.h"
 #include "lockstep/runtime.h"
 #include "nn/state_match.h"
+#include "optim/clip.h"
 #include "runtime/lazy.h"
 #include "runtime/metrics.h"
 #include "util/check.h"
@@ -323,21 +324,25 @@ nn::NamedTensors Adam::state() const {
 
 // ---- clipping -------------------------------------------------------------------------------
 
-Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
-  if (!(max_norm > 0)) throw Error(cat("clip_grad_norm_: max_norm must be > 0, got ", max_norm));
-  NoGrad no_grad;
+DType detail::norm_dtype(const std::vector<Tensor>& grads) {
   // The norm is computed in the widest dtype of the gradients (f64 gradients keep f64).
-  DType dt = DType::F32;
-  for (const Tensor& p : params)
-    if (p.defined() && p.grad().defined() && p.grad().dtype() == DType::F64) dt = DType::F64;
+  for (const Tensor& g : grads)
+    if (g.defined() && g.dtype() == DType::F64) return DType::F64;
+  return DType::F32;
+}
+
+Tensor detail::grad_square_sum(const std::vector<Tensor>& params, DType dtype) {
   Tensor sq;
   for (const Tensor& p : params) {
     if (!p.defined() || !p.grad().defined()) continue;
-    Tensor s = cast(sum(p.grad() * p.grad()), dt);
+    Tensor s = cast(sum(p.grad() * p.grad()), dtype);
     sq = sq.defined() ? sq + s : s;
   }
-  if (!sq.defined()) return zeros({}, dt);
-  Tensor norm = sqrt(sq);
+  return sq;
+}
+
+void detail::scale_grads_to(const std::vector<Tensor>& params, const Tensor& norm,
+                            double max_norm) {
   // As PyTorch: scale by max_norm / (norm + 1e-6) when that is below 1.
   Tensor scale = minimum(max_norm / (norm + 1e-6), 1.0);
   for (const Tensor& p : params) {
@@ -345,6 +350,19 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
     Tensor q = p;
     q.set_grad(p.grad() * cast(scale, p.grad().dtype()));
   }
+}
+
+Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
+  if (!(max_norm > 0)) throw Error(cat("clip_grad_norm_: max_norm must be > 0, got ", max_norm));
+  NoGrad no_grad;
+  std::vector<Tensor> grads;
+  for (const Tensor& p : params)
+    if (p.defined()) grads.push_back(p.grad());
+  const DType dt = detail::norm_dtype(grads);
+  const Tensor sq = detail::grad_square_sum(params, dt);
+  if (!sq.defined()) return zeros({}, dt);
+  Tensor norm = sqrt(sq);
+  detail::scale_grads_to(params, norm, max_norm);
   return norm;
 }
 
