@@ -12,9 +12,10 @@
 // With LOCKSTEP_PROFILE set, rank 0 also prints ls::metrics::report() (time per kernel kind,
 // all_reduce_start and all_reduce_wait) to stderr.
 // With `zero1`, the optimizer is sharded over the ranks (ls::dist::ZeroRedundancyOptimizer); with
-// `zero2`, the gradients as well (each reduced to its owner).
+// `zero2`, the gradients as well (each reduced to its owner); with `zero3`, the parameters too
+// (ls::dist::fully_shard: each gathered where the step reads it).
 //   dist_bench <mlp|resnet18|resnet50> [timed_steps=20] [threads=1] [bucket_mib=25]
-//              [plain|zero1|zero2]
+//              [plain|zero1|zero2|zero3]
 #include <lockstep/lockstep.h>
 #include <sys/resource.h>
 #include <algorithm>
@@ -40,7 +41,7 @@ int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr,
                  "usage: dist_bench <mlp|resnet18|resnet50> [timed_steps] [threads] [bucket_mib] "
-                 "[plain|zero1|zero2]\n");
+                 "[plain|zero1|zero2|zero3]\n");
     return 2;
   }
   try {
@@ -60,10 +61,13 @@ int main(int argc, char** argv) {
                                               ls::optim::SGDOptions{.lr = 0.01, .momentum = 0.9});
     };
     const std::string mode = argc > 5 ? argv[5] : "plain";
-    if (mode != "plain" && mode != "zero1" && mode != "zero2")
-      throw ls::Error("dist_bench: the optimizer is plain, zero1 or zero2, not '" + mode + "'");
-    std::unique_ptr<ls::optim::Optimizer> opt;
-    if (mode == "zero1" || mode == "zero2")
+    if (mode != "plain" && mode != "zero1" && mode != "zero2" && mode != "zero3")
+      throw ls::Error("dist_bench: the optimizer is plain, zero1, zero2 or zero3, not '" + mode +
+                      "'");
+    std::shared_ptr<ls::optim::Optimizer> opt;
+    if (mode == "zero3")
+      opt = ls::dist::fully_shard(*model, sgd);
+    else if (mode == "zero1" || mode == "zero2")
       opt = std::make_unique<ls::dist::ZeroRedundancyOptimizer>(
           model->parameters(), sgd, ls::dist::ZeroOptions{.stage = mode == "zero2" ? 2 : 1});
     else
@@ -104,8 +108,12 @@ int main(int argc, char** argv) {
     // What this rank holds after a training step (the comm-only runs below set every gradient).
     const auto planned = static_cast<double>(ls::metrics::counter("planned_bytes"));  // a step's
     double params_b = 0, grads_b = 0, state_b = 0;
-    for (const ls::Tensor& p : model->parameters()) {
-      params_b += static_cast<double>(p.numel()) * 4;
+    const auto* zero3 =
+        mode == "zero3" ? dynamic_cast<ls::dist::ZeroRedundancyOptimizer*>(opt.get()) : nullptr;
+    const std::vector<ls::Tensor> params = model->parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      const ls::Tensor& p = params[i];
+      if (!zero3 || zero3->owner(i) == rank) params_b += static_cast<double>(p.numel()) * 4;
       if (p.grad().defined()) grads_b += static_cast<double>(p.grad().numel()) * 4;
     }
     for (const auto& [name, t] : opt->state_dict()) state_b += static_cast<double>(t.numel()) * 4;

@@ -504,12 +504,16 @@ int run(const Options& o) {
         std::move(params), ls::optim::AdamOptions{.lr = lr, .weight_decay = weight_decay});
   };
   // --zero 1: each replica keeps and updates its shard of the optimizer's state; 2: and keeps
-  // the gradients of its shard alone.
-  std::shared_ptr<ls::optim::Optimizer> opt =
-      o.zero > 0 ? std::make_shared<ls::dist::ZeroRedundancyOptimizer>(
-                       model->parameters(), make_optimizer,
-                       ls::dist::ZeroOptions{.stage = static_cast<int>(o.zero)})
-                 : make_optimizer(model->parameters());
+  // the gradients of its shard alone; 3: and holds its shard of the parameters alone.
+  std::shared_ptr<ls::optim::Optimizer> opt;
+  if (o.zero == 3)
+    opt = ls::dist::fully_shard(*model, make_optimizer);
+  else if (o.zero > 0)
+    opt = std::make_shared<ls::dist::ZeroRedundancyOptimizer>(
+        model->parameters(), make_optimizer,
+        ls::dist::ZeroOptions{.stage = static_cast<int>(o.zero)});
+  else
+    opt = make_optimizer(model->parameters());
   // Cosine decay over the whole run, after a linear warm-up.
   const int64_t total_steps = o.num_epochs * steps_per_epoch;
   const int64_t warmup =

@@ -41,7 +41,8 @@ options:
                      replica; each replica trains on its shard of every epoch (default: 1)
   --zero S           with --nprocs: 1 shards the optimizer's state over the replicas (ZeRO
                      stage 1, ls::dist::ZeroRedundancyOptimizer), 2 the gradients as well
-                     (stage 2), 0 keeps a whole copy on each (default: 0); --checkpoint PATH is
+                     (stage 2), 3 the parameters too (ls::dist::fully_shard), 0 keeps a whole
+                     copy on each (default: 0); --checkpoint PATH is
                      then a directory of one file per replica (ls::dist::save_sharded; after
                      an epoch written while the next one trains), which --resume loads at any
                      --nprocs
@@ -202,7 +203,7 @@ Options parse_args(int argc, char** argv) {
     } else if (arg == "--nprocs") {
       o.nprocs = parse_int(arg, value(), 1, 1024);
     } else if (arg == "--zero") {
-      o.zero = parse_int(arg, value(), 0, 2);
+      o.zero = parse_int(arg, value(), 0, 3);
     } else if (arg == "--threads") {
       o.threads = parse_int(arg, value(), 0, 1024);
     } else if (arg == "--workers") {

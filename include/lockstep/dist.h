@@ -155,7 +155,9 @@ class DataParallel {
 // (save_sharded and load_sharded below: at any).
 // Every rank must own at least one parameter (fewer parameters than ranks is an Error).
 struct ZeroOptions {
-  int stage = 1;  // 1: the optimizer's state sharded; 2: the gradients as well
+  // 1: the optimizer's state sharded; 2: the gradients as well; 3: the parameters too (set by
+  // fully_shard, which shards them)
+  int stage = 1;
   // > 0: step() first scales the gradients so that their global L2 norm is at most this (as
   // clip_grad_norm_ over all of them); last_grad_norm() is the norm before.
   double max_grad_norm = 0;
@@ -191,7 +193,13 @@ class ZeroRedundancyOptimizer : public optim::Optimizer {
  private:
   struct Shard;
   static Shard partition(std::vector<Tensor> params, const LocalFactory& make_local,
-                         const ZeroOptions& options, const Loc& loc);
+                         const ZeroOptions& options, const Loc& loc, bool of_fully_shard = false);
+  // Stage 3, for fully_shard.
+  static std::shared_ptr<ZeroRedundancyOptimizer> sharding(std::vector<Tensor> params,
+                                                           const LocalFactory& make_local,
+                                                           ZeroOptions options, const Loc& loc);
+  friend std::shared_ptr<ZeroRedundancyOptimizer> fully_shard(nn::Module&, const LocalFactory&,
+                                                              ZeroOptions, Loc);
   ZeroRedundancyOptimizer(Shard shard, ZeroOptions options);
   std::vector<Tensor> reduce_to_owners();
   void clip(std::vector<Tensor>& grads);
@@ -211,7 +219,30 @@ class ZeroRedundancyOptimizer : public optim::Optimizer {
   std::vector<Tensor> reduced_;
   std::vector<Tensor> globals_;
   size_t last_ = 0;  // the parameter broadcast last (the next is ordered after it)
+  Tensor fence_;     // stage 3: the last step's broadcast after its reduces (see end_step)
 };
+
+// ZeRO-3 under FSDP2's name (torch.distributed.fsdp.fully_shard): the parameters are sharded
+// too. Each parameter lives on its owner rank alone (ZeroRedundancyOptimizer's partition); the
+// others hold a stand-in that takes no memory. Every op that reads a parameter reads a
+// broadcast from its owner, recorded once per step, in the step's program like the other
+// collectives: the gathered value lives while the forward reads it, and the backward reads a
+// second gather made just before it needs it (the compiler's pass, so the memory plan sees
+// both), not the whole model from forward to backward. Gradients are reduced to their owners as
+// under stage 2, and each owner updates its own parameters. Returns the optimizer (stage 3;
+// ZeroOptions's other fields as for ZeroRedundancyOptimizer):
+//
+//   auto opt = ls::dist::fully_shard(model, [](std::vector<ls::Tensor> mine) {
+//     return std::make_shared<ls::optim::AdamW>(std::move(mine), ls::optim::AdamOptions{});
+//   });
+//   ls::step([&] { opt->zero_grad(); loss = ...; loss.backward(); opt->step(); });
+//
+// Every rank starts from rank 0's parameters and buffers (as DataParallel). Call between steps,
+// once per model, after any DataParallel over it. Reading a parameter (item, a checkpoint, an
+// op outside a step) gathers it: a collective that every rank must make, in the same order.
+std::shared_ptr<ZeroRedundancyOptimizer> fully_shard(
+    nn::Module& model, const ZeroRedundancyOptimizer::LocalFactory& make_local,
+    ZeroOptions options = {}, Loc loc = Loc::current());
 
 // Sharded checkpoints: each rank writes its own part of the training state to
 // `dir`/shard-<rank>-of-<N>-g<generation>.safetensors (checksummed, written atomically): the

@@ -135,7 +135,7 @@ void init_extras(py::module_& m) {
       arg("tensor"), arg("src") = 0);
   // PyTorch's signature: ZeroRedundancyOptimizer(params, optimizer_class, **defaults), the local
   // optimizer made as optimizer_class(this rank's parameters, **defaults); and lockstep's
-  // keywords: stage (1 or 2), max_grad_norm, skip_nonfinite.
+  // keywords: stage (1 or 2; 3 is fully_shard's), max_grad_norm, skip_nonfinite.
   py::class_<dist::ZeroRedundancyOptimizer, optim::Optimizer,
              std::shared_ptr<dist::ZeroRedundancyOptimizer>>(dist, "ZeroRedundancyOptimizer")
       .def(py::init([](const std::vector<Tensor>& params, const py::object& optimizer_class,
@@ -159,6 +159,27 @@ void init_extras(py::module_& m) {
       .def("owner", &dist::ZeroRedundancyOptimizer::owner, arg("index"))
       .def_property_readonly("local_optimizer", &dist::ZeroRedundancyOptimizer::local)
       .def("local_state_numel", &dist::ZeroRedundancyOptimizer::local_state_numel);
+  // ZeRO-3: fully_shard(model, optimizer_class, **defaults) shards the model's parameters and
+  // returns the ZeroRedundancyOptimizer (stage 3) that updates them.
+  dist.def(
+      "fully_shard",
+      [](nn::Module& model, const py::object& optimizer_class, double max_grad_norm,
+         bool skip_nonfinite, const py::kwargs& defaults) {
+        const Loc loc = user_place();
+        auto make = [&](std::vector<Tensor> mine) {
+          return optimizer_class(mine, **defaults).cast<std::shared_ptr<optim::Optimizer>>();
+        };
+        return dist::fully_shard(
+            model, make,
+            dist::ZeroOptions{.max_grad_norm = max_grad_norm, .skip_nonfinite = skip_nonfinite},
+            loc);
+      },
+      arg("model"), arg("optimizer_class"), py::kw_only(), arg("max_grad_norm") = 0.0,
+      arg("skip_nonfinite") = false,
+      "Shards the model's parameters over the ranks (ZeRO-3, FSDP2's fully_shard): each lives "
+      "on its owner and is gathered where ops read it. Returns the optimizer, a "
+      "ZeroRedundancyOptimizer of stage 3 over optimizer_class(this rank's parameters, "
+      "**defaults).");
   def_save<&dist::save_sharded>(
       dist, "save_sharded", "dir",
       "Each rank writes its part of the training state to dir; rank 0 commits an index last.");

@@ -1,7 +1,7 @@
-"""lockstep.dist.ZeroRedundancyOptimizer (ZeRO stages 1 and 2) from Python, with PyTorch's
-signature: alone it updates as the optimizer it wraps; under mpirun its two ranks train bit for bit
-as DataParallel with the whole optimizer, each keeping part of the state (and under stage 2 part of
-the gradients)."""
+"""lockstep.dist.ZeroRedundancyOptimizer (ZeRO stages 1 and 2) and fully_shard (stage 3) from
+Python, with PyTorch's signature: alone it updates as the optimizer it wraps; under mpirun its two
+ranks train bit for bit as DataParallel with the whole optimizer, each keeping part of the state
+(and under stages 2 and 3 part of the gradients; under 3 part of the parameters)."""
 import os
 import re
 import shutil
@@ -24,7 +24,9 @@ SCRIPT = textwrap.dedent("""
     model = lockstep.nn.Sequential(lockstep.nn.Linear(8, 16), lockstep.nn.ReLU(),
                                    lockstep.nn.Linear(16, 3))
     dp = lockstep.dist.DataParallel(model)
-    if sys.argv[1].startswith("zero"):
+    if sys.argv[1] == "zero3":
+        opt = lockstep.dist.fully_shard(model, lockstep.optim.AdamW, lr=0.01, weight_decay=0.1)
+    elif sys.argv[1].startswith("zero"):
         opt = lockstep.dist.ZeroRedundancyOptimizer(model.parameters(), lockstep.optim.AdamW,
                                                      stage=2 if sys.argv[1] == "zero2" else 1,
                                                      lr=0.01, weight_decay=0.1)
@@ -77,6 +79,31 @@ def test_alone_it_updates_as_the_optimizer_it_wraps():
                                               lr=0.1)
     assert lockstep.dist.ZeroRedundancyOptimizer([lockstep.zeros(2)], lockstep.optim.SGD,
                                                  stage=2, lr=0.1).stage == 2
+
+
+def test_fully_shard_alone_trains_as_the_optimizer_it_wraps():
+    def train(shard):
+        lockstep.manual_seed(2)
+        model = lockstep.nn.Sequential(lockstep.nn.Linear(5, 4), lockstep.nn.Tanh(),
+                                       lockstep.nn.Linear(4, 2))
+        opt = (lockstep.dist.fully_shard(model, lockstep.optim.Adam, lr=0.05) if shard else
+               lockstep.optim.Adam(model.parameters(), lr=0.05))
+        for s in range(3):
+            with lockstep.step():
+                opt.zero_grad()
+                (model(lockstep.ones(2, 5) * (s + 1)) ** 2).sum().backward()
+                opt.step()
+        return [p.numpy() for p in model.parameters()], opt
+
+    want, _ = train(False)
+    got, opt = train(True)
+    for a, b in zip(want, got):
+        np.testing.assert_array_equal(a, b)
+    assert opt.stage == 3 and isinstance(opt.local_optimizer, lockstep.optim.Adam)
+    twice = lockstep.nn.Linear(2, 2)
+    lockstep.dist.fully_shard(twice, lockstep.optim.SGD, lr=0.1)
+    with pytest.raises(lockstep.Error, match="sharded already"):
+        lockstep.dist.fully_shard(twice, lockstep.optim.SGD, lr=0.1)
 
 
 def test_a_sharded_checkpoint_resumes_the_same_training(tmp_path):
@@ -199,7 +226,7 @@ def test_two_ranks_train_as_data_parallel_and_split_the_state(tmp_path):
     script.write_text(SCRIPT)
     env = dict(os.environ, OMP_NUM_THREADS="1")
     outs = {}
-    for mode in ("plain", "zero", "zero2"):
+    for mode in ("plain", "zero", "zero2", "zero3"):
         cmd = ["mpirun", "--oversubscribe", "-np", "2", "-x", "PYTHONPATH", "-x",
                "OMP_NUM_THREADS", sys.executable, str(script), mode]
         if os.geteuid() == 0:
@@ -212,7 +239,7 @@ def test_two_ranks_train_as_data_parallel_and_split_the_state(tmp_path):
     losses = {m: sorted(re.findall(r"rank \d step \d loss [0-9.e+-]+", o)) for m, o in outs.items()}
     hashes = {m: set(re.findall(r"hash ([0-9a-f]{16})", o)) for m, o in outs.items()}
     params = 8 * 16 + 16 + 16 * 3 + 3
-    for zero in ("zero", "zero2"):
+    for zero in ("zero", "zero2", "zero3"):
         assert len(losses[zero]) == 8 and losses[zero] == losses["plain"], outs
         assert len(hashes[zero]) == 1 and hashes[zero] == hashes["plain"], outs
         state = [int(n) for n in re.findall(r"rank \d state (\d+)", outs[zero])]
@@ -220,5 +247,7 @@ def test_two_ranks_train_as_data_parallel_and_split_the_state(tmp_path):
         assert len(state) == 2 and min(state) > 0 and sum(state) == 2 * params, outs[zero]
     # Stage 1 keeps every gradient on each rank; stage 2 each rank those of its shard alone.
     assert re.findall(r"rank \d grads (\d+)", outs["zero"]) == [str(params)] * 2, outs["zero"]
-    grads = [int(n) for n in re.findall(r"rank \d grads (\d+)", outs["zero2"])]
-    assert len(grads) == 2 and min(grads) > 0 and sum(grads) == params, outs["zero2"]
+    # Stage 2 and 3 (fully_shard, the parameters sharded too): each rank those of its shard alone.
+    for zero in ("zero2", "zero3"):
+        grads = [int(n) for n in re.findall(r"rank \d grads (\d+)", outs[zero])]
+        assert len(grads) == 2 and min(grads) > 0 and sum(grads) == params, outs[zero]

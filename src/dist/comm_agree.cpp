@@ -36,6 +36,7 @@ std::shared_ptr<const Agreement> agreement_of(const ir::Graph& graph, const std:
   // `local` all-reduce sums (each rank's over the parameters it owns, under ZeRO stage 2): they
   // differ from rank to rank in what they are computed from, not only in value.
   auto is_value = [](const ir::GraphNode& node, size_t k) {
+    if (node.origin.rank_local) return true;
     if (node.op == ir::Op::AllReduce) return ir::AllReduceAttrs::of(node.attrs).local;
     return node.op == ir::Op::Broadcast && k + 1 == node.operands.size();
   };
@@ -52,8 +53,11 @@ std::shared_ptr<const Agreement> agreement_of(const ir::Graph& graph, const std:
       to_other[o] |= to_other[j] || ir::is_collective(node.op);
     }
   }
+  // And what one rank records for itself alone (ir::RankLocal: a ZeRO-3 owner's update of its
+  // parameters), with what only that reads.
   for (size_t i = 0; i < n; ++i)
-    local[i] = to_broadcast[i] && !to_other[i] && !ir::is_collective(graph.nodes[i].op);
+    local[i] = ((to_broadcast[i] && !to_other[i]) || graph.nodes[i].origin.rank_local) &&
+               !ir::is_collective(graph.nodes[i].op);
   // Nodes are in topological order: first what reads a collective's result (transitively),
   // then, backwards, everything those and the collectives read.
   std::vector<char> in(n, 0);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "dist/comm.h"
+#include "dist/fully_shard.h"
 #include "dist/partition.h"
 #include "lockstep/dist.h"
 #include "lockstep/runtime.h"
@@ -131,9 +132,12 @@ ShardSave prepare(const std::string& dir, const nn::Module& model,
   const nn::NamedTensors state = model.state_dict();
   std::vector<int64_t> sizes;
   for (const auto& [name, t] : state) sizes.push_back(t.numel());
-  const std::vector<int> writer = detail::partition_by_size(sizes, s.world);
-  for (size_t k = 0; k < state.size(); ++k)
+  std::vector<int> writer = detail::partition_by_size(sizes, s.world);
+  for (size_t k = 0; k < state.size(); ++k) {
+    // A sharded parameter (fully_shard): by the rank that holds it.
+    if (const int root = state[k].second.impl()->gather_root; root >= 0) writer[k] = root;
     if (writer[k] == s.me) s.mine.emplace_back(kModel + state[k].first, state[k].second);
+  }
   if (optimizer) {
     const auto* zero = dynamic_cast<const ZeroRedundancyOptimizer*>(optimizer);
     std::vector<int> owner;
@@ -228,6 +232,7 @@ void save_sharded(const std::string& dir, const nn::Module& model,
   wait_for_save();
   const ShardSave s = prepare(dir, model, optimizer, scheduler, metadata, "save_sharded", loc);
   sync(loc);
+  const runtime::OwnValues own;  // this rank's parameters as it holds them, not gathered
   write_and_commit(
       s, io::sources_of(s.mine, dir, loc), [] { barrier(); }, loc);
 }
@@ -241,6 +246,7 @@ void save_sharded_async(const std::string& dir, const nn::Module& model,
   // A copy of the values as they are now: the next steps update the tensors in place.
   sync(loc);
   std::vector<io::TensorSource> tensors = io::sources_of(s->mine, dir, loc);
+  const runtime::OwnValues own;  // this rank's parameters as it holds them, not gathered
   for (io::TensorSource& t : tensors) {
     auto bytes = std::make_shared<const std::vector<unsigned char>>(t.read());
     t.read = [bytes] { return *bytes; };
@@ -315,7 +321,8 @@ io::Metadata load_sharded(const std::string& dir, nn::Module& model, optim::Opti
                      ", not of a ", scheduler->kind()),
                  "Make the same kind of scheduler as the run that saved it");
   }
-  // What this rank needs: every model tensor, the optimizer state it keeps now, the scheduler's
+  // What this rank needs: every model tensor (a sharded parameter's too, dropped again after the
+  // load by the ranks that do not own it), the optimizer state it keeps now, the scheduler's
   // and the generator's, each as its file names it, with its shape and dtype here.
   std::map<std::string, const Tensor*> wanted;
   const nn::NamedTensors model_state = model.state_dict();
@@ -363,6 +370,7 @@ io::Metadata load_sharded(const std::string& dir, nn::Module& model, optim::Opti
                           {named(kModel, model_state), named(kOptimizer, optimizer_state),
                            named(kScheduler, scheduler_state), found.at(kGenerator)},
                           loc);
+  detail::drop_unowned(model.parameters(), loc);  // sharded parameters: their owners' alone
   io::Metadata out;
   for (const auto& [key, value] : index)
     if (key.rfind(kMeta, 0) == 0) out.emplace(key.substr(kMeta.size()), value);

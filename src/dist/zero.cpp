@@ -30,11 +30,16 @@ struct ZeroRedundancyOptimizer::Shard {
 ZeroRedundancyOptimizer::Shard ZeroRedundancyOptimizer::partition(std::vector<Tensor> params,
                                                                   const LocalFactory& make_local,
                                                                   const ZeroOptions& options,
-                                                                  const Loc& loc) {
+                                                                  const Loc& loc,
+                                                                  bool of_fully_shard) {
   const int world = world_size(), me = rank();
-  if (options.stage != 1 && options.stage != 2)
+  if (options.stage < 1 || options.stage > 3)
     util::fail(loc, "ZeroRedundancyOptimizer", cat("stage ", options.stage),
-               "Use stage 1 (the optimizer's state sharded) or 2 (the gradients as well)");
+               "Use stage 1 (the optimizer's state sharded), 2 (the gradients as well) or 3 "
+               "(the parameters too: ls::dist::fully_shard)");
+  if (options.stage == 3 && !of_fully_shard)
+    util::fail(loc, "ZeroRedundancyOptimizer", "stage 3 over parameters that are not sharded",
+               "Call ls::dist::fully_shard(model, make_local, options), which shards them");
   if (!(options.max_grad_norm >= 0))
     util::fail(loc, "ZeroRedundancyOptimizer", cat("max_grad_norm ", options.max_grad_norm),
                "Use a norm > 0 to clip, or 0 not to");
@@ -81,6 +86,14 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<Tensor> params,
                                                  ZeroOptions options, Loc loc)
     : ZeroRedundancyOptimizer(partition(std::move(params), make_local, options, loc), options) {}
 
+std::shared_ptr<ZeroRedundancyOptimizer> ZeroRedundancyOptimizer::sharding(
+    std::vector<Tensor> params, const LocalFactory& make_local, ZeroOptions options,
+    const Loc& loc) {
+  options.stage = 3;
+  return std::shared_ptr<ZeroRedundancyOptimizer>(new ZeroRedundancyOptimizer(
+      partition(std::move(params), make_local, options, loc, true), options));
+}
+
 ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(Shard shard, ZeroOptions options)
     : Optimizer(shard.params, shard.local->lr(), options.skip_nonfinite),
       local_(std::move(shard.local)),
@@ -97,6 +110,18 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(Shard shard, ZeroOptions option
 
 void ZeroRedundancyOptimizer::update(size_t i, const Tensor& grad, const Tensor& t,
                                      const Tensor& ok) {
+  if (stage_ == 3) {
+    // The owner updates its own value, which no other rank holds or needs until the next gather.
+    if (const int64_t j = local_of_[i]; j >= 0) {
+      const runtime::OwnValues own;
+      const ir::RankLocal mine;
+      Group& g = local_->groups_[local_->group_of_[static_cast<size_t>(j)]];
+      g.lr = lr_of(i);
+      g.weight_decay = weight_decay_of(i);
+      local_->update(static_cast<size_t>(j), grad, t, ok);
+    }
+    return;
+  }
   if (const int64_t j = local_of_[i]; j >= 0) {
     // This group's hyper-parameters as they are now (a scheduler sets them on this optimizer).
     Group& g = local_->groups_[local_->group_of_[static_cast<size_t>(j)]];
@@ -180,13 +205,26 @@ void ZeroRedundancyOptimizer::clip(std::vector<Tensor>& grads) {
 
 std::vector<Tensor> ZeroRedundancyOptimizer::step_gradients() {
   globals_.clear();
-  reduced_ = stage_ == 2 && world_size() > 1 ? reduce_to_owners() : Optimizer::step_gradients();
+  reduced_ = stage_ >= 2 && world_size() > 1 ? reduce_to_owners() : Optimizer::step_gradients();
   std::vector<Tensor> grads = reduced_;
   if (max_grad_norm_ > 0) clip(grads);
   return grads;
 }
 
 void ZeroRedundancyOptimizer::end_step() {
+  if (stage_ == 3) {
+    // Every rank's program runs every reduce, though only the owners read theirs: a broadcast of
+    // nothing, ordered after them (and the norm and the count), which the step computes.
+    std::vector<Tensor> after;
+    for (size_t k = reduced_.size(); k-- > 0;)
+      if (reduced_[k].defined()) after.push_back(reduced_[k]);
+    after.insert(after.end(), globals_.begin(), globals_.end());
+    if (!after.empty()) {
+      fence_ = broadcast(zeros({}, TensorOptions(DType::F32, params_[0].device())), 0, after);
+      fence_.impl()->anchor = true;
+    }
+    for (const Tensor& p : params_) runtime::drop_gathered(*p.impl());
+  }
   reduced_.clear();
   globals_.clear();
 }

@@ -20,8 +20,10 @@
 //                   MaxPool2dBackward (grad_out, indices); AvgPool2dBackward (grad_out)
 //   AllReduce       ir::AllReduceAttrs (attrs.h): the sum over the ranks times a scale (or
 //                                               a reduce: the sum on one root rank alone)
-//   Broadcast       [root]                      the root rank's value on every rank: of its last
-//                                               operand; any before it only order it after them
+//   Broadcast       [root] or [root, gather]    the root rank's value on every rank: of its last
+//                                               operand; any before it only order it after them;
+//                                               gather 1: a sharded parameter's (fully_shard),
+//                                               which the backward may read from a second one
 // Reshape, Expand, Cast, the conv/pool backward ops take their result shape/dtype from the node.
 #pragma once
 
@@ -185,6 +187,9 @@ struct Origin {
   // called the op itself).
   const char* user_op = nullptr;
   int16_t backward_of = -1;  // a gradient node: the Op of the node whose gradient it computes
+  // Recorded under RankLocal: work some ranks do and others do not (a ZeRO-3 owner's update of
+  // its own parameters), left out of the ranks' agreement on the program (dist/comm_agree.cpp).
+  bool rank_local = false;
 };
 
 // What a leaf binds at run time (never hashed): Data's device buffer, Scalar's host value.
@@ -265,6 +270,18 @@ class BackwardOf {
   const Node* previous_;
 };
 void set_grad_enabled(bool enabled);
+
+// While alive, the nodes this thread records are this rank's alone (Origin::rank_local).
+class RankLocal {
+ public:
+  RankLocal();
+  ~RankLocal();
+  RankLocal(const RankLocal&) = delete;
+  RankLocal& operator=(const RankLocal&) = delete;
+
+ private:
+  bool previous_;
+};
 
 // Records a node: checks it (infer) and builds it. All operands must be on `device`.
 NodePtr make_node(Op op, std::vector<NodePtr> operands, std::vector<int64_t> attrs, Shape shape,

@@ -148,6 +148,13 @@ thread_local const Node* t_backward_of = nullptr;
 BackwardOf::BackwardOf(const Node* forward) : previous_(t_backward_of) { t_backward_of = forward; }
 BackwardOf::~BackwardOf() { t_backward_of = previous_; }
 
+namespace {
+thread_local bool t_rank_local = false;
+}  // namespace
+
+RankLocal::RankLocal() : previous_(t_rank_local) { t_rank_local = true; }
+RankLocal::~RankLocal() { t_rank_local = previous_; }
+
 int64_t& recorded_nodes() {
   thread_local int64_t count = 0;
   return count;
@@ -191,6 +198,7 @@ NodePtr new_node(Op op, std::vector<NodePtr> operands, std::vector<int64_t> attr
   node->origin.loc = util::user_loc(loc);
   node->origin.module = util::current_module_path();
   node->origin.user_op = util::current_user_op();
+  node->origin.rank_local = t_rank_local;
   if (const Node* f = t_backward_of) {
     node->origin.backward_of = static_cast<int16_t>(f->op);
     node->origin.module = f->origin.module;

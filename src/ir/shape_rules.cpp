@@ -386,7 +386,7 @@ void infer(Op op, const std::vector<NodePtr>& in, const std::vector<int64_t>& at
       *dtype = in[0]->dtype;
       return;
     case Op::Broadcast:
-      c.attrs_size(attrs, 1);
+      if (attrs.size() != 2) c.attrs_size(attrs, 1);
       if (attrs[0] < 0) c.fail(cat("root rank ", attrs[0], " is negative"), "Use a rank >= 0");
       if (in.empty()) c.fail("nothing to broadcast", "Pass the value (last operand)");
       *shape = in.back()->shape;

@@ -18,6 +18,13 @@ ir::Graph cse(const ir::Graph& g);
 // backend folds it into the product. Leaves dead nodes behind (cse removes them).
 ir::Graph simplify(const ir::Graph& g);
 
+// Gathers of sharded parameters (Broadcast with gather 1: ls::dist::fully_shard) read by both the
+// forward and the backward run again just before the backward's first read, which then reads the
+// second: the gathered parameter lives while the forward uses it and again while the backward
+// does, not from one to the other (FSDP's reshard after forward). Every rank runs the same pass
+// on the same collectives, so they stay in one order.
+ir::Graph regather(const ir::Graph& g);
+
 // Constant folding, the plan: the values that depend on nothing supplied at run time (no
 // buffer, host scalar or random key; index ramps and what is computed from them alone), and of
 // those the ones a backend computes once at compile time and keeps: each read by a value that is

@@ -28,6 +28,24 @@ Tensor new_tensor(ir::NodePtr node, bool of_step = true);
 // The node to use as an operand for `t`; throws Error if t is empty or poisoned, or in use by
 // another thread's step (see context.h).
 ir::NodePtr node_of(const Tensor& t, const char* op, const Loc& loc);
+// While alive, this thread reads a sharded parameter's (TensorImpl::gather_root) own value, not
+// the broadcast from its owner: the owner's update and checkpoint of it.
+class OwnValues {
+ public:
+  OwnValues();
+  ~OwnValues();
+  OwnValues(const OwnValues&) = delete;
+  OwnValues& operator=(const OwnValues&) = delete;
+
+ private:
+  bool previous_;
+};
+// Whether the calling thread reads sharded parameters through their broadcasts (no OwnValues).
+bool reads_gathered();
+// Forgets the broadcast a sharded parameter's reads share (TensorImpl::gathered): the next read
+// records another. Called as each step ends, so that the gather (and the value it read) is not
+// held between steps.
+void drop_gathered(TensorImpl& impl);
 // The node of a defined tensor's current value, for its metadata (no checks).
 ir::NodePtr current_node(const TensorImpl& impl);
 // What a step closure (on the runtime thread) sees of `impl`, whose value is `value`: the value

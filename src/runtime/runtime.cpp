@@ -54,11 +54,17 @@ std::vector<Job> build_jobs(std::vector<std::shared_ptr<TensorImpl>> targets,
     const Device device = devices[di];
     std::vector<std::shared_ptr<TensorImpl>> group;
     std::vector<ir::NodePtr> roots;
-    for (size_t k = 0; k < targets.size(); ++k)
-      if (values[k] && values[k]->device == device) {
-        group.push_back(targets[k]);
-        roots.push_back(values[k]);
-      }
+    // Anchors first and what this rank alone computes (ir::RankLocal) last: the graph's order
+    // of the collectives is then the same on every rank (TensorImpl::anchor).
+    auto rank_of = [&](size_t k) {
+      return targets[k]->anchor ? 0 : values[k]->origin.rank_local ? 2 : 1;
+    };
+    for (const int pass : {0, 1, 2})
+      for (size_t k = 0; k < targets.size(); ++k)
+        if (values[k] && values[k]->device == device && rank_of(k) == pass) {
+          group.push_back(targets[k]);
+          roots.push_back(values[k]);
+        }
     const int64_t t0 = now_ns();
     BuiltGraph built = build_graph(roots, device);
     const int64_t graph_ns = now_ns() - t0;
@@ -157,6 +163,11 @@ void sync_all(const std::string& origin, const std::string& site, bool keep_hist
 }
 
 std::shared_ptr<Buffer> materialize(const Tensor& t, const Loc& loc, const char* api) {
+  if (t.defined() && t.impl()->gather_root >= 0 && reads_gathered()) {
+    // A sharded parameter: its whole value, from its owner (a collective: every rank reads it).
+    const Tensor whole = new_tensor(node_of(t, "read", loc), false);
+    return materialize(whole, loc, api);
+  }
   node_of(t, "read", loc);
   std::shared_ptr<TensorImpl> impl = t.impl_ptr();
   Context& me = current_context();

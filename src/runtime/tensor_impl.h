@@ -73,6 +73,16 @@ struct TensorImpl : std::enable_shared_from_this<TensorImpl> {
   // A module's parameter or buffer: its path from the outermost module that holds it (set by
   // nn::Module's registration); the buffers of its values carry it into graph dumps.
   std::shared_ptr<const std::string> name;
+  // A parameter ls::dist::fully_shard sharded: rank `gather_root` holds its value, the others a
+  // stand-in. Ops read it through a broadcast from that rank (runtime::node_of), the same one
+  // until the tensor's value changes or the step ends (`gathered`, of the value `gathered_of`).
+  int gather_root = -1;
+  // Its value's graph is built first, before the other targets' (ZeRO-3's broadcast after every
+  // reduce): the order of its collectives is then the same on every rank, whatever other values
+  // one rank alone keeps (the gradients it owns).
+  bool anchor = false;
+  ir::NodePtr gathered;
+  const ir::Node* gathered_of = nullptr;
 
   explicit TensorImpl(ir::NodePtr n);
   ~TensorImpl();

@@ -105,6 +105,45 @@ Tensor new_tensor(ir::NodePtr node, bool of_step) {
   return Tensor(std::move(impl));
 }
 
+namespace {
+thread_local bool t_own_values = false;
+
+// The value of sharded `impl` (locked) as ops read it: the broadcast from its owner, recorded
+// once per value and step, with the parameter's leaf mark, so that backward delivers the
+// gradient to the parameter as through its own value. A gather: the backend may run it again for
+// the backward's reads rather than keep it (passes::regather).
+ir::NodePtr gathered_locked(TensorImpl& impl, const Loc& loc) {
+  if (!impl.gathered || impl.gathered_of != impl.node.get()) {
+    const bool grad = ir::grad_enabled();
+    ir::set_grad_enabled(false);  // the broadcast itself has no gradient: the mark gives it one
+    ir::NodePtr gather;
+    try {
+      gather = ir::make_node(ir::Op::Broadcast, {impl.node}, {impl.gather_root, 1}, impl.shape,
+                             impl.dtype, loc);
+    } catch (...) {
+      ir::set_grad_enabled(grad);
+      throw;
+    }
+    ir::set_grad_enabled(grad);
+    impl.gathered = std::move(gather);
+    impl.gathered_of = impl.node.get();
+  }
+  if (impl.requires_grad && ir::grad_enabled() && impl.gathered->grad.leaf.lock().get() != &impl)
+    impl.gathered = ir::annotated(impl.gathered, {true, impl.weak_from_this(), nullptr, nullptr});
+  return impl.gathered;
+}
+}  // namespace
+
+OwnValues::OwnValues() : previous_(t_own_values) { t_own_values = true; }
+OwnValues::~OwnValues() { t_own_values = previous_; }
+bool reads_gathered() { return !t_own_values; }
+
+void drop_gathered(TensorImpl& impl) {
+  TensorLock lock(impl);
+  impl.gathered.reset();
+  impl.gathered_of = nullptr;
+}
+
 ir::NodePtr node_of(const Tensor& t, const char* op, const Loc& loc) {
   if (!t.defined())
     util::fail(loc, op, "got an empty tensor handle (default-constructed ls::Tensor)",
@@ -115,6 +154,7 @@ ir::NodePtr node_of(const Tensor& t, const char* op, const Loc& loc) {
     TensorLock lock(impl);
     check_use(impl, current_context(), op, loc);
     if (impl.poison) std::rethrow_exception(impl.poison);
+    if (impl.gather_root >= 0 && !t_own_values) return gathered_locked(impl, loc);
     // A leaf that requires grad is seen by ops through a node marked as its own, so backward
     // knows where to deliver the gradient. The value is unchanged: no journal entry.
     if (impl.requires_grad && ir::grad_enabled() && impl.node->grad.leaf.lock().get() != &impl) {

@@ -175,19 +175,20 @@ TEST(DataParallel, ZeroStage1TrainsBitForBitAsDataParallel) {
   expect_zero_trains_as_data_parallel("bn", "adamw", 4);
 }
 
-// ZeRO stage 2 against DataParallel: each gradient reduced to its owner alone, the others dropped.
+// ZeRO stage 2 (`stage` "zero2") against DataParallel: each gradient reduced to its owner alone,
+// the others dropped.
 // The same training (each step's loss within 1e-5 relative: a reduce may sum the ranks in
 // another order than an all-reduce; to the bit with 2 ranks, whose sum has one order, unless the
 // norm is clipped: a sum of the ranks' shares, not of all the squares in one order), the
 // replicas bit-identical to each other, the optimizer state and the gradients each rank holds
 // after the step split over the ranks (all of them together exactly once). `env`: CLIP, NAN_AT
 // (both runs); `mca`: the transport.
-void expect_stage2_trains_as_data_parallel(const std::string& model, const std::string& optim,
-                                           int np, const std::string& env = "",
-                                           const std::string& mca = "") {
+void expect_zero_trains_as_data_parallel(const std::string& stage, const std::string& model,
+                                         const std::string& optim, int np,
+                                         const std::string& env = "", const std::string& mca = "") {
   const std::string args = "train " + model + " " + optim + " 5 4 " + tmp("zero2.safetensors");
   const Job dp = mpirun(np, args, env, mca);
-  const Job zero = mpirun(np, args + " zero2", env, mca);
+  const Job zero = mpirun(np, args + " " + stage, env, mca);
   ASSERT_EQ(dp.exit_code, 0) << dp.out;
   ASSERT_EQ(zero.exit_code, 0) << zero.out;
   const auto want = losses(dp.out), got = losses(zero.out);
@@ -226,24 +227,61 @@ void expect_stage2_trains_as_data_parallel(const std::string& model, const std::
 }
 
 TEST(DataParallel, ZeroStage2TrainsAsDataParallel) {
-  expect_stage2_trains_as_data_parallel("mlp", "adamw", 2);
-  expect_stage2_trains_as_data_parallel("cnn", "sgd", 4);
-  expect_stage2_trains_as_data_parallel("bn", "adamw", 4);
+  expect_zero_trains_as_data_parallel("zero2", "mlp", "adamw", 2);
+  expect_zero_trains_as_data_parallel("zero2", "cnn", "sgd", 4);
+  expect_zero_trains_as_data_parallel("zero2", "bn", "adamw", 4);
 }
 
 // Under bf16 autocast (the forward's products in bf16, the gradients of the f32 parameters f32).
 TEST(DataParallel, ZeroStage2UnderBf16AutocastTrainsAsDataParallel) {
-  expect_stage2_trains_as_data_parallel("mlp", "adamw", 2, "AUTOCAST=1");
-  expect_stage2_trains_as_data_parallel("cnn", "sgd", 4, "AUTOCAST=1");
+  expect_zero_trains_as_data_parallel("zero2", "mlp", "adamw", 2, "AUTOCAST=1");
+  expect_zero_trains_as_data_parallel("zero2", "cnn", "sgd", 4, "AUTOCAST=1");
 }
 
 // Clipping to the global norm (each rank's share summed over the ranks) and the skip of a step
 // whose gradients are not finite on one rank only (every rank skips it), as DataParallel with
 // clip_grad_norm_ and skip_nonfinite; over TCP as well as shared memory.
 TEST(DataParallel, ZeroStage2ClipsAndSkipsAsDataParallel) {
-  expect_stage2_trains_as_data_parallel("mlp", "adamw", 2, "CLIP=0.5 NAN_AT=3");
-  expect_stage2_trains_as_data_parallel("cnn", "sgd", 4, "CLIP=0.5 NAN_AT=2");
-  expect_stage2_trains_as_data_parallel("mlp", "sgd", 2, "CLIP=0.5", "--mca btl tcp,self");
+  expect_zero_trains_as_data_parallel("zero2", "mlp", "adamw", 2, "CLIP=0.5 NAN_AT=3");
+  expect_zero_trains_as_data_parallel("zero2", "cnn", "sgd", 4, "CLIP=0.5 NAN_AT=2");
+  expect_zero_trains_as_data_parallel("zero2", "mlp", "sgd", 2, "CLIP=0.5", "--mca btl tcp,self");
+}
+
+// ZeRO-3 (fully_shard): each parameter held by its owner alone and gathered where ops read it,
+// its gradient reduced to the owner, which updates it: the same training as DataParallel (and as
+// stage 2: the same checks), over shared memory and TCP, 2 and 4 ranks.
+TEST(DataParallel, ZeroStage3TrainsAsDataParallel) {
+  expect_zero_trains_as_data_parallel("zero3", "mlp", "adamw", 2);
+  expect_zero_trains_as_data_parallel("zero3", "cnn", "sgd", 4);
+  expect_zero_trains_as_data_parallel("zero3", "bn", "adamw", 4);
+  expect_zero_trains_as_data_parallel("zero3", "deep", "sgd", 2, "", "--mca btl tcp,self");
+}
+
+TEST(DataParallel, ZeroStage3ClipsSkipsAndAutocastsAsDataParallel) {
+  expect_zero_trains_as_data_parallel("zero3", "mlp", "adamw", 2, "CLIP=0.5 NAN_AT=3");
+  expect_zero_trains_as_data_parallel("zero3", "cnn", "sgd", 4, "AUTOCAST=1");
+}
+
+// The per-rank memory limit under which a DataParallel step fails the preflight (planned: the
+// whole model's parameters, gradients and AdamW state, 9.2 MB for `deep`) and the same step under
+// ZeRO-3 on 4 ranks trains: each rank plans its own shard of the state and of the updates, with
+// the gathered working set (the largest rank, owning a 512x512 layer, about 7.7 MB).
+TEST(DataParallel, ZeroStage3TrainsUnderAMemoryLimitDataParallelExceeds) {
+  const std::string args = "train deep adamw 3 4 " + tmp("limit.safetensors");
+  const std::string limit = "MEMORY_LIMIT=" + std::to_string(8400 * 1000);
+  const Job dp = mpirun(4, args, limit);
+  EXPECT_NE(dp.exit_code, 0) << dp.out;
+  EXPECT_NE(dp.out.find("more than the memory limit"), std::string::npos) << dp.out;
+  const Job zero = mpirun(4, args + " zero3", limit);
+  ASSERT_EQ(zero.exit_code, 0) << zero.out;
+  EXPECT_EQ(losses(zero.out).size(), 12u) << zero.out;
+  std::regex line(R"(rank \d+ planned bytes (\d+))");
+  int ranks = 0;
+  for (std::sregex_iterator it(zero.out.begin(), zero.out.end(), line), end; it != end; ++it) {
+    EXPECT_LE(std::stoll((*it)[1]), 8400 * 1000) << zero.out;
+    ++ranks;
+  }
+  EXPECT_EQ(ranks, 4) << zero.out;
 }
 
 // Sharded checkpoints at any world size: 4 ranks under ZeRO-1 save after step 3 (asynchronously;
@@ -310,6 +348,40 @@ TEST(DataParallel, ShardedCheckpointsResumeAtAnyWorldSize) {
   EXPECT_EQ(broken.exit_code, 1) << broken.out;
   EXPECT_NE(broken.out.find(std::filesystem::path(victim).filename().string()), std::string::npos)
       << broken.out;
+  std::filesystem::remove_all(dir);
+  std::remove(out.c_str());
+}
+
+// ZeRO-3's checkpoints: each parameter written by the rank that holds it (its own value, not a
+// gather), loaded at any world size: 4 ranks save after step 3 (asynchronously), 2 ranks under
+// ZeRO-3 resume and 1 process with the plain optimizer resumes, each step's loss the
+// uninterrupted 4-rank run's; the export holds every parameter.
+TEST(DataParallel, ZeroStage3CheckpointsResumeAtAnyWorldSize) {
+  const std::string dir = tmp("sharded3"), out = tmp("sharded3.safetensors");
+  auto job = [&](int np, const std::string& env, int steps, const std::string& extra) {
+    return mpirun(np,
+                  "train mlp adamw " + std::to_string(steps) + " " + std::to_string(16 / np) + " " +
+                      out + extra,
+                  env);
+  };
+  const Job whole = job(4, "", 6, " zero3");
+  ASSERT_EQ(whole.exit_code, 0) << whole.out;
+  const auto want = losses(whole.out);
+  const Job save4 = job(4, "CKPT_ASYNC=1 CKPT_SAVE=" + dir + " CKPT_AT=3", 3, " zero3");
+  ASSERT_EQ(save4.exit_code, 0) << save4.out;
+  const std::string exported = tmp("exported3.safetensors");
+  EXPECT_EQ(ls::dist::export_safetensors(dir, exported).at("step"), "3");
+  EXPECT_EQ(ls::io::load_safetensors(exported).tensors.size(), 4u);  // 2 weights, 2 biases
+  std::remove(exported.c_str());
+  const Job resume2 = job(2, "CKPT_LOAD=" + dir, 6, " zero3");
+  ASSERT_EQ(resume2.exit_code, 0) << resume2.out;
+  const auto got2 = losses(resume2.out);
+  for (int s = 4; s <= 6; ++s)
+    for (int r = 0; r < 2; ++r)
+      EXPECT_NEAR(got2.at({r, s}), want.at({0, s}), 1e-5) << "rank " << r << " step " << s;
+  const Job resume1 = job(1, "CKPT_LOAD=" + dir, 6, "");
+  ASSERT_EQ(resume1.exit_code, 0) << resume1.out;
+  EXPECT_NEAR(losses(resume1.out).at({0, 6}), want.at({0, 6}), 1e-5) << resume1.out;
   std::filesystem::remove_all(dir);
   std::remove(out.c_str());
 }

@@ -1,11 +1,12 @@
 // One rank of the data parallel tests (dist_test.cpp starts it under mpirun). Trains a small
 // model on deterministic synthetic data, rank r taking samples [r*B, (r+1)*B) of each global
 // batch of N*B, so that N ranks with batch B see what one process with batch N*B sees:
-//   dist_worker train MODEL OPTIM STEPS BATCH OUT [zero1|zero2]
-//                                                   MODEL mlp|cnn|bn, OPTIM sgd|adamw; rank 0
-//                                                   writes the final parameters to OUT; zero1,
-//                                                   zero2: the optimizer sharded
-//                                                   (ZeroRedundancyOptimizer of that stage), each
+//   dist_worker train MODEL OPTIM STEPS BATCH OUT [zero1|zero2|zero3]
+//                                                   MODEL mlp|deep|cnn|bn, OPTIM sgd|adamw; rank 0
+//                                                   writes the final parameters to OUT (not
+//                                                   under zero3); zero1, zero2: the optimizer
+//                                                   sharded (ZeroRedundancyOptimizer of that
+//                                                   stage; zero3: fully_shard), each
 //                                                   rank printing "rank R zero state N of M" and
 //                                                   "rank R zero grads N of M" (the gradient
 //                                                   elements it holds after the last step).
@@ -13,7 +14,8 @@
 //                                                   (clip_grad_norm_, or the option). NAN_AT=S:
 //                                                   rank 1's loss is NaN at step S, the optimizers
 //                                                   skip non-finite steps. AUTOCAST=1: the
-//                                                   forward under bf16 autocast. ZERO_RANK1=Z:
+//                                                   forward under bf16 autocast. MEMORY_LIMIT=B:
+//                                                   ls::set_memory_limit(B). ZERO_RANK1=Z:
 //                                                   rank 1 takes Z for the zero argument.
 //                                                   CKPT_LOAD=DIR:
 //                                                   start from load_sharded(DIR), at the step
@@ -87,6 +89,14 @@ std::shared_ptr<ls::nn::Module> make_model(const std::string& name) {
     m->emplace<ls::nn::Linear>(64, 32);
     m->emplace<ls::nn::ReLU>();
     m->emplace<ls::nn::Linear>(32, 4);
+  } else if (name == "deep") {  // parameters far more than activations (2.2 MB of them)
+    m->emplace<ls::nn::Linear>(64, 512);
+    for (int k = 0; k < 2; ++k) {
+      m->emplace<ls::nn::ReLU>();
+      m->emplace<ls::nn::Linear>(512, 512);
+    }
+    m->emplace<ls::nn::ReLU>();
+    m->emplace<ls::nn::Linear>(512, 4);
   } else {
     m->emplace<ls::nn::Conv2d>(ls::nn::Conv2dSpec{
         .in_channels = 1, .out_channels = 8, .kernel = {3, 3}, .padding = {1, 1}});
@@ -145,22 +155,28 @@ int run(int argc, char** argv) {
   };
   std::string zero_arg = train && argc > 7 ? argv[7] : "";
   if (const char* other = std::getenv("ZERO_RANK1"); other && rank == 1) zero_arg = other;
-  const bool zero = zero_arg == "zero1" || zero_arg == "zero2";
+  const bool zero = zero_arg == "zero1" || zero_arg == "zero2" || zero_arg == "zero3";
   const double clip = std::getenv("CLIP") ? std::atof(std::getenv("CLIP")) : 0.0;
-  std::unique_ptr<ls::optim::Optimizer> opt;
-  if (zero)
+  std::shared_ptr<ls::optim::Optimizer> opt;
+  if (zero_arg == "zero3")
+    opt = ls::dist::fully_shard(*model, make_optimizer,
+                                {.max_grad_norm = clip, .skip_nonfinite = skip});
+  else if (zero)
     opt = std::make_unique<ls::dist::ZeroRedundancyOptimizer>(
         model->parameters(), make_optimizer,
         ls::dist::ZeroOptions{
             .stage = zero_arg == "zero2" ? 2 : 1, .max_grad_norm = clip, .skip_nonfinite = skip});
   else
     opt = make_optimizer(model->parameters());
-  const bool image = model_name != "mlp";
+  const bool image = model_name == "cnn" || model_name == "bn";
   int first_step = 1;
   if (const char* dir = std::getenv("CKPT_LOAD"); dir && train)
     first_step = std::stoi(ls::dist::load_sharded(dir, *model, opt.get()).at("step")) + 1;
   const char* save_dir = std::getenv("CKPT_SAVE");
   const int save_at = std::getenv("CKPT_AT") ? std::atoi(std::getenv("CKPT_AT")) : 0;
+  if (const char* limit = std::getenv("MEMORY_LIMIT"))  // bytes: the preflight's, per rank
+    ls::set_memory_limit(static_cast<size_t>(std::atoll(limit)));
+  int64_t planned = 0;  // the most a step's program planned to take
   for (int s = first_step; s <= steps; ++s) {
     int64_t n = per_rank;
     if (mode == "diverge-batch" && rank == 1 && s == 3) n = per_rank / 2;
@@ -207,6 +223,7 @@ int run(int argc, char** argv) {
       loss = ls::dist::all_reduce(loss, 1.0 / world);
     });
     if (mode == "diverge-queued") continue;  // no read: the steps' programs stay queued
+    planned = std::max(planned, ls::metrics::counter("planned_bytes"));  // the step's program
     std::printf("rank %d step %d loss %.9g\n", rank, s, loss.item<float>());
     std::fflush(stdout);
     if (save_dir && train && (s == save_at || save_at == 0)) {
@@ -238,7 +255,10 @@ int run(int argc, char** argv) {
   std::printf("rank %d final hash %016llx\n", rank,
               static_cast<unsigned long long>(dp.state_hash()));
   dp.check_replicas_agree();
-  if (rank == 0 && !out.empty()) ls::io::save_safetensors(out, model->named_parameters());
+  std::printf("rank %d planned bytes %lld\n", rank, static_cast<long long>(planned));
+  // (Sharded parameters are gathered by every rank's reads: rank 0 alone cannot save them.)
+  if (rank == 0 && !out.empty() && zero_arg != "zero3")
+    ls::io::save_safetensors(out, model->named_parameters());
   ls::dist::finalize();
   return 0;
 }

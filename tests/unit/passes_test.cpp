@@ -205,3 +205,51 @@ TEST(Passes, FindConstantsFoldsWhatRunTimeValuesReadOfRampsAlone) {
   // With room for the broadcast, it is folded too.
   EXPECT_EQ(passes::find_constants(b.g, 1 << 20).fold, (std::vector<int32_t>{cast, sine, big}));
 }
+
+// A sharded parameter's gather (a broadcast with gather 1) read by the forward and the backward
+// runs again just before the backward's first read, which reads the second; a plain broadcast,
+// and a gather only the forward reads, are left alone.
+TEST(Passes, RegatherRunsAGatherAgainForTheBackward) {
+  Builder b;
+  const int32_t x = b.data({2, 3});
+  const int32_t w = b.data({3, 3});
+  const int32_t gw = b.add(Op::Broadcast, {w}, {1, 1}, {3, 3});  // %2 gather
+  const int32_t v = b.data({3});
+  const int32_t gv = b.add(Op::Broadcast, {v}, {1, 1}, {3});  // %4 gather: forward only
+  const int32_t pb = b.add(Op::Broadcast, {w}, {0}, {3, 3});  // %5 plain: read by both
+  const int32_t y = b.add(Op::MatMul, {x, gw}, {}, {2, 3});
+  const int32_t z = b.add(Op::Add, {y, gv}, {}, {2, 3});
+  const int32_t u = b.add(Op::MatMul, {z, pb}, {}, {2, 3});
+  const int32_t e = b.add(Op::Exp, {u}, {}, {2, 3});  // %9: the backward starts after it
+  auto backward = [&](Op op, std::vector<int32_t> operands, std::vector<int64_t> attrs,
+                      Shape shape) {
+    const int32_t n = b.add(op, std::move(operands), std::move(attrs), std::move(shape));
+    b.g.nodes[static_cast<size_t>(n)].origin.backward_of = static_cast<int16_t>(Op::MatMul);
+    return n;
+  };
+  const int32_t t = backward(Op::Permute, {pb}, {1, 0}, {3, 3});
+  const int32_t d = backward(Op::MatMul, {e, t}, {}, {2, 3});
+  const int32_t wt = backward(Op::Permute, {gw}, {1, 0}, {3, 3});
+  const int32_t dx = backward(Op::MatMul, {d, wt}, {}, {2, 3});
+  b.g.outputs = {e, dx};
+  EXPECT_EQ(text(passes::regather(b.g)),
+            "%0 = data(#0) f32[2, 3]\n"
+            "%1 = data(#1) f32[3, 3]\n"
+            "%2 = broadcast(%1) {1, 1} f32[3, 3]\n"
+            "%3 = data(#2) f32[3]\n"
+            "%4 = broadcast(%3) {1, 1} f32[3]\n"
+            "%5 = broadcast(%1) {0} f32[3, 3]\n"
+            "%6 = mat_mul(%0, %2) f32[2, 3]\n"
+            "%7 = add(%6, %4) f32[2, 3]\n"
+            "%8 = mat_mul(%7, %5) f32[2, 3]\n"
+            "%9 = exp(%8) f32[2, 3]\n"
+            "%10 = permute(%5) {1, 0} f32[3, 3]\n"
+            "%11 = mat_mul(%9, %10) f32[2, 3]\n"
+            "%12 = broadcast(%1) {1, 1} f32[3, 3]\n"
+            "%13 = permute(%12) {1, 0} f32[3, 3]\n"
+            "%14 = mat_mul(%11, %13) f32[2, 3]\n"
+            "return %9, %14\n");
+  // Nothing to run again: the graph as it was.
+  b.g.nodes[static_cast<size_t>(wt)].operands = {pb};
+  EXPECT_EQ(text(passes::regather(b.g)), text(b.g));
+}

@@ -40,7 +40,7 @@ class CpuBackend final : public Backend {
   std::unique_ptr<Executable> compile(const ir::Graph& graph) override {
     const int threads = num_threads();
     const ThreadCount count(threads);
-    plan::Plan p(passes::cse(passes::simplify(graph)));
+    plan::Plan p(passes::regather(passes::cse(passes::simplify(graph))));
     plan::run_pipeline(p, pipeline(), "cpu");
     return std::make_unique<CpuExecutable>(std::move(p), threads);
   }

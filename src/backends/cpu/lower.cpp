@@ -14,6 +14,7 @@
 #include "backends/ref/ref_kernels.h"
 #include "dist/comm.h"
 #include "ir/attrs.h"
+#include "lockstep/dist.h"
 #include "util/check.h"
 
 namespace lockstep::backends::cpu {
@@ -398,7 +399,9 @@ void lower_collective(Lowering& l) {
     const int root = static_cast<int>(l.n.attrs[0]);
     const std::string what = util::cat("broadcast recorded at ", where);
     l.cs.run = [=](Ctx& c) {
-      if (bytes && c.ptr[id] != c.ptr[x]) std::memcpy(c.ptr[id], c.ptr[x], bytes);
+      // Only the root's is sent: the others' (a sharded parameter's stand-in) are overwritten.
+      if (bytes && c.ptr[id] != c.ptr[x] && dist::rank() == root)
+        std::memcpy(c.ptr[id], c.ptr[x], bytes);
       dist::detail::broadcast(c.ptr[id], bytes, root, what);
     };
     return;

@@ -1,0 +1,99 @@
+// fully_shard (lockstep/dist.h): ZeRO-3, the parameters sharded over the ranks. The optimizer
+// is ZeroRedundancyOptimizer's (zero.cpp) at stage 3; here, the parameters' values are dropped
+// by the ranks that do not own them, and their reads become gathers (runtime::node_of).
+#include <sys/mman.h>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dist/fully_shard.h"
+#include "lockstep/dist.h"
+#include "lockstep/nn.h"
+#include "lockstep/runtime.h"
+#include "runtime/lazy.h"
+#include "util/check.h"
+
+namespace lockstep::dist {
+
+using util::cat;
+
+namespace {
+
+// A sharded parameter's stand-in on the ranks that do not own it: a mapping the size of the
+// value that no page backs until written (and nothing writes it: a gather's non-root ranks
+// receive into their own result), so it takes no memory; its reads see zeros.
+class StandIn final : public backends::Storage {
+ public:
+  explicit StandIn(size_t bytes) : bytes_(bytes) {
+    if (bytes_ == 0) return;
+    void* p = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+      throw Error(cat("fully_shard: cannot map ", bytes_, " bytes for a parameter's stand-in (",
+                      std::strerror(errno), ")"));
+    data_ = p;
+  }
+  ~StandIn() override {
+    if (data_) ::munmap(data_, bytes_);
+  }
+  StandIn(const StandIn&) = delete;
+  StandIn& operator=(const StandIn&) = delete;
+  void* data() override { return data_; }
+  size_t bytes() const override { return bytes_; }
+
+ private:
+  size_t bytes_;
+  void* data_ = nullptr;
+};
+
+}  // namespace
+
+namespace detail {
+
+void drop_unowned(const std::vector<Tensor>& params, const Loc& loc) {
+  for (const Tensor& p : params) {
+    lockstep::detail::TensorImpl& impl = *p.impl();
+    if (impl.gather_root < 0 || impl.gather_root == rank()) continue;
+    const ir::NodePtr value = runtime::current_node(impl);
+    if (value->op == ir::Op::Data && value->binding.buffer &&
+        std::dynamic_pointer_cast<StandIn>(value->binding.buffer->storage))
+      continue;  // dropped already
+    auto stand_in = std::make_shared<runtime::Buffer>();
+    stand_in->device = p.device();
+    stand_in->bytes = static_cast<size_t>(p.numel()) * dtype_size(p.dtype());
+    stand_in->storage = std::make_shared<StandIn>(stand_in->bytes);
+    stand_in->name = impl.name;
+    stand_in->done.store(true);
+    runtime::set_value(impl, ir::make_data(stand_in, p.shape(), p.dtype(), p.device(), loc),
+                       "dist::fully_shard", loc);
+  }
+}
+
+}  // namespace detail
+
+std::shared_ptr<ZeroRedundancyOptimizer> fully_shard(
+    nn::Module& model, const ZeroRedundancyOptimizer::LocalFactory& make_local, ZeroOptions options,
+    Loc loc) {
+  const char* const op = "dist::fully_shard";
+  if (in_step())
+    util::fail(loc, op, "called inside a step", "Call it between steps, before training");
+  const std::vector<Tensor> params = model.parameters();
+  for (size_t i = 0; i < params.size(); ++i)
+    if (params[i].defined() && params[i].impl()->gather_root >= 0)
+      util::fail(loc, op, cat("parameter ", i, " is sharded already"),
+                 "Call fully_shard once per model");
+  // Every rank starts from rank 0's values, as under DataParallel.
+  { const DataParallel same(model, {}, loc); }
+  const std::shared_ptr<ZeroRedundancyOptimizer> opt =
+      ZeroRedundancyOptimizer::sharding(params, make_local, options, loc);
+  sync(loc);
+  for (size_t i = 0; i < params.size(); ++i) params[i].impl()->gather_root = opt->owner(i);
+  detail::drop_unowned(params, loc);
+  return opt;
+}
+
+}  // namespace lockstep::dist

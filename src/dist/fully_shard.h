@@ -1,0 +1,16 @@
+// What fully_shard (fully_shard.cpp) shares with the sharded checkpoints.
+#pragma once
+
+#include <vector>
+
+#include "lockstep/loc.h"
+#include "lockstep/tensor.h"
+
+namespace lockstep::dist::detail {
+
+// Gives each sharded parameter (TensorImpl::gather_root) this rank does not own a stand-in
+// value that takes no memory, in place of the value it holds (after fully_shard's start, or a
+// load that gave it the whole value).
+void drop_unowned(const std::vector<Tensor>& params, const Loc& loc);
+
+}  // namespace lockstep::dist::detail
