@@ -11,6 +11,12 @@
 // waited most (communication and skew); hidden = 1 - exposed / comm.
 // With LOCKSTEP_PROFILE set, rank 0 also prints ls::metrics::report() (time per kernel kind,
 // all_reduce_start and all_reduce_wait) to stderr.
+// With `zero3`, it also prints
+//   gathers <workload> per_step G wait_ms W alone_ms A hidden H
+// G: the parameters' gathers a step makes; W: how long a step waited for them (metrics timer
+// gather_wait), on the rank that waited least (the others also waited for it: skew), M the most
+// (wait_max_ms); A: G times one gather's time with nothing to hide it behind (a step that
+// reads every parameter once, median of 5, per parameter); H = 1 - W / A.
 // With `zero1`, the optimizer is sharded over the ranks (ls::dist::ZeroRedundancyOptimizer); with
 // `zero2`, the gradients as well (each reduced to its owner); with `zero3`, the parameters too
 // (ls::dist::fully_shard: each gathered where the step reads it).
@@ -93,6 +99,8 @@ int main(int argc, char** argv) {
     std::vector<float> waits(static_cast<size_t>(world) * steps, 0.0f);
     const auto t0 = std::chrono::steady_clock::now();
     const int64_t progress0 = ls::metrics::timer_total_ns("all_reduce_progress");
+    const int64_t gather_wait0 = ls::metrics::timer_total_ns("gather_wait");
+    const int64_t gathers0 = ls::metrics::timer_count("gather_wait");
     for (int s = 0; s < steps; ++s) {
       const int64_t w0 = ls::metrics::timer_total_ns("all_reduce_wait");
       train(1);
@@ -105,8 +113,19 @@ int main(int argc, char** argv) {
         static_cast<double>(ls::metrics::timer_total_ns("all_reduce_progress") - progress0) / 1e6 /
         steps;
     const double took = seconds_since(t0);
-    // What this rank holds after a training step (the comm-only runs below set every gradient).
     const auto planned = static_cast<double>(ls::metrics::counter("planned_bytes"));  // a step's
+    // zero3: what a step waited for its parameters' gathers (on this rank), and how many it made.
+    std::vector<float> gather_waits(static_cast<size_t>(world), 0.0f);
+    gather_waits[static_cast<size_t>(rank)] = static_cast<float>(
+        static_cast<double>(ls::metrics::timer_total_ns("gather_wait") - gather_wait0) / 1e6 /
+        steps);
+    gather_waits = ls::dist::all_reduce(ls::from_vector(gather_waits)).to_vector<float>();
+    // The rank that waited least (as exposed_ms: the others also waited for the ranks behind).
+    const double gather_wait_ms = *std::min_element(gather_waits.begin(), gather_waits.end());
+    const double gather_wait_max_ms = *std::max_element(gather_waits.begin(), gather_waits.end());
+    const double gathers =
+        static_cast<double>(ls::metrics::timer_count("gather_wait") - gathers0) / steps;
+    // What this rank holds after a training step (the comm-only runs below set every gradient).
     double params_b = 0, grads_b = 0, state_b = 0;
     const auto* zero3 =
         mode == "zero3" ? dynamic_cast<ls::dist::ZeroRedundancyOptimizer*>(opt.get()) : nullptr;
@@ -149,6 +168,23 @@ int main(int argc, char** argv) {
       std::sort(runs.begin(), runs.end());
       comm_ms = runs[runs.size() / 2];
     }
+    // zero3: every parameter gathered once with nothing to compute between (a step that reads
+    // each), median of 5: the communication a step's gathers would take if nothing hid it.
+    double gather_alone_ms = 0;
+    if (zero3 && world > 1) {
+      std::vector<double> runs;
+      for (int r = 0; r < 6; ++r) {
+        const auto c0 = std::chrono::steady_clock::now();
+        std::vector<ls::Tensor> reads;
+        ls::step([&] {
+          for (const ls::Tensor& p : params) reads.push_back(ls::sum(p));
+        });
+        ls::wait();
+        if (r > 0) runs.push_back(seconds_since(c0) * 1e3);
+      }
+      std::sort(runs.begin(), runs.end());
+      gather_alone_ms = runs[runs.size() / 2] / static_cast<double>(params.size());
+    }
     // Memory per rank, the most of any rank: what it holds between steps (the parameters, the
     // gradients it keeps, its optimizer state), the most a step's program planned to take on
     // top of that (its working set: activations, gradients in flight, scratch), and the
@@ -173,6 +209,12 @@ int main(int argc, char** argv) {
           w.name.c_str(), world, threads, static_cast<double>(w.batch) * world * steps / took,
           took * 1e3 / steps, comm_ms, exposed_ms, comm_ms > 0 ? 1 - exposed_ms / comm_ms : 0.0,
           exposed_max_ms, progress_ms, most[0], most[1], most[2], most[3], most[4]);
+      if (zero3)
+        std::printf(
+            "gathers %s per_step %.0f wait_ms %.2f alone_ms %.2f hidden %.3f wait_max_ms %.2f\n",
+            w.name.c_str(), gathers, gather_wait_ms, gathers * gather_alone_ms,
+            gathers > 0 ? 1 - gather_wait_ms / (gathers * gather_alone_ms) : 0.0,
+            gather_wait_max_ms);
       std::fflush(stdout);
       if (std::getenv("LOCKSTEP_PROFILE"))
         std::fprintf(stderr, "%s", ls::metrics::report().c_str());

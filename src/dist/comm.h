@@ -28,6 +28,9 @@ struct InFlight;
 std::shared_ptr<InFlight> start_all_reduce(void* data, int64_t count, DType dtype,
                                            std::shared_ptr<void> keep, std::string what,
                                            int root = -1);
+// Starts sending `bytes` at `data` from rank `root` to every rank's `data`.
+std::shared_ptr<InFlight> start_broadcast(void* data, size_t bytes, int root,
+                                          std::shared_ptr<void> keep, std::string what);
 // Waits for it: Error naming `what` and the program when the deadline passes or MPI fails.
 void wait(InFlight& op);
 // Lets MPI move every collective in flight along (OpenMPI progresses only inside MPI calls).

@@ -248,23 +248,37 @@ void all_reduce(void* data, int64_t count, DType dtype, const std::string& what,
   wait(*op);
 }
 
-void broadcast(void* data, size_t bytes, int root, const std::string& what) {
+std::shared_ptr<InFlight> start_broadcast(void* data, size_t bytes, int root,
+                                          std::shared_ptr<void> keep, std::string what) {
+  auto op = std::make_shared<InFlight>();
+  op->keep = std::move(keep);
+  op->what = std::move(what);
 #if LOCKSTEP_WITH_MPI
   World& w = world();
-  if (w.size <= 1) return;
+  if (w.size <= 1) {
+    op->done = true;
+    return op;
+  }
   if (w.broken.load()) throw_broken();
   if (bytes > static_cast<size_t>(INT32_MAX))
-    throw Error(cat("dist: ", what, ": ", bytes, " bytes in one broadcast is more than 2 GiB"));
-  auto op = std::make_shared<InFlight>();
-  op->what = what;
+    throw Error(cat("dist: ", op->what, ": ", bytes, " bytes in one broadcast is more than 2 GiB"));
   op->bytes = static_cast<int64_t>(bytes);
+  runtime::prof::Span span("collective", "broadcast start");
+  if (span) span.arg("what", op->what), span.arg("bytes", op->bytes);
   check(MPI_Ibcast(data, static_cast<int>(bytes), MPI_BYTE, root, w.data, &op->request),
-        "MPI_Ibcast", what);
+        "MPI_Ibcast", op->what);
   add_in_flight(op);
-  wait(*op);
 #else
-  (void)data, (void)bytes, (void)root, (void)what;
+  (void)data, (void)bytes, (void)root;
+  op->done = true;
 #endif
+  return op;
+}
+
+void broadcast(void* data, size_t bytes, int root, const std::string& what) {
+  if (!active()) return;
+  auto op = start_broadcast(data, bytes, root, nullptr, what);
+  wait(*op);
 }
 
 }  // namespace detail

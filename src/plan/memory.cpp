@@ -90,8 +90,13 @@ void plan_memory(Plan& p) {
     }
   // Liveness in step order, by the memory each value really lives in.
   std::vector<int> first(n, -1), last(n, -1);
+  auto taken = [&](const Step& s) {  // the values whose memory a step starts to use
+    std::vector<int32_t> w = s.writes();
+    w.insert(w.end(), s.receives.begin(), s.receives.end());
+    return w;
+  };
   for (size_t s = 0; s < p.steps.size(); ++s) {
-    for (int32_t written : p.steps[s].writes()) {
+    for (int32_t written : taken(p.steps[s])) {
       const int32_t w = root[written];
       if (first[w] < 0) first[w] = static_cast<int>(s);
       last[w] = std::max(last[w], static_cast<int>(s));
@@ -101,7 +106,7 @@ void plan_memory(Plan& p) {
   // Greedy first-fit offsets in one arena, 64-byte aligned.
   FirstFit fit;
   for (size_t s = 0; s < p.steps.size(); ++s) {
-    for (int32_t id : p.steps[s].writes()) {
+    for (int32_t id : taken(p.steps[s])) {
       if (p.slot[id].kind != Slot::None || root[id] != id) continue;
       const size_t size = (bytes_of(g.nodes[id]) + 63) / 64 * 64;
       p.slot[id] = {Slot::Arena,
@@ -114,7 +119,7 @@ void plan_memory(Plan& p) {
   // The leading steps that write no output or donated input run before the outputs are
   // allocated, up to the last step that may throw at most.
   auto writes_output = [&](const Step& s) {
-    const std::vector<int32_t> w = s.writes();
+    const std::vector<int32_t> w = taken(s);
     return std::any_of(w.begin(), w.end(), [&](int32_t v) {
       int32_t r = v;
       while (p.slot[r].kind == Slot::Alias) r = static_cast<int32_t>(p.slot[r].index);

@@ -60,6 +60,9 @@ struct Step {
   // it runs as early as it can; -1 if none.
   int32_t checked = -1;
   size_t scratch_bytes = 0;  // of scratch memory shared between steps, while it runs
+  // A start: values its collective writes before the step that finishes it (a gather's
+  // destination), whose memory is in use from this step on.
+  std::vector<int32_t> receives;
   std::shared_ptr<StepPayload> payload;
   // The values it writes: node, then extras (a check writes nothing).
   std::vector<int32_t> writes() const;

@@ -90,13 +90,13 @@ std::shared_ptr<ls::nn::Module> make_model(const std::string& name) {
     m->emplace<ls::nn::ReLU>();
     m->emplace<ls::nn::Linear>(32, 4);
   } else if (name == "deep") {  // parameters far more than activations (2.2 MB of them)
-    m->emplace<ls::nn::Linear>(64, 512);
-    for (int k = 0; k < 2; ++k) {
+    m->emplace<ls::nn::Linear>(64, 256);
+    for (int k = 0; k < 8; ++k) {
       m->emplace<ls::nn::ReLU>();
-      m->emplace<ls::nn::Linear>(512, 512);
+      m->emplace<ls::nn::Linear>(256, 256);
     }
     m->emplace<ls::nn::ReLU>();
-    m->emplace<ls::nn::Linear>(512, 4);
+    m->emplace<ls::nn::Linear>(256, 4);
   } else {
     m->emplace<ls::nn::Conv2d>(ls::nn::Conv2dSpec{
         .in_channels = 1, .out_channels = 8, .kernel = {3, 3}, .padding = {1, 1}});

@@ -231,11 +231,12 @@ TEST(MemoryPass, TheArenaReusesDeadValues) {
 TEST(Pipeline, ThePassesInOrder) {
   std::vector<std::string> names;
   for (const plan::Pass& pass : cpu::pipeline()) names.push_back(pass.name);
-  EXPECT_EQ(names, (std::vector<std::string>{"fold_constants", "choose_fusion", "choose_layouts",
-                                             "choose_conv_algorithms", "lower", "drop_unread_steps",
-                                             "merge_row_steps", "merge_sums", "merge_fused_steps",
-                                             "schedule", "add_checks", "bucket_all_reduces",
-                                             "share_conv_copies", "plan_memory"}));
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"fold_constants", "choose_fusion", "choose_layouts",
+                                      "choose_conv_algorithms", "lower", "drop_unread_steps",
+                                      "merge_row_steps", "merge_sums", "merge_fused_steps",
+                                      "schedule", "add_checks", "bucket_all_reduces",
+                                      "prefetch_gathers", "share_conv_copies", "plan_memory"}));
 }
 
 TEST(LowerPass, AMatmulReadsATransposeThroughStridesAndTheTransposeIsDropped) {
@@ -438,4 +439,29 @@ TEST(PlanVerifier, AcceptsThePipelinesPlansAndNamesABrokenOne) {
   plan::Plan short_decisions = p;
   short_decisions.absorbed.pop_back();
   expect_broken(short_decisions, "per-node decisions do not cover");
+}
+
+// Two sharded parameters' gathers (broadcasts with gather 1), each read by a product: the first
+// starts at once, the second as soon as the first is waited for, so it is in flight while the
+// first product runs; its memory is taken from its start, so the two gathers do not share it.
+TEST(GatherPass, EachGatherStartsOnceTheOneBeforeItIsWaitedFor) {
+  const std::string graph =
+      "%0 = data(#0) f32[16, 16]\n%1 = data(#1) f32[16, 16]\n%2 = data(#2) f32[16, 16]\n"
+      "%3 = broadcast(%1) {0, 1} f32[16, 16]\n%4 = mat_mul(%0, %3) f32[16, 16]\n"
+      "%5 = broadcast(%2) {0, 1} f32[16, 16]\n%6 = mat_mul(%4, %5) f32[16, 16]\nreturn %6\n";
+  const plan::Plan p = run_until(graph, "plan_memory");
+  std::vector<std::string> order;
+  for (const plan::Step& s : p.steps)
+    order.push_back(std::string(s.label) + " %" + std::to_string(s.node));
+  EXPECT_EQ(order, (std::vector<std::string>{"gather_start %3", "gather_wait %3", "gather_start %5",
+                                             "mat_mul %4", "gather_wait %5", "mat_mul %6"}));
+  ASSERT_EQ(p.slot[3].kind, plan::Slot::Arena);
+  ASSERT_EQ(p.slot[5].kind, plan::Slot::Arena);
+  EXPECT_NE(p.slot[3].index, p.slot[5].index) << "both live while %4 is computed";
+  // A plain broadcast stays one blocking step.
+  const plan::Plan q = run_until(
+      "%0 = data(#0) f32[4]\n%1 = broadcast(%0) {0} f32[4]\n%2 = exp(%1) f32[4]\nreturn %2\n",
+      "plan_memory");
+  for (const plan::Step& s : q.steps)
+    EXPECT_EQ(std::string(s.label).find("gather"), std::string::npos);
 }

@@ -342,4 +342,75 @@ void bucket_all_reduces(plan::Plan& p) {
   runtime::count(runtime::Counter::AllReduceBuckets, static_cast<int64_t>(buckets.size()));
 }
 
+// The gathers of sharded parameters (fully_shard: Broadcast {root, 1}, lowered as a blocking
+// broadcast) become a start and a wait: the wait where the broadcast was, the start right after
+// the wait of the gather before it (or after what computes its value, if later), so that each
+// parameter's gather is in flight while the layer before it computes (FSDP's prefetch of the
+// next module's all-gather). Its memory is in use from the start (Step::receives): at most the
+// current gather and the next are held at once. Every rank starts them in the same order.
+void prefetch_gathers(plan::Plan& p) {
+  const ir::Graph& g = p.graph;
+  std::vector<size_t> at;  // the gathers' steps, in order
+  for (size_t s = 0; s < p.steps.size(); ++s) {
+    const plan::Step& step = p.steps[s];
+    if (step.kind == plan::StepKind::Check || step.node < 0) continue;
+    const ir::GraphNode& n = g.nodes[step.node];
+    if (n.op == ir::Op::Broadcast && n.attrs.size() == 2 && n.attrs[1] == 1) at.push_back(s);
+  }
+  if (at.empty()) return;
+  const std::vector<int> producer = p.producers();
+  std::vector<std::vector<plan::Step>> before(p.steps.size());  // starts, by the step they precede
+  for (size_t k = 0; k < at.size(); ++k) {
+    plan::Step& step = p.steps[at[k]];
+    const int32_t id = step.node, x = g.nodes[id].operands.back();
+    const int root = static_cast<int>(g.nodes[id].attrs[0]);
+    const size_t bytes = bytes_of(g.nodes[id]);
+    const std::string what =
+        util::cat("gather of ", g.nodes[x].name ? *g.nodes[x].name : "a parameter", " recorded at ",
+                  util::where(g.nodes[id].origin.loc));
+    auto in_flight = std::make_shared<std::shared_ptr<dist::detail::InFlight>>();
+    plan::Step start;
+    start.label = "gather_start";
+    start.kind = plan::StepKind::Start;
+    start.node = id;
+    start.reads = step.reads;
+    start.receives = {id};
+    start.can_fail = true;
+    auto sp = std::make_shared<CpuStep>();
+    sp->run = [=](Ctx& c) {
+      // Only the root's is sent: the others' (a stand-in) are overwritten.
+      if (bytes && c.ptr[id] != c.ptr[x] && dist::rank() == root)
+        std::memcpy(c.ptr[id], c.ptr[x], bytes);
+      *in_flight = dist::detail::start_broadcast(c.ptr[id], bytes, root, c.arena, what);
+    };
+    start.payload = sp;
+    auto wp = std::make_shared<CpuStep>();
+    wp->run = [=](Ctx&) {
+      const std::shared_ptr<dist::detail::InFlight> op = std::move(*in_flight);
+      in_flight->reset();
+      LS_INTERNAL_CHECK(op != nullptr, "a gather's wait without its start");
+      // The communication not hidden behind the steps since the start (metrics timer).
+      const int64_t t0 = runtime::now_ns();
+      dist::detail::wait(*op);
+      runtime::time_ns(runtime::Timer::GatherWait, runtime::now_ns() - t0);
+    };
+    step.label = "gather_wait";
+    step.detail = what;
+    step.reads.clear();
+    step.can_fail = true;
+    step.payload = wp;
+    start.detail = what;
+    int after = k == 0 ? -1 : static_cast<int>(at[k - 1]);
+    for (int32_t r : start.reads) after = std::max(after, producer[r]);
+    before[static_cast<size_t>(after + 1)].push_back(std::move(start));
+  }
+  std::vector<plan::Step> order;
+  order.reserve(p.steps.size() + at.size());
+  for (size_t s = 0; s < p.steps.size(); ++s) {
+    for (plan::Step& start : before[s]) order.push_back(std::move(start));
+    order.push_back(std::move(p.steps[s]));
+  }
+  p.steps = std::move(order);
+}
+
 }  // namespace lockstep::backends::cpu

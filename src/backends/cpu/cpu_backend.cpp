@@ -75,6 +75,7 @@ const std::vector<plan::Pass>& pipeline() {
         {"schedule", plan::schedule},
         {"add_checks", plan::add_checks},
         {"bucket_all_reduces", bucket_all_reduces},
+        {"prefetch_gathers", prefetch_gathers},
         {"share_conv_copies", share_conv_copies},
         {"plan_memory", plan::plan_memory},
     };

@@ -49,6 +49,7 @@ std::vector<std::shared_ptr<Storage>> CpuExecutable::run(
   Ctx ctx;
   ctx.scalars = &scalars;
   ctx.regions = &regions;
+  ctx.arena = arena_;
   ctx.copies = copies_ ? static_cast<float*>(copies_->data()) : nullptr;
   ctx.ptr.assign(p_.graph.nodes.size(), nullptr);
   // Everything but the outputs first: the steps before the first output is written (those
@@ -83,6 +84,7 @@ std::vector<std::shared_ptr<Storage>> CpuExecutable::run(
   } catch (const InternalError&) {
     throw;
   } catch (const std::exception& e) {
+    arena_.reset();  // a gather still in flight may write there: the next run takes another
     backends::fail_at(p_.graph.nodes[p_.steps[at].node],
                       e);  // no output or donated input written yet
   }
@@ -155,6 +157,7 @@ std::vector<std::shared_ptr<Storage>> CpuExecutable::run(
   } catch (const InternalError&) {
     throw;
   } catch (const std::exception& e) {
+    arena_.reset();  // a gather still in flight may write there: the next run takes another
     // Donated inputs already overwritten get their copy back, or are reported lost.
     std::vector<int32_t> lost;
     for (size_t k : donated) {

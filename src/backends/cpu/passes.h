@@ -15,6 +15,7 @@
 //   bucket_all_reduces collectives.cpp  DataParallel's gradient all-reduces in buckets, each
 //                                       started after its last gradient, waited for before its
 //                                       first reader
+//   prefetch_gathers   collectives.cpp  fully_shard's gathers started one ahead of their use
 //   share_conv_copies  conv_copies.cpp  one copy of a value for the convolutions that read it
 //   plan_memory        plan/memory.cpp  arena, aliases, donations, planned bytes
 // and the executable (executable.cpp) runs the plan.
@@ -39,6 +40,8 @@ struct Ctx {
   float* copies = nullptr;  // convolution operands' shared copies (see share_conv_copies)
   // This run's regions (plan::Plan::regions), which values placed there live in.
   const std::vector<std::shared_ptr<Storage>>* regions = nullptr;
+  // This run's arena (kept alive by a collective that writes there: a gather in flight).
+  std::shared_ptr<Storage> arena;
 };
 
 // Trees of a fused elementwise step with the node each writes: one, or several that
@@ -100,6 +103,7 @@ void merge_sums(plan::Plan& p);
 void merge_fused_steps(plan::Plan& p);
 void share_conv_copies(plan::Plan& p);
 void bucket_all_reduces(plan::Plan& p);
+void prefetch_gathers(plan::Plan& p);
 
 // Kernels for steps the passes build or rebuild.
 std::function<void(Ctx&)> run_fused(std::shared_ptr<const FusedMembers> members);
