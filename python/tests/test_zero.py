@@ -88,12 +88,14 @@ def test_fully_shard_alone_trains_as_the_optimizer_it_wraps():
                                        lockstep.nn.Linear(4, 2))
         opt = (lockstep.dist.fully_shard(model, lockstep.optim.Adam, lr=0.05) if shard else
                lockstep.optim.Adam(model.parameters(), lr=0.05))
+        scale = lockstep.ones(2, requires_grad=True)  # a group added later is sharded too
+        opt.add_param_group({"params": [scale], "lr": 0.1})
         for s in range(3):
             with lockstep.step():
                 opt.zero_grad()
-                (model(lockstep.ones(2, 5) * (s + 1)) ** 2).sum().backward()
+                ((model(lockstep.ones(2, 5) * (s + 1)) * scale) ** 2).sum().backward()
                 opt.step()
-        return [p.numpy() for p in model.parameters()], opt
+        return [p.numpy() for p in model.parameters()] + [scale.numpy()], opt
 
     want, _ = train(False)
     got, opt = train(True)

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "dist/fully_shard.h"
+#include "lockstep/autograd.h"
 #include "lockstep/dist.h"
 #include "lockstep/nn.h"
 #include "lockstep/runtime.h"
@@ -71,6 +72,17 @@ void drop_unowned(const std::vector<Tensor>& params, const Loc& loc) {
     runtime::set_value(impl, ir::make_data(stand_in, p.shape(), p.dtype(), p.device(), loc),
                        "dist::fully_shard", loc);
   }
+}
+
+void shard_added(const Tensor& p, int owner, const Loc& loc) {
+  {
+    const NoGrad no_grad;
+    Tensor whole = p;
+    whole.copy_(broadcast(p, 0, loc), loc);
+  }
+  sync(loc);
+  p.impl()->gather_root = owner;
+  drop_unowned({p}, loc);
 }
 
 }  // namespace detail

@@ -12,5 +12,8 @@ namespace lockstep::dist::detail {
 // value that takes no memory, in place of the value it holds (after fully_shard's start, or a
 // load that gave it the whole value).
 void drop_unowned(const std::vector<Tensor>& params, const Loc& loc);
+// Shards parameter `p`, added to a stage 3 optimizer after fully_shard: every rank takes rank 0's
+// value (as fully_shard's start), then only `owner` keeps it.
+void shard_added(const Tensor& p, int owner, const Loc& loc);
 
 }  // namespace lockstep::dist::detail

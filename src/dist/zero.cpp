@@ -7,6 +7,7 @@
 #include <string>
 #include <utility>
 
+#include "dist/fully_shard.h"
 #include "dist/ops.h"
 #include "dist/partition.h"
 #include "lockstep/dist.h"
@@ -258,6 +259,7 @@ void ZeroRedundancyOptimizer::add_state(size_t i) {
   const int r = detail::partition_by_size({params_[i].numel()}, load_)[0];
   owners_.push_back(r);
   local_of_.push_back(-1);
+  if (stage_ == 3) detail::shard_added(params_[i], r, Loc::current());
   if (r != rank()) return;
   local_->add_param_group({{params_[i]}, lr_of(i), weight_decay_of(i)});
   local_of_.back() = static_cast<int64_t>(local_->params().size()) - 1;
