@@ -499,10 +499,12 @@ TEST(DataParallel, LockstepTrainZeroTrainsAsWithout) {
   const std::string args = std::string("env OMP_NUM_THREADS=1 ") + LOCKSTEP_TRAIN_EXE +
                            " --nprocs 2 --model mlp --data fake --num-steps 12 --log-steps 4 "
                            "--batch-size 16 --workers 0";
-  const Job plain = run(args), zero = run(args + " --zero 1"), zero2 = run(args + " --zero 2");
+  const Job plain = run(args), zero = run(args + " --zero 1"), zero2 = run(args + " --zero 2"),
+            zero3 = run(args + " --zero 3");
   ASSERT_EQ(plain.exit_code, 0) << plain.out;
   ASSERT_EQ(zero.exit_code, 0) << zero.out;
   ASSERT_EQ(zero2.exit_code, 0) << zero2.out;
+  ASSERT_EQ(zero3.exit_code, 0) << zero3.out;
   auto logged = [](const std::string& out) {
     std::regex line(R"(epoch: 1, step: (\d+), loss: ([0-9.]+))");
     std::vector<std::string> v;
@@ -514,6 +516,7 @@ TEST(DataParallel, LockstepTrainZeroTrainsAsWithout) {
   EXPECT_EQ(logged(zero.out).size(), 6u) << zero.out;
   EXPECT_EQ(logged(zero.out), logged(plain.out)) << zero.out << plain.out;
   EXPECT_EQ(logged(zero2.out), logged(plain.out)) << zero2.out << plain.out;
+  EXPECT_EQ(logged(zero3.out), logged(plain.out)) << zero3.out << plain.out;
   // Saved under stage 2 by 2 replicas, resumed under stage 1 by one.
   const std::string dir = tmp("zero_ckpt");
   const Job saved = run(args + " --zero 2 --checkpoint " + dir);
@@ -555,10 +558,13 @@ TEST(DataParallel, RanksWithAnotherLearningRateFailNamingTheValues) {
 }
 
 // Ranks under other ZeRO stages (or one sharded and one not) run other programs: every rank fails
-// at the first step, before any collective of it runs, naming the first node that differs.
+// at its first program that differs (the first step; under stage 3, fully_shard's own start on
+// the ranks that call it), before any collective of it runs, naming the first node that differs.
 TEST(DataParallel, RanksWithAnotherZeroStageFailBeforeAnyCollective) {
-  for (const char* other : {"zero2", "plain"}) {
-    const Job r = mpirun(2, "train mlp adamw 3 4 " + tmp("stage.safetensors") + " zero1",
+  const std::pair<const char*, const char*> stages[] = {
+      {"zero1", "zero2"}, {"zero1", "plain"}, {"zero3", "zero2"}, {"zero3", "plain"}};
+  for (const auto& [stage, other] : stages) {
+    const Job r = mpirun(2, "train mlp adamw 3 4 " + tmp("stage.safetensors") + " " + stage,
                          std::string("LOCKSTEP_DIST_TIMEOUT=20 ZERO_RANK1=") + other);
     EXPECT_NE(r.exit_code, 0) << r.out;
     EXPECT_LT(r.seconds, 15) << "must fail well before the 20 s deadline:\n" << r.out;
