@@ -470,6 +470,17 @@ TEST(DataParallel, AKilledRankEndsTheJob) {
   EXPECT_NE(r.out.find("rank 1"), std::string::npos) << r.out;
 }
 
+// Under ZeRO-3 too (gathers in flight, every step): a rank killed mid-run ends the job, which
+// names it, well before the deadline.
+TEST(DataParallel, AKilledRankEndsAZeroStage3Job) {
+  const Job r = mpirun(2, "train deep adamw 100000 4 " + tmp("killed3.safetensors") + " zero3",
+                       "LOCKSTEP_DIST_TIMEOUT=10 KILL_AFTER_MS=1500");
+  EXPECT_NE(r.exit_code, 0) << r.out;
+  EXPECT_LT(r.seconds, 30) << r.out;
+  EXPECT_NE(r.out.find("rank 0 step 1 loss"), std::string::npos) << "it trained first:\n" << r.out;
+  EXPECT_NE(r.out.find("rank 1"), std::string::npos) << r.out;
+}
+
 // lockstep-train --nprocs 2 starts two replicas through mpirun: the header names the global
 // batch, and each replica prints the seed's lines (the loss of its own shard) and its total.
 TEST(DataParallel, LockstepTrainNprocs) {
