@@ -3,8 +3,8 @@
 // batch of N*B, so that N ranks with batch B see what one process with batch N*B sees:
 //   dist_worker train MODEL OPTIM STEPS BATCH OUT [zero1|zero2|zero3]
 //                                                   MODEL mlp|deep|cnn|bn, OPTIM sgd|adamw; rank 0
-//                                                   writes the final parameters to OUT (not
-//                                                   under zero3); zero1, zero2: the optimizer
+//                                                   writes the final parameters to OUT; zero1,
+//                                                   zero2: the optimizer
 //                                                   sharded (ZeroRedundancyOptimizer of that
 //                                                   stage; zero3: fully_shard), each
 //                                                   rank printing "rank R zero state N of M" and
@@ -256,9 +256,14 @@ int run(int argc, char** argv) {
               static_cast<unsigned long long>(dp.state_hash()));
   dp.check_replicas_agree();
   std::printf("rank %d planned bytes %lld\n", rank, static_cast<long long>(planned));
-  // (Sharded parameters are gathered by every rank's reads: rank 0 alone cannot save them.)
-  if (rank == 0 && !out.empty() && zero_arg != "zero3")
-    ls::io::save_safetensors(out, model->named_parameters());
+  // Sharded parameters are gathered by every rank's reads (rank 0 alone cannot read them): every
+  // rank takes a copy of each, which rank 0 saves.
+  ls::nn::NamedTensors final_params = model->named_parameters();
+  if (zero_arg == "zero3") {
+    for (auto& [name, p] : final_params) p = ls::clone(p.detach());
+    ls::sync();
+  }
+  if (rank == 0 && !out.empty()) ls::io::save_safetensors(out, final_params);
   ls::dist::finalize();
   return 0;
 }
