@@ -19,9 +19,10 @@
 // reads every parameter once, median of 5, per parameter); H = 1 - W / A.
 // With `zero1`, the optimizer is sharded over the ranks (ls::dist::ZeroRedundancyOptimizer); with
 // `zero2`, the gradients as well (each reduced to its owner); with `zero3`, the parameters too
-// (ls::dist::fully_shard: each gathered where the step reads it).
+// (ls::dist::fully_shard: each gathered where the step reads it); `zero3_keep` without
+// reshard_after_forward (the backward reads the forward's gathers).
 //   dist_bench <mlp|resnet18|resnet50> [timed_steps=20] [threads=1] [bucket_mib=25]
-//              [plain|zero1|zero2|zero3]
+//              [plain|zero1|zero2|zero3|zero3_keep]
 #include <lockstep/lockstep.h>
 #include <sys/resource.h>
 #include <algorithm>
@@ -47,7 +48,7 @@ int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr,
                  "usage: dist_bench <mlp|resnet18|resnet50> [timed_steps] [threads] [bucket_mib] "
-                 "[plain|zero1|zero2|zero3]\n");
+                 "[plain|zero1|zero2|zero3|zero3_keep]\n");
     return 2;
   }
   try {
@@ -67,12 +68,14 @@ int main(int argc, char** argv) {
                                               ls::optim::SGDOptions{.lr = 0.01, .momentum = 0.9});
     };
     const std::string mode = argc > 5 ? argv[5] : "plain";
-    if (mode != "plain" && mode != "zero1" && mode != "zero2" && mode != "zero3")
-      throw ls::Error("dist_bench: the optimizer is plain, zero1, zero2 or zero3, not '" + mode +
-                      "'");
+    if (mode != "plain" && mode != "zero1" && mode != "zero2" && mode != "zero3" &&
+        mode != "zero3_keep")
+      throw ls::Error(
+          "dist_bench: the optimizer is plain, zero1, zero2, zero3 or zero3_keep, not '" + mode +
+          "'");
     std::shared_ptr<ls::optim::Optimizer> opt;
-    if (mode == "zero3")
-      opt = ls::dist::fully_shard(*model, sgd);
+    if (mode == "zero3" || mode == "zero3_keep")
+      opt = ls::dist::fully_shard(*model, sgd, {.reshard_after_forward = mode == "zero3"});
     else if (mode == "zero1" || mode == "zero2")
       opt = std::make_unique<ls::dist::ZeroRedundancyOptimizer>(
           model->parameters(), sgd, ls::dist::ZeroOptions{.stage = mode == "zero2" ? 2 : 1});
@@ -127,8 +130,9 @@ int main(int argc, char** argv) {
         static_cast<double>(ls::metrics::timer_count("gather_wait") - gathers0) / steps;
     // What this rank holds after a training step (the comm-only runs below set every gradient).
     double params_b = 0, grads_b = 0, state_b = 0;
-    const auto* zero3 =
-        mode == "zero3" ? dynamic_cast<ls::dist::ZeroRedundancyOptimizer*>(opt.get()) : nullptr;
+    const auto* zero3 = mode == "zero3" || mode == "zero3_keep"
+                            ? dynamic_cast<ls::dist::ZeroRedundancyOptimizer*>(opt.get())
+                            : nullptr;
     const std::vector<ls::Tensor> params = model->parameters();
     for (size_t i = 0; i < params.size(); ++i) {
       const ls::Tensor& p = params[i];

@@ -162,6 +162,10 @@ struct ZeroOptions {
   // clip_grad_norm_ over all of them); last_grad_norm() is the norm before.
   double max_grad_norm = 0;
   bool skip_nonfinite = false;  // as the optimizers' own option (the local one's is not used)
+  // Stage 3 (fully_shard): the backward gathers each parameter again rather than keep the
+  // forward's gather (FSDP2's option and default); false keeps it, one gather a step less per
+  // parameter for the memory of every gathered parameter from its forward to its backward.
+  bool reshard_after_forward = true;
 };
 
 class ZeroRedundancyOptimizer : public optim::Optimizer {
@@ -210,6 +214,7 @@ class ZeroRedundancyOptimizer : public optim::Optimizer {
   std::vector<size_t> global_of_;  // per parameter of local_: its index in params()
   std::vector<int64_t> load_;      // elements owned per rank (for added groups)
   int stage_ = 1;
+  bool reshard_after_forward_ = true;  // stage 3's (for parameters added later)
   double max_grad_norm_ = 0;
   Tensor grad_norm_;
   // This step's: the gradients as averaged, before clipping (under stage 2 the reduces, which

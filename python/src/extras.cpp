@@ -164,18 +164,19 @@ void init_extras(py::module_& m) {
   dist.def(
       "fully_shard",
       [](nn::Module& model, const py::object& optimizer_class, double max_grad_norm,
-         bool skip_nonfinite, const py::kwargs& defaults) {
+         bool skip_nonfinite, bool reshard_after_forward, const py::kwargs& defaults) {
         const Loc loc = user_place();
         auto make = [&](std::vector<Tensor> mine) {
           return optimizer_class(mine, **defaults).cast<std::shared_ptr<optim::Optimizer>>();
         };
-        return dist::fully_shard(
-            model, make,
-            dist::ZeroOptions{.max_grad_norm = max_grad_norm, .skip_nonfinite = skip_nonfinite},
-            loc);
+        return dist::fully_shard(model, make,
+                                 dist::ZeroOptions{.max_grad_norm = max_grad_norm,
+                                                   .skip_nonfinite = skip_nonfinite,
+                                                   .reshard_after_forward = reshard_after_forward},
+                                 loc);
       },
       arg("model"), arg("optimizer_class"), py::kw_only(), arg("max_grad_norm") = 0.0,
-      arg("skip_nonfinite") = false,
+      arg("skip_nonfinite") = false, arg("reshard_after_forward") = true,
       "Shards the model's parameters over the ranks (ZeRO-3, FSDP2's fully_shard): each lives "
       "on its owner and is gathered where ops read it. Returns the optimizer, a "
       "ZeroRedundancyOptimizer of stage 3 over optimizer_class(this rank's parameters, "

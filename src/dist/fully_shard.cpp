@@ -74,7 +74,7 @@ void drop_unowned(const std::vector<Tensor>& params, const Loc& loc) {
   }
 }
 
-void shard_added(const Tensor& p, int owner, const Loc& loc) {
+void shard_added(const Tensor& p, int owner, bool reshard_after_forward, const Loc& loc) {
   {
     const NoGrad no_grad;
     Tensor whole = p;
@@ -82,6 +82,7 @@ void shard_added(const Tensor& p, int owner, const Loc& loc) {
   }
   sync(loc);
   p.impl()->gather_root = owner;
+  p.impl()->gather_kept = !reshard_after_forward;
   drop_unowned({p}, loc);
 }
 
@@ -103,7 +104,10 @@ std::shared_ptr<ZeroRedundancyOptimizer> fully_shard(
   const std::shared_ptr<ZeroRedundancyOptimizer> opt =
       ZeroRedundancyOptimizer::sharding(params, make_local, options, loc);
   sync(loc);
-  for (size_t i = 0; i < params.size(); ++i) params[i].impl()->gather_root = opt->owner(i);
+  for (size_t i = 0; i < params.size(); ++i) {
+    params[i].impl()->gather_root = opt->owner(i);
+    params[i].impl()->gather_kept = !options.reshard_after_forward;
+  }
   detail::drop_unowned(params, loc);
   return opt;
 }

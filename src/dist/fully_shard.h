@@ -13,7 +13,8 @@ namespace lockstep::dist::detail {
 // load that gave it the whole value).
 void drop_unowned(const std::vector<Tensor>& params, const Loc& loc);
 // Shards parameter `p`, added to a stage 3 optimizer after fully_shard: every rank takes rank 0's
-// value (as fully_shard's start), then only `owner` keeps it.
-void shard_added(const Tensor& p, int owner, const Loc& loc);
+// value (as fully_shard's start), then only `owner` keeps it (ZeroOptions::reshard_after_forward
+// as given).
+void shard_added(const Tensor& p, int owner, bool reshard_after_forward, const Loc& loc);
 
 }  // namespace lockstep::dist::detail

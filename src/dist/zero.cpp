@@ -102,6 +102,7 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(Shard shard, ZeroOptions option
       local_of_(std::move(shard.local_of)),
       load_(std::move(shard.load)),
       stage_(options.stage),
+      reshard_after_forward_(options.reshard_after_forward),
       max_grad_norm_(options.max_grad_norm) {
   set_default_weight_decay(local_->group_weight_decay(0));
   global_of_.resize(local_->params().size());
@@ -259,7 +260,7 @@ void ZeroRedundancyOptimizer::add_state(size_t i) {
   const int r = detail::partition_by_size({params_[i].numel()}, load_)[0];
   owners_.push_back(r);
   local_of_.push_back(-1);
-  if (stage_ == 3) detail::shard_added(params_[i], r, Loc::current());
+  if (stage_ == 3) detail::shard_added(params_[i], r, reshard_after_forward_, Loc::current());
   if (r != rank()) return;
   local_->add_param_group({{params_[i]}, lr_of(i), weight_decay_of(i)});
   local_of_.back() = static_cast<int64_t>(local_->params().size()) - 1;

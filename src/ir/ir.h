@@ -23,7 +23,8 @@
 //   Broadcast       [root] or [root, gather]    the root rank's value on every rank: of its last
 //                                               operand; any before it only order it after them;
 //                                               gather 1: a sharded parameter's (fully_shard),
-//                                               which the backward may read from a second one
+//                                               which the backward may read from a second one;
+//                                               2: one the backward reads too
 // Reshape, Expand, Cast, the conv/pool backward ops take their result shape/dtype from the node.
 #pragma once
 

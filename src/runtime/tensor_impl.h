@@ -77,6 +77,9 @@ struct TensorImpl : std::enable_shared_from_this<TensorImpl> {
   // stand-in. Ops read it through a broadcast from that rank (runtime::node_of), the same one
   // until the tensor's value changes or the step ends (`gathered`, of the value `gathered_of`).
   int gather_root = -1;
+  // Its gather is kept for the backward (fully_shard without reshard_after_forward), not gathered
+  // again (passes::regather).
+  bool gather_kept = false;
   // Its value's graph is built first, before the other targets' (ZeRO-3's broadcast after every
   // reduce): the order of its collectives is then the same on every rank, whatever other values
   // one rank alone keeps (the gradients it owns).

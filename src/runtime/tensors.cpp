@@ -118,8 +118,9 @@ ir::NodePtr gathered_locked(TensorImpl& impl, const Loc& loc) {
     ir::set_grad_enabled(false);  // the broadcast itself has no gradient: the mark gives it one
     ir::NodePtr gather;
     try {
-      gather = ir::make_node(ir::Op::Broadcast, {impl.node}, {impl.gather_root, 1}, impl.shape,
-                             impl.dtype, loc);
+      gather =
+          ir::make_node(ir::Op::Broadcast, {impl.node},
+                        {impl.gather_root, impl.gather_kept ? 2 : 1}, impl.shape, impl.dtype, loc);
     } catch (...) {
       ir::set_grad_enabled(grad);
       throw;

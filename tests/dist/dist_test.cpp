@@ -275,6 +275,8 @@ TEST(DataParallel, ZeroStage3TrainsAsDataParallel) {
   expect_zero_trains_as_data_parallel("zero3", "cnn", "sgd", 4);
   expect_zero_trains_as_data_parallel("zero3", "bn", "adamw", 4);
   expect_zero_trains_as_data_parallel("zero3", "deep", "sgd", 2, "", "--mca btl tcp,self");
+  // Without reshard_after_forward: the backward reads the forward's gathers.
+  expect_zero_trains_as_data_parallel("zero3", "mlp", "adamw", 2, "KEEP_GATHERS=1");
 }
 
 TEST(DataParallel, ZeroStage3ClipsSkipsAndAutocastsAsDataParallel) {
@@ -286,13 +288,15 @@ TEST(DataParallel, ZeroStage3ClipsSkipsAndAutocastsAsDataParallel) {
 // whole model's parameters, gradients and AdamW state: 8.9 MB for `deep`, 544,772 parameters),
 // and so does ZeRO-2's (6.7 MB: the parameters whole), while the same step under ZeRO-3 on 4
 // ranks trains: each rank plans its shard of the parameters and state and the gathered working
-// set (5.2 MB at most; the gradients' buckets still count whole).
+// set (5.2 MB at most; the gradients' buckets still count whole). Without reshard_after_forward
+// the gathered parameters live from the forward to the backward: 6.8 MB, over the limit too.
 TEST(DataParallel, ZeroStage3TrainsUnderAMemoryLimitDataParallelExceeds) {
   const std::string args = "train deep adamw 3 4 " + tmp("limit.safetensors");
   const int64_t limit = 6'000'000;
   const std::string env = "MEMORY_LIMIT=" + std::to_string(limit);
-  for (const char* stage : {"", " zero2"}) {
-    const Job whole = mpirun(4, args + stage, env);
+  for (const char* stage : {"", " zero2", " zero3"}) {
+    const Job whole =
+        mpirun(4, args + stage, env + (std::string(stage) == " zero3" ? " KEEP_GATHERS=1" : ""));
     EXPECT_NE(whole.exit_code, 0) << whole.out;
     EXPECT_NE(whole.out.find("more than the memory limit"), std::string::npos) << whole.out;
   }

@@ -14,7 +14,9 @@
 //                                                   (clip_grad_norm_, or the option). NAN_AT=S:
 //                                                   rank 1's loss is NaN at step S, the optimizers
 //                                                   skip non-finite steps. AUTOCAST=1: the
-//                                                   forward under bf16 autocast. MEMORY_LIMIT=B:
+//                                                   forward under bf16 autocast. KEEP_GATHERS=1:
+//                                                   zero3 without reshard_after_forward.
+//                                                   MEMORY_LIMIT=B:
 //                                                   ls::set_memory_limit(B). ZERO_RANK1=Z:
 //                                                   rank 1 takes Z for the zero argument.
 //                                                   CKPT_LOAD=DIR:
@@ -160,7 +162,9 @@ int run(int argc, char** argv) {
   std::shared_ptr<ls::optim::Optimizer> opt;
   if (zero_arg == "zero3")
     opt = ls::dist::fully_shard(*model, make_optimizer,
-                                {.max_grad_norm = clip, .skip_nonfinite = skip});
+                                {.max_grad_norm = clip,
+                                 .skip_nonfinite = skip,
+                                 .reshard_after_forward = !std::getenv("KEEP_GATHERS")});
   else if (zero)
     opt = std::make_unique<ls::dist::ZeroRedundancyOptimizer>(
         model->parameters(), make_optimizer,

@@ -355,7 +355,7 @@ void prefetch_gathers(plan::Plan& p) {
     const plan::Step& step = p.steps[s];
     if (step.kind == plan::StepKind::Check || step.node < 0) continue;
     const ir::GraphNode& n = g.nodes[step.node];
-    if (n.op == ir::Op::Broadcast && n.attrs.size() == 2 && n.attrs[1] == 1) at.push_back(s);
+    if (n.op == ir::Op::Broadcast && n.attrs.size() == 2 && n.attrs[1] >= 1) at.push_back(s);
   }
   if (at.empty()) return;
   const std::vector<int> producer = p.producers();
