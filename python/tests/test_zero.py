@@ -82,12 +82,14 @@ def test_alone_it_updates_as_the_optimizer_it_wraps():
 
 
 def test_fully_shard_alone_trains_as_the_optimizer_it_wraps():
-    def train(shard):
+    def train(shard, **options):
         lockstep.manual_seed(2)
         model = lockstep.nn.Sequential(lockstep.nn.Linear(5, 4), lockstep.nn.Tanh(),
                                        lockstep.nn.Linear(4, 2))
-        opt = (lockstep.dist.fully_shard(model, lockstep.optim.Adam, lr=0.05) if shard else
-               lockstep.optim.Adam(model.parameters(), lr=0.05))
+        if shard:
+            opt = lockstep.dist.fully_shard(model, lockstep.optim.Adam, lr=0.05, **options)
+        else:
+            opt = lockstep.optim.Adam(model.parameters(), lr=0.05)
         scale = lockstep.ones(2, requires_grad=True)  # a group added later is sharded too
         opt.add_param_group({"params": [scale], "lr": 0.1})
         for s in range(3):
@@ -100,6 +102,8 @@ def test_fully_shard_alone_trains_as_the_optimizer_it_wraps():
     want, _ = train(False)
     got, opt = train(True)
     for a, b in zip(want, got):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(want, train(True, reshard_after_forward=False)[0]):
         np.testing.assert_array_equal(a, b)
     assert opt.stage == 3 and isinstance(opt.local_optimizer, lockstep.optim.Adam)
     twice = lockstep.nn.Linear(2, 2)
