@@ -28,8 +28,10 @@ struct InFlight;
 std::shared_ptr<InFlight> start_all_reduce(void* data, int64_t count, DType dtype,
                                            std::shared_ptr<void> keep, std::string what,
                                            int root = -1);
-// Starts sending `bytes` at `data` from rank `root` to every rank's `data`.
-std::shared_ptr<InFlight> start_broadcast(void* data, size_t bytes, int root,
+// Starts sending rank `root`'s value to every rank's `data`: the root's is first copied there
+// from `from` (unless that is `data`); the other ranks' `from` is not read (a sharded parameter's
+// stand-in there). `bytes` each.
+std::shared_ptr<InFlight> start_broadcast(void* data, const void* from, size_t bytes, int root,
                                           std::shared_ptr<void> keep, std::string what);
 // Waits for it: Error naming `what` and the program when the deadline passes or MPI fails.
 void wait(InFlight& op);
@@ -40,7 +42,7 @@ bool in_flight();
 
 // Blocking forms (collectives outside buckets, and the ref backend's).
 void all_reduce(void* data, int64_t count, DType dtype, const std::string& what, int root = -1);
-void broadcast(void* data, size_t bytes, int root, const std::string& what);
+void broadcast(void* data, const void* from, size_t bytes, int root, const std::string& what);
 
 // Waits until every rank has called it, on a communicator of its own (the writer threads of
 // asynchronous sharded saves: the other threads' exchanges go on meanwhile). Throws Error naming

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -248,8 +249,9 @@ void all_reduce(void* data, int64_t count, DType dtype, const std::string& what,
   wait(*op);
 }
 
-std::shared_ptr<InFlight> start_broadcast(void* data, size_t bytes, int root,
+std::shared_ptr<InFlight> start_broadcast(void* data, const void* from, size_t bytes, int root,
                                           std::shared_ptr<void> keep, std::string what) {
+  if (bytes && data != from && rank() == root) std::memcpy(data, from, bytes);
   auto op = std::make_shared<InFlight>();
   op->keep = std::move(keep);
   op->what = std::move(what);
@@ -275,10 +277,9 @@ std::shared_ptr<InFlight> start_broadcast(void* data, size_t bytes, int root,
   return op;
 }
 
-void broadcast(void* data, size_t bytes, int root, const std::string& what) {
-  if (!active()) return;
-  auto op = start_broadcast(data, bytes, root, nullptr, what);
-  wait(*op);
+void broadcast(void* data, const void* from, size_t bytes, int root, const std::string& what) {
+  const std::shared_ptr<InFlight> op = start_broadcast(data, from, bytes, root, nullptr, what);
+  if (active()) wait(*op);
 }
 
 }  // namespace detail

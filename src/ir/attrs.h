@@ -90,4 +90,23 @@ struct AllReduceAttrs {
   }
 };
 
+// Broadcast: [root], or [root, gather] for a sharded parameter's gather (fully_shard): Again, the
+// backward may read a second one made just before it (passes::regather); Kept, the backward reads
+// this one too.
+struct BroadcastAttrs {
+  enum class Gather : int64_t { None = 0, Again = 1, Kept = 2 };
+  int64_t root = 0;
+  Gather gather = Gather::None;
+
+  static BroadcastAttrs of(const std::vector<int64_t>& a) {
+    LS_INTERNAL_CHECK(a.size() == 1 || a.size() == 2, "broadcast attrs: expected 1 or 2, got ",
+                      a.size());
+    return {a[0], a.size() == 2 ? static_cast<Gather>(a[1]) : Gather::None};
+  }
+  std::vector<int64_t> encode() const {
+    if (gather == Gather::None) return {root};
+    return {root, static_cast<int64_t>(gather)};
+  }
+};
+
 }  // namespace lockstep::ir

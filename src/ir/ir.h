@@ -20,11 +20,9 @@
 //                   MaxPool2dBackward (grad_out, indices); AvgPool2dBackward (grad_out)
 //   AllReduce       ir::AllReduceAttrs (attrs.h): the sum over the ranks times a scale (or
 //                                               a reduce: the sum on one root rank alone)
-//   Broadcast       [root] or [root, gather]    the root rank's value on every rank: of its last
-//                                               operand; any before it only order it after them;
-//                                               gather 1: a sharded parameter's (fully_shard),
-//                                               which the backward may read from a second one;
-//                                               2: one the backward reads too
+//   Broadcast       ir::BroadcastAttrs (attrs.h): the root rank's value on every rank: of its
+//                                               last operand; any before it only order it after
+//                                               them (a gather: a sharded parameter's)
 // Reshape, Expand, Cast, the conv/pool backward ops take their result shape/dtype from the node.
 #pragma once
 

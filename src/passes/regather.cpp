@@ -1,6 +1,7 @@
 // Gathers run again for the backward; see passes.h.
 #include <vector>
 
+#include "ir/attrs.h"
 #include "passes/passes.h"
 
 namespace lockstep::passes {
@@ -8,7 +9,8 @@ namespace lockstep::passes {
 namespace {
 
 bool is_gather(const ir::GraphNode& n) {
-  return n.op == ir::Op::Broadcast && n.attrs.size() == 2 && n.attrs[1] == 1;
+  return n.op == ir::Op::Broadcast &&
+         ir::BroadcastAttrs::of(n.attrs).gather == ir::BroadcastAttrs::Gather::Again;
 }
 
 }  // namespace

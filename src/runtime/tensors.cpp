@@ -11,6 +11,8 @@
 #include <unordered_set>
 #include <vector>
 
+#include "ir/attrs.h"
+#include "lockstep/autograd.h"
 #include "lockstep/runtime.h"
 #include "runtime/compile_cache.h"
 #include "runtime/context.h"
@@ -114,19 +116,12 @@ thread_local bool t_own_values = false;
 // the backward's reads rather than keep it (passes::regather).
 ir::NodePtr gathered_locked(TensorImpl& impl, const Loc& loc) {
   if (!impl.gathered || impl.gathered_of != impl.node.get()) {
-    const bool grad = ir::grad_enabled();
-    ir::set_grad_enabled(false);  // the broadcast itself has no gradient: the mark gives it one
-    ir::NodePtr gather;
-    try {
-      gather =
-          ir::make_node(ir::Op::Broadcast, {impl.node},
-                        {impl.gather_root, impl.gather_kept ? 2 : 1}, impl.shape, impl.dtype, loc);
-    } catch (...) {
-      ir::set_grad_enabled(grad);
-      throw;
-    }
-    ir::set_grad_enabled(grad);
-    impl.gathered = std::move(gather);
+    const NoGrad no_grad;  // the broadcast itself has no gradient: the mark gives it one
+    using Gather = ir::BroadcastAttrs::Gather;
+    const ir::BroadcastAttrs attrs{impl.gather_root,
+                                   impl.gather_kept ? Gather::Kept : Gather::Again};
+    impl.gathered =
+        ir::make_node(ir::Op::Broadcast, {impl.node}, attrs.encode(), impl.shape, impl.dtype, loc);
     impl.gathered_of = impl.node.get();
   }
   if (impl.requires_grad && ir::grad_enabled() && impl.gathered->grad.leaf.lock().get() != &impl)

@@ -342,7 +342,7 @@ void bucket_all_reduces(plan::Plan& p) {
   runtime::count(runtime::Counter::AllReduceBuckets, static_cast<int64_t>(buckets.size()));
 }
 
-// The gathers of sharded parameters (fully_shard: Broadcast {root, 1}, lowered as a blocking
+// The gathers of sharded parameters (fully_shard: a Broadcast with a gather, lowered as a blocking
 // broadcast) become a start and a wait: the wait where the broadcast was, the start right after
 // the wait of the gather before it (or after what computes its value, if later), so that each
 // parameter's gather is in flight while the layer before it computes (FSDP's prefetch of the
@@ -355,7 +355,9 @@ void prefetch_gathers(plan::Plan& p) {
     const plan::Step& step = p.steps[s];
     if (step.kind == plan::StepKind::Check || step.node < 0) continue;
     const ir::GraphNode& n = g.nodes[step.node];
-    if (n.op == ir::Op::Broadcast && n.attrs.size() == 2 && n.attrs[1] >= 1) at.push_back(s);
+    if (n.op == ir::Op::Broadcast &&
+        ir::BroadcastAttrs::of(n.attrs).gather != ir::BroadcastAttrs::Gather::None)
+      at.push_back(s);
   }
   if (at.empty()) return;
   const std::vector<int> producer = p.producers();
@@ -363,7 +365,7 @@ void prefetch_gathers(plan::Plan& p) {
   for (size_t k = 0; k < at.size(); ++k) {
     plan::Step& step = p.steps[at[k]];
     const int32_t id = step.node, x = g.nodes[id].operands.back();
-    const int root = static_cast<int>(g.nodes[id].attrs[0]);
+    const int root = static_cast<int>(ir::BroadcastAttrs::of(g.nodes[id].attrs).root);
     const size_t bytes = bytes_of(g.nodes[id]);
     const std::string what =
         util::cat("gather of ", g.nodes[x].name ? *g.nodes[x].name : "a parameter", " recorded at ",
@@ -378,10 +380,7 @@ void prefetch_gathers(plan::Plan& p) {
     start.can_fail = true;
     auto sp = std::make_shared<CpuStep>();
     sp->run = [=](Ctx& c) {
-      // Only the root's is sent: the others' (a stand-in) are overwritten.
-      if (bytes && c.ptr[id] != c.ptr[x] && dist::rank() == root)
-        std::memcpy(c.ptr[id], c.ptr[x], bytes);
-      *in_flight = dist::detail::start_broadcast(c.ptr[id], bytes, root, c.arena, what);
+      *in_flight = dist::detail::start_broadcast(c.ptr[id], c.ptr[x], bytes, root, c.arena, what);
     };
     start.payload = sp;
     auto wp = std::make_shared<CpuStep>();

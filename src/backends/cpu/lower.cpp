@@ -14,7 +14,6 @@
 #include "backends/ref/ref_kernels.h"
 #include "dist/comm.h"
 #include "ir/attrs.h"
-#include "lockstep/dist.h"
 #include "util/check.h"
 
 namespace lockstep::backends::cpu {
@@ -398,12 +397,7 @@ void lower_collective(Lowering& l) {
   if (l.n.op == Op::Broadcast) {
     const int root = static_cast<int>(l.n.attrs[0]);
     const std::string what = util::cat("broadcast recorded at ", where);
-    l.cs.run = [=](Ctx& c) {
-      // Only the root's is sent: the others' (a sharded parameter's stand-in) are overwritten.
-      if (bytes && c.ptr[id] != c.ptr[x] && dist::rank() == root)
-        std::memcpy(c.ptr[id], c.ptr[x], bytes);
-      dist::detail::broadcast(c.ptr[id], bytes, root, what);
-    };
+    l.cs.run = [=](Ctx& c) { dist::detail::broadcast(c.ptr[id], c.ptr[x], bytes, root, what); };
     return;
   }
   // A reduce (root >= 0) leaves the other ranks' values as they were: only the root's is read.

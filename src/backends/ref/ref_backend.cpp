@@ -12,7 +12,6 @@
 #include "ir/attrs.h"
 #include "ir/elementwise.h"
 #include "ir/random_bits.h"
-#include "lockstep/dist.h"
 #include "util/check.h"
 
 namespace lockstep::backends::ref {
@@ -405,11 +404,9 @@ void eval_exact(const ir::GraphNode& n, const std::vector<Arr>& a,
       return avg_pool2d_backward(n, a[0], out);
     case Op::AllReduce:
       return all_reduce(n, a[0], out);
-    case Op::Broadcast:  // the others' values are overwritten (a sharded parameter's stand-in)
-      if (count && dist::rank() == n.attrs[0])
-        std::memcpy(out, a.back().data, static_cast<size_t>(count) * dtype_size(n.dtype));
-      dist::detail::broadcast(out, static_cast<size_t>(count) * dtype_size(n.dtype),
-                              static_cast<int>(n.attrs[0]),
+    case Op::Broadcast:
+      dist::detail::broadcast(out, a.back().data, static_cast<size_t>(count) * dtype_size(n.dtype),
+                              static_cast<int>(ir::BroadcastAttrs::of(n.attrs).root),
                               util::cat("broadcast recorded at ", util::where(n.origin.loc)));
       return;
   }
