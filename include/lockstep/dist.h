@@ -206,6 +206,10 @@ class ZeroRedundancyOptimizer : public optim::Optimizer {
                                                               ZeroOptions, Loc);
   ZeroRedundancyOptimizer(Shard shard, ZeroOptions options);
   std::vector<Tensor> reduce_to_owners();
+  // This step's values every rank computed by a collective before the updates (the gradients'
+  // all-reduces or reduces, the last parameter's first, then the norm and the non-finite
+  // count): what the broadcasts after the updates, or stage 3's fence, are ordered after.
+  std::vector<Tensor> step_collectives() const;
   void clip(std::vector<Tensor>& grads);
 
   std::shared_ptr<optim::Optimizer> local_;

@@ -4,6 +4,7 @@
 // program.
 #include <algorithm>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -112,25 +113,19 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(Shard shard, ZeroOptions option
 
 void ZeroRedundancyOptimizer::update(size_t i, const Tensor& grad, const Tensor& t,
                                      const Tensor& ok) {
-  if (stage_ == 3) {
-    // The owner updates its own value, which no other rank holds or needs until the next gather.
-    if (const int64_t j = local_of_[i]; j >= 0) {
-      const runtime::OwnValues own;
-      const ir::RankLocal mine;
-      Group& g = local_->groups_[local_->group_of_[static_cast<size_t>(j)]];
-      g.lr = lr_of(i);
-      g.weight_decay = weight_decay_of(i);
-      local_->update(static_cast<size_t>(j), grad, t, ok);
-    }
-    return;
-  }
   if (const int64_t j = local_of_[i]; j >= 0) {
+    // Under stage 3 the owner updates its own value (not a gather), work no other rank does.
+    std::optional<runtime::OwnValues> own;
+    std::optional<ir::RankLocal> mine;
+    if (stage_ == 3) own.emplace(), mine.emplace();
     // This group's hyper-parameters as they are now (a scheduler sets them on this optimizer).
     Group& g = local_->groups_[local_->group_of_[static_cast<size_t>(j)]];
     g.lr = lr_of(i);
     g.weight_decay = weight_decay_of(i);
     local_->update(static_cast<size_t>(j), grad, t, ok);
   }
+  // Stage 3: no other rank holds or needs the value until the next gather.
+  if (stage_ == 3) return;
   // Broadcasts in one order on every rank, after every gradient's all-reduce (or reduce) and the
   // step's other collectives: the first of a step after all the gradients (the last parameter's
   // first, as backward makes them), each other after the one before it. Without it, a rank that
@@ -140,14 +135,20 @@ void ZeroRedundancyOptimizer::update(size_t i, const Tensor& grad, const Tensor&
   size_t first = 0;
   while (first < reduced_.size() && !reduced_[first].defined()) ++first;
   if (i == first) {
-    for (size_t k = reduced_.size(); k-- > 0;)
-      if (reduced_[k].defined()) after.push_back(reduced_[k]);
-    after.insert(after.end(), globals_.begin(), globals_.end());
+    after = step_collectives();
   } else {
     after.push_back(params_[last_]);  // its value is the previous broadcast's
   }
   params_[i].copy_(broadcast(params_[i], owners_[i], after));
   last_ = i;
+}
+
+std::vector<Tensor> ZeroRedundancyOptimizer::step_collectives() const {
+  std::vector<Tensor> out;
+  for (size_t k = reduced_.size(); k-- > 0;)
+    if (reduced_[k].defined()) out.push_back(reduced_[k]);
+  out.insert(out.end(), globals_.begin(), globals_.end());
+  return out;
 }
 
 std::vector<Tensor> ZeroRedundancyOptimizer::reduce_to_owners() {
@@ -217,10 +218,7 @@ void ZeroRedundancyOptimizer::end_step() {
   if (stage_ == 3) {
     // Every rank's program runs every reduce, though only the owners read theirs: a broadcast of
     // nothing, ordered after them (and the norm and the count), which the step computes.
-    std::vector<Tensor> after;
-    for (size_t k = reduced_.size(); k-- > 0;)
-      if (reduced_[k].defined()) after.push_back(reduced_[k]);
-    after.insert(after.end(), globals_.begin(), globals_.end());
+    const std::vector<Tensor> after = step_collectives();
     if (!after.empty()) {
       fence_ = broadcast(zeros({}, TensorOptions(DType::F32, params_[0].device())), 0, after);
       fence_.impl()->anchor = true;
