@@ -20,9 +20,10 @@
 // With `zero1`, the optimizer is sharded over the ranks (ls::dist::ZeroRedundancyOptimizer); with
 // `zero2`, the gradients as well (each reduced to its owner); with `zero3`, the parameters too
 // (ls::dist::fully_shard: each gathered where the step reads it); `zero3_keep` without
-// reshard_after_forward (the backward reads the forward's gathers).
+// reshard_after_forward (the backward reads the forward's gathers). bucket_mib: DataParallel's
+// buckets; zero_bucket_mib: those the gradients are reduced to their owners in (stages 2 and 3).
 //   dist_bench <mlp|resnet18|resnet50> [timed_steps=20] [threads=1] [bucket_mib=25]
-//              [plain|zero1|zero2|zero3|zero3_keep]
+//              [plain|zero1|zero2|zero3|zero3_keep] [zero_bucket_mib=4]
 #include <lockstep/lockstep.h>
 #include <sys/resource.h>
 #include <algorithm>
@@ -48,7 +49,7 @@ int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr,
                  "usage: dist_bench <mlp|resnet18|resnet50> [timed_steps] [threads] [bucket_mib] "
-                 "[plain|zero1|zero2|zero3|zero3_keep]\n");
+                 "[plain|zero1|zero2|zero3|zero3_keep] [zero_bucket_mib]\n");
     return 2;
   }
   try {
@@ -73,12 +74,15 @@ int main(int argc, char** argv) {
       throw ls::Error(
           "dist_bench: the optimizer is plain, zero1, zero2, zero3 or zero3_keep, not '" + mode +
           "'");
+    ls::dist::ZeroOptions zero_options{.stage = mode == "zero2" ? 2 : 1,
+                                       .reshard_after_forward = mode == "zero3"};
+    if (argc > 6) zero_options.bucket_bytes = static_cast<int64_t>(std::atof(argv[6]) * (1 << 20));
     std::shared_ptr<ls::optim::Optimizer> opt;
     if (mode == "zero3" || mode == "zero3_keep")
-      opt = ls::dist::fully_shard(*model, sgd, {.reshard_after_forward = mode == "zero3"});
+      opt = ls::dist::fully_shard(*model, sgd, zero_options);
     else if (mode == "zero1" || mode == "zero2")
-      opt = std::make_unique<ls::dist::ZeroRedundancyOptimizer>(
-          model->parameters(), sgd, ls::dist::ZeroOptions{.stage = mode == "zero2" ? 2 : 1});
+      opt = std::make_unique<ls::dist::ZeroRedundancyOptimizer>(model->parameters(), sgd,
+                                                                zero_options);
     else
       opt = sgd(model->parameters());
     const FixedBatch batch = fixed_batch(w);

@@ -166,6 +166,11 @@ struct ZeroOptions {
   // forward's gather (FSDP2's option and default); false keeps it, one gather a step less per
   // parameter for the memory of every gathered parameter from its forward to its backward.
   bool reshard_after_forward = true;
+  // Stages 2 and 3: the gradients reduced to their owners go in buckets of about this many bytes
+  // (the first of at most DataParallelOptions' first_bucket_bytes), at most two in flight while
+  // the backward fills the next, so that the step holds about three buckets of the other ranks'
+  // gradients at once rather than all of them (larger: fewer, longer reduces).
+  int64_t bucket_bytes = int64_t{4} << 20;
 };
 
 class ZeroRedundancyOptimizer : public optim::Optimizer {
@@ -220,6 +225,7 @@ class ZeroRedundancyOptimizer : public optim::Optimizer {
   int stage_ = 1;
   bool reshard_after_forward_ = true;  // stage 3's (for parameters added later)
   double max_grad_norm_ = 0;
+  int64_t bucket_bytes_ = 0;
   Tensor grad_norm_;
   // This step's: the gradients as averaged, before clipping (under stage 2 the reduces, which
   // every rank holds), and the values every rank computed by a collective before the updates (the

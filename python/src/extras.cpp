@@ -139,7 +139,7 @@ void init_extras(py::module_& m) {
   py::class_<dist::ZeroRedundancyOptimizer, optim::Optimizer,
              std::shared_ptr<dist::ZeroRedundancyOptimizer>>(dist, "ZeroRedundancyOptimizer")
       .def(py::init([](const std::vector<Tensor>& params, const py::object& optimizer_class,
-                       int stage, double max_grad_norm, bool skip_nonfinite,
+                       int stage, double max_grad_norm, bool skip_nonfinite, int64_t bucket_bytes,
                        const py::kwargs& defaults) {
              const Loc loc = user_place();
              auto make = [&](std::vector<Tensor> mine) {
@@ -149,11 +149,13 @@ void init_extras(py::module_& m) {
                  params, make,
                  dist::ZeroOptions{.stage = stage,
                                    .max_grad_norm = max_grad_norm,
-                                   .skip_nonfinite = skip_nonfinite},
+                                   .skip_nonfinite = skip_nonfinite,
+                                   .bucket_bytes = bucket_bytes},
                  loc);
            }),
            arg("params"), arg("optimizer_class"), py::kw_only(), arg("stage") = 1,
-           arg("max_grad_norm") = 0.0, arg("skip_nonfinite") = false)
+           arg("max_grad_norm") = 0.0, arg("skip_nonfinite") = false,
+           arg("bucket_bytes") = dist::ZeroOptions{}.bucket_bytes)
       .def_property_readonly("stage", &dist::ZeroRedundancyOptimizer::stage)
       .def_property_readonly("last_grad_norm", &dist::ZeroRedundancyOptimizer::last_grad_norm)
       .def("owner", &dist::ZeroRedundancyOptimizer::owner, arg("index"))
@@ -164,7 +166,8 @@ void init_extras(py::module_& m) {
   dist.def(
       "fully_shard",
       [](nn::Module& model, const py::object& optimizer_class, double max_grad_norm,
-         bool skip_nonfinite, bool reshard_after_forward, const py::kwargs& defaults) {
+         bool skip_nonfinite, bool reshard_after_forward, int64_t bucket_bytes,
+         const py::kwargs& defaults) {
         const Loc loc = user_place();
         auto make = [&](std::vector<Tensor> mine) {
           return optimizer_class(mine, **defaults).cast<std::shared_ptr<optim::Optimizer>>();
@@ -172,11 +175,13 @@ void init_extras(py::module_& m) {
         return dist::fully_shard(model, make,
                                  dist::ZeroOptions{.max_grad_norm = max_grad_norm,
                                                    .skip_nonfinite = skip_nonfinite,
-                                                   .reshard_after_forward = reshard_after_forward},
+                                                   .reshard_after_forward = reshard_after_forward,
+                                                   .bucket_bytes = bucket_bytes},
                                  loc);
       },
       arg("model"), arg("optimizer_class"), py::kw_only(), arg("max_grad_norm") = 0.0,
       arg("skip_nonfinite") = false, arg("reshard_after_forward") = true,
+      arg("bucket_bytes") = dist::ZeroOptions{}.bucket_bytes,
       "Shards the model's parameters over the ranks (ZeRO-3, FSDP2's fully_shard): each lives "
       "on its owner and is gathered where ops read it. Returns the optimizer, a "
       "ZeroRedundancyOptimizer of stage 3 over optimizer_class(this rank's parameters, "

@@ -26,9 +26,12 @@ SCRIPT = textwrap.dedent("""
     dp = lockstep.dist.DataParallel(model)
     if sys.argv[1] == "zero3":
         opt = lockstep.dist.fully_shard(model, lockstep.optim.AdamW, lr=0.01, weight_decay=0.1)
-    elif sys.argv[1].startswith("zero"):
+    elif sys.argv[1] == "zero2":  # buckets of one gradient, two reduces in flight at a time
         opt = lockstep.dist.ZeroRedundancyOptimizer(model.parameters(), lockstep.optim.AdamW,
-                                                     stage=2 if sys.argv[1] == "zero2" else 1,
+                                                     stage=2, bucket_bytes=64, lr=0.01,
+                                                     weight_decay=0.1)
+    elif sys.argv[1] == "zero":
+        opt = lockstep.dist.ZeroRedundancyOptimizer(model.parameters(), lockstep.optim.AdamW,
                                                      lr=0.01, weight_decay=0.1)
     else:
         opt = lockstep.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1)
@@ -79,6 +82,9 @@ def test_alone_it_updates_as_the_optimizer_it_wraps():
                                               lr=0.1)
     assert lockstep.dist.ZeroRedundancyOptimizer([lockstep.zeros(2)], lockstep.optim.SGD,
                                                  stage=2, lr=0.1).stage == 2
+    with pytest.raises(lockstep.Error, match="bucket_bytes 0"):
+        lockstep.dist.ZeroRedundancyOptimizer([lockstep.zeros(2)], lockstep.optim.SGD,
+                                              stage=2, bucket_bytes=0, lr=0.1)
 
 
 def test_fully_shard_alone_trains_as_the_optimizer_it_wraps():

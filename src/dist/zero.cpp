@@ -45,6 +45,9 @@ ZeroRedundancyOptimizer::Shard ZeroRedundancyOptimizer::partition(std::vector<Te
   if (!(options.max_grad_norm >= 0))
     util::fail(loc, "ZeroRedundancyOptimizer", cat("max_grad_norm ", options.max_grad_norm),
                "Use a norm > 0 to clip, or 0 not to");
+  if (options.bucket_bytes <= 0)
+    util::fail(loc, "ZeroRedundancyOptimizer", cat("bucket_bytes ", options.bucket_bytes),
+               "Use a bucket size > 0 bytes (the default is 4 MiB)");
   if (!make_local)
     util::fail(loc, "ZeroRedundancyOptimizer", "no function to make the local optimizer",
                "Pass one that builds an ls::optim optimizer over the parameters it is given");
@@ -104,7 +107,8 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(Shard shard, ZeroOptions option
       load_(std::move(shard.load)),
       stage_(options.stage),
       reshard_after_forward_(options.reshard_after_forward),
-      max_grad_norm_(options.max_grad_norm) {
+      max_grad_norm_(options.max_grad_norm),
+      bucket_bytes_(options.bucket_bytes) {
   set_default_weight_decay(local_->group_weight_decay(0));
   global_of_.resize(local_->params().size());
   for (size_t i = 0; i < local_of_.size(); ++i)
@@ -163,19 +167,18 @@ std::vector<Tensor> ZeroRedundancyOptimizer::reduce_to_owners() {
     if (!g.defined()) continue;
     // In the order backward makes them, bucketed as DataParallel's; a gradient DataParallel's
     // average_gradients is about to all-reduce is reduced instead, from what it would sum.
-    ir::AllReduceAttrs attrs{.scale = 1.0 / world_size(),
-                             .order = n - 1 - k,
-                             .bucket_bytes = defaults.bucket_bytes,
-                             .first_bucket_bytes = defaults.first_bucket_bytes,
-                             .root = owners_[static_cast<size_t>(k)]};
+    ir::AllReduceAttrs attrs{
+        .scale = 1.0 / world_size(),
+        .order = n - 1 - k,
+        .bucket_bytes = bucket_bytes_,
+        .first_bucket_bytes = std::min(defaults.first_bucket_bytes, bucket_bytes_),
+        .root = owners_[static_cast<size_t>(k)]};
     Tensor local = g;
     const ir::NodePtr node = frontend::node(g, op, loc);
     if (node->op == ir::Op::AllReduce) {
       const ir::AllReduceAttrs averaged = ir::AllReduceAttrs::of(node->attrs);
       if (averaged.order >= 0 && averaged.root < 0 && !averaged.local) {
         attrs.scale = averaged.scale;
-        attrs.bucket_bytes = averaged.bucket_bytes;
-        attrs.first_bucket_bytes = averaged.first_bucket_bytes;
         local = runtime::new_tensor(node->operands[0]);
       }
     }

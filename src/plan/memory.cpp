@@ -1,6 +1,7 @@
 // The memory pass: where every value lives during a run. Inputs and folded constants stay where
 // they are; outputs get memory of their own (or take over an input: donations); reshapes alias
-// their operand; everything else gets an offset in one arena, reused by liveness (first fit).
+// their operand; everything else, and the regions that hold no output, gets an offset in one
+// arena, reused by liveness (first fit).
 // Then: the leading steps that may run before the outputs are allocated, and the bytes a run
 // takes, with the values live at its peak (the memory preflight's message).
 #include <algorithm>
@@ -103,9 +104,36 @@ void plan_memory(Plan& p) {
     }
     for (int32_t r : p.steps[s].reads) last[root[r]] = std::max(last[root[r]], static_cast<int>(s));
   }
+  // Each region's life: from the first step that uses it (a value there, or the region itself)
+  // to the last; whether it goes in the arena (it holds no output).
+  const size_t nr = p.regions.size();
+  std::vector<int> region_first(nr, -1), region_last(nr, -1);
+  std::vector<bool> region_in_arena(nr, true);
+  auto use_region = [&](int32_t r, int s) {
+    if (s < 0) return;
+    if (region_first[r] < 0 || s < region_first[r]) region_first[r] = s;
+    region_last[r] = std::max(region_last[r], s);
+  };
+  for (size_t i = 0; i < n; ++i)
+    if (p.slot[i].kind == Slot::Region) {
+      const int32_t r = p.slot[i].region;
+      if (p.is_output[i]) region_in_arena[r] = false;
+      use_region(r, first[i]);
+      use_region(r, last[i]);
+    }
+  for (size_t s = 0; s < p.steps.size(); ++s)
+    if (p.steps[s].region >= 0) use_region(p.steps[s].region, static_cast<int>(s));
   // Greedy first-fit offsets in one arena, 64-byte aligned.
   FirstFit fit;
+  p.region_at.assign(nr, -1);
+  std::vector<std::vector<int32_t>> regions_from(p.steps.size());
+  for (size_t r = 0; r < nr; ++r)
+    if (region_in_arena[r] && region_first[r] >= 0)
+      regions_from[static_cast<size_t>(region_first[r])].push_back(static_cast<int32_t>(r));
   for (size_t s = 0; s < p.steps.size(); ++s) {
+    for (int32_t r : regions_from[s])
+      p.region_at[r] = static_cast<int64_t>(
+          fit.place((p.regions[r] + 63) / 64 * 64, static_cast<int64_t>(s), region_last[r]));
     for (int32_t id : taken(p.steps[s])) {
       if (p.slot[id].kind != Slot::None || root[id] != id) continue;
       const size_t size = (bytes_of(g.nodes[id]) + 63) / 64 * 64;
@@ -136,7 +164,8 @@ void plan_memory(Plan& p) {
   p.planned.arena = p.arena_bytes;
   for (int32_t o : g.outputs)
     if (p.slot[o].kind != Slot::Region) p.planned.outputs += bytes_of(g.nodes[o]);
-  for (size_t r : p.regions) p.planned.outputs += r;
+  for (size_t r = 0; r < nr; ++r)
+    if (p.region_at[r] < 0) p.planned.outputs += p.regions[r];
   p.planned.copies = p.copies_bytes;
   for (const Step& s : p.steps) p.planned.scratch = std::max(p.planned.scratch, s.scratch_bytes);
   p.planned.constants = p.constants ? p.constants->bytes() : 0;
@@ -147,6 +176,11 @@ void plan_memory(Plan& p) {
     if (p.slot[i].kind == Slot::Arena && first[i] >= 0) {
       delta[first[i]] += static_cast<int64_t>(bytes_of(g.nodes[i]));
       delta[last[i] + 1] -= static_cast<int64_t>(bytes_of(g.nodes[i]));
+    }
+  for (size_t r = 0; r < nr; ++r)
+    if (p.region_at[r] >= 0) {
+      delta[region_first[r]] += static_cast<int64_t>(p.regions[r]);
+      delta[region_last[r] + 1] -= static_cast<int64_t>(p.regions[r]);
     }
   int64_t live = 0, most = -1;
   int peak = 0;

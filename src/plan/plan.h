@@ -63,6 +63,9 @@ struct Step {
   // A start: values its collective writes before the step that finishes it (a gather's
   // destination), whose memory is in use from this step on.
   std::vector<int32_t> receives;
+  // A region of the plan (Plan::regions) the step reads or writes besides its values' (a bucket's
+  // start packs gradients into it, its wait reads the sums from it); -1 if none.
+  int32_t region = -1;
   std::shared_ptr<StepPayload> payload;
   // The values it writes: node, then extras (a check writes nothing).
   std::vector<int32_t> writes() const;
@@ -122,11 +125,15 @@ struct Plan {
   size_t prefix = 0;            // leading steps that write no output (up to last_can_fail)
   PlannedBytes planned;
   std::vector<int32_t> live_at_peak;  // arena values live at the step where most bytes are
-  // Memory besides the arena that a backend's pass lays values out in (the cpu: each all-reduce
-  // bucket, its gradients side by side): the bytes of each region, allocated for every run, and
-  // per node (or empty) the {region, offset} plan_memory gives it (region -1: none).
+  // Blocks of memory that a backend's pass lays values out in (the cpu: each all-reduce bucket, its
+  // gradients side by side): the bytes of each region, and per node (or empty) the
+  // {region, offset} plan_memory gives it (region -1: none). plan_memory places a region that
+  // holds no output in the arena, live from the first step that uses it to the last
+  // (region_at: its offset); one that holds outputs (slices of it, which the caller keeps) is
+  // allocated for every run (region_at -1).
   std::vector<size_t> regions;
   std::vector<std::pair<int32_t, int64_t>> placed;
+  std::vector<int64_t> region_at;
 
   // The step that writes each value (-1: none), in the current order.
   std::vector<int> producers() const;

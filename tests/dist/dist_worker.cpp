@@ -16,6 +16,7 @@
 //                                                   skip non-finite steps. AUTOCAST=1: the
 //                                                   forward under bf16 autocast. KEEP_GATHERS=1:
 //                                                   zero3 without reshard_after_forward.
+//                                                   BUCKET_BYTES=B: ZeroOptions::bucket_bytes.
 //                                                   MEMORY_LIMIT=B:
 //                                                   ls::set_memory_limit(B). ZERO_RANK1=Z:
 //                                                   rank 1 takes Z for the zero argument.
@@ -159,17 +160,18 @@ int run(int argc, char** argv) {
   if (const char* other = std::getenv("ZERO_RANK1"); other && rank == 1) zero_arg = other;
   const bool zero = zero_arg == "zero1" || zero_arg == "zero2" || zero_arg == "zero3";
   const double clip = std::getenv("CLIP") ? std::atof(std::getenv("CLIP")) : 0.0;
+  ls::dist::ZeroOptions zero_options{.stage = zero_arg == "zero2" ? 2 : 1,
+                                     .max_grad_norm = clip,
+                                     .skip_nonfinite = skip,
+                                     .reshard_after_forward = !std::getenv("KEEP_GATHERS")};
+  if (const char* bytes = std::getenv("BUCKET_BYTES"))
+    zero_options.bucket_bytes = std::atoll(bytes);
   std::shared_ptr<ls::optim::Optimizer> opt;
   if (zero_arg == "zero3")
-    opt = ls::dist::fully_shard(*model, make_optimizer,
-                                {.max_grad_norm = clip,
-                                 .skip_nonfinite = skip,
-                                 .reshard_after_forward = !std::getenv("KEEP_GATHERS")});
+    opt = ls::dist::fully_shard(*model, make_optimizer, zero_options);
   else if (zero)
-    opt = std::make_unique<ls::dist::ZeroRedundancyOptimizer>(
-        model->parameters(), make_optimizer,
-        ls::dist::ZeroOptions{
-            .stage = zero_arg == "zero2" ? 2 : 1, .max_grad_norm = clip, .skip_nonfinite = skip});
+    opt = std::make_unique<ls::dist::ZeroRedundancyOptimizer>(model->parameters(), make_optimizer,
+                                                              zero_options);
   else
     opt = make_optimizer(model->parameters());
   const bool image = model_name == "cnn" || model_name == "bn";

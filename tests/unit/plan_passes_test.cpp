@@ -12,6 +12,7 @@
 #include "ir/ir.h"
 #include "plan/passes.h"
 #include "plan/pipeline.h"
+#include "util/check.h"
 
 namespace ir = lockstep::ir;
 namespace plan = lockstep::plan;
@@ -406,6 +407,39 @@ TEST(BucketPass, GradientsLiveInTheirBucketsRegionUnlessReadAfterItStarts) {
   EXPECT_THAT(lines(p, "node %4 "), ::testing::HasSubstr("slot region0@0"));
   EXPECT_THAT(lines(p, "node %3 "), ::testing::HasSubstr("slot arena@"));
   EXPECT_EQ(p.regions, (std::vector<size_t>{128}));
+}
+
+// Four gradients reduced to another rank (ZeroRedundancyOptimizer's stage 2: root 1; buckets of
+// 64 bytes, one gradient each), then a broadcast ordered after the reduces (its operands before
+// its value only order it). Each reduce is waited for before the one two after it starts (at
+// most two in flight); the buckets' regions hold no output, so they live in the arena only from
+// the first gradient computed there to their wait, and the broadcast's reads of the other rank's
+// sums are dropped, so as not to keep them alive to the end.
+TEST(BucketPass, ReducesToAnotherRankFreeTheirRegionAtTheirWait) {
+  std::string graph = "%0 = data(#0) f32[8]\n%1 = data(#1) f32[]\n";
+  const char* grads[] = {"exp", "tanh", "neg", "abs"};
+  for (int k = 0; k < 4; ++k)
+    graph += lockstep::util::cat("%", 2 + 2 * k, " = ", grads[k], "(%0) f32[8]\n%", 3 + 2 * k,
+                                 " = all_reduce(%", 2 + 2 * k, ") {4607182418800017408, ", k,
+                                 ", 64, 64, 1, 0} f32[8]\n");
+  graph += "%10 = broadcast(%3, %5, %7, %9, %1) {0} f32[]\nreturn %10\n";
+  const plan::Plan p = run_until(graph, "plan_memory");
+  std::vector<std::string> order;
+  for (const plan::Step& s : p.steps)
+    if (std::string(s.label).find("all_reduce") == 0)
+      order.push_back(std::string(s.label) + " %" + std::to_string(s.node));
+  EXPECT_EQ(order, (std::vector<std::string>{"all_reduce_start %3", "all_reduce_start %5",
+                                             "all_reduce_wait %3", "all_reduce_start %7",
+                                             "all_reduce_wait %5", "all_reduce_start %9",
+                                             "all_reduce_wait %7", "all_reduce_wait %9"}));
+  ASSERT_EQ(p.regions.size(), 4u);
+  for (int64_t at : p.region_at)
+    EXPECT_GE(at, 0) << "a region that holds no output is in the arena";
+  EXPECT_EQ(p.planned.outputs, 4u) << "the broadcast's value alone";
+  EXPECT_EQ(p.steps.back().reads, (std::vector<int32_t>{1}));
+  // The first bucket's region is free again before the fourth gradient is computed: the fourth
+  // takes its memory.
+  EXPECT_EQ(p.region_at[0], p.region_at[3]);
 }
 
 // The plan verifier (run between passes in debug builds and with LOCKSTEP_VERIFY_PLANS=1, which

@@ -8,14 +8,16 @@
 // (place_gradients) and becomes two steps: a start, right after the last of its gradients is
 // computed, that copies in those not computed there and starts a non-blocking all-reduce in
 // place; and a wait, which waits for it and scales the sums in place (a reduce's: copies this
-// rank's own sums out of the region, which then dies with the run, and scales them there). The
+// rank's own sums out of the region, which then dies, and scales them there). The
 // steps that read the sums (the optimizer's updates, and what depends on them) move after
 // everything else (the rest of the backward), grouped by the last bucket they read, each group
 // behind its bucket's wait, in the order the buckets started: the communication overlaps the rest
 // of the backward and the first buckets' updates (the executable calls into MPI between its
 // steps, dist::detail::progress, and so may a progress thread: LOCKSTEP_DIST_PROGRESS_US).
-// Updates made in place before the last wait, which may fail, keep a copy of what they overwrite
-// until it passes (the executable's rollback).
+// A reduce's wait comes earlier, before the start of the reduce two after it, so that its region
+// (which then holds nothing this rank reads) is free again and the backward does not hold every
+// gradient at once. Updates made in place before the last wait, which may fail, keep a copy of
+// what they overwrite until it passes (the executable's rollback).
 #include <algorithm>
 #include <cstring>
 
@@ -97,7 +99,8 @@ std::vector<size_t> place_gradients(plan::Plan& p,
       const std::pair<int32_t, int64_t> slot{b.region, static_cast<int64_t>(b.offset[m])};
       // This rank's results of a reduce are not kept in the region: the wait copies them out, so
       // that what it keeps after the step (its own gradients) holds no other rank's share alive.
-      // The others' stay there (nothing meaningful: only read to order the broadcasts).
+      // The others' stay there (nothing meaningful: the broadcasts' reads of them only ordered
+      // them, and drop_ordering_reads takes those away).
       if (!reduce || b.root[m] != dist::rank()) p.placed[member] = slot;
       const int32_t r = root[b.operands[m]];
       const ir::GraphNode& value = g.nodes[r];
@@ -118,6 +121,9 @@ std::vector<size_t> place_gradients(plan::Plan& p,
 // steps up to kFinishDepth links up each bucketed gradient's chain move to right after the steps
 // they read, so that its bucket can start as soon as the backward has computed it.
 constexpr int kFinishDepth = 3;
+
+// Reduces to owners (ZeroRedundancyOptimizer's stages 2 and 3) in flight at once.
+constexpr size_t kReducesInFlight = 2;
 
 void hoist_gradient_finish(plan::Plan& p, const std::vector<int32_t>& nodes) {
   const std::vector<int> producer = p.producers();
@@ -153,6 +159,24 @@ void hoist_gradient_finish(plan::Plan& p, const std::vector<int32_t>& nodes) {
       for (int32_t w : order[k].writes()) at[w] = static_cast<int>(k);
   }
   p.steps = std::move(order);
+}
+
+// A reduce leaves the other ranks' sums meaningless here; the broadcasts after it read them only
+// to be ordered after it (a broadcast's operands before its value only order it: ir.h). Once the
+// steps are in their final order those reads go, so that the bucket's region (where they are
+// placed) dies at its wait rather than at the last broadcast (plan_memory).
+void drop_ordering_reads(plan::Plan& p, const std::vector<std::shared_ptr<Bucket>>& buckets) {
+  const ir::Graph& g = p.graph;
+  std::vector<bool> others(g.nodes.size(), false);
+  for (const auto& b : buckets)
+    for (size_t m = 0; m < b->members.size(); ++m)
+      if (b->root[m] >= 0 && b->root[m] != dist::rank()) others[b->members[m]] = true;
+  for (plan::Step& step : p.steps) {
+    if (step.kind == plan::StepKind::Check || step.node < 0) continue;
+    const ir::GraphNode& n = g.nodes[step.node];
+    if (n.op != ir::Op::Broadcast) continue;
+    std::erase_if(step.reads, [&](int32_t r) { return others[r] && r != n.operands.back(); });
+  }
 }
 
 }  // namespace
@@ -218,6 +242,7 @@ void bucket_all_reduces(plan::Plan& p) {
     start.kind = plan::StepKind::Start;
     start.node = b->members.front();
     start.reads = b->operands;
+    start.region = b->region;
     start.can_fail = true;
     auto sp = std::make_shared<CpuStep>();
     sp->run = [b](Ctx& c) {
@@ -247,6 +272,7 @@ void bucket_all_reduces(plan::Plan& p) {
     wait.label = "all_reduce_wait";
     wait.node = b->members.front();
     wait.extras.assign(b->members.begin() + 1, b->members.end());
+    wait.region = b->region;
     wait.can_fail = true;
     auto wp = std::make_shared<CpuStep>();
     wp->run = [b](Ctx& c) {
@@ -292,11 +318,28 @@ void bucket_all_reduces(plan::Plan& p) {
   // What reads a sum, directly or not, goes after the rest: behind the wait of the last bucket it
   // reads, in the order the buckets started (the first updates run while later buckets are still
   // in flight).
+  // A reduce's wait goes before the start of the reduce kReducesInFlight after it: the sums are
+  // copied out to their owner there, and its region is free again (plan_memory), so that the
+  // backward holds at most that many reduce buckets' gradients besides the one it is filling, not
+  // every gradient at once.
+  std::vector<size_t> rank_of(buckets.size());
+  for (size_t r = 0; r < by_start.size(); ++r) rank_of[by_start[r]] = r;
+  const auto is_reduce = [&](size_t k) { return buckets[k]->root.front() >= 0; };
+  std::vector<bool> waited(buckets.size(), false);
   std::vector<plan::Step> early;
   std::vector<std::vector<plan::Step>> late(buckets.size());
   auto emit_starts = [&](int after) {
-    for (size_t k = 0; k < starts.size(); ++k)
-      if (start_after[k] == after) early.push_back(std::move(starts[k]));
+    for (size_t k = 0; k < starts.size(); ++k) {
+      if (start_after[k] != after) continue;
+      if (is_reduce(k) && rank_of[k] >= kReducesInFlight) {
+        const size_t w = by_start[rank_of[k] - kReducesInFlight];
+        if (is_reduce(w) && !waited[w]) {
+          early.push_back(std::move(waits[w]));
+          waited[w] = true;
+        }
+      }
+      early.push_back(std::move(starts[k]));
+    }
   };
   emit_starts(-1);
   for (size_t s = 0; s < p.steps.size(); ++s) {
@@ -316,7 +359,7 @@ void bucket_all_reduces(plan::Plan& p) {
     emit_starts(static_cast<int>(s));
   }
   for (size_t r = 0; r < by_start.size(); ++r) {
-    early.push_back(std::move(waits[by_start[r]]));
+    if (!waited[by_start[r]]) early.push_back(std::move(waits[by_start[r]]));
     for (plan::Step& l : late[r]) early.push_back(std::move(l));
   }
   p.steps = std::move(early);
@@ -335,6 +378,7 @@ void bucket_all_reduces(plan::Plan& p) {
     described[static_cast<size_t>(k)].push_back(&step);
   }
   const std::vector<size_t> in_place = place_gradients(p, buckets, start);
+  drop_ordering_reads(p, buckets);
   for (size_t k = 0; k < buckets.size(); ++k) {
     buckets[k]->what = describe(g, *buckets[k], static_cast<int>(k) + 1, in_place[k]);
     for (plan::Step* step : described[k]) step->detail = buckets[k]->what;

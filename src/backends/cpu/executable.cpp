@@ -41,11 +41,13 @@ std::vector<std::shared_ptr<Storage>> CpuExecutable::run(
   DenormalScope denormals(threads_);
   if (!arena_ && p_.arena_bytes) arena_ = alloc_host(p_.arena_bytes);
   if (!copies_ && p_.copies_bytes) copies_ = alloc_host(p_.copies_bytes);
-  // The regions, fresh for every run: outputs placed there are slices of them, which the
-  // caller keeps after the next run has begun.
+  // The regions: in the arena (plan_memory), or fresh for every run when outputs placed there
+  // are slices of them, which the caller keeps after the next run has begun.
   std::vector<std::shared_ptr<Storage>> regions(p_.regions.size());
   for (size_t r = 0; r < regions.size(); ++r)
-    regions[r] = alloc_host(std::max<size_t>(p_.regions[r], 64));
+    regions[r] = r < p_.region_at.size() && p_.region_at[r] >= 0 && arena_ && p_.regions[r]
+                     ? slice_of(arena_, static_cast<size_t>(p_.region_at[r]), p_.regions[r])
+                     : alloc_host(std::max<size_t>(p_.regions[r], 64));
   Ctx ctx;
   ctx.scalars = &scalars;
   ctx.regions = &regions;
