@@ -149,7 +149,11 @@ void apply_thread_wait_default(char** argv);
 // "OMP_WAIT_POLICY=passive", ... or "libgomp's default".
 std::string thread_wait_setting();
 
-// Most compiled programs kept (least recently used are dropped first). Default 64.
+// Most compiled programs kept (least recently used are dropped first). Default 1024, as
+// torch_xla's XLA_COMPILATION_CACHE_SIZE: a loop that slices its batches from one tensor at
+// many offsets (word_language_model's get_batch: 64 offsets an epoch) makes a program per
+// offset, and a smaller cache dropped the training step's own program among them each epoch.
+// Only the 8 most recently run keep their memory arenas.
 void set_compile_cache_capacity(size_t capacity);
 
 // Most programs waiting behind the one that runs (default 2, at least 1). A sync or step that

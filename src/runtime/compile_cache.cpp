@@ -27,7 +27,7 @@ struct Cache {
   std::recursive_mutex mu;    // graph_mutex()
   std::list<CacheEntry> lru;  // front: most recently used
   std::unordered_map<uint64_t, std::list<CacheEntry>::iterator> cache;
-  size_t capacity = 64;
+  size_t capacity = 1024;  // see set_compile_cache_capacity
   std::shared_ptr<const ir::Graph> last_graph;
   std::atomic<int64_t> largest{0};  // nodes of the largest graph compiled so far
   bool debug = util::option_on(util::Option::Debug);

@@ -202,7 +202,23 @@ TEST(Sync, CompileCacheIsBoundedLru) {
   run(102);
   EXPECT_EQ(compiles.get(), 2);
   EXPECT_EQ(ls::debug::last_cache_miss().field, "evicted") << ls::debug::last_cache_miss().text;
-  ls::set_compile_cache_capacity(64);
+  ls::set_compile_cache_capacity(1024);
+}
+
+// The default cache holds a loop's programs over 100 distinct batch slices (a program each, as
+// word_language_model's get_batch makes) and the first is still there after them.
+TEST(Sync, TheDefaultCompileCacheKeepsAnEpochOfSlicedBatches) {
+  const ls::Tensor source = ls::arange(400, ls::TensorOptions(ls::DType::F32));
+  ls::sync();
+  auto batch = [&](int64_t i) {
+    ls::Tensor b = ls::slice(source, 0, i, i + 8) * 2.0f;
+    ls::sync();
+    return b;
+  };
+  for (int64_t i = 0; i < 100; ++i) batch(3 * i);
+  Delta compiles("compiles");
+  EXPECT_EQ(batch(0).to_vector<float>()[7], 14.0f);
+  EXPECT_EQ(compiles.get(), 0) << "the first batch's program was dropped";
 }
 
 TEST(Async, SyncReturnsBeforeTheProgramRuns) {
