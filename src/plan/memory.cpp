@@ -6,6 +6,7 @@
 // takes, with the values live at its peak (the memory preflight's message).
 #include <algorithm>
 
+#include "ir/attrs.h"
 #include "plan/first_fit.h"
 #include "plan/passes.h"
 #include "util/check.h"
@@ -57,13 +58,27 @@ void plan_donations(Plan& p, const std::vector<int>& last, const std::vector<int
 
 }  // namespace
 
+int64_t slice_offset(const ir::Graph& g, int32_t id) {
+  const ir::GraphNode& n = g.nodes[id];
+  if (n.op != ir::Op::Slice) return -1;
+  const Shape& x = g.nodes[n.operands[0]].shape;
+  const ir::SliceAttrs a = ir::SliceAttrs::of(n.attrs);
+  for (int64_t d = 0; d < a.axis; ++d)
+    if (x[d] != 1) return -1;  // rows of it, apart
+  if (a.step != 1 && n.shape[a.axis] > 1) return -1;
+  int64_t inner = 1;
+  for (size_t d = static_cast<size_t>(a.axis) + 1; d < x.size(); ++d) inner *= x[d];
+  return a.start * inner * static_cast<int64_t>(dtype_size(n.dtype));
+}
+
 std::vector<int32_t> memory_roots(const Plan& p) {
   const ir::Graph& g = p.graph;
   std::vector<int32_t> root(g.nodes.size());
   for (size_t i = 0; i < root.size(); ++i) root[i] = static_cast<int32_t>(i);
   for (const Step& s : p.steps) {
     const ir::GraphNode& node = g.nodes[s.node];
-    if (s.kind != StepKind::Check && node.op == ir::Op::Reshape && !p.is_output[s.node])
+    if (s.kind != StepKind::Check && !p.is_output[s.node] &&
+        (node.op == ir::Op::Reshape || slice_offset(g, s.node) >= 0))
       root[s.node] = root[node.operands[0]];
   }
   return root;
@@ -78,10 +93,12 @@ void plan_memory(Plan& p) {
     if (p.constant_at[i] >= 0) p.slot[i] = {Slot::Constant, p.constant_at[i]};
   }
   for (int32_t o : g.outputs) p.slot[o] = {Slot::Output, 0};
-  // Reshapes that are not outputs alias their operand's memory.
+  // Reshapes and contiguous slices that are not outputs alias their operand's memory.
   const std::vector<int32_t> root = memory_roots(p);
   for (size_t i = 0; i < n; ++i)
-    if (root[i] != static_cast<int32_t>(i)) p.slot[i] = {Slot::Alias, g.nodes[i].operands[0]};
+    if (root[i] != static_cast<int32_t>(i))
+      p.slot[i] = {Slot::Alias, g.nodes[i].operands[0], -1,
+                   std::max<int64_t>(0, slice_offset(g, static_cast<int32_t>(i)))};
   // Values a pass laid out in a region (outputs among them: slices of it).
   for (size_t i = 0; i < p.placed.size() && i < n; ++i)
     if (p.placed[i].first >= 0) {

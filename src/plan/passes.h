@@ -42,8 +42,13 @@ void add_checks(Plan& plan);
 // allocated, and the bytes a run takes (Plan::planned).
 void plan_memory(Plan& plan);
 // Per node, the node whose memory its value lives in, as plan_memory lays them out: reshapes
-// that are steps and not outputs alias their operand's; every other value is its own.
+// and contiguous slices (slice_offset) that are steps and not outputs alias their operand's;
+// every other value is its own.
 std::vector<int32_t> memory_roots(const Plan& plan);
+// Where a slice's values start in its operand's memory, in bytes, when they are one run of it (a
+// slice of the first axis longer than 1, of step 1, or of a single index: an LSTM's time steps
+// unbound from one product), so that it can live there; -1 for any other node.
+int64_t slice_offset(const ir::Graph& g, int32_t id);
 
 // verify.cpp: the invariants every pass keeps (sizes, one writer per value, reads after writes);
 // throws InternalError naming the pass `after`. run_pipeline runs it between passes in debug

@@ -78,6 +78,7 @@ struct Slot {
   // offset in its region.
   int64_t index = 0;
   int32_t region = -1;  // Region: which of the plan's regions (an output there is a slice of it)
+  int64_t offset = 0;   // Alias: bytes into the aliased node's memory (a contiguous slice)
 };
 
 // A backend's own decisions per node (the cpu's: which values it holds in oneDNN's blocked

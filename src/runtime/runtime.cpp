@@ -10,6 +10,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "dist/comm.h"
@@ -162,6 +163,48 @@ void sync_all(const std::string& origin, const std::string& site, bool keep_hist
   enqueue(jobs);
 }
 
+namespace {
+
+// The pending tensors whose values share a computed node with `value` (the one `impl` holds),
+// `impl` among them, in pending_targets' order.
+std::vector<std::shared_ptr<TensorImpl>> sharing_history(Context& me,
+                                                         const std::shared_ptr<TensorImpl>& impl,
+                                                         const ir::NodePtr& value) {
+  std::optional<std::vector<std::shared_ptr<TensorImpl>>> pending = pending_targets(me);
+  if (!pending || pending->size() < 2) return {impl};
+  std::unordered_set<const ir::Node*> read;  // what computing `value` computes
+  std::vector<const ir::Node*> todo{value.get()};
+  while (!todo.empty()) {
+    const ir::Node* n = todo.back();
+    todo.pop_back();
+    if (n->op == ir::Op::Data || !read.insert(n).second) continue;
+    for (const ir::NodePtr& o : n->operands) todo.push_back(o.get());
+  }
+  // Nodes whose whole history was walked without meeting `read`: later walks stop there.
+  std::unordered_set<const ir::Node*> apart;
+  std::vector<std::shared_ptr<TensorImpl>> out;
+  for (std::shared_ptr<TensorImpl>& t : *pending) {
+    std::unordered_set<const ir::Node*> seen;
+    bool shares = t == impl;
+    todo.assign(1, current_node(*t).get());
+    while (!todo.empty() && !shares) {
+      const ir::Node* n = todo.back();
+      todo.pop_back();
+      if (n->op == ir::Op::Data || apart.count(n) || !seen.insert(n).second) continue;
+      shares = read.count(n) > 0;
+      for (const ir::NodePtr& o : n->operands) todo.push_back(o.get());
+    }
+    if (shares)
+      out.push_back(std::move(t));
+    else
+      apart.insert(seen.begin(), seen.end());
+  }
+  if (std::find(out.begin(), out.end(), impl) == out.end()) out.push_back(impl);
+  return out;
+}
+
+}  // namespace
+
 std::shared_ptr<Buffer> materialize(const Tensor& t, const Loc& loc, const char* api) {
   if (t.defined() && t.impl()->gather_root >= 0 && reads_gathered()) {
     // A sharded parameter: its whole value, from its owner (a collective: every rank reads it).
@@ -203,6 +246,12 @@ std::shared_ptr<Buffer> materialize(const Tensor& t, const Loc& loc, const char*
         if (std::find(targets.begin(), targets.end(), impl) == targets.end())
           targets.push_back(impl);
       }
+    } else if (!dist::detail::active() && site_grows(site)) {
+      // Outside a step, at a read that recomputed a growing history (a loop without a step: an
+      // evaluation carrying an LSTM's state, a training loop's pending parameters), the read
+      // also computes the pending values that share its history: nothing else computes them,
+      // and the next read then starts from their values, in a program of one size.
+      targets = sharing_history(me, impl, value);
     }
     std::vector<Job> jobs =
         build_jobs(std::move(targets), cat("implicit sync at ", at), site, nullptr, true, me);

@@ -140,7 +140,9 @@ std::string growth_warning(Site& st, const ir::Graph& now, const std::string& na
              "are never computed on their own, so each sync here computes every iteration so "
              "far again and compiles anew. Wrap each iteration in ls::step (or end it with "
              "ls::sync()). Most nodes come from ",
-             lines);
+             lines,
+             ". From now on each read here also computes the pending values that share its "
+             "history, so that the next starts from them");
 }
 
 }  // namespace
@@ -178,6 +180,13 @@ void site_in_step(const std::string& name, int64_t nth, const std::string& step_
           "(ls::add_step_closure)");
   if (s.policy == debug::OnRecompile::Throw) throw Error(text);
   std::cerr << "lockstep: warning: " << text << "\n";
+}
+
+bool site_grows(const std::string& name) {
+  Sites& s = sites();
+  std::lock_guard<std::mutex> lock(s.mu);
+  const auto it = s.by_name.find(name);
+  return it != s.by_name.end() && it->second.growth_warned;
 }
 
 debug::CacheMiss site_miss(const std::string& name, const ir::Graph& now, bool print,

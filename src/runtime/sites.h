@@ -26,6 +26,10 @@ void site_in_step(const std::string& site, int64_t nth, const std::string& step_
 // `setting_change`: as explain_miss's.
 debug::CacheMiss site_miss(const std::string& site, const ir::Graph& now, bool print,
                            const std::string& setting_change = "");
+// Whether `site` was warned of a program growing from read to read (a loop without a step): its
+// reads outside a step then also compute the pending values that share their history
+// (materialize), so that the next one starts from computed values.
+bool site_grows(const std::string& site);
 // The graph compiled for the miss, kept as a candidate for later explanations at `site`.
 // `planned_bytes`: what its program plans to take when it runs (Executable::planned_bytes).
 void site_compiled(const std::string& site, std::shared_ptr<const ir::Graph> graph,

@@ -94,7 +94,8 @@ TEST(Messages, ARunTimeIndexErrorNamesTheUsersFunctionOrModuleFirst) {
 
 // A loop without ls::step: the optimizer's in-place updates stay pending, so each read computes
 // every iteration so far and compiles a larger program. Warned once, naming the read's line and
-// the loop's; not for the same loop with a step, nor for a generation loop whose context grows.
+// the loop's; from then on the read computes the parameters too, so the program stops growing.
+// Not for the same loop with a step, nor for a generation loop whose context grows.
 TEST(Messages, ALoopWithoutAStepIsWarnedAboutOnceNamingItsLines) {
   ls::manual_seed(3);
   ls::nn::Linear lin(8, 2);
@@ -102,8 +103,10 @@ TEST(Messages, ALoopWithoutAStepIsWarnedAboutOnceNamingItsLines) {
   ls::Tensor x = ls::rand({4, 8});
   Delta warnings("growing_program_warnings");
   int read_line = 0, loss_line = 0;
+  std::vector<int64_t> compiled;
+  Delta loop_compiles("compiles");
   ::testing::internal::CaptureStderr();
-  for (int i = 0; i < 8; ++i) {
+  for (int i = 0; i < 12; ++i) {
     opt.zero_grad();
     loss_line = __LINE__ + 1;
     ls::Tensor loss = ls::square(lin(x)).mean();
@@ -111,6 +114,7 @@ TEST(Messages, ALoopWithoutAStepIsWarnedAboutOnceNamingItsLines) {
     opt.step();
     read_line = __LINE__ + 1;
     loss.item<float>();
+    compiled.push_back(loop_compiles.get());
   }
   std::string err = ::testing::internal::GetCapturedStderr();
   EXPECT_EQ(warnings.get(), 1);
@@ -119,6 +123,8 @@ TEST(Messages, ALoopWithoutAStepIsWarnedAboutOnceNamingItsLines) {
   EXPECT_THAT(err, HasSubstr("Wrap each iteration in ls::step"));
   EXPECT_THAT(err, HasSubstr("Most nodes come from " + here(loss_line)));
   EXPECT_EQ(err.find("compiled a larger program"), err.rfind("compiled a larger program")) << err;
+  EXPECT_THAT(err, HasSubstr("From now on each read here also computes"));
+  EXPECT_EQ(compiled[11], compiled[6]) << "a larger program at each read still";
   ls::sync();
 
   // The same loop with a step: one program, no warning.

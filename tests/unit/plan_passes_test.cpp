@@ -442,6 +442,26 @@ TEST(BucketPass, ReducesToAnotherRankFreeTheirRegionAtTheirWait) {
   EXPECT_EQ(p.region_at[0], p.region_at[3]);
 }
 
+// A slice that is one run of its operand's memory (here time step 2 of [3, 4, 8], as an LSTM
+// unbinds its input projections) lives there: an alias at its offset, nothing copied. A slice
+// of the last axis (rows apart) is copied into memory of its own.
+TEST(MemoryPass, AContiguousSliceLivesInItsOperandsMemory) {
+  const plan::Plan p = run_until(
+      "%0 = data(#0) f32[3, 4, 8]\n%1 = data(#1) f32[8, 4]\n%2 = exp(%0) f32[3, 4, 8]\n"
+      "%3 = slice(%2) {0, 2, 3, 1} f32[1, 4, 8]\n%4 = slice(%2) {2, 0, 4, 1} f32[3, 4, 4]\n"
+      "%5 = reshape(%3) f32[4, 8]\n%6 = mat_mul(%5, %1) f32[4, 4]\n"
+      "%7 = sum(%4) {0, 0} f32[4, 4]\n%8 = add(%6, %7) f32[4, 4]\nreturn %8\n",
+      "plan_memory");
+  ASSERT_EQ(p.slot[3].kind, plan::Slot::Alias);
+  EXPECT_EQ(p.slot[3].index, 2);
+  EXPECT_EQ(p.slot[3].offset, 2 * 4 * 8 * 4) << "bytes to time step 2";
+  EXPECT_EQ(plan::slice_offset(p.graph, 4), -1);
+  EXPECT_NE(p.slot[4].kind, plan::Slot::Alias);
+  // The operand lives while the alias is read (through the reshape, by the product).
+  EXPECT_EQ(plan::memory_roots(p)[3], 2);
+  EXPECT_EQ(plan::memory_roots(p)[5], 2);
+}
+
 // The plan verifier (run between passes in debug builds and with LOCKSTEP_VERIFY_PLANS=1, which
 // the tests set) passes every plan the pipeline makes and names the pass whose plan breaks an
 // invariant.

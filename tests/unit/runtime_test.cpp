@@ -205,6 +205,38 @@ TEST(Sync, CompileCacheIsBoundedLru) {
   ls::set_compile_cache_capacity(1024);
 }
 
+// An evaluation loop without a step that carries a recurrent state and reads a loss each
+// iteration (word_language_model's evaluate()): once its read is warned of a growing program,
+// the read also computes the state (it shares the loss's history), so later iterations run one
+// program of one size. The losses are those of the loop that syncs everything each iteration.
+TEST(Sync, AGrowingReadComputesThePendingValuesThatShareItsHistory) {
+  auto losses = [](bool sync_all) {
+    ls::manual_seed(3);
+    const ls::Tensor w = ls::randn({4, 4}) * 0.5f;
+    ls::Tensor h = ls::zeros({2, 4});
+    std::vector<float> out;
+    Delta compiles("compiles");
+    std::vector<int64_t> compiled;
+    ::testing::internal::CaptureStderr();
+    for (int i = 0; i < 12; ++i) {
+      h = ls::tanh(ls::matmul(h, w) + static_cast<float>(i) * 0.1f);
+      const ls::Tensor loss = (h * h).sum();
+      if (sync_all) ls::sync();
+      out.push_back(loss.item<float>());
+      compiled.push_back(compiles.get());
+    }
+    ::testing::internal::GetCapturedStderr();
+    if (!sync_all) {
+      EXPECT_EQ(compiled[11], compiled[7]) << "a program for every iteration";
+    }
+    return out;
+  };
+  const std::vector<float> want = losses(true);
+  const std::vector<float> got = losses(false);
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_FLOAT_EQ(got[i], want[i]) << i;
+  ls::sync();
+}
+
 // The default cache holds a loop's programs over 100 distinct batch slices (a program each, as
 // word_language_model's get_batch makes) and the first is still there after them.
 TEST(Sync, TheDefaultCompileCacheKeepsAnEpochOfSlicedBatches) {

@@ -70,7 +70,7 @@ std::vector<std::shared_ptr<Storage>> CpuExecutable::run(
         ctx.ptr[i] = arena_ ? static_cast<char*>(arena_->data()) + s.index : nullptr;
         break;
       case Slot::Alias:
-        ctx.ptr[i] = ctx.ptr[s.index];
+        ctx.ptr[i] = ctx.ptr[s.index] ? static_cast<char*>(ctx.ptr[s.index]) + s.offset : nullptr;
         break;
       case Slot::Constant:
         ctx.ptr[i] = static_cast<char*>(p_.constants->data()) + s.index;
@@ -127,7 +127,8 @@ std::vector<std::shared_ptr<Storage>> CpuExecutable::run(
   for (size_t i = 0; i < p_.graph.nodes.size(); ++i) {
     const Slot& s = p_.slot[i];
     if (s.kind == Slot::Output) ctx.ptr[i] = out_of_node[i]->data();
-    if (s.kind == Slot::Alias) ctx.ptr[i] = ctx.ptr[s.index];
+    if (s.kind == Slot::Alias)
+      ctx.ptr[i] = ctx.ptr[s.index] ? static_cast<char*>(ctx.ptr[s.index]) + s.offset : nullptr;
   }
   try {
     for (; at < p_.steps.size(); ++at) {

@@ -364,7 +364,11 @@ void lower_strided_copy(Lowering& l) {
   }
   const Shape out = l.n.shape;
   const size_t elem = dtype_size(l.n.dtype);
-  l.cs.run = [=](Ctx& c) { strided_copy(elem, c.ptr[x], out, st, offset, c.ptr[id]); };
+  // A slice that lives in its operand's memory (plan::slice_offset) has nothing to copy.
+  l.cs.run = [=](Ctx& c) {
+    if (c.ptr[id] != static_cast<const char*>(c.ptr[x]) + offset * static_cast<int64_t>(elem))
+      strided_copy(elem, c.ptr[x], out, st, offset, c.ptr[id]);
+  };
 }
 
 namespace {
