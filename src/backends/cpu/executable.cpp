@@ -54,6 +54,12 @@ std::vector<std::shared_ptr<Storage>> CpuExecutable::run(
   ctx.arena = arena_;
   ctx.copies = copies_ ? static_cast<float*>(copies_->data()) : nullptr;
   ctx.ptr.assign(p_.graph.nodes.size(), nullptr);
+  // An alias (a reshape, a contiguous slice) lives at its offset in the memory of the value it
+  // aliases, set before it (operands come first).
+  auto alias_ptr = [&](const Slot& s) -> void* {
+    void* of = ctx.ptr[s.index];
+    return of ? static_cast<char*>(of) + s.offset : nullptr;
+  };
   // Everything but the outputs first: the steps before the first output is written (those
   // that check the labels or token ids among them) run before the outputs take their memory.
   for (size_t i = 0; i < p_.graph.nodes.size(); ++i) {
@@ -70,7 +76,7 @@ std::vector<std::shared_ptr<Storage>> CpuExecutable::run(
         ctx.ptr[i] = arena_ ? static_cast<char*>(arena_->data()) + s.index : nullptr;
         break;
       case Slot::Alias:
-        ctx.ptr[i] = ctx.ptr[s.index] ? static_cast<char*>(ctx.ptr[s.index]) + s.offset : nullptr;
+        ctx.ptr[i] = alias_ptr(s);
         break;
       case Slot::Constant:
         ctx.ptr[i] = static_cast<char*>(p_.constants->data()) + s.index;
@@ -127,8 +133,7 @@ std::vector<std::shared_ptr<Storage>> CpuExecutable::run(
   for (size_t i = 0; i < p_.graph.nodes.size(); ++i) {
     const Slot& s = p_.slot[i];
     if (s.kind == Slot::Output) ctx.ptr[i] = out_of_node[i]->data();
-    if (s.kind == Slot::Alias)
-      ctx.ptr[i] = ctx.ptr[s.index] ? static_cast<char*>(ctx.ptr[s.index]) + s.offset : nullptr;
+    if (s.kind == Slot::Alias) ctx.ptr[i] = alias_ptr(s);
   }
   try {
     for (; at < p_.steps.size(); ++at) {
