@@ -287,6 +287,22 @@ Tensor conv2d_backward_input(const Tensor& grad_out, const Tensor& weight, const
 Tensor conv2d_backward_weight(const Tensor& x, const Tensor& grad_out, const Shape& weight_shape,
                               const Conv2dOptions& options = {}, Loc loc = Loc::current());
 
+// One LSTM layer in one direction over a whole sequence, the op nn::LSTM records for f32 (one
+// step of the program, oneDNN's LSTM on the cpu backend): x [T, N, I], h0 and c0 [N, H],
+// weight_ih [4H, I], weight_hh [4H, H], bias [4H] (bias_ih + bias_hh), gates i, f, g, o as
+// PyTorch's; `reverse` runs from the last time step to the first. Returns [T + 2, N, H]: the
+// hidden state at each time step (in time order), then the last h and the last c. All f32 (or
+// all f64: not on oneDNN).
+Tensor lstm_layer(const Tensor& x, const Tensor& h0, const Tensor& c0, const Tensor& weight_ih,
+                  const Tensor& weight_hh, const Tensor& bias, bool reverse = false,
+                  Loc loc = Loc::current());
+// Its gradient, given lstm_layer's result `out` and the gradient of that: the gradients of x,
+// h0, c0, weight_ih, weight_hh and bias, flattened one after the other into one 1-d tensor.
+Tensor lstm_layer_backward(const Tensor& x, const Tensor& h0, const Tensor& c0,
+                           const Tensor& weight_ih, const Tensor& weight_hh, const Tensor& bias,
+                           const Tensor& out, const Tensor& grad_out, bool reverse = false,
+                           Loc loc = Loc::current());
+
 struct ConvTranspose2dOptions {
   std::array<int64_t, 2> stride{1, 1};
   std::array<int64_t, 2> padding{0, 0};

@@ -30,6 +30,9 @@ NOT_BOUND = {
     "conv2d_backward_weight": "conv2d's weight gradient, recorded by backward()",
     "max_pool2d_backward": "max_pool2d's gradient, recorded by backward()",
     "avg_pool2d_backward": "avg_pool2d's gradient, recorded by backward()",
+    "lstm_layer_backward": "lstm_layer's gradient, recorded by backward()",
+    # torch has no public one-layer LSTM function either: nn.LSTM records it.
+    "lstm_layer": "one layer and direction of nn.LSTM, which records it (torch: _VF.lstm)",
     "RNNBase": "the abstract base of LSTM and GRU, never made itself",
 }
 

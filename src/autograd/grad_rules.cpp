@@ -2,6 +2,7 @@
 // a new op must say here how it differentiates. Rules are written with recorded ops.
 #include "autograd/grad_rules.h"
 
+#include <array>
 #include <cmath>
 #include <numbers>
 #include <numeric>
@@ -84,6 +85,7 @@ std::vector<Tensor> operand_grads(const ir::NodePtr& np, const Tensor& g) {
     case Op::ArgMin:
     case Op::MaxPool2dIndices:
     case Op::Argsort:
+    case Op::LstmBackward:
       return {};
     case Op::Neg:
       return {neg(g, loc)};
@@ -299,6 +301,19 @@ std::vector<Tensor> operand_grads(const ir::NodePtr& np, const Tensor& g) {
       Tensor gflat = reshape(g, {xs[0], xs[1], xs[2] * xs[3]}, loc);
       Tensor iflat = reshape(idx, {gys[0], gys[1], gys[2] * gys[3]}, loc);
       return {reshape(gather(gflat, 2, iflat, loc), gys, loc), Tensor()};
+    }
+    case Op::Lstm: {
+      const Shape &x = n.operands[0]->shape, &w_ih = n.operands[3]->shape;
+      const int64_t t = x[0], b = x[1], i = x[2], h = n.shape[2];
+      const bool reverse = ir::LstmAttrs::of(n.attrs).reverse;
+      const Tensor all =
+          lstm_layer_backward(in(0), in(1), in(2), in(3), in(4), in(5), y(), g, reverse, loc);
+      const std::array<int64_t, 7> at = ir::lstm_grad_offsets(t, b, i, h);
+      const Shape shapes[6] = {x, {b, h}, {b, h}, w_ih, {4 * h, h}, {4 * h}};
+      std::vector<Tensor> grads;
+      for (size_t k = 0; k < 6; ++k)
+        grads.push_back(reshape(slice(all, 0, at[k], at[k + 1], 1, loc), shapes[k], loc));
+      return grads;
     }
     case Op::AvgPool2d:
       return {avg_pool2d_backward(g, n.operands[0]->shape, pool_options(n.attrs), loc)};

@@ -51,6 +51,28 @@ struct PoolAttrs {
   }
 };
 
+// Lstm, LstmBackward: the direction (reverse: from the last time step to the first, as PyTorch's
+// `_reverse` layers).
+struct LstmAttrs {
+  bool reverse = false;
+
+  static LstmAttrs of(const std::vector<int64_t>& a) {
+    LS_INTERNAL_CHECK(a.size() == 1, "lstm attrs: expected 1, got ", a.size());
+    return {a[0] != 0};
+  }
+  std::vector<int64_t> encode() const { return {reverse ? 1 : 0}; }
+};
+
+// Where LstmBackward's result holds each gradient, for T time steps, batch N, input size I and
+// hidden size H: the gradients of x, h0, c0, w_ih, w_hh and b start at [0] .. [5], one after
+// the other, and [6] is the length of the whole.
+inline std::array<int64_t, 7> lstm_grad_offsets(int64_t t, int64_t n, int64_t i, int64_t h) {
+  const std::array<int64_t, 6> sizes{t * n * i, n * h, n * h, 4 * h * i, 4 * h * h, 4 * h};
+  std::array<int64_t, 7> at{};
+  for (size_t k = 0; k < sizes.size(); ++k) at[k + 1] = at[k] + sizes[k];
+  return at;
+}
+
 // Slice: normalized, 0 <= start, end <= size, step > 0.
 struct SliceAttrs {
   int64_t axis = 0, start = 0, end = 0, step = 1;

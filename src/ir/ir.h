@@ -75,6 +75,7 @@ enum class OpFamily : uint8_t {
   Convolution,  // conv2d and its gradients (attrs: ir::ConvAttrs)
   Pooling,      // max and average pooling and their gradients (attrs: ir::PoolAttrs)
   Collective,   // communicates with the other ranks of a data parallel job
+  Recurrent,    // a recurrent layer over a whole sequence, and its gradient (attrs: LstmAttrs)
 };
 const char* family_name(OpFamily family);
 
@@ -96,6 +97,7 @@ const char* family_name(OpFamily family);
 #define LS_IF_ELEMENTWISE_Convolution(...)
 #define LS_IF_ELEMENTWISE_Pooling(...)
 #define LS_IF_ELEMENTWISE_Collective(...)
+#define LS_IF_ELEMENTWISE_Recurrent(...)
 
 // The operand dtypes an elementwise op computes on (the table's admits column).
 enum class Admits : uint8_t {

@@ -91,6 +91,8 @@ const char* family_name(OpFamily family) {
       return "pooling";
     case OpFamily::Collective:
       return "collective";
+    case OpFamily::Recurrent:
+      return "recurrent";
   }
   return "?";
 }

@@ -1,8 +1,12 @@
-// LSTM and GRU with PyTorch's parameters, initialisation and gate formulas, unrolled into the
-// step's graph: the input projections of a whole layer are one matmul, then each time step
-// adds the hidden projection and applies the gates (elementwise chains the cpu backend fuses).
+// LSTM and GRU with PyTorch's parameters, initialisation and gate formulas. An f32 LSTM records
+// each layer and direction as one op over the whole sequence (ls::lstm_layer: oneDNN's LSTM on
+// the cpu backend, as PyTorch's CPU LSTM); otherwise (other dtypes, autocast, GRU) the cell is
+// unrolled into the step's graph: the input projections of a whole layer are one matmul, then
+// each time step adds the hidden projection and applies the gates (elementwise chains the cpu
+// backend fuses).
 #include <cmath>
 
+#include "lockstep/autocast.h"
 #include "lockstep/autograd.h"
 #include "lockstep/nn.h"
 #include "util/check.h"
@@ -80,6 +84,7 @@ std::vector<Tensor> RNNBase::run_all(const Tensor& x, const Tensor& h0, const Te
       throw Error(cat(name_, ": initial state ", shape_str(s->shape()), " must be ",
                       shape_str(state_shape), " [num_layers * directions, N, hidden_size]"));
   const TensorOptions opts(seq.dtype(), seq.device());
+  if (lstm && lstm_op_applies(seq)) return run_lstm_layers(seq, h0, c0);
   std::vector<Tensor> inputs = unbind(seq, 0), h_n, c_n;
   for (int64_t l = 0; l < o.num_layers; ++l) {
     std::vector<std::vector<Tensor>> outs;
@@ -107,6 +112,45 @@ std::vector<Tensor> RNNBase::run_all(const Tensor& x, const Tensor& h0, const Te
   std::vector<Tensor> result{output, stack(h_n, 0)};
   if (lstm) result.push_back(stack(c_n, 0));
   return result;
+}
+
+bool RNNBase::lstm_op_applies(const Tensor& seq) const {
+  if (seq.dtype() != DType::F32 || autocast_dtype()) return false;
+  for (const auto& [name, w] : weights_)
+    if (w.dtype() != DType::F32) return false;
+  return true;
+}
+
+std::vector<Tensor> RNNBase::run_lstm_layers(const Tensor& seq, const Tensor& h0,
+                                             const Tensor& c0) {
+  const RNNOptions& o = options;
+  const int64_t t = seq.size(0), n = seq.size(1), h = o.hidden_size, dirs = o.bidirectional ? 2 : 1;
+  const TensorOptions opts(seq.dtype(), seq.device());
+  Tensor input = seq;
+  std::vector<Tensor> h_n, c_n;
+  for (int64_t l = 0; l < o.num_layers; ++l) {
+    std::vector<Tensor> outs;
+    for (int64_t d = 0; d < dirs; ++d) {
+      const int64_t k = l * dirs + d;
+      auto state = [&](const Tensor& s) {
+        return s.defined() ? reshape(slice(s, 0, k, k + 1), {n, h}) : zeros({n, h}, opts);
+      };
+      const bool reverse = d == 1;
+      const Tensor& b_ih = param("bias_ih", l, reverse);
+      const Tensor bias =
+          b_ih.defined() ? b_ih + param("bias_hh", l, reverse) : zeros({4 * h}, opts);
+      const Tensor all = lstm_layer(input, state(h0), state(c0), param("weight_ih", l, reverse),
+                                    param("weight_hh", l, reverse), bias, reverse);
+      outs.push_back(slice(all, 0, 0, t));
+      h_n.push_back(slice(all, 0, t, t + 1));
+      c_n.push_back(slice(all, 0, t + 1, t + 2));
+    }
+    input = dirs == 1 ? outs[0] : concat(outs, -1);
+    if (o.dropout > 0 && is_training() && l + 1 < o.num_layers)
+      input = nn::dropout(input, o.dropout, true);
+  }
+  if (o.batch_first) input = transpose(input, 0, 1);
+  return {input, concat(h_n, 0), concat(c_n, 0)};
 }
 
 LSTM::LSTM(const RNNOptions& options) : RNNBase(options, 4, "LSTM") {}

@@ -665,6 +665,26 @@ Tensor conv2d_backward_weight(const Tensor& x, const Tensor& grad_out, const Sha
                 frontend::conv_attrs(options).encode(), loc, weight_shape);
 }
 
+Tensor lstm_layer(const Tensor& x, const Tensor& h0, const Tensor& c0, const Tensor& weight_ih,
+                  const Tensor& weight_hh, const Tensor& bias, bool reverse, Loc loc) {
+  const char* op = "lstm";
+  return record(Op::Lstm,
+                {node(x, op, loc), node(h0, op, loc), node(c0, op, loc), node(weight_ih, op, loc),
+                 node(weight_hh, op, loc), node(bias, op, loc)},
+                ir::LstmAttrs{reverse}.encode(), loc);
+}
+
+Tensor lstm_layer_backward(const Tensor& x, const Tensor& h0, const Tensor& c0,
+                           const Tensor& weight_ih, const Tensor& weight_hh, const Tensor& bias,
+                           const Tensor& out, const Tensor& grad_out, bool reverse, Loc loc) {
+  const char* op = "lstm_backward";
+  return record(
+      Op::LstmBackward,
+      {node(x, op, loc), node(h0, op, loc), node(c0, op, loc), node(weight_ih, op, loc),
+       node(weight_hh, op, loc), node(bias, op, loc), node(out, op, loc), node(grad_out, op, loc)},
+      ir::LstmAttrs{reverse}.encode(), loc);
+}
+
 Tensor max_pool2d(const Tensor& x, const Pool2dOptions& options, Loc loc) {
   return record(Op::MaxPool2d, {node(x, "max_pool2d", loc)}, frontend::pool_attrs(options).encode(),
                 loc);

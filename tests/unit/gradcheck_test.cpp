@@ -113,6 +113,10 @@ std::map<Op, Case> cases() {
       {{2, 4, 5, 6}, {2, 4, 3, 4}}, -1, 1, [conv](V x) {
         return ls::conv2d_backward_weight(x[0], x[1], {4, 2, 3, 2}, conv);
       }};
+  // One layer in reverse, with every operand's gradient (x, h0, c0, both weights, the bias).
+  c[Op::Lstm] = {{{3, 2, 2}, {2, 3}, {2, 3}, {12, 2}, {12, 3}, {12}}, -1, 1, [](V x) {
+                   return ls::lstm_layer(x[0], x[1], x[2], x[3], x[4], x[5], true);
+                 }};
   c[Op::MaxPool2d] = {{{2, 2, 5, 6}}, -1, 1, [pool](V x) { return ls::max_pool2d(x[0], pool); }};
   c[Op::MaxPool2dBackward] = {
       {{2, 2, 6, 3}}, -1, 1, [pool](V x) {

@@ -194,6 +194,29 @@ TEST_F(OpsErrors, Conv2d) {
                   "conv2d_backward_weight", "channels");
 }
 
+TEST_F(OpsErrors, LstmLayer) {
+  // One layer: T 3, batch 2, input 4, hidden 5.
+  const ls::Tensor x = ls::zeros({3, 2, 4}), s = ls::zeros({2, 5}), wi = ls::zeros({20, 4}),
+                   wh = ls::zeros({20, 5}), b = ls::zeros({20});
+  EXPECT_NO_THROW(ls::lstm_layer(x, s, s, wi, wh, b));
+  EXPECT_LS_ERROR(ls::lstm_layer(ls::zeros({2, 4}), s, s, wi, wh, b), "lstm", "[T >= 1, N, I]");
+  EXPECT_LS_ERROR(ls::lstm_layer(ls::zeros({0, 2, 4}), s, s, wi, wh, b), "lstm", "[T >= 1");
+  EXPECT_LS_ERROR(ls::lstm_layer(x, s, s, ls::zeros({20, 3}), wh, b), "lstm", "operand 3",
+                  "[20, 3]", "expected [20, 4]");
+  EXPECT_LS_ERROR(ls::lstm_layer(x, s, ls::zeros({2, 4}), wi, wh, b), "lstm", "operand 2");
+  EXPECT_LS_ERROR(ls::lstm_layer(x, s, s, wi, wh, ls::zeros({5})), "lstm", "operand 5");
+  EXPECT_LS_ERROR(ls::lstm_layer(x, s, s, wi, wh, ls::zeros({20}, ls::f64)), "lstm", "f64",
+                  "one dtype");
+  EXPECT_LS_ERROR(
+      ls::lstm_layer(ls::cast(x, ls::bf16), ls::cast(s, ls::bf16), ls::cast(s, ls::bf16),
+                     ls::cast(wi, ls::bf16), ls::cast(wh, ls::bf16), ls::cast(b, ls::bf16)),
+      "lstm", "bf16");
+  const ls::Tensor y = ls::zeros({5, 2, 5});
+  EXPECT_NO_THROW(ls::lstm_layer_backward(x, s, s, wi, wh, b, y, y));
+  EXPECT_LS_ERROR(ls::lstm_layer_backward(x, s, s, wi, wh, b, y, ls::zeros({3, 2, 5})),
+                  "lstm_backward", "operand 7", "[5, 2, 5]");
+}
+
 TEST_F(OpsErrors, Pooling) {
   const ls::Tensor x = ls::zeros({1, 1, 4, 4});
   EXPECT_LS_ERROR(ls::max_pool2d(x, {.kernel = {2, 2}, .padding = {2, 0}}), "max_pool2d", "padding",

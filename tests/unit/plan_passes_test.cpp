@@ -519,3 +519,38 @@ TEST(GatherPass, EachGatherStartsOnceTheOneBeforeItIsWaitedFor) {
   for (const plan::Step& s : q.steps)
     EXPECT_EQ(std::string(s.label).find("gather"), std::string::npos);
 }
+
+// An LSTM layer and its gradient in one program: the gradient reads the workspace the forward
+// pass left in a region of the arena (live between the two steps) instead of running the forward
+// pass again. With the forward pass's value an input (computed by an earlier program) it has no
+// workspace to read and recomputes it.
+TEST(LstmPass, TheGradientReadsItsForwardPassesWorkspace) {
+  const std::string operands =
+      "%0 = data(#0) f32[3, 2, 4]\n%1 = data(#1) f32[2, 3]\n%2 = data(#2) f32[2, 3]\n"
+      "%3 = data(#3) f32[12, 4]\n%4 = data(#4) f32[12, 3]\n%5 = data(#5) f32[12]\n";
+  auto step_of = [](const plan::Plan& p, const char* label) -> const plan::Step* {
+    for (const plan::Step& s : p.steps)
+      if (std::string(s.label) == label) return &s;
+    return nullptr;
+  };
+  const plan::Plan p = run_until(operands +
+                                     "%6 = lstm(%0, %1, %2, %3, %4, %5) {1} f32[5, 2, 3]\n"
+                                     "%7 = data(#6) f32[5, 2, 3]\n"
+                                     "%8 = lstm_backward(%0, %1, %2, %3, %4, %5, %6, %7) {1} "
+                                     "f32[132]\nreturn %8\n",
+                                 "plan_memory");
+  const plan::Step* fwd = step_of(p, "lstm");
+  const plan::Step* bwd = step_of(p, "lstm_backward");
+  ASSERT_TRUE(fwd && bwd);
+  ASSERT_GE(fwd->region, 0);
+  EXPECT_EQ(bwd->region, fwd->region);
+  EXPECT_GT(p.regions[fwd->region], 0u);
+  EXPECT_GE(p.region_at[fwd->region], 0) << "the workspace lives in the arena";
+  const plan::Plan alone = run_until(operands +
+                                         "%6 = data(#6) f32[5, 2, 3]\n%7 = data(#7) f32[5, 2, 3]\n"
+                                         "%8 = lstm_backward(%0, %1, %2, %3, %4, %5, %6, %7) {1} "
+                                         "f32[132]\nreturn %8\n",
+                                     "plan_memory");
+  ASSERT_TRUE(step_of(alone, "lstm_backward"));
+  EXPECT_EQ(step_of(alone, "lstm_backward")->region, -1);
+}

@@ -16,8 +16,7 @@
 #include <immintrin.h>
 #endif
 
-#include <dnnl.hpp>
-
+#include "backends/cpu/dnnl_common.h"
 #include "backends/cpu/kernels.h"
 #include "backends/cpu/parallel.h"
 #include "backends/cpu/winograd.h"
@@ -28,11 +27,6 @@
 #include "util/options.h"
 
 namespace lockstep::backends::cpu {
-namespace {
-
-using dnnl::memory;
-using tag = memory::format_tag;
-using dt = memory::data_type;
 
 dnnl::engine& engine() {
   static dnnl::engine* e = [] {
@@ -68,7 +62,6 @@ dnnl::primitive_attr user_scratchpad() {
   return attr;
 }
 
-// Floats to reserve in the shared scratch for `md`, rounded up to whole 64-byte lines.
 size_t floats_for(const memory::desc& md) {
   const size_t floats = (md.get_size() + sizeof(float) - 1) / sizeof(float);
   return (floats + 15) / 16 * 16;
@@ -78,30 +71,22 @@ void add_scratchpad(std::unordered_map<int, memory>* args, const memory::desc& m
   if (md.get_size() > 0) args->insert({DNNL_ARG_SCRATCHPAD, memory(md, engine(), at)});
 }
 
-// A primitive's arguments, made once and pointed at each run's memory: making a dnnl::memory and
-// the map that holds it allocates, and a small product spent about as long on that as on its
-// arithmetic. Primitives run one at a time on the runtime thread (as scratch() assumes).
-class BoundArgs {
- public:
-  // An argument of layout `md` (none for an empty scratchpad).
-  void add(int arg, const memory::desc& md) {
-    if (arg == DNNL_ARG_SCRATCHPAD && md.get_size() == 0) return;
-    map_.emplace(arg, memory(md, engine(), nullptr));
-  }
-  // The run's memory for `arg`, if it has one.
-  void bind(int arg, const void* at) {
-    const auto it = map_.find(arg);
-    if (it != map_.end()) it->second.set_data_handle(const_cast<void*>(at));
-  }
-  const std::unordered_map<int, memory>& map() const { return map_; }
-
- private:
-  std::unordered_map<int, memory> map_;
-};
-
 [[noreturn]] void rethrow(const dnnl::error& e, const char* what) {
   throw BackendError(util::cat("oneDNN ", what, ": ", e.what(), " (status ", e.status, ")"));
 }
+
+float* scratch(size_t floats) {
+  thread_local std::unique_ptr<float[], void (*)(void*)> buf(nullptr, std::free);
+  thread_local size_t size = 0;
+  if (floats > size) {
+    buf.reset(static_cast<float*>(std::aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64)));
+    if (!buf) throw std::bad_alloc();
+    size = floats;
+  }
+  return buf.get();
+}
+
+namespace {
 
 memory::dims dims_of(const Shape& s) { return memory::dims(s.begin(), s.end()); }
 
@@ -148,19 +133,6 @@ dt dnnl_dtype(DType d) {
   LS_INTERNAL_CHECK(d == DType::F32 || d == DType::BF16, "oneDNN takes f32 or bf16 here, not ",
                     dtype_name(d));
   return d == DType::BF16 ? dt::bf16 : dt::f32;
-}
-
-// Scratch for blocked copies and scratchpads, shared by every primitive (they run one at a time
-// on the runtime thread), so a program's memory does not grow with its number of primitives.
-float* scratch(size_t floats) {
-  thread_local std::unique_ptr<float[], void (*)(void*)> buf(nullptr, std::free);
-  thread_local size_t size = 0;
-  if (floats > size) {
-    buf.reset(static_cast<float*>(std::aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64)));
-    if (!buf) throw std::bad_alloc();
-    size = floats;
-  }
-  return buf.get();
 }
 
 // Blocked OIhw16i16o weights ([O/16][I/16][H][W][16 i][16 o]) to plain OIHW: oneDNN's reorder

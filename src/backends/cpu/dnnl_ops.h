@@ -1,8 +1,9 @@
 // The one adapter between lockstep and oneDNN (2.x API): matmul, the three convolutions and
-// average pooling on f32 or bf16 NCHW tensors (bf16: products accumulated in f32, results
-// rounded once; oneDNN's bf16 kernels where the CPU has them, AVX512-BF16 or AMX). Primitives are
-// created when a program is compiled and reused on every run. Errors from oneDNN become
-// BackendError here. Nothing else includes dnnl.hpp.
+// average pooling on f32 or bf16 NCHW tensors, LSTM layers on f32 (dnnl_rnn.cpp) (bf16: products
+// accumulated in f32, results rounded once; oneDNN's bf16 kernels where the CPU has them,
+// AVX512-BF16 or AMX). Primitives are created when a program is compiled and reused on every run.
+// Errors from oneDNN become BackendError here. Nothing else includes dnnl.hpp (dnnl_common.h: what
+// the adapter's files share).
 #pragma once
 
 #include <cstdint>
@@ -106,6 +107,30 @@ class DnnlAvgPool {
   // it must not exceed the left one (oneDNN divides by the whole kernel, PyTorch by the part
   // of the window inside the padded input).
   static bool fits(const Shape& x, const Shape& y, const std::vector<int64_t>& attrs);
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// One LSTM layer in one direction on oneDNN's LSTM primitive (ir::Op::Lstm and LstmBackward):
+// T time steps, batch N, input size I, hidden size H; operands and results as the ops' (f32,
+// plain: weights [4H, I] and [4H, H], the biases summed into one [4H]). The forward pass for
+// training leaves a workspace (workspace_bytes()) that the backward pass reads; a backward run
+// given none recomputes it first.
+class DnnlLstm {
+ public:
+  DnnlLstm(int64_t t, int64_t n, int64_t i, int64_t h, bool reverse);
+  ~DnnlLstm();
+  size_t workspace_bytes() const;
+  // Bytes of the shared scratch forward() and backward() take (weights in oneDNN's layouts, its
+  // scratchpads, a recomputed workspace).
+  size_t scratch_bytes() const;
+  // x, h0, c0, w_ih, w_hh, b -> out [T + 2, N, H]; writes `workspace` (workspace_bytes()).
+  void forward(const float* const in[6], float* out, void* workspace);
+  // x, h0, c0, w_ih, w_hh, b, out, gout -> the gradients (ir::lstm_grad_offsets), reading the
+  // forward run's `workspace`, or recomputing it when null.
+  void backward(const float* const in[8], float* grads, const void* workspace);
   struct Impl;
 
  private:

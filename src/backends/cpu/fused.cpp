@@ -43,6 +43,7 @@ bool fusible(const ir::Graph& g, int32_t id) {
     case ir::OpFamily::Convolution:
     case ir::OpFamily::Pooling:
     case ir::OpFamily::Collective:
+    case ir::OpFamily::Recurrent:
       return false;
   }
   if (!fusible_dtype(n.dtype)) return false;

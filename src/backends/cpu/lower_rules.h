@@ -1,6 +1,6 @@
 // The cpu lowering's rules as lower.cpp's table sees them: what a rule is given, and the rules
 // defined in files of their own (lower_matmul.cpp, lower_pool.cpp, lower_index.cpp,
-// lower_typed.cpp). Private to those files and lower.cpp; other passes use passes.h.
+// lower_rnn.cpp, lower_typed.cpp). Private to those files and lower.cpp; other passes use passes.h.
 #pragma once
 
 #include <cstddef>
@@ -38,6 +38,8 @@ bool max_pooling_backward_applies(const Lowering& l);
 void lower_max_pooling_backward(Lowering& l);
 bool index_applies(const Lowering& l);  // lower_index.cpp
 void lower_index(Lowering& l);
+bool lstm_applies(const Lowering& l);  // lower_rnn.cpp
+void lower_lstm(Lowering& l);
 bool typed_applies(const Lowering& l);  // lower_typed.cpp
 void lower_typed(Lowering& l);
 // lower.cpp (its other rules are private to it): strided copies, also what lower_matmul falls

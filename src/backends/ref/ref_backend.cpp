@@ -402,6 +402,10 @@ void eval_exact(const ir::GraphNode& n, const std::vector<Arr>& a,
       return avg_pool2d(n, a[0], out);
     case Op::AvgPool2dBackward:
       return avg_pool2d_backward(n, a[0], out);
+    case Op::Lstm:
+      return lstm(n, a, out);
+    case Op::LstmBackward:
+      return lstm_backward(n, a, out);
     case Op::AllReduce:
       return all_reduce(n, a[0], out);
     case Op::Broadcast:

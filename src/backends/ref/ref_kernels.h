@@ -84,6 +84,10 @@ void gather(const ir::GraphNode& n, const Arr& x, const Arr& idx, void* out);
 // and scatter_add along an axis of `size` (also run ahead of them by the cpu backend).
 void check_indices(const char* op, const Arr& index, ir::IndexBound bound);
 void scatter_add(const ir::GraphNode& n, const Arr& x, const Arr& idx, const Arr& src, void* out);
+// One LSTM layer (operands x, h0, c0, w_ih, w_hh, b) and its gradient (those, the layer's value
+// and its gradient); ref_rnn.cpp.
+void lstm(const ir::GraphNode& n, const std::vector<Arr>& a, void* out);
+void lstm_backward(const ir::GraphNode& n, const std::vector<Arr>& a, void* out);
 // Stable sort positions along attrs[0] (descending when attrs[1]); NaN above every number.
 void argsort(const ir::GraphNode& n, const Arr& x, void* out);
 
