@@ -575,8 +575,8 @@ struct RNNOptions {
 // bias_hh_l0, ..._reverse; gates i, f, g, o and r, z, n), initialisation U(-1/sqrt(H), 1/sqrt(H))
 // and formulas. The time loop is unrolled into the step's graph: one compile per sequence length
 // (pad to a few bucket lengths, see pad_sequences, to bound the compiles). Initial states are
-// [num_layers * directions, N, H]; empty handles mean zeros. An f32 LSTM outside autocast records
-// each layer and direction as one op instead (ls::lstm_layer).
+// [num_layers * directions, N, H]; empty handles mean zeros. In f32 outside autocast each layer
+// and direction is one op instead (ls::lstm_layer, ls::gru_layer).
 class RNNBase : public Module {
  public:
   RNNBase(const RNNOptions& options, int64_t gates, const char* name);
@@ -591,9 +591,10 @@ class RNNBase : public Module {
   // Input projections of a whole layer at once, then one per time step: [T, N, gates*H] pieces.
   std::vector<Tensor> project(const std::vector<Tensor>& inputs, int64_t layer, bool reverse);
   const Tensor& param(const char* kind, int64_t layer, bool reverse) const;
-  // The f32 LSTM's path: each layer and direction one ls::lstm_layer over the sequence.
-  bool lstm_op_applies(const Tensor& seq) const;
-  std::vector<Tensor> run_lstm_layers(const Tensor& seq, const Tensor& h0, const Tensor& c0);
+  // The f32 path: each layer and direction one ls::lstm_layer or ls::gru_layer over the sequence.
+  bool layer_op_applies(const Tensor& seq) const;
+  std::vector<Tensor> run_layer_ops(const Tensor& seq, const Tensor& h0, const Tensor& c0,
+                                    bool lstm);
 
  private:
   const char* name_;

@@ -302,6 +302,17 @@ Tensor lstm_layer_backward(const Tensor& x, const Tensor& h0, const Tensor& c0,
                            const Tensor& weight_ih, const Tensor& weight_hh, const Tensor& bias,
                            const Tensor& out, const Tensor& grad_out, bool reverse = false,
                            Loc loc = Loc::current());
+// One GRU layer in one direction likewise (nn::GRU's op for f32): x [T, N, I], h0 [N, H],
+// weight_ih [3H, I], weight_hh [3H, H], bias [4H] (bias_ih + bias_hh for the r and z gates, then
+// bias_ih's and bias_hh's n parts), gates r, z, n as PyTorch's. Returns [T + 1, N, H]: the hidden
+// state at each time step, then the last h.
+Tensor gru_layer(const Tensor& x, const Tensor& h0, const Tensor& weight_ih,
+                 const Tensor& weight_hh, const Tensor& bias, bool reverse = false,
+                 Loc loc = Loc::current());
+// Its gradient: those of x, h0, weight_ih, weight_hh and bias, flattened one after the other.
+Tensor gru_layer_backward(const Tensor& x, const Tensor& h0, const Tensor& weight_ih,
+                          const Tensor& weight_hh, const Tensor& bias, const Tensor& out,
+                          const Tensor& grad_out, bool reverse = false, Loc loc = Loc::current());
 
 struct ConvTranspose2dOptions {
   std::array<int64_t, 2> stride{1, 1};

@@ -33,6 +33,8 @@ NOT_BOUND = {
     "lstm_layer_backward": "lstm_layer's gradient, recorded by backward()",
     # torch has no public one-layer LSTM function either: nn.LSTM records it.
     "lstm_layer": "one layer and direction of nn.LSTM, which records it (torch: _VF.lstm)",
+    "gru_layer_backward": "gru_layer's gradient, recorded by backward()",
+    "gru_layer": "one layer and direction of nn.GRU, which records it (torch: _VF.gru)",
     "RNNBase": "the abstract base of LSTM and GRU, never made itself",
 }
 

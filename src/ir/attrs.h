@@ -51,12 +51,12 @@ struct PoolAttrs {
   }
 };
 
-// Lstm, LstmBackward: the direction (reverse: from the last time step to the first, as PyTorch's
-// `_reverse` layers).
-struct LstmAttrs {
+// Lstm, LstmBackward, Gru, GruBackward: the direction (reverse: from the last time step to the
+// first, as PyTorch's `_reverse` layers).
+struct RnnAttrs {
   bool reverse = false;
 
-  static LstmAttrs of(const std::vector<int64_t>& a) {
+  static RnnAttrs of(const std::vector<int64_t>& a) {
     LS_INTERNAL_CHECK(a.size() == 1, "lstm attrs: expected 1, got ", a.size());
     return {a[0] != 0};
   }
@@ -69,6 +69,15 @@ struct LstmAttrs {
 inline std::array<int64_t, 7> lstm_grad_offsets(int64_t t, int64_t n, int64_t i, int64_t h) {
   const std::array<int64_t, 6> sizes{t * n * i, n * h, n * h, 4 * h * i, 4 * h * h, 4 * h};
   std::array<int64_t, 7> at{};
+  for (size_t k = 0; k < sizes.size(); ++k) at[k + 1] = at[k] + sizes[k];
+  return at;
+}
+
+// The same for GruBackward's result: the gradients of x, h0, w_ih, w_hh and b at [0] .. [4], and
+// the length of the whole at [5].
+inline std::array<int64_t, 6> gru_grad_offsets(int64_t t, int64_t n, int64_t i, int64_t h) {
+  const std::array<int64_t, 5> sizes{t * n * i, n * h, 3 * h * i, 3 * h * h, 4 * h};
+  std::array<int64_t, 6> at{};
   for (size_t k = 0; k < sizes.size(); ++k) at[k + 1] = at[k] + sizes[k];
   return at;
 }

@@ -75,7 +75,7 @@ enum class OpFamily : uint8_t {
   Convolution,  // conv2d and its gradients (attrs: ir::ConvAttrs)
   Pooling,      // max and average pooling and their gradients (attrs: ir::PoolAttrs)
   Collective,   // communicates with the other ranks of a data parallel job
-  Recurrent,    // a recurrent layer over a whole sequence, and its gradient (attrs: LstmAttrs)
+  Recurrent,    // a recurrent layer over a whole sequence, and its gradient (attrs: RnnAttrs)
 };
 const char* family_name(OpFamily family);
 

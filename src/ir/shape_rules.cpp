@@ -67,26 +67,31 @@ struct Checker {
   }
 };
 
-// Lstm's operands x [T, N, I], h0 [N, H], c0 [N, H], w_ih [4H, I], w_hh [4H, H], b [4H], all
-// f32 or all f64, checked; returns {T, N, I, H}.
-std::array<int64_t, 4> lstm_sizes(const Checker& c) {
+// A recurrent layer's operands, checked: Lstm's x [T, N, I], h0 [N, H], c0 [N, H], w_ih [4H, I],
+// w_hh [4H, H], b [4H]; Gru's x, h0, w_ih [3H, I], w_hh [3H, H], b [4H]; all f32 or all f64.
+// Returns {T, N, I, H}.
+std::array<int64_t, 4> rnn_sizes(const Checker& c, bool lstm) {
+  const size_t count = lstm ? 6 : 5;
   const DType d = c.in[0]->dtype;
-  for (size_t k = 0; k < 6; ++k)
+  for (size_t k = 0; k < count; ++k)
     if ((d != DType::F32 && d != DType::F64) || c.in[k]->dtype != d)
       c.fail(cat("takes f32 or f64 operands of one dtype, got ", c.shapes()),
-             "Use nn::LSTM, which records it for f32 and the unrolled cell otherwise");
-  const Shape &x = c.in[0]->shape, &h0 = c.in[1]->shape, &w_ih = c.in[3]->shape;
+             cat("Use nn::", lstm ? "LSTM" : "GRU",
+                 ", which records it for f32 and the unrolled cell otherwise"));
+  const Shape &x = c.in[0]->shape, &h0 = c.in[1]->shape, &w_ih = c.in[lstm ? 3 : 2]->shape;
   if (x.size() != 3 || x[0] < 1 || h0.size() != 2)
     c.fail(cat("needs x [T >= 1, N, I] and h0 [N, H], got ", c.shapes()),
            "Pass one layer's sequence (time first) and its initial state");
-  const int64_t t = x[0], n = x[1], i = x[2], h = h0[1];
-  const Shape want[6] = {x, {n, h}, {n, h}, {4 * h, i}, {4 * h, h}, {4 * h}};
-  for (size_t k = 1; k < 6; ++k)
+  const int64_t t = x[0], n = x[1], i = x[2], h = h0[1], g = lstm ? 4 : 3;
+  std::vector<Shape> want = {x, {n, h}, {g * h, i}, {g * h, h}, {4 * h}};
+  if (lstm) want.insert(want.begin() + 2, Shape{n, h});
+  for (size_t k = 1; k < count; ++k)
     if (c.in[k]->shape != want[k])
       c.fail(
           cat("operand ", k, " is ", shape_str(c.in[k]->shape), ", expected ", shape_str(want[k]),
               " (x ", shape_str(x), ", hidden size ", h, ", weight_ih ", shape_str(w_ih), ")"),
-          "Pass x, h0, c0, weight_ih, weight_hh and the summed biases of one LSTM layer");
+          lstm ? "Pass x, h0, c0, weight_ih, weight_hh and the summed biases of one LSTM layer"
+               : "Pass x, h0, weight_ih, weight_hh and the biases of one GRU layer");
   return {t, n, i, h};
 }
 
@@ -445,20 +450,37 @@ void infer(Op op, const std::vector<NodePtr>& in, const std::vector<int64_t>& at
     }
     case Op::Lstm: {
       c.attrs_size(attrs, 1);
-      const auto [t, n, i, h] = lstm_sizes(c);
+      const auto [t, n, i, h] = rnn_sizes(c, true);
       *shape = {t + 2, n, h};
       *dtype = in[0]->dtype;
       return;
     }
     case Op::LstmBackward: {
       c.attrs_size(attrs, 1);
-      const auto [t, n, i, h] = lstm_sizes(c);
+      const auto [t, n, i, h] = rnn_sizes(c, true);
       for (size_t k = 6; k < 8; ++k)
         if (in[k]->dtype != in[0]->dtype || in[k]->shape != Shape{t + 2, n, h})
           c.fail(cat("operand ", k, " is ", dtype_name(in[k]->dtype), shape_str(in[k]->shape),
                      ", expected ", dtype_name(in[0]->dtype), shape_str({t + 2, n, h})),
                  "Pass the lstm's value and its gradient");
       *shape = {lstm_grad_offsets(t, n, i, h)[6]};
+      *dtype = in[0]->dtype;
+      return;
+    }
+    case Op::Gru:
+      c.attrs_size(attrs, 1);
+      *shape = {rnn_sizes(c, false)[0] + 1, in[1]->shape[0], in[1]->shape[1]};
+      *dtype = in[0]->dtype;
+      return;
+    case Op::GruBackward: {
+      c.attrs_size(attrs, 1);
+      const auto [t, n, i, h] = rnn_sizes(c, false);
+      for (size_t k = 5; k < 7; ++k)
+        if (in[k]->dtype != in[0]->dtype || in[k]->shape != Shape{t + 1, n, h})
+          c.fail(cat("operand ", k, " is ", dtype_name(in[k]->dtype), shape_str(in[k]->shape),
+                     ", expected ", dtype_name(in[0]->dtype), shape_str({t + 1, n, h})),
+                 "Pass the gru's value and its gradient");
+      *shape = {gru_grad_offsets(t, n, i, h)[5]};
       *dtype = in[0]->dtype;
       return;
     }

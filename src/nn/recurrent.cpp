@@ -1,7 +1,7 @@
-// LSTM and GRU with PyTorch's parameters, initialisation and gate formulas. An f32 LSTM records
-// each layer and direction as one op over the whole sequence (ls::lstm_layer: oneDNN's LSTM on
-// the cpu backend, as PyTorch's CPU LSTM); otherwise (other dtypes, autocast, GRU) the cell is
-// unrolled into the step's graph: the input projections of a whole layer are one matmul, then
+// LSTM and GRU with PyTorch's parameters, initialisation and gate formulas. In f32 each layer
+// and direction is one op over the whole sequence (ls::lstm_layer, ls::gru_layer: oneDNN's LSTM
+// and GRU on the cpu backend); otherwise (other dtypes, autocast) the cell is unrolled into the
+// step's graph: the input projections of a whole layer are one matmul, then
 // each time step adds the hidden projection and applies the gates (elementwise chains the cpu
 // backend fuses).
 #include <cmath>
@@ -84,7 +84,7 @@ std::vector<Tensor> RNNBase::run_all(const Tensor& x, const Tensor& h0, const Te
       throw Error(cat(name_, ": initial state ", shape_str(s->shape()), " must be ",
                       shape_str(state_shape), " [num_layers * directions, N, hidden_size]"));
   const TensorOptions opts(seq.dtype(), seq.device());
-  if (lstm && lstm_op_applies(seq)) return run_lstm_layers(seq, h0, c0);
+  if (layer_op_applies(seq)) return run_layer_ops(seq, h0, c0, lstm);
   std::vector<Tensor> inputs = unbind(seq, 0), h_n, c_n;
   for (int64_t l = 0; l < o.num_layers; ++l) {
     std::vector<std::vector<Tensor>> outs;
@@ -114,15 +114,15 @@ std::vector<Tensor> RNNBase::run_all(const Tensor& x, const Tensor& h0, const Te
   return result;
 }
 
-bool RNNBase::lstm_op_applies(const Tensor& seq) const {
+bool RNNBase::layer_op_applies(const Tensor& seq) const {
   if (seq.dtype() != DType::F32 || autocast_dtype()) return false;
   for (const auto& [name, w] : weights_)
     if (w.dtype() != DType::F32) return false;
   return true;
 }
 
-std::vector<Tensor> RNNBase::run_lstm_layers(const Tensor& seq, const Tensor& h0,
-                                             const Tensor& c0) {
+std::vector<Tensor> RNNBase::run_layer_ops(const Tensor& seq, const Tensor& h0, const Tensor& c0,
+                                           bool lstm) {
   const RNNOptions& o = options;
   const int64_t t = seq.size(0), n = seq.size(1), h = o.hidden_size, dirs = o.bidirectional ? 2 : 1;
   const TensorOptions opts(seq.dtype(), seq.device());
@@ -136,21 +136,32 @@ std::vector<Tensor> RNNBase::run_lstm_layers(const Tensor& seq, const Tensor& h0
         return s.defined() ? reshape(slice(s, 0, k, k + 1), {n, h}) : zeros({n, h}, opts);
       };
       const bool reverse = d == 1;
-      const Tensor& b_ih = param("bias_ih", l, reverse);
-      const Tensor bias =
-          b_ih.defined() ? b_ih + param("bias_hh", l, reverse) : zeros({4 * h}, opts);
-      const Tensor all = lstm_layer(input, state(h0), state(c0), param("weight_ih", l, reverse),
-                                    param("weight_hh", l, reverse), bias, reverse);
+      const Tensor &b_ih = param("bias_ih", l, reverse), &b_hh = param("bias_hh", l, reverse);
+      const Tensor &w_ih = param("weight_ih", l, reverse), &w_hh = param("weight_hh", l, reverse);
+      Tensor all;
+      if (lstm) {
+        const Tensor bias = b_ih.defined() ? b_ih + b_hh : zeros({4 * h}, opts);
+        all = lstm_layer(input, state(h0), state(c0), w_ih, w_hh, bias, reverse);
+        c_n.push_back(slice(all, 0, t + 1, t + 2));
+      } else {  // the r and z gates' biases summed, the n gate's apart (r multiplies b_hn)
+        const Tensor bias =
+            b_ih.defined() ? concat({slice(b_ih, 0, 0, 2 * h) + slice(b_hh, 0, 0, 2 * h),
+                                     slice(b_ih, 0, 2 * h, 3 * h), slice(b_hh, 0, 2 * h, 3 * h)},
+                                    0)
+                           : zeros({4 * h}, opts);
+        all = gru_layer(input, state(h0), w_ih, w_hh, bias, reverse);
+      }
       outs.push_back(slice(all, 0, 0, t));
       h_n.push_back(slice(all, 0, t, t + 1));
-      c_n.push_back(slice(all, 0, t + 1, t + 2));
     }
     input = dirs == 1 ? outs[0] : concat(outs, -1);
     if (o.dropout > 0 && is_training() && l + 1 < o.num_layers)
       input = nn::dropout(input, o.dropout, true);
   }
   if (o.batch_first) input = transpose(input, 0, 1);
-  return {input, concat(h_n, 0), concat(c_n, 0)};
+  std::vector<Tensor> result{input, concat(h_n, 0)};
+  if (lstm) result.push_back(concat(c_n, 0));
+  return result;
 }
 
 LSTM::LSTM(const RNNOptions& options) : RNNBase(options, 4, "LSTM") {}

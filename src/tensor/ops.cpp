@@ -671,7 +671,7 @@ Tensor lstm_layer(const Tensor& x, const Tensor& h0, const Tensor& c0, const Ten
   return record(Op::Lstm,
                 {node(x, op, loc), node(h0, op, loc), node(c0, op, loc), node(weight_ih, op, loc),
                  node(weight_hh, op, loc), node(bias, op, loc)},
-                ir::LstmAttrs{reverse}.encode(), loc);
+                ir::RnnAttrs{reverse}.encode(), loc);
 }
 
 Tensor lstm_layer_backward(const Tensor& x, const Tensor& h0, const Tensor& c0,
@@ -682,7 +682,27 @@ Tensor lstm_layer_backward(const Tensor& x, const Tensor& h0, const Tensor& c0,
       Op::LstmBackward,
       {node(x, op, loc), node(h0, op, loc), node(c0, op, loc), node(weight_ih, op, loc),
        node(weight_hh, op, loc), node(bias, op, loc), node(out, op, loc), node(grad_out, op, loc)},
-      ir::LstmAttrs{reverse}.encode(), loc);
+      ir::RnnAttrs{reverse}.encode(), loc);
+}
+
+Tensor gru_layer(const Tensor& x, const Tensor& h0, const Tensor& weight_ih,
+                 const Tensor& weight_hh, const Tensor& bias, bool reverse, Loc loc) {
+  const char* op = "gru";
+  return record(Op::Gru,
+                {node(x, op, loc), node(h0, op, loc), node(weight_ih, op, loc),
+                 node(weight_hh, op, loc), node(bias, op, loc)},
+                ir::RnnAttrs{reverse}.encode(), loc);
+}
+
+Tensor gru_layer_backward(const Tensor& x, const Tensor& h0, const Tensor& weight_ih,
+                          const Tensor& weight_hh, const Tensor& bias, const Tensor& out,
+                          const Tensor& grad_out, bool reverse, Loc loc) {
+  const char* op = "gru_backward";
+  return record(
+      Op::GruBackward,
+      {node(x, op, loc), node(h0, op, loc), node(weight_ih, op, loc), node(weight_hh, op, loc),
+       node(bias, op, loc), node(out, op, loc), node(grad_out, op, loc)},
+      ir::RnnAttrs{reverse}.encode(), loc);
 }
 
 Tensor max_pool2d(const Tensor& x, const Pool2dOptions& options, Loc loc) {

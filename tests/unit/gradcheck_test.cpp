@@ -117,6 +117,9 @@ std::map<Op, Case> cases() {
   c[Op::Lstm] = {{{3, 2, 2}, {2, 3}, {2, 3}, {12, 2}, {12, 3}, {12}}, -1, 1, [](V x) {
                    return ls::lstm_layer(x[0], x[1], x[2], x[3], x[4], x[5], true);
                  }};
+  c[Op::Gru] = {{{3, 2, 2}, {2, 3}, {9, 2}, {9, 3}, {12}}, -1, 1, [](V x) {
+                  return ls::gru_layer(x[0], x[1], x[2], x[3], x[4], true);
+                }};
   c[Op::MaxPool2d] = {{{2, 2, 5, 6}}, -1, 1, [pool](V x) { return ls::max_pool2d(x[0], pool); }};
   c[Op::MaxPool2dBackward] = {
       {{2, 2, 6, 3}}, -1, 1, [pool](V x) {

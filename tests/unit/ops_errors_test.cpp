@@ -215,6 +215,16 @@ TEST_F(OpsErrors, LstmLayer) {
   EXPECT_NO_THROW(ls::lstm_layer_backward(x, s, s, wi, wh, b, y, y));
   EXPECT_LS_ERROR(ls::lstm_layer_backward(x, s, s, wi, wh, b, y, ls::zeros({3, 2, 5})),
                   "lstm_backward", "operand 7", "[5, 2, 5]");
+  // A GRU layer: three gates' weights, the bias of four (r, z, and n's two).
+  const ls::Tensor gi = ls::zeros({15, 4}), gh = ls::zeros({15, 5}), gy = ls::zeros({4, 2, 5});
+  EXPECT_NO_THROW(ls::gru_layer(x, s, gi, gh, b));
+  EXPECT_NO_THROW(ls::gru_layer_backward(x, s, gi, gh, b, gy, gy));
+  EXPECT_LS_ERROR(ls::gru_layer(x, s, wi, gh, b), "gru", "operand 2", "[20, 4]",
+                  "expected [15, 4]");
+  EXPECT_LS_ERROR(ls::gru_layer(x, s, gi, gh, ls::zeros({15})), "gru", "operand 4", "[20]");
+  EXPECT_LS_ERROR(ls::gru_layer(x, ls::zeros({2, 5}, ls::f64), gi, gh, b), "gru", "one dtype");
+  EXPECT_LS_ERROR(ls::gru_layer_backward(x, s, gi, gh, b, y, y), "gru_backward", "operand 5",
+                  "[4, 2, 5]");
 }
 
 TEST_F(OpsErrors, Pooling) {

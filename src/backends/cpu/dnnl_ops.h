@@ -1,6 +1,6 @@
 // The one adapter between lockstep and oneDNN (2.x API): matmul, the three convolutions and
-// average pooling on f32 or bf16 NCHW tensors, LSTM layers on f32 (dnnl_rnn.cpp) (bf16: products
-// accumulated in f32, results rounded once; oneDNN's bf16 kernels where the CPU has them,
+// average pooling on f32 or bf16 NCHW tensors, LSTM and GRU layers on f32 (dnnl_rnn.cpp) (bf16:
+// products accumulated in f32, results rounded once; oneDNN's bf16 kernels where the CPU has them,
 // AVX512-BF16 or AMX). Primitives are created when a program is compiled and reused on every run.
 // Errors from oneDNN become BackendError here. Nothing else includes dnnl.hpp (dnnl_common.h: what
 // the adapter's files share).
@@ -113,24 +113,26 @@ class DnnlAvgPool {
   std::unique_ptr<Impl> impl_;
 };
 
-// One LSTM layer in one direction on oneDNN's LSTM primitive (ir::Op::Lstm and LstmBackward):
-// T time steps, batch N, input size I, hidden size H; operands and results as the ops' (f32,
-// plain: weights [4H, I] and [4H, H], the biases summed into one [4H]). The forward pass for
-// training leaves a workspace (workspace_bytes()) that the backward pass reads; a backward run
-// given none recomputes it first.
-class DnnlLstm {
+// One LSTM or GRU layer in one direction on oneDNN's LSTM or linear-before-reset GRU primitive
+// (ir::Op::Lstm, Gru and their gradients): T time steps, batch N, input size I, hidden size H;
+// operands and results as the ops' (f32, plain, PyTorch's gate order: a GRU's is reordered for
+// oneDNN on the way in and out). The forward pass for training leaves a workspace
+// (workspace_bytes()) that the backward pass reads; a backward run given none recomputes it.
+class DnnlRnn {
  public:
-  DnnlLstm(int64_t t, int64_t n, int64_t i, int64_t h, bool reverse);
-  ~DnnlLstm();
+  enum class Cell { Lstm, Gru };
+  DnnlRnn(Cell cell, int64_t t, int64_t n, int64_t i, int64_t h, bool reverse);
+  ~DnnlRnn();
   size_t workspace_bytes() const;
   // Bytes of the shared scratch forward() and backward() take (weights in oneDNN's layouts, its
   // scratchpads, a recomputed workspace).
   size_t scratch_bytes() const;
-  // x, h0, c0, w_ih, w_hh, b -> out [T + 2, N, H]; writes `workspace` (workspace_bytes()).
-  void forward(const float* const in[6], float* out, void* workspace);
-  // x, h0, c0, w_ih, w_hh, b, out, gout -> the gradients (ir::lstm_grad_offsets), reading the
-  // forward run's `workspace`, or recomputing it when null.
-  void backward(const float* const in[8], float* grads, const void* workspace);
+  // The op's operands (x, h0, [c0,] w_ih, w_hh, b) -> its value; writes `workspace`.
+  void forward(const float* const* in, float* out, void* workspace);
+  // The gradient op's operands (those, the value, its gradient) -> the gradients
+  // (ir::lstm_grad_offsets, gru_grad_offsets), reading the forward run's `workspace`, or
+  // recomputing it when null.
+  void backward(const float* const* in, float* grads, const void* workspace);
   struct Impl;
 
  private:

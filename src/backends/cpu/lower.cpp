@@ -450,7 +450,7 @@ const LoweringRule kRules[] = {
     {strided_copy_applies, lower_strided_copy},
     {reshape_applies, lower_reshape},
     {index_applies, lower_index},
-    {lstm_applies, lower_lstm},
+    {recurrent_applies, lower_recurrent},
     {typed_applies, lower_typed},
     {collective_applies, lower_collective},
 };

@@ -38,8 +38,8 @@ bool max_pooling_backward_applies(const Lowering& l);
 void lower_max_pooling_backward(Lowering& l);
 bool index_applies(const Lowering& l);  // lower_index.cpp
 void lower_index(Lowering& l);
-bool lstm_applies(const Lowering& l);  // lower_rnn.cpp
-void lower_lstm(Lowering& l);
+bool recurrent_applies(const Lowering& l);  // lower_rnn.cpp
+void lower_recurrent(Lowering& l);
 bool typed_applies(const Lowering& l);  // lower_typed.cpp
 void lower_typed(Lowering& l);
 // lower.cpp (its other rules are private to it): strided copies, also what lower_matmul falls

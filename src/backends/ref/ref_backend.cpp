@@ -406,6 +406,10 @@ void eval_exact(const ir::GraphNode& n, const std::vector<Arr>& a,
       return lstm(n, a, out);
     case Op::LstmBackward:
       return lstm_backward(n, a, out);
+    case Op::Gru:
+      return gru(n, a, out);
+    case Op::GruBackward:
+      return gru_backward(n, a, out);
     case Op::AllReduce:
       return all_reduce(n, a[0], out);
     case Op::Broadcast:

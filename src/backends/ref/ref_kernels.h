@@ -88,6 +88,9 @@ void scatter_add(const ir::GraphNode& n, const Arr& x, const Arr& idx, const Arr
 // and its gradient); ref_rnn.cpp.
 void lstm(const ir::GraphNode& n, const std::vector<Arr>& a, void* out);
 void lstm_backward(const ir::GraphNode& n, const std::vector<Arr>& a, void* out);
+// One GRU layer (x, h0, w_ih, w_hh, b) and its gradient (those, its value and its gradient).
+void gru(const ir::GraphNode& n, const std::vector<Arr>& a, void* out);
+void gru_backward(const ir::GraphNode& n, const std::vector<Arr>& a, void* out);
 // Stable sort positions along attrs[0] (descending when attrs[1]); NaN above every number.
 void argsort(const ir::GraphNode& n, const Arr& x, void* out);
 
