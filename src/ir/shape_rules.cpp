@@ -95,6 +95,21 @@ std::array<int64_t, 4> rnn_sizes(const Checker& c, bool lstm) {
   return {t, n, i, h};
 }
 
+// The shape of a recurrent layer's value ([T + 2, N, H] for an LSTM: its last c too; [T + 1, N, H]
+// for a GRU) or, with `gradient`, of its gradient op's result, whose last two operands are that
+// value and its gradient.
+Shape rnn_shape(const Checker& c, bool lstm, bool gradient) {
+  const auto [t, n, i, h] = rnn_sizes(c, lstm);
+  const Shape value{t + (lstm ? 2 : 1), n, h};
+  if (!gradient) return value;
+  for (size_t k = lstm ? 6 : 5; k < c.in.size(); ++k)
+    if (c.in[k]->dtype != c.in[0]->dtype || c.in[k]->shape != value)
+      c.fail(cat("operand ", k, " is ", dtype_name(c.in[k]->dtype), shape_str(c.in[k]->shape),
+                 ", expected ", dtype_name(c.in[0]->dtype), shape_str(value)),
+             cat("Pass the ", lstm ? "lstm" : "gru", "'s value and its gradient"));
+  return {lstm ? lstm_grad_offsets(t, n, i, h)[6] : gru_grad_offsets(t, n, i, h)[5]};
+}
+
 // Output size of a convolution along one axis; <= 0 when the dilated kernel does not fit in the
 // padded input (the numerator is negative then: division truncating toward zero must not round
 // it up to an output of size 1).
@@ -448,39 +463,13 @@ void infer(Op op, const std::vector<NodePtr>& in, const std::vector<int64_t>& at
       *dtype = in[0]->dtype;
       return;
     }
-    case Op::Lstm: {
-      c.attrs_size(attrs, 1);
-      const auto [t, n, i, h] = rnn_sizes(c, true);
-      *shape = {t + 2, n, h};
-      *dtype = in[0]->dtype;
-      return;
-    }
-    case Op::LstmBackward: {
-      c.attrs_size(attrs, 1);
-      const auto [t, n, i, h] = rnn_sizes(c, true);
-      for (size_t k = 6; k < 8; ++k)
-        if (in[k]->dtype != in[0]->dtype || in[k]->shape != Shape{t + 2, n, h})
-          c.fail(cat("operand ", k, " is ", dtype_name(in[k]->dtype), shape_str(in[k]->shape),
-                     ", expected ", dtype_name(in[0]->dtype), shape_str({t + 2, n, h})),
-                 "Pass the lstm's value and its gradient");
-      *shape = {lstm_grad_offsets(t, n, i, h)[6]};
-      *dtype = in[0]->dtype;
-      return;
-    }
+    case Op::Lstm:
+    case Op::LstmBackward:
     case Op::Gru:
-      c.attrs_size(attrs, 1);
-      *shape = {rnn_sizes(c, false)[0] + 1, in[1]->shape[0], in[1]->shape[1]};
-      *dtype = in[0]->dtype;
-      return;
     case Op::GruBackward: {
       c.attrs_size(attrs, 1);
-      const auto [t, n, i, h] = rnn_sizes(c, false);
-      for (size_t k = 5; k < 7; ++k)
-        if (in[k]->dtype != in[0]->dtype || in[k]->shape != Shape{t + 1, n, h})
-          c.fail(cat("operand ", k, " is ", dtype_name(in[k]->dtype), shape_str(in[k]->shape),
-                     ", expected ", dtype_name(in[0]->dtype), shape_str({t + 1, n, h})),
-                 "Pass the gru's value and its gradient");
-      *shape = {gru_grad_offsets(t, n, i, h)[5]};
+      *shape = rnn_shape(c, op == Op::Lstm || op == Op::LstmBackward,
+                         op == Op::LstmBackward || op == Op::GruBackward);
       *dtype = in[0]->dtype;
       return;
     }
