@@ -575,8 +575,8 @@ struct RNNOptions {
 // bias_hh_l0, ..._reverse; gates i, f, g, o and r, z, n), initialisation U(-1/sqrt(H), 1/sqrt(H))
 // and formulas. The time loop is unrolled into the step's graph: one compile per sequence length
 // (pad to a few bucket lengths, see pad_sequences, to bound the compiles). Initial states are
-// [num_layers * directions, N, H]; empty handles mean zeros. In f32 outside autocast each layer
-// and direction is one op instead (ls::lstm_layer, ls::gru_layer).
+// [num_layers * directions, N, H]; empty handles mean zeros. In f32, and under autocast, each
+// layer and direction is one op instead (ls::lstm_layer, ls::gru_layer; see autocast.h).
 class RNNBase : public Module {
  public:
   RNNBase(const RNNOptions& options, int64_t gates, const char* name);

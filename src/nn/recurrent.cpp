@@ -1,9 +1,9 @@
-// LSTM and GRU with PyTorch's parameters, initialisation and gate formulas. In f32 each layer
-// and direction is one op over the whole sequence (ls::lstm_layer, ls::gru_layer: oneDNN's LSTM
-// and GRU on the cpu backend); otherwise (other dtypes, autocast) the cell is unrolled into the
-// step's graph: the input projections of a whole layer are one matmul, then
-// each time step adds the hidden projection and applies the gates (elementwise chains the cpu
-// backend fuses).
+// LSTM and GRU with PyTorch's parameters, initialisation and gate formulas. In f32 (and under
+// autocast) each layer and direction is one op over the whole sequence (ls::lstm_layer,
+// ls::gru_layer: oneDNN's LSTM and GRU on the cpu backend); otherwise (f64 or bf16 modules, bf16
+// input outside autocast) the cell is unrolled into the step's graph: the input projections of a
+// whole layer are one matmul, then each time step adds the hidden projection and applies the gates
+// (elementwise chains the cpu backend fuses).
 #include <cmath>
 
 #include "lockstep/autocast.h"
@@ -115,7 +115,8 @@ std::vector<Tensor> RNNBase::run_all(const Tensor& x, const Tensor& h0, const Te
 }
 
 bool RNNBase::layer_op_applies(const Tensor& seq) const {
-  if (seq.dtype() != DType::F32 || autocast_dtype()) return false;
+  // Under autocast a bf16 sequence is read as f32: the layer runs in f32 (see autocast.h).
+  if (seq.dtype() != DType::F32 && !(seq.dtype() == DType::BF16 && autocast_dtype())) return false;
   for (const auto& [name, w] : weights_)
     if (w.dtype() != DType::F32) return false;
   return true;
@@ -125,15 +126,16 @@ std::vector<Tensor> RNNBase::run_layer_ops(const Tensor& seq, const Tensor& h0, 
                                            bool lstm) {
   const RNNOptions& o = options;
   const int64_t t = seq.size(0), n = seq.size(1), h = o.hidden_size, dirs = o.bidirectional ? 2 : 1;
-  const TensorOptions opts(seq.dtype(), seq.device());
-  Tensor input = seq;
+  const TensorOptions opts(DType::F32, seq.device());
+  auto f32 = [](const Tensor& t) { return t.dtype() == DType::F32 ? t : cast(t, DType::F32); };
+  Tensor input = f32(seq);
   std::vector<Tensor> h_n, c_n;
   for (int64_t l = 0; l < o.num_layers; ++l) {
     std::vector<Tensor> outs;
     for (int64_t d = 0; d < dirs; ++d) {
       const int64_t k = l * dirs + d;
       auto state = [&](const Tensor& s) {
-        return s.defined() ? reshape(slice(s, 0, k, k + 1), {n, h}) : zeros({n, h}, opts);
+        return s.defined() ? f32(reshape(slice(s, 0, k, k + 1), {n, h})) : zeros({n, h}, opts);
       };
       const bool reverse = d == 1;
       const Tensor &b_ih = param("bias_ih", l, reverse), &b_hh = param("bias_hh", l, reverse);

@@ -400,3 +400,32 @@ TEST(Autocast, BatchNormOfBf16IsComputedInF32AndGivenBackInBf16) {
 }
 
 }  // namespace
+
+namespace {
+
+// The recurrent layers run in f32 under autocast (one oneDNN op per layer): the same values as
+// outside it, from an f32 input; a bf16 input is read as f32.
+TEST(Autocast, RecurrentLayersRunInF32) {
+  ls::manual_seed(3);
+  ls::nn::LSTM lstm({.input_size = 6, .hidden_size = 5, .num_layers = 2, .bidirectional = true});
+  ls::nn::GRU gru({.input_size = 6, .hidden_size = 4});
+  const ls::Tensor x = ls::randn({7, 3, 6});
+  const std::vector<float> lstm_f32 = lstm(x).to_vector<float>();
+  const std::vector<float> gru_f32 = gru(x).to_vector<float>();
+  ls::Tensor a, g, b;
+  {
+    auto scope = ls::autocast(ls::bf16);
+    a = lstm(x);
+    g = gru(x);
+    b = lstm(ls::cast(x, ls::bf16));
+  }
+  EXPECT_EQ(a.dtype(), ls::f32);
+  EXPECT_EQ(a.to_vector<float>(), lstm_f32);
+  EXPECT_EQ(g.to_vector<float>(), gru_f32);
+  EXPECT_EQ(b.dtype(), ls::f32);
+  EXPECT_EQ(b.to_vector<float>(),
+            lstm(ls::cast(ls::cast(x, ls::bf16), ls::f32)).to_vector<float>());
+  EXPECT_EQ(ir_lines("lstm(").size(), 4u) << ls::debug::last_graph_text();  // 2 layers x 2 dirs
+}
+
+}  // namespace
