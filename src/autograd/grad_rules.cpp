@@ -2,7 +2,6 @@
 // a new op must say here how it differentiates. Rules are written with recorded ops.
 #include "autograd/grad_rules.h"
 
-#include <array>
 #include <cmath>
 #include <numbers>
 #include <numeric>
@@ -303,30 +302,21 @@ std::vector<Tensor> operand_grads(const ir::NodePtr& np, const Tensor& g) {
       Tensor iflat = reshape(idx, {gys[0], gys[1], gys[2] * gys[3]}, loc);
       return {reshape(gather(gflat, 2, iflat, loc), gys, loc), Tensor()};
     }
-    case Op::Lstm: {
-      const Shape &x = n.operands[0]->shape, &w_ih = n.operands[3]->shape;
-      const int64_t t = x[0], b = x[1], i = x[2], h = n.shape[2];
-      const bool reverse = ir::RnnAttrs::of(n.attrs).reverse;
-      const Tensor all =
-          lstm_layer_backward(in(0), in(1), in(2), in(3), in(4), in(5), y(), g, reverse, loc);
-      const std::array<int64_t, 7> at = ir::lstm_grad_offsets(t, b, i, h);
-      const Shape shapes[6] = {x, {b, h}, {b, h}, w_ih, {4 * h, h}, {4 * h}};
-      std::vector<Tensor> grads;
-      for (size_t k = 0; k < 6; ++k)
-        grads.push_back(reshape(slice(all, 0, at[k], at[k + 1], 1, loc), shapes[k], loc));
-      return grads;
-    }
+    case Op::Lstm:
     case Op::Gru: {
-      const Shape &x = n.operands[0]->shape, &w_ih = n.operands[2]->shape;
-      const int64_t t = x[0], b = x[1], i = x[2], h = n.shape[2];
+      // The gradient op's result holds each operand's gradient, flattened, one after the other.
       const bool reverse = ir::RnnAttrs::of(n.attrs).reverse;
       const Tensor all =
-          gru_layer_backward(in(0), in(1), in(2), in(3), in(4), y(), g, reverse, loc);
-      const std::array<int64_t, 6> at = ir::gru_grad_offsets(t, b, i, h);
-      const Shape shapes[5] = {x, {b, h}, w_ih, {3 * h, h}, {4 * h}};
+          n.op == Op::Lstm
+              ? lstm_layer_backward(in(0), in(1), in(2), in(3), in(4), in(5), y(), g, reverse, loc)
+              : gru_layer_backward(in(0), in(1), in(2), in(3), in(4), y(), g, reverse, loc);
       std::vector<Tensor> grads;
-      for (size_t k = 0; k < 5; ++k)
-        grads.push_back(reshape(slice(all, 0, at[k], at[k + 1], 1, loc), shapes[k], loc));
+      int64_t at = 0;
+      for (const ir::NodePtr& o : n.operands) {
+        const int64_t size = shape_numel(o->shape);
+        grads.push_back(reshape(slice(all, 0, at, at + size, 1, loc), o->shape, loc));
+        at += size;
+      }
       return grads;
     }
     case Op::AvgPool2d:

@@ -1,6 +1,6 @@
 // What the oneDNN adapter's files share (dnnl_ops.cpp: products, convolutions, pooling;
-// dnnl_rnn.cpp: recurrent layers): the engine and stream, user scratchpads, the shared scratch,
-// arguments bound once. Only those files include it (and dnnl.hpp).
+// dnnl_rnn.cpp: recurrent layers): the engine and stream, user scratchpads, the shared scratch.
+// Only those files include it (and dnnl.hpp).
 #pragma once
 
 #include <cstddef>
@@ -35,26 +35,5 @@ void add_scratchpad(std::unordered_map<int, memory>* args, const memory::desc& m
 // on the runtime thread), so a program's memory does not grow with its number of primitives: at
 // least `floats`, 64-byte aligned, kept by the calling thread.
 float* scratch(size_t floats);
-
-// A primitive's arguments, made once and pointed at each run's memory: making a dnnl::memory and
-// the map that holds it allocates, and a small product spent about as long on that as on its
-// arithmetic. Primitives run one at a time on the runtime thread (as scratch() assumes).
-class BoundArgs {
- public:
-  // An argument of layout `md` (none for an empty scratchpad).
-  void add(int arg, const memory::desc& md) {
-    if (arg == DNNL_ARG_SCRATCHPAD && md.get_size() == 0) return;
-    map_.emplace(arg, memory(md, engine(), nullptr));
-  }
-  // The run's memory for `arg`, if it has one.
-  void bind(int arg, const void* at) {
-    const auto it = map_.find(arg);
-    if (it != map_.end()) it->second.set_data_handle(const_cast<void*>(at));
-  }
-  const std::unordered_map<int, memory>& map() const { return map_; }
-
- private:
-  std::unordered_map<int, memory> map_;
-};
 
 }  // namespace lockstep::backends::cpu

@@ -88,6 +88,27 @@ float* scratch(size_t floats) {
 
 namespace {
 
+// A primitive's arguments, made once and pointed at each run's memory: making a dnnl::memory and
+// the map that holds it allocates, and a small product spent about as long on that as on its
+// arithmetic. Primitives run one at a time on the runtime thread (as scratch() assumes).
+class BoundArgs {
+ public:
+  // An argument of layout `md` (none for an empty scratchpad).
+  void add(int arg, const memory::desc& md) {
+    if (arg == DNNL_ARG_SCRATCHPAD && md.get_size() == 0) return;
+    map_.emplace(arg, memory(md, engine(), nullptr));
+  }
+  // The run's memory for `arg`, if it has one.
+  void bind(int arg, const void* at) {
+    const auto it = map_.find(arg);
+    if (it != map_.end()) it->second.set_data_handle(const_cast<void*>(at));
+  }
+  const std::unordered_map<int, memory>& map() const { return map_; }
+
+ private:
+  std::unordered_map<int, memory> map_;
+};
+
 memory::dims dims_of(const Shape& s) { return memory::dims(s.begin(), s.end()); }
 
 // Elements a memory descriptor spans (its buffer's size in elements; 0 for an empty one).

@@ -213,13 +213,9 @@ void DnnlRnn::backward(const float* const* in, float* grads, const void* workspa
     }
     // Operands: x, h0, [c0,] w_ih, w_hh, b, out, gout; gradients x, h0, [c0,] w_ih, w_hh, b.
     const int k = m.gru ? 2 : 3;
-    std::array<int64_t, 7> at{};
-    if (m.gru) {
-      const std::array<int64_t, 6> a = ir::gru_grad_offsets(m.t, m.n, m.i, m.h);
-      std::copy(a.begin(), a.end(), at.begin());
-    } else {
-      at = ir::lstm_grad_offsets(m.t, m.n, m.i, m.h);
-    }
+    const std::array<int64_t, 7> lstm_at = ir::lstm_grad_offsets(m.t, m.n, m.i, m.h);
+    const std::array<int64_t, 6> gru_at = ir::gru_grad_offsets(m.t, m.n, m.i, m.h);
+    const int64_t* at = m.gru ? gru_at.data() : lstm_at.data();
     const auto [w_ih, w_hh, b] = m.gate_order(in[k], in[k + 1], in[k + 2], base);
     m.bw_ih.to_prim(w_ih, base);
     m.bw_hh.to_prim(w_hh, base);
