@@ -280,16 +280,17 @@ TEST_F(Fused, DependentSumsOfBackwardPasses) {
 
 // Reductions over rows and the trees that read them along those rows run as one staged program,
 // tile by tile of whole rows (merge_row_steps): a masked softmax forward and backward, a layer
-// norm forward and backward, log-softmax, a reduction over the last two dims, rows of 16 to 512
-// (a tile of whole rows, or one row, or rows that leave part of a tile), NaN and infinite rows,
-// f32 and bf16 (autocast's f32 softmax of bf16 scores). Rows longer than a tile, and a
-// reduction over other dims of the same values, stay separate steps.
+// norm forward and backward (its weight read from a tile of copies), log-softmax, a reduction
+// over the last two dims, rows of 16 to 768 (a tile of whole rows, or one row, or rows that leave
+// part of a tile), NaN and infinite rows, f32 and bf16 (autocast's f32 softmax of bf16 scores).
+// Rows longer than a row tile (FusedTree::kRowTile), and a reduction over other dims of the same
+// values, stay separate steps.
 LS_COVERS(Fused, RowPrograms, Op::Max, Op::Sum, Op::Exp, Op::Sub, Op::Div, Op::Where, Op::Rsqrt);
 TEST_F(Fused, RowPrograms) {
   for (ls::DType dt : {ls::f32, ls::bf16})
-    for (const ls::Shape& s :
-         {ls::Shape{6, 16, 16}, ls::Shape{4, 33, 64}, ls::Shape{7, 100}, ls::Shape{3, 9, 256},
-          ls::Shape{5, 512}, ls::Shape{2, 600}, ls::Shape{2, 5, 8, 16}}) {
+    for (const ls::Shape& s : {ls::Shape{6, 16, 16}, ls::Shape{4, 33, 64}, ls::Shape{7, 100},
+                               ls::Shape{3, 9, 256}, ls::Shape{5, 512}, ls::Shape{2, 600},
+                               ls::Shape{5, 768}, ls::Shape{2, 2100}, ls::Shape{2, 5, 8, 16}}) {
       const int64_t t = s.back();
       check(
           "masked softmax forward and backward " + str(dt) + " " + str(s),

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cpu/fused.h"
 #include "backends/cpu/passes.h"
 #include "ir/ir.h"
 #include "plan/passes.h"
@@ -357,12 +358,18 @@ TEST(MergePass, ASoftmaxRunsAsOneProgramOverItsRows) {
   EXPECT_THAT(steps, testing::StartsWith("%2 scalar"));
   EXPECT_THAT(steps, testing::HasSubstr("\n%1 fused_rows f32[64, 1] <- %0[64, 32] %1[64, 1]"));
   EXPECT_EQ(std::count(steps.begin(), steps.end(), '\n'), 2) << steps;
-  // Rows longer than a tile: separate steps.
-  const plan::Plan q = run_until(
-      "%0 = data(#0) f32[4, 1024]\n%1 = max(%0) {1, 1} f32[4, 1]\n%2 = expand(%1) f32[4, 1024]\n"
-      "%3 = sub(%0, %2) f32[4, 1024]\nreturn %3\n",
-      "merge_row_steps");
-  EXPECT_EQ(lines(q, "%").find("fused_rows"), std::string::npos);
+  // Rows of up to FusedTree::kRowTile values (a layer norm over d 768 or 1024) are one program;
+  // longer rows separate steps.
+  auto max_sub = [](int64_t row) {
+    const std::string r = std::to_string(row);
+    return run_until("%0 = data(#0) f32[4, " + r + "]\n%1 = max(%0) {1, 1} f32[4, 1]\n" +
+                         "%2 = expand(%1) f32[4, " + r + "]\n%3 = sub(%0, %2) f32[4, " + r +
+                         "]\nreturn %3\n",
+                     "merge_row_steps");
+  };
+  EXPECT_NE(lines(max_sub(cpu::FusedTree::kRowTile), "%").find("fused_rows"), std::string::npos);
+  EXPECT_EQ(lines(max_sub(2 * cpu::FusedTree::kRowTile), "%").find("fused_rows"),
+            std::string::npos);
 }
 
 // Two gradients (%3, then %6) that DataParallel averages (scale 0.5: the bits

@@ -105,8 +105,8 @@ FusedTree::FusedTree(const ir::Graph& g, int32_t root, const std::vector<bool>& 
 FusedTree::FusedTree(const ir::Graph& g, const std::vector<int32_t>& roots,
                      const std::vector<bool>& computed, const std::vector<bool>& absorbed,
                      int64_t row)
-    : row_(row) {
-  LS_INTERNAL_CHECK(!roots.empty() && row > 0 && row <= kTile, "a staged tree needs short rows");
+    : tile_(kRowTile), row_(row) {
+  LS_INTERNAL_CHECK(!roots.empty() && row > 0 && row <= kRowTile, "a staged tree needs short rows");
   numel_ = shape_numel(g.nodes[roots[0]].shape);
   LS_INTERNAL_CHECK(numel_ % row == 0, "a staged tree's values are whole rows");
   for (size_t k = 0; k < roots.size(); ++k) {
@@ -342,6 +342,12 @@ int FusedTree::add_leaf(const ir::Graph& g, int32_t node, const Shape& out_shape
       // (A period as long as the tree would be the whole broadcast written out by one thread
       // before the pass: read run by run instead.)
       leaf.period = leaf.div[0] * leaf.mod[0];
+    } else if (leaf.div.size() == 1 && leaf.div[0] == 1 && leaf.mod[0] < numel_ &&
+               (row_ > 0 ? row_ : tile_) % leaf.mod[0] == 0) {
+      // A run repeated along the outer dims (a bias or a layer norm's weight over rows) whose
+      // length divides where tiles start (a tile, or a staged tree's row): read from a tile's
+      // worth of copies in place, instead of copied run by run into each tile.
+      leaf.period = leaf.mod[0];
     } else if (blocked_order_ && leaf.div.size() == 2 && leaf.div[0] == 1 &&
                leaf.mod[0] == kBlock && leaf.stride[0] == 1 && leaf.div[1] % kBlock == 0) {
       // Blocks of 16 consecutive values, each block for div[1] values in a row: a per-channel
@@ -355,6 +361,7 @@ int FusedTree::add_leaf(const ir::Graph& g, int32_t node, const Shape& out_shape
         leaf.per_block = true;
     }
   }
+  if (leaf.period > 0) leaf.expanded = leaf.period * std::max<int64_t>(1, tile_ / leaf.period);
   leaves_.push_back(std::move(leaf));
   leaf_nodes_.push_back(node);
   const int reg = num_regs_++;

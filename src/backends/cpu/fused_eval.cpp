@@ -56,8 +56,8 @@ std::vector<const void*> FusedTree::bind(const std::vector<void*>& ptr,
     const Leaf& leaf = leaves_[k];
     const void* p = ptr[leaf_nodes_[k]];
     if (leaf.period > 0) {
-      float* e = expanded.take(leaf.period);
-      load_source(leaf, p, 0, leaf.period, e);
+      float* e = expanded.take(leaf.expanded);
+      load_source(leaf, p, 0, leaf.expanded, e);
       p = e;
     } else if (leaf.per_block) {
       // Block b's 16 channels, kTile / 16 times over, at b * kTile.
@@ -428,12 +428,12 @@ const float* FusedTree::run(const std::vector<const void*>& leaf_ptrs, size_t be
   for (size_t i = begin; i < end; ++i) {
     if (needs && !needs[i]) continue;
     const Instr& in = instrs_[i];
-    float* own = scratch + static_cast<int64_t>(in.slot) * kTile;
+    float* own = scratch + static_cast<int64_t>(in.slot) * tile_;
     if (in.op == Op::Data) {
       const Leaf& leaf = leaves_[in.a];
       if (leaf.contiguous && leaf.dtype == DType::F32 && leaf.numel != 1) {
         reg[in.out] = static_cast<const float*>(leaf_ptrs[in.a]) + i0;
-      } else if (leaf.period > 0 && i0 % leaf.period + len <= leaf.period) {
+      } else if (leaf.period > 0 && i0 % leaf.period + len <= leaf.expanded) {
         reg[in.out] = static_cast<const float*>(leaf_ptrs[in.a]) + i0 % leaf.period;
       } else if (leaf.per_block && i0 % kBlock == 0 &&
                  i0 % leaf.div[1] + len <= leaf.div[1]) {  // within one block's run
@@ -441,7 +441,7 @@ const float* FusedTree::run(const std::vector<const void*>& leaf_ptrs, size_t be
             static_cast<const float*>(leaf_ptrs[in.a]) + i0 / leaf.div[1] % leaf.mod[1] * kTile;
       } else if (leaf.numel == 1) {  // a tile of the one value, filled once per scratch
         // A kept tile is filled whole, for every later call whatever its length.
-        if (!scalars_loaded || !in.kept) load(leaf, leaf_ptrs[in.a], 0, in.kept ? kTile : len, own);
+        if (!scalars_loaded || !in.kept) load(leaf, leaf_ptrs[in.a], 0, in.kept ? tile_ : len, own);
         reg[in.out] = own;
       } else {
         load(leaf, leaf_ptrs[in.a], i0, len, own);
@@ -555,8 +555,9 @@ void FusedTree::run_group(const std::vector<const FusedTree*>& trees,
 void FusedTree::run_rows(const FusedTree& tree, const std::vector<const void*>& leaves,
                          const std::vector<RowStep>& steps) {
   const int64_t row = tree.row_, rows = tree.numel_ / row;
-  const int64_t per_tile = kTile / row;  // whole rows
+  const int64_t per_tile = tree.tile_ / row;  // whole rows
   const int64_t tiles = (rows + per_tile - 1) / per_tile;
+  const int last = static_cast<int>(tree.stage_root_.size()) - 1;
   // Scratch per thread: the staged tree's, then each per-row tree's own (its one-value leaves'
   // tiles stay filled from tile to tile).
   std::vector<size_t> base{tree.scratch_floats()};
@@ -581,9 +582,16 @@ void FusedTree::run_rows(const FusedTree& tree, const std::vector<const void*>& 
           continue;
         }
         const size_t begin = s.stage == 0 ? 0 : tree.stage_end_[s.stage - 1];
+        // The last stage's f32 values go straight to their output: no later stage reads them
+        // from a register, and its root, the stage's last instruction, reads each element
+        // before it writes it (an output in place over a leaf, as in run_group()).
+        float* direct =
+            s.sink == Op::Data && s.stage == last && tree.stage_dtype_[s.stage] == DType::F32
+                ? static_cast<float*>(s.out) + i0
+                : nullptr;
         const float* v =
             tree.run(leaves, begin, tree.stage_end_[s.stage], tree.stage_root_[s.stage], nullptr,
-                     reg.data(), i0, len, scratch.data(), nullptr, again);
+                     reg.data(), i0, len, scratch.data(), direct, again);
         if (s.sink != Op::Data)
           reduce_rows_f32(s.sink, v, n, row, static_cast<float*>(s.out) + r0);
         else

@@ -75,8 +75,8 @@ int row_split(const Shape& shape, int64_t row) {
 }
 
 // A step merge_row_steps may take: a reduction over trailing dims (f32 result) of a fused tree
-// or of a stored f32 or bf16 value, or a fused elementwise tree; plain order, rows of 16 to kTile
-// values.
+// or of a stored f32 or bf16 value, or a fused elementwise tree; plain order, rows of 16 to
+// kRowTile values.
 struct RowMember {
   int32_t node = -1;
   int32_t root = -1;     // its tree's root: the reduction's operand, or the node itself
@@ -115,7 +115,7 @@ std::optional<RowMember> row_member(const plan::Plan& p, const plan::Step& s) {
     return std::nullopt;
   }
   constexpr int64_t kMinRow = 16;
-  if (m.row < kMinRow || m.row > kTile || m.numel % m.row != 0) return std::nullopt;
+  if (m.row < kMinRow || m.row > FusedTree::kRowTile || m.numel % m.row != 0) return std::nullopt;
   return m;
 }
 

@@ -210,15 +210,64 @@ namespace {
 constexpr int kLanes = 16;
 }
 
-// The sum of a run in kLanes partial sums; inlined into each clone that uses it.
+using Lanes = float __attribute__((vector_size(4 * kLanes)));
+
+// How tree_lanes() combines two lanes.
+enum class Combine { kSum, kMax, kMin };
+
+// x = x op y, lane by lane (a statement, not a function returning a vector: GCC warns that
+// passing vectors by value changes the ABI between the clones' instruction sets).
+#define LOCKSTEP_COMBINE(kC, x, y)          \
+  do {                                      \
+    if constexpr (kC == Combine::kSum)      \
+      x = x + y;                            \
+    else if constexpr (kC == Combine::kMax) \
+      x = x > y ? x : y;                    \
+    else                                    \
+      x = x < y ? x : y;                    \
+  } while (0)
+
+// The lanes of v combined pairwise (8 pairs, then 4, 2, 1): four dependent steps where lane
+// after lane took sixteen, which a softmax's or a layer norm's rows of 128 paid per row.
+template <Combine kC>
+__attribute__((always_inline)) inline float tree_lanes(const Lanes& v) {
+  using Half = float __attribute__((vector_size(4 * kLanes / 2)));
+  using Quarter = float __attribute__((vector_size(4 * kLanes / 4)));
+  Half h = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
+  const Half h2 = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  LOCKSTEP_COMBINE(kC, h, h2);
+  Quarter q = __builtin_shufflevector(h, h, 0, 1, 2, 3);
+  const Quarter q2 = __builtin_shufflevector(h, h, 4, 5, 6, 7);
+  LOCKSTEP_COMBINE(kC, q, q2);
+  float a = q[0], b = q[1];
+  const float c = q[2], d = q[3];
+  LOCKSTEP_COMBINE(kC, a, c);
+  LOCKSTEP_COMBINE(kC, b, d);
+  LOCKSTEP_COMBINE(kC, a, b);
+  return a;
+}
+#undef LOCKSTEP_COMBINE
+
+// The sum of a run in two vectors of kLanes partial sums (two chains of additions in flight),
+// then pairwise; inlined into each clone that uses it.
 inline float sum_lanes(const float* p, int64_t n) {
-  float acc[kLanes] = {};
+  Lanes a = Lanes{}, b = Lanes{};
   int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int j = 0; j < kLanes; ++j) acc[j] += p[i + j];
-  float s = 0;
+  for (; i + 2 * kLanes <= n; i += 2 * kLanes) {
+    Lanes u, v;
+    std::memcpy(&u, p + i, sizeof u);
+    std::memcpy(&v, p + i + kLanes, sizeof v);
+    a += u;
+    b += v;
+  }
+  if (i + kLanes <= n) {
+    Lanes u;
+    std::memcpy(&u, p + i, sizeof u);
+    a += u;
+    i += kLanes;
+  }
+  float s = tree_lanes<Combine::kSum>(a + b);
   for (; i < n; ++i) s += p[i];
-  for (int j = 0; j < kLanes; ++j) s += acc[j];
   return s;
 }
 
@@ -251,7 +300,6 @@ LOCKSTEP_TARGET_CLONES void add_widened(const float* __restrict p, int64_t n,
 // over [128, 64, 64] took 0.2-1 ms.)
 template <bool kMax>
 inline float extreme_run(const float* p, int64_t n, bool* nan) {
-  using Lanes = float __attribute__((vector_size(4 * kLanes)));
   using Flags = int __attribute__((vector_size(4 * kLanes)));
   const float start =
       kMax ? -std::numeric_limits<float>::infinity() : std::numeric_limits<float>::infinity();
@@ -271,12 +319,9 @@ inline float extreme_run(const float* p, int64_t n, bool* nan) {
     any |= p[i] != p[i];
     b = pick(p[i], b);
   }
-  for (int j = 0; j < kLanes; ++j) {
-    any |= bad[j];
-    b = pick(best[j], b);
-  }
+  for (int j = 0; j < kLanes; ++j) any |= bad[j];
   if (any) *nan = true;
-  return b;
+  return pick(tree_lanes < kMax ? Combine::kMax : Combine::kMin > (best), b);
 }
 
 LOCKSTEP_TARGET_CLONES float max_run_f32(const float* p, int64_t n, bool* nan) {
