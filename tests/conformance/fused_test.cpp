@@ -351,16 +351,31 @@ TEST_F(Fused, TreesAroundHeavyOps) {
   pool.kernel = {3, 3};
   pool.stride = {2, 2};
   pool.padding = {1, 1};
-  check(
-      "conv block", {{{2, 3, 23, 19}}, {{8, 3, 3, 3}}, {{8, 1, 1}}},
-      [&](const Tensors& v) {
-        const ls::Tensor y = ls::conv2d(v[0], v[1], conv);
-        const ls::Tensor mean = ls::mean(y, {0, 2, 3}, true);
-        const ls::Tensor var = ls::mean(ls::square(y - mean), {0, 2, 3}, true);
-        const ls::Tensor h = ls::relu((y - mean) * ls::rsqrt(var + 1e-5f) * v[2]);
-        return Tensors{ls::max_pool2d(h, pool), ls::avg_pool2d(h + 1.0f, pool), h};
-      },
-      27);
+  // 8 channels (plain layout), 16 (one block of the blocked layout: its per-channel sums walk
+  // whole tiles of blocks) and 48 (three blocks).
+  for (int64_t c : {8, 16, 48}) {
+    auto block = [&](const Tensors& v) {
+      const ls::Tensor y = ls::conv2d(v[0], v[1], conv);
+      const ls::Tensor mean = ls::mean(y, {0, 2, 3}, true);
+      const ls::Tensor var = ls::mean(ls::square(y - mean), {0, 2, 3}, true);
+      return std::pair{y, ls::relu((y - mean) * ls::rsqrt(var + 1e-5f) * v[2])};
+    };
+    const std::vector<In> in{{{2, 3, 23, 19}}, {{c, 3, 3, 3}}, {{c, 1, 1}}};
+    check(
+        "conv block " + std::to_string(c), in,
+        [&](const Tensors& v) {
+          const ls::Tensor h = block(v).second;
+          return Tensors{ls::max_pool2d(h, pool), ls::avg_pool2d(h + 1.0f, pool), h};
+        },
+        27);
+    check(
+        "conv block's per-channel sums " + std::to_string(c), in,
+        [&](const Tensors& v) {
+          const auto [y, h] = block(v);
+          return Tensors{ls::sum(h * y, {0, 2, 3}), ls::sum(y, {0, 2, 3})};
+        },
+        2 * 12 * 10 * 27);
+  }
 }
 
 }  // namespace

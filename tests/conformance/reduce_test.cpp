@@ -173,6 +173,18 @@ TEST_F(Reduce, OfElementwiseTrees) {
         },
         static_cast<double>(ls::shape_numel(s)));
   }
+  // bf16 sums over leading axes into rows of 16 to 512 values (a bias's gradient under
+  // autocast), of a value and of a tree: summed down a tile's rows in floats, then widened; NaN
+  // and infinities among the values.
+  for (const auto& [s, axes] : std::vector<std::pair<ls::Shape, std::vector<int64_t>>>{
+           {{1030, 256}, {0}}, {{77, 32}, {0}}, {{9, 70, 16}, {0, 1}}, {{40, 512}, {0}}})
+    check(
+        "bf16 sums over leading axes " + str(s),
+        {{s, ls::bf16, Fill::NonFinite}, {{s.back()}, ls::bf16}},
+        [&](const Tensors& x) {
+          return Tensors{ls::sum(x[0], axes), ls::sum(x[0] * x[1] + 1.0f, axes)};
+        },
+        reduced_length(s, axes));
   // NaN and inf flowing through a tree into max/min/sum.
   check(
       "special trees into reductions", {{{5, 130}, ls::f32, Fill::Special}, {{130}}},

@@ -93,9 +93,9 @@ void reduce_f32(ir::Op op, const ReduceLayout& l, Read&& read, float* out, size_
 float sum_run_f32(const float* p, int64_t n);
 // acc[i] += p[i] for i < n, in double, vectorized.
 void add_widened(const float* p, int64_t n, double* acc);
-// part[q] += p[j * kBlock + q] for j < n, q < kBlock: the channels of a blocked (nChw16c) run,
-// one vector of 16 lanes.
-void add_blocks(const float* p, int64_t n, float* part);
+// part[q] += p[j * stride + q] for j < n, q < kBlock: the channels of a blocked (nChw16c) run
+// (stride kBlock), or 16 of the columns of rows `stride` long; one vector of 16 lanes.
+void add_blocks(const float* p, int64_t n, int64_t stride, float* part);
 float max_run_f32(const float* p, int64_t n, bool* nan);
 float min_run_f32(const float* p, int64_t n, bool* nan);
 // out[r] = the sum, max or min (op) of p[r * len, (r + 1) * len) for r < rows, each as
@@ -302,7 +302,7 @@ void sum_tiles_f32(const ReduceMap& m, size_t sources, Read&& read, const std::v
           for (int64_t j = 0; j < len;) {
             const int64_t n = std::min(left, len - j);  // this tile's values of block b
             alignas(64) float part[kBlock] = {};
-            add_blocks(p + j, n / kBlock, part);
+            add_blocks(p + j, n / kBlock, kBlock, part);
             double* o = ak + b * kBlock;
             for (int q = 0; q < kBlock; ++q) o[q] += part[q];
             j += n;
@@ -311,6 +311,20 @@ void sum_tiles_f32(const ReduceMap& m, size_t sources, Read&& read, const std::v
               left = span;
               if (++b == blocks) b = 0;
             }
+          }
+          continue;
+        }
+        if (const int64_t period = m.mod.size() == 1 ? m.mod[0] : 0;
+            period > 0 && m.run == 1 && m.div[0] == 1 && m.mul[0] == 1 && period % kBlock == 0 &&
+            kTile % period == 0 && len % period == 0) {
+          // Sums over leading axes into outputs that a tile holds whole rows of (a channel sum
+          // of a blocked value with one block, a bias's gradient over [N, 256]): each 16 of the
+          // columns added up in floats down the tile's rows, as a block's values are above,
+          // then once into the doubles (not a call per row of 16 values).
+          for (int64_t q = 0; q < period; q += kBlock) {
+            alignas(64) float part[kBlock] = {};
+            add_blocks(p + q, len / period, period, part);
+            for (int64_t c = 0; c < kBlock; ++c) ak[q + c] += part[c];
           }
           continue;
         }

@@ -273,7 +273,7 @@ inline float sum_lanes(const float* p, int64_t n) {
 
 LOCKSTEP_TARGET_CLONES float sum_run_f32(const float* p, int64_t n) { return sum_lanes(p, n); }
 
-LOCKSTEP_TARGET_CLONES void add_blocks(const float* p, int64_t n, float* part) {
+LOCKSTEP_TARGET_CLONES void add_blocks(const float* p, int64_t n, int64_t stride, float* part) {
   // A vector of GCC's vector extension: written as a loop over 16 lanes, -O3 unrolls it into
   // 16 scalar additions before the vectorizer sees it.
   using Block = float __attribute__((vector_size(4 * kBlock)));
@@ -281,7 +281,7 @@ LOCKSTEP_TARGET_CLONES void add_blocks(const float* p, int64_t n, float* part) {
   std::memcpy(&acc, part, sizeof acc);
   for (int64_t j = 0; j < n; ++j) {
     Block v;
-    std::memcpy(&v, p + j * kBlock, sizeof v);
+    std::memcpy(&v, p + j * stride, sizeof v);
     acc += v;
   }
   std::memcpy(part, &acc, sizeof acc);
