@@ -277,15 +277,18 @@ void MatMul::tune(const void* a, const void* b, void* out) {
   const auto* w = static_cast<const float*>(b);
   auto* y = static_cast<float*>(out);
   library_ = TuningRecord::get().choose(key_, [&] {
-    // Each run once untimed, then alternating, each at its best of up to ten runs (fewer for
-    // slow products: 400 ms in all). At the start of a process both libraries' runs took 3-4x
-    // their later time for the first ~8 ms (2048x64x192 on 2 threads, AMD Zen 4: oneDNN 0.95-1.1
-    // ms, then 0.24), so the best of three picked OpenBLAS for good where oneDNN was 1.3x faster.
+    // Each run once untimed, then alternating, each at its best of the rounds run until 50 ms
+    // have passed (at least three rounds, at most 64, at most 400 ms unless three take longer):
+    // on a shared machine the second core is taken away now and then for a few ms (a region that
+    // takes 0.17 ms took 0.5-1.1 ms one time in ten; AMD Zen 4 VM), and at the start of a process
+    // for up to ~20 ms both libraries' runs took 3-4x their later time (2048x64x192 on 2 threads:
+    // oneDNN 0.95-1.1 ms, then 0.24), so a best of three runs in a row picked OpenBLAS for good
+    // where oneDNN was 1.3x faster.
     dnnl_->run(x, w, y);
     sgemm(call_, x, w, y);
     double best[2] = {1e30, 1e30};
     const auto start = std::chrono::steady_clock::now();
-    for (int round = 0; round < 10; ++round) {
+    for (int round = 0; round < 64; ++round) {
       for (int lib = 0; lib < 2; ++lib) {
         const auto t0 = std::chrono::steady_clock::now();
         if (lib == 0)
@@ -295,7 +298,8 @@ void MatMul::tune(const void* a, const void* b, void* out) {
         const std::chrono::duration<double, std::milli> t = std::chrono::steady_clock::now() - t0;
         best[lib] = std::min(best[lib], t.count());
       }
-      if (std::chrono::steady_clock::now() - start > std::chrono::milliseconds(400)) break;
+      const auto spent = std::chrono::steady_clock::now() - start;
+      if (spent > std::chrono::milliseconds(round >= 2 ? 50 : 400)) break;
     }
     // OpenBLAS only when clearly faster: a near tie keeps oneDNN (which also runs the rest).
     const MatMulLibrary lib =
