@@ -251,7 +251,8 @@ MatMul::MatMul(const Shape& a, const std::vector<int64_t>& as, const Shape& b,
   if (call_.m * call_.n * call_.k < kMinTunedMacs) return;
   std::ostringstream key;
   const char* isa = std::getenv("ONEDNN_MAX_CPU_ISA");
-  // "timing 2": choices timed before warm-up runs and ten rounds (tune()) are timed again.
+  // "timing 2": choices timed by three rounds in a row (before tune() ran them over 50 ms) are
+  // timed again.
   key << cpu_model() << "|timing 2|isa " << (isa ? isa : "max") << "|threads " << threads()
       << "|onednn " << onednn_version() << " " << dnnl_->implementation() << "|"
       << openblas_get_config() << "|" << call_.m << "x" << call_.k << "x" << call_.n

@@ -215,17 +215,17 @@ using Lanes = float __attribute__((vector_size(4 * kLanes)));
 // How tree_lanes() combines two lanes.
 enum class Combine { kSum, kMax, kMin };
 
-// x = x op y, lane by lane (a statement, not a function returning a vector: GCC warns that
-// passing vectors by value changes the ABI between the clones' instruction sets).
-#define LOCKSTEP_COMBINE(kC, x, y)          \
-  do {                                      \
-    if constexpr (kC == Combine::kSum)      \
-      x = x + y;                            \
-    else if constexpr (kC == Combine::kMax) \
-      x = x > y ? x : y;                    \
-    else                                    \
-      x = x < y ? x : y;                    \
-  } while (0)
+// x = x op y, lane by lane (by reference: GCC warns that passing vectors by value changes the
+// ABI between the clones' instruction sets).
+template <Combine kC, typename V>
+__attribute__((always_inline)) inline void combine(V& x, const V& y) {
+  if constexpr (kC == Combine::kSum)
+    x = x + y;
+  else if constexpr (kC == Combine::kMax)
+    x = x > y ? x : y;
+  else
+    x = x < y ? x : y;
+}
 
 // The lanes of v combined pairwise (8 pairs, then 4, 2, 1): four dependent steps where lane
 // after lane took sixteen, which a softmax's or a layer norm's rows of 128 paid per row.
@@ -235,18 +235,17 @@ __attribute__((always_inline)) inline float tree_lanes(const Lanes& v) {
   using Quarter = float __attribute__((vector_size(4 * kLanes / 4)));
   Half h = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
   const Half h2 = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-  LOCKSTEP_COMBINE(kC, h, h2);
+  combine<kC>(h, h2);
   Quarter q = __builtin_shufflevector(h, h, 0, 1, 2, 3);
   const Quarter q2 = __builtin_shufflevector(h, h, 4, 5, 6, 7);
-  LOCKSTEP_COMBINE(kC, q, q2);
+  combine<kC>(q, q2);
   float a = q[0], b = q[1];
   const float c = q[2], d = q[3];
-  LOCKSTEP_COMBINE(kC, a, c);
-  LOCKSTEP_COMBINE(kC, b, d);
-  LOCKSTEP_COMBINE(kC, a, b);
+  combine<kC>(a, c);
+  combine<kC>(b, d);
+  combine<kC>(a, b);
   return a;
 }
-#undef LOCKSTEP_COMBINE
 
 // The sum of a run in two vectors of kLanes partial sums (two chains of additions in flight),
 // then pairwise; inlined into each clone that uses it.
