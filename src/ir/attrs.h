@@ -57,27 +57,22 @@ struct RnnAttrs {
   bool reverse = false;
 
   static RnnAttrs of(const std::vector<int64_t>& a) {
-    LS_INTERNAL_CHECK(a.size() == 1, "lstm attrs: expected 1, got ", a.size());
+    LS_INTERNAL_CHECK(a.size() == 1, "recurrent layer attrs: expected 1, got ", a.size());
     return {a[0] != 0};
   }
   std::vector<int64_t> encode() const { return {reverse ? 1 : 0}; }
 };
 
-// Where LstmBackward's result holds each gradient, for T time steps, batch N, input size I and
-// hidden size H: the gradients of x, h0, c0, w_ih, w_hh and b start at [0] .. [5], one after
-// the other, and [6] is the length of the whole.
-inline std::array<int64_t, 7> lstm_grad_offsets(int64_t t, int64_t n, int64_t i, int64_t h) {
-  const std::array<int64_t, 6> sizes{t * n * i, n * h, n * h, 4 * h * i, 4 * h * h, 4 * h};
-  std::array<int64_t, 7> at{};
-  for (size_t k = 0; k < sizes.size(); ++k) at[k + 1] = at[k] + sizes[k];
-  return at;
-}
-
-// The same for GruBackward's result: the gradients of x, h0, w_ih, w_hh and b at [0] .. [4], and
-// the length of the whole at [5].
-inline std::array<int64_t, 6> gru_grad_offsets(int64_t t, int64_t n, int64_t i, int64_t h) {
-  const std::array<int64_t, 5> sizes{t * n * i, n * h, 3 * h * i, 3 * h * h, 4 * h};
-  std::array<int64_t, 6> at{};
+// Where LstmBackward's or GruBackward's result holds each gradient, for T time steps, batch N,
+// input size I and hidden size H: the gradients of the layer's operands (x, h0, c0 for an LSTM,
+// w_ih, w_hh, b) start at [0], [1], ... one after the other, and the last entry is the length of
+// the whole.
+inline std::vector<int64_t> rnn_grad_offsets(bool lstm, int64_t t, int64_t n, int64_t i,
+                                             int64_t h) {
+  const int64_t g = lstm ? 4 : 3;  // gates
+  std::vector<int64_t> sizes{t * n * i, n * h, g * h * i, g * h * h, 4 * h};
+  if (lstm) sizes.insert(sizes.begin() + 2, n * h);
+  std::vector<int64_t> at(sizes.size() + 1, 0);
   for (size_t k = 0; k < sizes.size(); ++k) at[k + 1] = at[k] + sizes[k];
   return at;
 }

@@ -107,7 +107,7 @@ Shape rnn_shape(const Checker& c, bool lstm, bool gradient) {
       c.fail(cat("operand ", k, " is ", dtype_name(c.in[k]->dtype), shape_str(c.in[k]->shape),
                  ", expected ", dtype_name(c.in[0]->dtype), shape_str(value)),
              cat("Pass the ", lstm ? "lstm" : "gru", "'s value and its gradient"));
-  return {lstm ? lstm_grad_offsets(t, n, i, h)[6] : gru_grad_offsets(t, n, i, h)[5]};
+  return {rnn_grad_offsets(lstm, t, n, i, h).back()};
 }
 
 // Output size of a convolution along one axis; <= 0 when the dilated kernel does not fit in the

@@ -130,7 +130,7 @@ class DnnlRnn {
   // The op's operands (x, h0, [c0,] w_ih, w_hh, b) -> its value; writes `workspace`.
   void forward(const float* const* in, float* out, void* workspace);
   // The gradient op's operands (those, the value, its gradient) -> the gradients
-  // (ir::lstm_grad_offsets, gru_grad_offsets), reading the forward run's `workspace`, or
+  // (ir::rnn_grad_offsets), reading the forward run's `workspace`, or
   // recomputing it when null.
   void backward(const float* const* in, float* grads, const void* workspace);
   struct Impl;

@@ -163,6 +163,29 @@ size_t DnnlRnn::scratch_bytes() const { return impl_->bwd_floats * sizeof(float)
 
 namespace {
 
+memory mem(const memory::desc& md, const void* p) {
+  return memory(md, engine(), const_cast<void*>(p));
+}
+
+// The arguments the forward and the backward primitives share: the forward pass's operands, its
+// result `y` (the sequence, then the last state and for an LSTM the last cell) and its workspace,
+// with the weights in the layout of `w_ih` and `w_hh`.
+std::unordered_map<int, memory> pass_args(const DnnlRnn::Impl& m, const float* const* in,
+                                          const Weight& w_ih, const Weight& w_hh, const float* b,
+                                          const float* y, const void* workspace, float* base) {
+  const float* last = y + m.t * m.state();
+  std::unordered_map<int, memory> args{
+      {DNNL_ARG_SRC_LAYER, mem(m.x_md, in[0])},     {DNNL_ARG_SRC_ITER, mem(m.state_md, in[1])},
+      {DNNL_ARG_WEIGHTS_LAYER, w_ih.in_prim(base)}, {DNNL_ARG_WEIGHTS_ITER, w_hh.in_prim(base)},
+      {DNNL_ARG_BIAS, mem(m.bias_md, b)},           {DNNL_ARG_DST_LAYER, mem(m.y_md, y)},
+      {DNNL_ARG_DST_ITER, mem(m.state_md, last)},   {DNNL_ARG_WORKSPACE, mem(m.ws_md, workspace)}};
+  if (!m.gru) {
+    args.insert({DNNL_ARG_SRC_ITER_C, mem(m.state_md, in[2])});
+    args.insert({DNNL_ARG_DST_ITER_C, mem(m.state_md, last + m.state())});
+  }
+  return args;
+}
+
 // The forward pass (operands as DnnlRnn::forward's), its scratch from `base`.
 void run_forward(const DnnlRnn::Impl& m, const float* const* in, float* out, void* workspace,
                  float* base, float* gates_base) {
@@ -170,22 +193,7 @@ void run_forward(const DnnlRnn::Impl& m, const float* const* in, float* out, voi
   const auto [w_ih, w_hh, b] = m.gate_order(in[k], in[k + 1], in[k + 2], gates_base);
   m.w_ih.to_prim(w_ih, base);
   m.w_hh.to_prim(w_hh, base);
-  auto mem = [](const memory::desc& md, const void* p) {
-    return memory(md, engine(), const_cast<void*>(p));
-  };
-  float* last = out + m.t * m.state();
-  std::unordered_map<int, memory> args{{DNNL_ARG_SRC_LAYER, mem(m.x_md, in[0])},
-                                       {DNNL_ARG_SRC_ITER, mem(m.state_md, in[1])},
-                                       {DNNL_ARG_WEIGHTS_LAYER, m.w_ih.in_prim(base)},
-                                       {DNNL_ARG_WEIGHTS_ITER, m.w_hh.in_prim(base)},
-                                       {DNNL_ARG_BIAS, mem(m.bias_md, b)},
-                                       {DNNL_ARG_DST_LAYER, mem(m.y_md, out)},
-                                       {DNNL_ARG_DST_ITER, mem(m.state_md, last)},
-                                       {DNNL_ARG_WORKSPACE, mem(m.ws_md, workspace)}};
-  if (!m.gru) {
-    args.insert({DNNL_ARG_SRC_ITER_C, mem(m.state_md, in[2])});
-    args.insert({DNNL_ARG_DST_ITER_C, mem(m.state_md, last + m.state())});
-  }
+  std::unordered_map<int, memory> args = pass_args(m, in, m.w_ih, m.w_hh, b, out, workspace, base);
   add_scratchpad(&args, m.fwd_pad_md, base + m.fwd_pad);
   m.fwd.execute(stream(), args);
 }
@@ -213,9 +221,7 @@ void DnnlRnn::backward(const float* const* in, float* grads, const void* workspa
     }
     // Operands: x, h0, [c0,] w_ih, w_hh, b, out, gout; gradients x, h0, [c0,] w_ih, w_hh, b.
     const int k = m.gru ? 2 : 3;
-    const std::array<int64_t, 7> lstm_at = ir::lstm_grad_offsets(m.t, m.n, m.i, m.h);
-    const std::array<int64_t, 6> gru_at = ir::gru_grad_offsets(m.t, m.n, m.i, m.h);
-    const int64_t* at = m.gru ? gru_at.data() : lstm_at.data();
+    const std::vector<int64_t> at = ir::rnn_grad_offsets(!m.gru, m.t, m.n, m.i, m.h);
     const auto [w_ih, w_hh, b] = m.gate_order(in[k], in[k + 1], in[k + 2], base);
     m.bw_ih.to_prim(w_ih, base);
     m.bw_hh.to_prim(w_hh, base);
@@ -228,29 +234,18 @@ void DnnlRnn::backward(const float* const* in, float* grads, const void* workspa
     float* d_hh = m.gru ? d_ih + m.g * m.h * m.i : grads + at[k + 1];
     float* d_b = m.gru ? d_hh + m.g * m.h * m.h : grads + at[k + 2];
     std::memset(d_b, 0, static_cast<size_t>(4 * m.h) * sizeof(float));
-    auto mem = [](const memory::desc& md, const void* p) {
-      return memory(md, engine(), const_cast<void*>(p));
-    };
     const float *y = in[k + 3], *gy = in[k + 4];
     const int64_t s = m.state();
-    std::unordered_map<int, memory> args{{DNNL_ARG_SRC_LAYER, mem(m.x_md, in[0])},
-                                         {DNNL_ARG_SRC_ITER, mem(m.state_md, in[1])},
-                                         {DNNL_ARG_WEIGHTS_LAYER, m.bw_ih.in_prim(base)},
-                                         {DNNL_ARG_WEIGHTS_ITER, m.bw_hh.in_prim(base)},
-                                         {DNNL_ARG_BIAS, mem(m.bias_md, b)},
-                                         {DNNL_ARG_DST_LAYER, mem(m.y_md, y)},
-                                         {DNNL_ARG_DST_ITER, mem(m.state_md, y + m.t * s)},
-                                         {DNNL_ARG_DIFF_DST_LAYER, mem(m.y_md, gy)},
-                                         {DNNL_ARG_DIFF_DST_ITER, mem(m.state_md, gy + m.t * s)},
-                                         {DNNL_ARG_WORKSPACE, mem(m.ws_md, workspace)},
-                                         {DNNL_ARG_DIFF_SRC_LAYER, mem(m.x_md, grads + at[0])},
-                                         {DNNL_ARG_DIFF_SRC_ITER, mem(m.state_md, grads + at[1])},
-                                         {DNNL_ARG_DIFF_WEIGHTS_LAYER, m.dw_ih.in_prim(base)},
-                                         {DNNL_ARG_DIFF_WEIGHTS_ITER, m.dw_hh.in_prim(base)},
-                                         {DNNL_ARG_DIFF_BIAS, mem(m.bias_md, d_b)}};
+    std::unordered_map<int, memory> args =
+        pass_args(m, in, m.bw_ih, m.bw_hh, b, y, workspace, base);
+    args.insert({{DNNL_ARG_DIFF_DST_LAYER, mem(m.y_md, gy)},
+                 {DNNL_ARG_DIFF_DST_ITER, mem(m.state_md, gy + m.t * s)},
+                 {DNNL_ARG_DIFF_SRC_LAYER, mem(m.x_md, grads + at[0])},
+                 {DNNL_ARG_DIFF_SRC_ITER, mem(m.state_md, grads + at[1])},
+                 {DNNL_ARG_DIFF_WEIGHTS_LAYER, m.dw_ih.in_prim(base)},
+                 {DNNL_ARG_DIFF_WEIGHTS_ITER, m.dw_hh.in_prim(base)},
+                 {DNNL_ARG_DIFF_BIAS, mem(m.bias_md, d_b)}});
     if (!m.gru) {
-      args.insert({DNNL_ARG_SRC_ITER_C, mem(m.state_md, in[2])});
-      args.insert({DNNL_ARG_DST_ITER_C, mem(m.state_md, y + (m.t + 1) * s)});
       args.insert({DNNL_ARG_DIFF_DST_ITER_C, mem(m.state_md, gy + (m.t + 1) * s)});
       args.insert({DNNL_ARG_DIFF_SRC_ITER_C, mem(m.state_md, grads + at[2])});
     }

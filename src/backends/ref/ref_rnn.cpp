@@ -1,6 +1,5 @@
 // The ref backend's recurrent kernels: one LSTM or GRU layer in one direction and its gradient,
 // direct loops over the time steps in double (ir/ops.def says what they compute).
-#include <array>
 #include <cmath>
 #include <vector>
 
@@ -120,12 +119,12 @@ struct LstmRun : RnnRun {
     return prev < 0 ? v[2][static_cast<size_t>(r * h + j)] : c[at(prev, r, j)];
   }
 
-  // Operands 6 and 7: the value and its gradient. Returns the gradients (lstm_grad_offsets).
+  // Operands 6 and 7: the value and its gradient. Returns the gradients (rnn_grad_offsets).
   Values gradient() const {
-    const std::array<int64_t, 7> o = ir::lstm_grad_offsets(t, n, in, h);
+    const std::vector<int64_t> o = ir::rnn_grad_offsets(true, t, n, in, h);
     const Values& gout = v[7];
     const size_t state = static_cast<size_t>(n * h);
-    Values grad(static_cast<size_t>(o[6]), 0.0), da(static_cast<size_t>(4 * h));
+    Values grad(static_cast<size_t>(o.back()), 0.0), da(static_cast<size_t>(4 * h));
     Values dh(gout.begin() + t * state, gout.begin() + (t + 1) * state);
     Values dc(gout.begin() + (t + 1) * state, gout.begin() + (t + 2) * state);
     for (int64_t k = t - 1; k >= 0; --k) {
@@ -179,12 +178,12 @@ struct GruRun : RnnRun {
     }
   }
 
-  // Operands 5 and 6: the value and its gradient. Returns the gradients (gru_grad_offsets).
+  // Operands 5 and 6: the value and its gradient. Returns the gradients (rnn_grad_offsets).
   Values gradient() const {
-    const std::array<int64_t, 6> o = ir::gru_grad_offsets(t, n, in, h);
+    const std::vector<int64_t> o = ir::rnn_grad_offsets(false, t, n, in, h);
     const Values& gout = v[6];
     const size_t state = static_cast<size_t>(n * h);
-    Values grad(static_cast<size_t>(o[5]), 0.0);
+    Values grad(static_cast<size_t>(o.back()), 0.0);
     Values dh(gout.begin() + t * state, gout.begin() + (t + 1) * state);
     Values dai(static_cast<size_t>(3 * h)), dah(static_cast<size_t>(3 * h));
     for (int64_t k = t - 1; k >= 0; --k) {
