@@ -403,7 +403,8 @@ Graph from_text(std::string_view text) {
     }
     const std::string_view dtype = line.word();
     bool known = false;
-    for (DType d : {DType::F32, DType::F64, DType::I32, DType::I64, DType::Bool})
+    for (DType d :
+         {DType::F32, DType::F64, DType::I32, DType::I64, DType::Bool, DType::BF16, DType::U8})
       if (dtype == dtype_name(d)) n.dtype = d, known = true;
     if (!known) line.fail(util::cat("unknown dtype '", dtype, "'"));
     line.expect('[');

@@ -12,6 +12,8 @@
 #include <string>
 
 #include "backends/cpu/denormals.h"
+#include "backends/cpu/native.h"
+#include "backends/cpu/passes.h"
 #include "dist/comm.h"
 #include "runtime/metrics.h"
 #include "runtime/profiler.h"
@@ -23,7 +25,18 @@ using plan::bytes_of;
 using plan::Slot;
 
 CpuExecutable::CpuExecutable(plan::Plan plan, int threads)
-    : p_(std::move(plan)), threads_(threads) {}
+    : p_(std::move(plan)), threads_(threads) {
+  // The elementwise trees (and those sums read through) get native code (native.h).
+  std::vector<std::shared_ptr<FusedTree>> trees;
+  for (const plan::Step& s : p_.steps) {
+    if (!s.payload) continue;
+    const CpuStep& k = kernel(s);
+    if (k.fused)
+      for (const auto& member : *k.fused) trees.push_back(member.second);
+    if (k.sum && k.sum->tree) trees.push_back(k.sum->tree);
+  }
+  compile_native(trees);
+}
 
 void CpuExecutable::release_idle_memory() {
   std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);

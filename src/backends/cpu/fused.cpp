@@ -183,6 +183,8 @@ void FusedTree::assign_slots() {
     }
     for (int slot : free_after[i]) free_slots.push_back(slot);
   }
+  native_loads_ = 0;
+  for (const Instr& in : instrs_) native_loads_ += in.op == Op::Data && !in.kept;
 }
 
 void FusedTree::fold_scaled_sums() {

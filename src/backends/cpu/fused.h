@@ -3,6 +3,7 @@
 // Values are f32 or bool (held as 0/1 floats inside a tile).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <unordered_map>
@@ -29,6 +30,22 @@ bool permute_leaf(const ir::Graph& g, int32_t id);
 // cpu_backend.cpp). Elementwise trees, per-channel sums and max pooling walk such values in that
 // order.
 bool blockable(const Shape& s);
+
+// Whether `op` on bf16 (or bool) operands yields bf16 values as they are: no rounding needed.
+bool exact_in_bf16(ir::Op op, DType in);
+
+// A call of a tree's native code (native.cpp): values [0, len) of the result into `out`, from
+// the registers as eval() loads the leaves into them (`reg`, by number; a one-value register's
+// tile holds its value first); with a root `where` of one condition, `side` 0 computes its true
+// side and 1 its false; `math`: vector_math_fn of each MathFn for the ISA the code was built for.
+struct NativeCall {
+  int64_t len;
+  const float* const* reg;
+  float* out;
+  int side;
+  void* const* math;
+};
+using NativeFn = void (*)(const NativeCall*);
 
 // Instr::scalars bits: operand a or b is a scalar register (one value for the whole tree).
 enum : unsigned { kScalarA = 1, kScalarB = 2 };
@@ -94,7 +111,20 @@ class FusedTree {
   // from an earlier eval of this tree).
   const float* eval(const std::vector<const void*>& leaves, int64_t i0, int64_t len, float* scratch,
                     float* dst, bool scalars_loaded = false) const;
-  size_t scratch_floats() const { return static_cast<size_t>(num_slots_) * tile_; }
+  // (Native code loads every leaf before it computes: the leaves not kept get tiles of their own
+  // past the instructions', then its result one more.)
+  size_t scratch_floats() const {
+    return static_cast<size_t>(num_slots_ + native_loads_ + 1) * tile_;
+  }
+  // The instructions as C++ (native.cpp): an extern "C" NativeFn named `name` over vectors of
+  // `width` floats that computes what eval() computes, bit for bit, after the leaves are loaded;
+  // empty when the tree has an op native code does not compute (pow, fmod), is a leaf as it is,
+  // or is longer than native code takes.
+  std::string native_source(const std::string& name, int width) const;
+  // Gives the tree its native code (loaded from a compile of native_source): eval() runs it
+  // from then on, instead of the instructions one by one. Any thread, while others evaluate.
+  void set_native(NativeFn fn) const { native_.store(fn, std::memory_order_release); }
+  bool has_native() const { return native_.load(std::memory_order_acquire) != nullptr; }
   // Asks for the cache lines of values [i0, i0 + len) of the leaves read in place (from memory,
   // element for element), before eval() reads them: an eval reads its leaves one instruction at
   // a time, and each stream's misses would otherwise wait for the last one's.
@@ -149,6 +179,10 @@ class FusedTree {
     int stage = 0;      // the stage (root) whose tree it belongs to (staged trees)
   };
   int visit(const ir::Graph& g, int32_t root, const std::vector<bool>& absorbed);
+  // A leaf's values [i0, i0 + len) for instruction `in` (an Op::Data): where they lie (an f32
+  // leaf read element for element, a period or table bind() wrote), else loaded into `own`.
+  const float* load_data(const Instr& in, const std::vector<const void*>& leaves, int64_t i0,
+                         int64_t len, float* own, bool scalars_loaded) const;
   // Instructions [begin, end) over values [i0, i0 + len) into registers `reg` (see eval());
   // returns register `result`'s values. `needs`: the instructions to run (null: all).
   const float* run(const std::vector<const void*>& leaves, size_t begin, size_t end, int result,
@@ -179,7 +213,8 @@ class FusedTree {
   const std::vector<bool>* blocked_ = nullptr;  // while constructing
   DType out_dtype_ = DType::F32;
   int num_regs_ = 0;
-  int num_slots_ = 0;  // scratch tiles (assign_slots)
+  int num_slots_ = 0;     // scratch tiles (assign_slots)
+  int native_loads_ = 0;  // leaves whose tiles are not kept (Instr::kept)
   int root_reg_ = -1;
   // Staged trees: per stage, its root's register, its result's dtype and the end of its
   // instructions; the row length.
@@ -199,6 +234,7 @@ class FusedTree {
   int pick_cond_leaf_ = -1;
   std::vector<char> pick_needs_[2];
   std::unordered_map<int32_t, int> reg_of_;
+  mutable std::atomic<NativeFn> native_{nullptr};
 };
 
 }  // namespace lockstep::backends::cpu

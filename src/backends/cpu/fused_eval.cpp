@@ -10,16 +10,14 @@
 
 #include "backends/cpu/fused.h"
 #include "backends/cpu/kernels.h"
+#include "backends/cpu/native.h"
 #include "backends/cpu/vector_math.h"
 #include "ir/elementwise.h"
 #include "util/check.h"
 
 namespace lockstep::backends::cpu {
-namespace {
-
 using ir::Op;
 
-// Whether `op` on bf16 (or bool) operands yields bf16 values as they are: no rounding needed.
 bool exact_in_bf16(Op op, DType in) {
   if (in != DType::BF16 && in != DType::Bool) return false;
   bool exact = false;
@@ -28,6 +26,8 @@ bool exact_in_bf16(Op op, DType in) {
   });
   return exact;
 }
+
+namespace {
 
 // Element i of a leaf's memory as a float.
 inline float read_value(DType d, const void* p, int64_t i) {
@@ -412,14 +412,49 @@ const float* FusedTree::eval(const std::vector<const void*>& leaf_ptrs, int64_t 
   // instructions run, and the one computing its value writes it to dst.
   int result = root_reg_;
   const char* needs = nullptr;
+  bool yes = true;
   if (pick_cond_leaf_ >= 0) {
     const void* c = leaf_ptrs[pick_cond_leaf_];
-    const bool yes = read_value(leaves_[pick_cond_leaf_].dtype, c, 0) != 0.0f;
+    yes = read_value(leaves_[pick_cond_leaf_].dtype, c, 0) != 0.0f;
     result = yes ? instrs_.back().b : instrs_.back().c;
     needs = pick_needs_[yes ? 0 : 1].data();
   }
+  if (const NativeFn fn = native_.load(std::memory_order_acquire)) {
+    // The leaves loaded as the interpreter loads them, each into a tile of its own (a kept one
+    // into the interpreter's, which no other instruction takes), then the rest in one pass of
+    // native code, into the tile after theirs.
+    int64_t next = num_slots_;
+    for (size_t i = 0; i < instrs_.size(); ++i) {
+      const Instr& in = instrs_[i];
+      if (in.op != Op::Data) continue;
+      const int64_t slot = in.kept ? in.slot : next++;
+      if (!needs || needs[i])
+        reg[in.out] = load_data(in, leaf_ptrs, i0, len, scratch + slot * tile_, scalars_loaded);
+    }
+    float* y = dst ? dst : scratch + next * tile_;
+    const NativeCall call{len, reg, y, yes ? 0 : 1, native_math()};
+    fn(&call);
+    return y;
+  }
   return run(leaf_ptrs, 0, instrs_.size(), result, needs, reg, i0, len, scratch, dst,
              scalars_loaded);
+}
+
+const float* FusedTree::load_data(const Instr& in, const std::vector<const void*>& leaf_ptrs,
+                                  int64_t i0, int64_t len, float* own, bool scalars_loaded) const {
+  const Leaf& leaf = leaves_[in.a];
+  const float* p = static_cast<const float*>(leaf_ptrs[in.a]);
+  if (leaf.contiguous && leaf.dtype == DType::F32 && leaf.numel != 1) return p + i0;
+  if (leaf.period > 0 && i0 % leaf.period + len <= leaf.expanded) return p + i0 % leaf.period;
+  if (leaf.per_block && i0 % kBlock == 0 && i0 % leaf.div[1] + len <= leaf.div[1])
+    return p + i0 / leaf.div[1] % leaf.mod[1] * kTile;  // within one block's run
+  if (leaf.numel == 1) {  // a tile of the one value, filled once per scratch
+    // A kept tile is filled whole, for every later call whatever its length.
+    if (!scalars_loaded || !in.kept) load(leaf, leaf_ptrs[in.a], 0, in.kept ? tile_ : len, own);
+    return own;
+  }
+  load(leaf, leaf_ptrs[in.a], i0, len, own);
+  return own;
 }
 
 const float* FusedTree::run(const std::vector<const void*>& leaf_ptrs, size_t begin, size_t end,
@@ -430,23 +465,7 @@ const float* FusedTree::run(const std::vector<const void*>& leaf_ptrs, size_t be
     const Instr& in = instrs_[i];
     float* own = scratch + static_cast<int64_t>(in.slot) * tile_;
     if (in.op == Op::Data) {
-      const Leaf& leaf = leaves_[in.a];
-      if (leaf.contiguous && leaf.dtype == DType::F32 && leaf.numel != 1) {
-        reg[in.out] = static_cast<const float*>(leaf_ptrs[in.a]) + i0;
-      } else if (leaf.period > 0 && i0 % leaf.period + len <= leaf.expanded) {
-        reg[in.out] = static_cast<const float*>(leaf_ptrs[in.a]) + i0 % leaf.period;
-      } else if (leaf.per_block && i0 % kBlock == 0 &&
-                 i0 % leaf.div[1] + len <= leaf.div[1]) {  // within one block's run
-        reg[in.out] =
-            static_cast<const float*>(leaf_ptrs[in.a]) + i0 / leaf.div[1] % leaf.mod[1] * kTile;
-      } else if (leaf.numel == 1) {  // a tile of the one value, filled once per scratch
-        // A kept tile is filled whole, for every later call whatever its length.
-        if (!scalars_loaded || !in.kept) load(leaf, leaf_ptrs[in.a], 0, in.kept ? tile_ : len, own);
-        reg[in.out] = own;
-      } else {
-        load(leaf, leaf_ptrs[in.a], i0, len, own);
-        reg[in.out] = own;
-      }
+      reg[in.out] = load_data(in, leaf_ptrs, i0, len, own, scalars_loaded);
       continue;
     }
     if (in.op == Op::Where && (in.scalars & kScalarA)) {

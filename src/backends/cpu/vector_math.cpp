@@ -166,6 +166,20 @@ constexpr Run kRuns[3][8] = {
      run_avx512<gelu_derivative_avx512<_ZGVeN16v_erff, exp_avx512<_ZGVeN16v_expf>>>},
 };
 
+// [isa - 1][fn]: the per-vector functions of kRuns.
+void* const kVectorFns[2][8] = {
+    {reinterpret_cast<void*>(exp_avx2<_ZGVdN8v_expf>), reinterpret_cast<void*>(_ZGVdN8v_logf),
+     reinterpret_cast<void*>(_ZGVdN8v_tanhf), reinterpret_cast<void*>(_ZGVdN8v_erff),
+     reinterpret_cast<void*>(_ZGVdN8v_sinf), reinterpret_cast<void*>(_ZGVdN8v_cosf),
+     reinterpret_cast<void*>(gelu_avx2<_ZGVdN8v_erff>),
+     reinterpret_cast<void*>(gelu_derivative_avx2<_ZGVdN8v_erff, exp_avx2<_ZGVdN8v_expf>>)},
+    {reinterpret_cast<void*>(exp_avx512<_ZGVeN16v_expf>), reinterpret_cast<void*>(_ZGVeN16v_logf),
+     reinterpret_cast<void*>(_ZGVeN16v_tanhf), reinterpret_cast<void*>(_ZGVeN16v_erff),
+     reinterpret_cast<void*>(_ZGVeN16v_sinf), reinterpret_cast<void*>(_ZGVeN16v_cosf),
+     reinterpret_cast<void*>(gelu_avx512<_ZGVeN16v_erff>),
+     reinterpret_cast<void*>(gelu_derivative_avx512<_ZGVeN16v_erff, exp_avx512<_ZGVeN16v_expf>>)},
+};
+
 MathIsa detect() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f")) return MathIsa::Avx512;
@@ -201,6 +215,11 @@ void vector_math(MathFn f, MathIsa isa, int64_t n, const float* x, float* y) {
   LS_INTERNAL_CHECK(static_cast<int>(isa) <= static_cast<int>(math_isa()),
                     "vector_math: this CPU does not run that ISA");
   kRuns[static_cast<int>(isa)][static_cast<int>(f)](n, x, y);
+}
+
+void* vector_math_fn(MathFn f, MathIsa isa) {
+  if (isa == MathIsa::Scalar) return nullptr;
+  return kVectorFns[static_cast<int>(isa) - 1][static_cast<int>(f)];
 }
 
 }  // namespace lockstep::backends::cpu

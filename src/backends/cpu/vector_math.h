@@ -24,5 +24,9 @@ const char* math_isa_name(MathIsa isa);
 void vector_math(MathFn f, int64_t n, const float* x, float* y);
 // The same with a given ISA (tests); `isa` must be one this CPU runs.
 void vector_math(MathFn f, MathIsa isa, int64_t n, const float* x, float* y);
+// The function vector_math runs on each vector of `isa` (AVX-512: __m512 (*)(__m512); AVX2:
+// __m256 (*)(__m256)), for native code that computes f on vectors it holds in registers with the
+// same values (native.cpp); null for the scalar ISA.
+void* vector_math_fn(MathFn f, MathIsa isa);
 
 }  // namespace lockstep::backends::cpu

@@ -1,0 +1,536 @@
+// Native code for fused elementwise trees (see native.h): the C++ each tree becomes, and the
+// modules that build, cache and load it.
+#include "backends/cpu/native.h"
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <unordered_map>
+
+#include "backends/cpu/vector_math.h"
+#include "runtime/metrics.h"
+#include "util/check.h"
+#include "util/options.h"
+
+extern char** environ;
+
+namespace lockstep::backends::cpu {
+
+using ir::Op;
+
+namespace {
+
+// Trees longer than this stay interpreted (a chain of 100,000 adds would be a source the
+// compiler takes minutes over), and a module holds at most kModuleInstrs instructions.
+constexpr size_t kMaxInstrs = 512;
+constexpr size_t kModuleInstrs = 8192;
+// Part of every module's hash: a change to the code below that changes what a source means
+// must change it.
+constexpr const char* kAbiVersion = "lockstep native 2";
+
+// What every module's source starts with: its vector types and the operations the trees' code
+// is written in, for vectors of W floats. NativeCall is fused.h's. `sel` picks by a comparison's
+// mask (all ones or zeros per lane); `b01` is a predicate's value (1 or 0); `rb` rounds to bf16
+// as lockstep's bfloat16(float) does, NaN kept quiet.
+std::string prelude(int w) {
+  const bool avx512 = w == 16;
+  std::ostringstream o;
+  o << "// " << kAbiVersion << ", " << w << " floats a vector\n"
+    << "#include <immintrin.h>\n#include <stdint.h>\n#include <string.h>\n"
+    << "#define W " << w << "\n"
+    << "typedef float V __attribute__((vector_size(W * 4)));\n"
+    << "typedef int32_t VI __attribute__((vector_size(W * 4)));\n"
+    << "typedef uint32_t VU __attribute__((vector_size(W * 4)));\n"
+    << "typedef V (*MathF)(V);\n"
+    << "struct Call { int64_t len; const float* const* reg; float* out; int side; "
+       "void* const* math; };\n"
+    << "#define K extern \"C\" __attribute__((visibility(\"default\"))) void\n"
+    << "#define B static inline __attribute__((always_inline)) V\n"
+    << "static inline V ld(const float* p) { V v; memcpy(&v, p, sizeof v); return v; }\n"
+    << "static inline void st(float* p, V v) { memcpy(p, &v, sizeof v); }\n"
+    << "static inline V splat(float x) { return " << (avx512 ? "_mm512_set1_ps" : "_mm256_set1_ps")
+    << "(x); }\n"  // (not V{} + x: -0 would become +0)
+    << "static inline V sel(VI m, V a, V b) { return (V)((m & (VI)a) | (~m & (VI)b)); }\n"
+    << "static inline V b01(VI m) { return sel(m, splat(1.0f), V{}); }\n"
+    << "static inline V vabs(V a) { return (V)((VI)a & 0x7fffffff); }\n"
+    << "static inline V vsqrt(V a) { return " << (avx512 ? "_mm512_sqrt_ps" : "_mm256_sqrt_ps")
+    << "(a); }\n"
+    << "static inline V vfloor(V a) { return "
+    << (avx512 ? "_mm512_roundscale_ps(a, 9)" : "_mm256_round_ps(a, 9)") << "; }\n"
+    << "static inline V vceil(V a) { return "
+    << (avx512 ? "_mm512_roundscale_ps(a, 10)" : "_mm256_round_ps(a, 10)") << "; }\n"
+    << "static inline V rb(V v) {\n"
+       "  const VU u = (VU)v;\n"
+       "  const VU r = ((u + 0x7fffu + ((u >> 16) & 1u)) >> 16) << 16;\n"
+       "  const VU q = ((u >> 16) | 0x40u) << 16;\n"
+       "  return sel((VI)((u & 0x7fffffffu) > 0x7f800000u), (V)q, (V)r);\n"
+       "}\n"
+    << "#define M(f, x) ((MathF)c_math[f])(x)\n";
+  return o.str();
+}
+
+// A MathFn's index in NativeCall::math, as the source names it.
+int math_index(MathFn f) { return static_cast<int>(f); }
+
+}  // namespace
+
+std::string FusedTree::native_source(const std::string& name, int width) const {
+  if (instrs_.size() > kMaxInstrs || row_ > 0) return {};
+  size_t computed = 0;
+  for (const Instr& in : instrs_) computed += in.op != Op::Data;
+  if (computed == 0) return {};
+  // Each instruction's value as a C++ expression of its operands' variables (v<reg>), or empty
+  // when native code does not compute the op.
+  auto v = [](int r) { return util::cat("v", r); };
+  auto expr = [&](const Instr& in) -> std::string {
+    const std::string a = in.a >= 0 ? v(in.a) : "", b = in.b >= 0 ? v(in.b) : "",
+                      c = in.c >= 0 ? v(in.c) : "";
+    auto math = [&](MathFn f) { return util::cat("M(", math_index(f), ", ", a, ")"); };
+    if (in.sa >= 0 || in.sb >= 0 || in.relu) {  // fold_scaled_sums: a * sa +- b * sb, relu
+      const std::string x = in.sa >= 0 ? util::cat("(", a, " * ", v(in.sa), ")") : a;
+      const std::string z = in.sb >= 0 ? util::cat("(", b, " * ", v(in.sb), ")") : b;
+      const std::string s = util::cat("(", x, in.op == Op::Sub ? " - " : " + ", z, ")");
+      return in.relu ? util::cat("sel(", s, " < 0.0f, V{}, ", s, ")") : s;
+    }
+    switch (in.op) {
+      case Op::Neg:
+        return util::cat("(-", a, ")");
+      case Op::Abs:
+        return util::cat("vabs(", a, ")");
+      case Op::Exp:
+        return math(MathFn::Exp);
+      case Op::Log:
+        return math(MathFn::Log);
+      case Op::Tanh:
+        return math(MathFn::Tanh);
+      case Op::Sin:
+        return math(MathFn::Sin);
+      case Op::Cos:
+        return math(MathFn::Cos);
+      case Op::Erf:
+        return math(MathFn::Erf);
+      case Op::Gelu:
+        return math(MathFn::Gelu);
+      case Op::GeluDerivative:
+        return math(MathFn::GeluDerivative);
+      case Op::Sigmoid:
+        return util::cat("(1.0f / (1.0f + M(", math_index(MathFn::Exp), ", -", a, ")))");
+      case Op::Sqrt:
+        return util::cat("vsqrt(", a, ")");
+      case Op::Rsqrt:
+        return util::cat("(1.0f / vsqrt(", a, "))");
+      case Op::Relu:
+        return util::cat("sel(", a, " < 0.0f, V{}, ", a, ")");
+      case Op::Floor:
+        return util::cat("vfloor(", a, ")");
+      case Op::Ceil:
+        return util::cat("vceil(", a, ")");
+      case Op::Sign:
+        return util::cat("sel(", a, " != ", a, ", ", a, ", b01(", a, " > 0.0f) - b01(", a,
+                         " < 0.0f))");
+      case Op::LogicalNot:
+        return util::cat("b01(", a, " == 0.0f)");
+      case Op::IsFinite:
+        return util::cat("b01((", a, " - ", a, ") == 0.0f)");
+      case Op::Cast:
+        if (in.out_dtype == DType::Bool) return util::cat("b01(", a, " != 0.0f)");
+        if (in.out_dtype == DType::BF16 && in.in_dtype == DType::F32)
+          return util::cat("rb(", a, ")");
+        return a;  // bf16 and bool values are held as the floats they widen to
+      case Op::Add:
+        return util::cat("(", a, " + ", b, ")");
+      case Op::Sub:
+        return util::cat("(", a, " - ", b, ")");
+      case Op::Mul:
+        return util::cat("(", a, " * ", b, ")");
+      case Op::Div:
+        return util::cat("(", a, " / ", b, ")");
+      case Op::Check:
+        return a;
+      case Op::Maximum:
+        return util::cat("sel((", a, " != ", a, ") | (", a, " > ", b, "), ", a, ", ", b, ")");
+      case Op::Minimum:
+        return util::cat("sel((", a, " != ", a, ") | (", a, " < ", b, "), ", a, ", ", b, ")");
+      case Op::Eq:
+        return util::cat("b01(", a, " == ", b, ")");
+      case Op::Ne:
+        return util::cat("b01(", a, " != ", b, ")");
+      case Op::Lt:
+        return util::cat("b01(", a, " < ", b, ")");
+      case Op::Le:
+        return util::cat("b01(", a, " <= ", b, ")");
+      case Op::Gt:
+        return util::cat("b01(", a, " > ", b, ")");
+      case Op::Ge:
+        return util::cat("b01(", a, " >= ", b, ")");
+      case Op::LogicalAnd:
+        return util::cat("b01((", a, " != 0.0f) & (", b, " != 0.0f))");
+      case Op::LogicalOr:
+        return util::cat("b01((", a, " != 0.0f) | (", b, " != 0.0f))");
+      case Op::Where:
+        return util::cat("sel(", a, " != 0.0f, ", b, ", ", c, ")");
+      default:
+        return {};
+    }
+  };
+  // Per side (one, unless the root is a `where` of one condition): the body computes the
+  // needed instructions for the vector at i and returns the result; the kernel loads the
+  // one-value registers once, runs the body over whole vectors, then over the tail copied into
+  // vectors of its own (zeros past the end, as vector_math computes a tail).
+  const int sides = pick_cond_leaf_ >= 0 ? 2 : 1;
+  std::ostringstream src;
+  for (int side = 0; side < sides; ++side) {
+    const char* needs = sides == 2 ? pick_needs_[side].data() : nullptr;
+    const int result = sides == 2 ? (side == 0 ? instrs_.back().b : instrs_.back().c) : root_reg_;
+    std::vector<int> tiles, scalars;  // the registers loaded per vector, and once
+    std::ostringstream body;
+    for (size_t i = 0; i < instrs_.size(); ++i) {
+      if (needs && !needs[i]) continue;
+      const Instr& in = instrs_[i];
+      if (in.op == Op::Data) {
+        if (scalar_reg_[in.out]) {
+          body << "  const V " << v(in.out) << " = s[" << scalars.size() << "];\n";
+          scalars.push_back(in.out);
+        } else {
+          body << "  const V " << v(in.out) << " = ld(p[" << tiles.size() << "] + i);\n";
+          tiles.push_back(in.out);
+        }
+        continue;
+      }
+      std::string e = expr(in);
+      if (e.empty()) return {};
+      // A bf16 result is rounded as the op's own (fused_eval.cpp's run()).
+      const bool rounds = in.op == Op::Cast ? false
+                          : (in.sa >= 0 || in.sb >= 0 || in.relu)
+                              ? in.out_dtype == DType::BF16
+                              : in.out_dtype == DType::BF16 && !exact_in_bf16(in.op, in.in_dtype);
+      if (rounds) e = util::cat("rb(", e, ")");
+      body << "  const V " << v(in.out) << " = " << e << ";\n";
+    }
+    const std::string fn = util::cat(name, "_", side);
+    const size_t nt = std::max<size_t>(tiles.size(), 1), ns = std::max<size_t>(scalars.size(), 1);
+    src << "B " << fn << "(const float* const* p, int64_t i, const V* s, void* const* c_math) {\n"
+        << "  (void)p; (void)i; (void)s; (void)c_math;\n"
+        << body.str() << "  return " << v(result) << ";\n}\n"
+        << "static void " << fn << "_run(const Call* c) {\n"
+        << "  const float* p[" << nt << "] = {";
+    for (int r : tiles) src << "c->reg[" << r << "], ";
+    src << "};\n  V s[" << ns << "];\n";
+    for (size_t k = 0; k < scalars.size(); ++k)
+      src << "  s[" << k << "] = splat(c->reg[" << scalars[k] << "][0]);\n";
+    src << "  int64_t i = 0;\n"
+        << "  for (; i + W <= c->len; i += W) st(c->out + i, " << fn << "(p, i, s, c->math));\n"
+        << "  if (i == c->len) return;\n"
+        << "  const int64_t n = c->len - i;\n"
+        << "  float t[" << nt << "][W];\n  const float* q[" << nt << "];\n"
+        << "  for (int k = 0; k < " << tiles.size() << "; ++k) {\n"
+        << "    memset(t[k], 0, sizeof t[k]);\n"
+        << "    memcpy(t[k], p[k] + i, n * sizeof(float));\n"
+        << "    q[k] = t[k];\n  }\n"
+        << "  float y[W];\n  st(y, " << fn << "(q, 0, s, c->math));\n"
+        << "  memcpy(c->out + i, y, n * sizeof(float));\n}\n";
+  }
+  src << "K " << name << "(const Call* c) {\n";
+  if (sides == 2)
+    src << "  if (c->side == 0) " << name << "_0_run(c); else " << name << "_1_run(c);\n";
+  else
+    src << "  " << name << "_0_run(c);\n";
+  src << "}\n";
+  (void)width;
+  return src.str();
+}
+
+namespace {
+
+// A module: one source for several trees, each `k<index>` in it.
+struct Module {
+  std::string source;
+  std::vector<std::shared_ptr<FusedTree>> trees;
+};
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
+  return h;
+}
+
+std::string cache_dir() {
+  const std::string& set = util::option(util::Option::NativeDir);
+  if (!set.empty()) return set;
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg == '/')
+    return std::string(xdg) + "/lockstep/native";
+  if (const char* home = std::getenv("HOME"); home && *home == '/')
+    return std::string(home) + "/.cache/lockstep/native";
+  return {};
+}
+
+// mkdir -p; whether the directory is there.
+bool make_dirs(const std::string& dir) {
+  for (size_t at = 1; at <= dir.size(); ++at)
+    if (at == dir.size() || dir[at] == '/') ::mkdir(dir.substr(0, at).c_str(), 0755);
+  struct stat st {};
+  return ::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+std::string read_all(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return in ? s.str() : std::string{};
+}
+
+std::string compiler() {
+  const std::string& set = util::option(util::Option::NativeCxx);
+  if (!set.empty()) return set;
+#ifdef LOCKSTEP_NATIVE_DEFAULT_CXX
+  if (::access(LOCKSTEP_NATIVE_DEFAULT_CXX, X_OK) == 0) return LOCKSTEP_NATIVE_DEFAULT_CXX;
+#endif
+  return "c++";
+}
+
+std::vector<std::string> compile_flags(int width) {
+  std::vector<std::string> f{"-x",
+                             "c++",
+                             "-std=c++17",
+                             "-O2",
+                             "-fPIC",
+                             "-shared",
+                             "-ffp-contract=off",
+                             "-fno-math-errno",
+                             "-fno-trapping-math",
+                             "-fvisibility=hidden",
+                             "-w"};
+  if (width == 16) {
+    f.push_back("-mavx512f");
+  } else {
+    f.push_back("-mavx2");
+    f.push_back("-mfma");
+  }
+  return f;
+}
+
+// The background compiles, one at a time, at low priority; stopped (its compiler killed) when
+// the process exits.
+class Builder {
+ public:
+  static Builder& get() {
+    static Builder b;
+    return b;
+  }
+  // Loads the module's library if the cache has it (true), else false.
+  bool load_cached(const Module& m, const std::string& base) {
+    if (read_all(base + ".cpp") != m.source) return false;
+    return load(m, base + ".so");
+  }
+  void enqueue(Module m, std::string base) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return;
+    jobs_.push_back({std::move(m), std::move(base)});
+    if (!worker_.joinable()) worker_ = std::thread([this] { work(); });
+    cv_.notify_one();
+  }
+  // Compiles and loads it in this thread.
+  void build(const Module& m, const std::string& base) {
+    if (compile(m, base)) load(m, base + ".so");
+  }
+  ~Builder() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+      jobs_.clear();
+      if (child_ > 0) ::kill(child_, SIGKILL);
+    }
+    cv_.notify_all();
+    if (worker_.joinable()) worker_.join();
+  }
+
+ private:
+  struct Job {
+    Module m;
+    std::string base;
+  };
+  void work() {
+    // Below the training threads: the compiler it starts inherits this thread's niceness.
+    ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
+    for (;;) {
+      Job job;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+        if (stop_) return;
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      if (!load_cached(job.m, job.base)) build(job.m, job.base);
+    }
+  }
+  bool load(const Module& m, const std::string& so) {
+    void* h = ::dlopen(so.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!h) return false;  // (never closed: trees of live programs run its code)
+    for (size_t k = 0; k < m.trees.size(); ++k) {
+      auto fn = reinterpret_cast<NativeFn>(::dlsym(h, util::cat("k", k).c_str()));
+      if (!fn) continue;
+      m.trees[k]->set_native(fn);
+      runtime::count(runtime::Counter::NativeTrees);
+    }
+    return true;
+  }
+  // Writes the source, runs the compiler into a temporary file and renames it into place.
+  bool compile(const Module& m, const std::string& base) {
+    const std::string tag =
+        util::cat(".", ::getpid(), ".", std::hash<std::thread::id>{}(std::this_thread::get_id()));
+    const std::string cpp = base + tag + ".cpp", so = base + tag + ".so", log = base + ".log";
+    {
+      std::ofstream out(cpp, std::ios::binary);
+      out << m.source;
+      if (!out) return fail(util::cat("could not write ", cpp));
+    }
+    std::vector<std::string> args;
+    {
+      std::istringstream words(compiler());
+      for (std::string w; words >> w;) args.push_back(w);
+    }
+    if (args.empty()) return fail("LOCKSTEP_NATIVE_CXX names no command");
+    for (const std::string& f : compile_flags(width_of(m))) args.push_back(f);
+    for (const char* a : {"-o", so.c_str(), cpp.c_str()}) args.push_back(a);
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    pid_t pid = -1;
+    int status = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_) return false;
+      const int e = posix_spawnp(&pid, argv[0], &fa, nullptr, argv.data(), environ);
+      posix_spawn_file_actions_destroy(&fa);
+      if (e != 0) {
+        ::unlink(cpp.c_str());
+        return fail(util::cat("could not start ", args[0], ": ", std::strerror(e)));
+      }
+      child_ = pid;
+    }
+    runtime::count(runtime::Counter::NativeCompiles);
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      child_ = -1;
+    }
+    const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    if (!ok) {
+      ::unlink(cpp.c_str());
+      ::unlink(so.c_str());
+      if (WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) return false;  // stopped at exit
+      return fail(util::cat(args[0], " failed (status ", status, "); its messages are in ", log));
+    }
+    // The library first, then its source: a source in place always has its library.
+    if (::rename(so.c_str(), (base + ".so").c_str()) != 0 ||
+        ::rename(cpp.c_str(), (base + ".cpp").c_str()) != 0) {
+      ::unlink(cpp.c_str());
+      ::unlink(so.c_str());
+      return fail(util::cat("could not place the library at ", base, ".so"));
+    }
+    ::unlink(log.c_str());
+    return true;
+  }
+  static int width_of(const Module& m) {
+    return m.source.find("#define W 16\n") != std::string::npos ? 16 : 8;
+  }
+  bool fail(const std::string& why) {
+    if (!warned_.exchange(true))
+      std::fprintf(stderr,
+                   "lockstep: no native code for fused elementwise trees: %s. The interpreter runs "
+                   "them (same values, slower); LOCKSTEP_NATIVE=0 skips the attempt.\n",
+                   why.c_str());
+    return false;
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job> jobs_;
+  std::thread worker_;
+  bool stop_ = false;
+  pid_t child_ = -1;
+  std::atomic<bool> warned_{false};
+};
+
+}  // namespace
+
+void* const* native_math() {
+  static void* const* table = [] {
+    static void* fns[8] = {};
+    const MathIsa isa = math_isa();
+    for (int f = 0; f < 8; ++f) fns[f] = vector_math_fn(static_cast<MathFn>(f), isa);
+    return fns;
+  }();
+  return table;
+}
+
+NativeMode native_mode() {
+  const std::string& set = util::option(util::Option::Native);
+  if (set == "0" || set == "off") return NativeMode::Off;
+  return set == "sync" ? NativeMode::Now : NativeMode::Background;
+}
+
+void compile_native(const std::vector<std::shared_ptr<FusedTree>>& trees, NativeMode mode) {
+  if (mode == NativeMode::Off || trees.empty()) return;
+  const MathIsa isa = math_isa();
+  if (isa == MathIsa::Scalar) return;
+  const int width = isa == MathIsa::Avx512 ? 16 : 8;
+  const std::string dir = cache_dir();
+  if (dir.empty() || !make_dirs(dir)) return;
+  // Modules of up to kModuleInstrs instructions, each keyed by its source's hash.
+  std::vector<Module> modules;
+  size_t instrs = kModuleInstrs;
+  std::unordered_map<const FusedTree*, bool> seen;
+  for (const std::shared_ptr<FusedTree>& t : trees) {
+    if (!t || t->has_native() || !seen.emplace(t.get(), true).second) continue;
+    if (instrs >= kModuleInstrs) {
+      modules.push_back({prelude(width), {}});
+      instrs = 0;
+    }
+    Module& m = modules.back();
+    const std::string src = t->native_source(util::cat("k", m.trees.size()), width);
+    if (src.empty()) continue;
+    m.source += src;
+    m.trees.push_back(t);
+    instrs += static_cast<size_t>(std::count(src.begin(), src.end(), '\n'));
+  }
+  Builder& b = Builder::get();
+  for (Module& m : modules) {
+    if (m.trees.empty()) continue;
+    const uint64_t h = fnv1a(util::cat(kAbiVersion, "\n", compiler(), "\n", m.source));
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+    const std::string base = dir + "/" + hex;
+    if (b.load_cached(m, base)) continue;
+    if (mode == NativeMode::Now)
+      b.build(m, base);
+    else
+      b.enqueue(std::move(m), base);
+  }
+}
+
+}  // namespace lockstep::backends::cpu
