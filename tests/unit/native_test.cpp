@@ -175,6 +175,14 @@ std::vector<Case> cases() {
                            cat("%0 = data(#0) bool[]\n%1 = data(#1) f32[1000]\n%2 = data(#2) "
                                "f32[1000]\n%3 = exp(%1) f32[1000]\n%4 = mul(%2, %2) f32[1000]\n"
                                "%5 = expand(%0) bool[1000]\n%6 = where(%5, %3, %4) f32[1000]\n")));
+  // ... and with a side that is a leaf as it is: one value, or a tile.
+  for (const char* side : {"f32[]", "f32[1000]"})
+    for (const char* flag : {"1", "0"})
+      cs.push_back(make_case(
+          cat("where of one condition ", flag, ", a side a leaf ", side),
+          cat("%0 = data(#0) bool[]\n%1 = data(#1) ", side, "\n%2 = expand(%1) f32[1000]\n",
+              "%3 = data(#2) f32[1000]\n%4 = exp(%3) f32[1000]\n%5 = expand(%0) bool[1000]\n"
+              "%6 = where(%5, %2, %4) f32[1000]\n")));
   // Multiplies folded into a sum, and a relu into it (fold_scaled_sums), f32 and bf16.
   cs.push_back(make_case("scaled sums and relu",
                          "%0 = data(#0) f32[1000]\n%1 = data(#1) f32[1000]\n%2 = data(#2) f32[]\n"
@@ -281,4 +289,63 @@ TEST(NativeTrees, LeaveWhatTheyDoNotComputeToTheInterpreter) {
   std::string chain = "%0 = data(#0) f32[64]\n%1 = data(#1) f32[64]\n";
   for (int i = 2; i < 1000; ++i) chain += cat("%", i, " = add(%", i - 1, ", %0) f32[64]\n");
   EXPECT_TRUE(make_case("chain", chain).native->native_source("k", 16).empty());
+}
+
+// A row program's staged tree (a softmax over rows of 100 with an affine input, reduced to the
+// rows' max and sum), its stages as native code: each stage's values, the reductions and the
+// values a later stage reads from an earlier one (exported) are the interpreter's bit for bit,
+// over 37 rows (a partial last tile). Also with a first stage that is a bf16 input widened: a
+// value the interpreter passes on from its operand's tile, which native code stores anew.
+class NativeStages : public testing::TestWithParam<const char*> {};
+INSTANTIATE_TEST_SUITE_P(F32AndWidenedBf16, NativeStages,
+                         testing::Values("%3 = mul(%0, %2) f32[37, 100]\n%4 = data(#2) f32[]\n"
+                                         "%5 = expand(%4) f32[37, 100]\n"
+                                         "%6 = add(%3, %5) f32[37, 100]\n",
+                                         "%3 = data(#2) bf16[37, 100]\n%4 = mul(%0, %2) "
+                                         "f32[37, 100]\n%5 = exp(%4) f32[37, 100]\n"
+                                         "%6 = cast(%3) f32[37, 100]\n"));
+TEST_P(NativeStages, RunARowProgramsStagesAsTheInterpreterDoes) {
+  if (cpu::math_isa() == cpu::MathIsa::Scalar) GTEST_SKIP() << "native code needs AVX2";
+  const std::string text = std::string("%0 = data(#0) f32[37, 100]\n%1 = data(#1) f32[100]\n") +
+                           "%2 = expand(%1) f32[37, 100]\n" + GetParam() +
+                           "%7 = data(#3) f32[37, 1]\n%8 = expand(%7) f32[37, 100]\n"
+                           "%9 = sub(%6, %8) f32[37, 100]\n%10 = exp(%9) f32[37, 100]\n"
+                           "%11 = data(#4) f32[37, 1]\n%12 = expand(%11) f32[37, 100]\n"
+                           "%13 = div(%10, %12) f32[37, 100]\n%14 = mul(%13, %2) f32[37, 100]\n";
+  SCOPED_TRACE(text);
+  const ir::Graph g = ir::from_text(text);
+  std::vector<bool> absorbed(g.nodes.size());
+  for (size_t i = 0; i < absorbed.size(); ++i) absorbed[i] = g.nodes[i].op != ir::Op::Data;
+  auto staged = [&] {
+    return std::make_shared<cpu::FusedTree>(g, std::vector<int32_t>{6, 10, 14},
+                                            std::vector<bool>{true, true, true}, absorbed, 100);
+  };
+  const auto interpreted = staged(), native = staged();
+  ASSERT_FALSE(native->native_source("k", 16).empty());
+  cpu::compile_native({native}, cpu::NativeMode::Now);
+  ASSERT_TRUE(native->has_native());
+  std::vector<std::vector<float>> results[2];
+  for (int k = 0; k < 2; ++k) {
+    const cpu::FusedTree& t = k == 0 ? *interpreted : *native;
+    std::vector<std::vector<unsigned char>> mem = inputs(g, 3);
+    std::vector<float> max(37), sum(37), out(3700);
+    std::vector<void*> ptr(g.nodes.size(), nullptr);
+    for (size_t i = 0; i < g.nodes.size(); ++i)
+      if (!mem[i].empty()) ptr[i] = mem[i].data();
+    cpu::RunBuffers expanded;
+    const std::vector<const void*> leaves = t.bind(ptr, expanded);
+    cpu::FusedTree::run_rows(t, leaves,
+                             {{0, ir::Op::Max, nullptr, {}, max.data()},
+                              {1, ir::Op::Sum, nullptr, {}, sum.data()},
+                              {2, ir::Op::Data, nullptr, {}, out.data()}});
+    results[k] = {max, sum, out};
+  }
+  for (int r = 0; r < 3; ++r) {
+    SCOPED_TRACE(cat("result ", r));
+    const std::vector<float>&w = results[0][r], &n = results[1][r];
+    for (size_t i = 0; i < w.size(); ++i)
+      ASSERT_TRUE((std::isnan(w[i]) && std::isnan(n[i])) ||
+                  std::bit_cast<uint32_t>(w[i]) == std::bit_cast<uint32_t>(n[i]))
+          << "at " << i << ": " << w[i] << " against " << n[i];
+  }
 }

@@ -26,7 +26,8 @@ using plan::Slot;
 
 CpuExecutable::CpuExecutable(plan::Plan plan, int threads)
     : p_(std::move(plan)), threads_(threads) {
-  // The elementwise trees (and those sums read through) get native code (native.h).
+  // The elementwise trees, row programs and the trees sums read through get native code
+  // (native.h).
   std::vector<std::shared_ptr<FusedTree>> trees;
   for (const plan::Step& s : p_.steps) {
     if (!s.payload) continue;
@@ -34,6 +35,7 @@ CpuExecutable::CpuExecutable(plan::Plan plan, int threads)
     if (k.fused)
       for (const auto& member : *k.fused) trees.push_back(member.second);
     if (k.sum && k.sum->tree) trees.push_back(k.sum->tree);
+    if (k.rows) trees.push_back(k.rows);
   }
   compile_native(trees);
 }

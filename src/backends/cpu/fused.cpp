@@ -184,7 +184,22 @@ void FusedTree::assign_slots() {
     for (int slot : free_after[i]) free_slots.push_back(slot);
   }
   native_loads_ = 0;
-  for (const Instr& in : instrs_) native_loads_ += in.op == Op::Data && !in.kept;
+  for (Instr& in : instrs_)
+    if (in.op == Op::Data) in.native_slot = in.kept ? in.slot : num_slots_ + native_loads_++;
+  // A staged tree's stages under native code: which have code, and where their exports go.
+  std::vector<int> slot_of(num_regs_, -1);
+  for (const Instr& in : instrs_) slot_of[in.out] = in.slot;
+  stage_coded_.assign(stage_root_.size(), 0);
+  stage_exports_.assign(stage_root_.size(), {});
+  native_out_ = num_slots_ + native_loads_;
+  for (size_t k = 0; k < stage_root_.size(); ++k) {
+    for (size_t i = k == 0 ? 0 : stage_end_[k - 1]; i < stage_end_[k]; ++i)
+      stage_coded_[k] |= instrs_[i].op != Op::Data;
+    // (A value the interpreter passes on from an operand's tile has no tile of its own: it
+    // gets one.)
+    for (int r : native_exports(k))
+      stage_exports_[k].push_back({r, slot_of[r] >= 0 ? slot_of[r] : native_out_++});
+  }
 }
 
 void FusedTree::fold_scaled_sums() {

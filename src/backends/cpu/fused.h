@@ -36,8 +36,10 @@ bool exact_in_bf16(ir::Op op, DType in);
 
 // A call of a tree's native code (native.cpp): values [0, len) of the result into `out`, from
 // the registers as eval() loads the leaves into them (`reg`, by number; a one-value register's
-// tile holds its value first); with a root `where` of one condition, `side` 0 computes its true
-// side and 1 its false; `math`: vector_math_fn of each MathFn for the ISA the code was built for.
+// tile holds its value first); `side`: the part to compute, 0 for a plain tree, for a root `where`
+// of one condition 0 its true side and 1 its false, for a staged tree the stage, whose values that
+// later stages read (native_exports) it also stores where `reg` points for them; `math`:
+// vector_math_fn of each MathFn for the ISA the code was built for.
 struct NativeCall {
   int64_t len;
   const float* const* reg;
@@ -112,10 +114,8 @@ class FusedTree {
   const float* eval(const std::vector<const void*>& leaves, int64_t i0, int64_t len, float* scratch,
                     float* dst, bool scalars_loaded = false) const;
   // (Native code loads every leaf before it computes: the leaves not kept get tiles of their own
-  // past the instructions', then its result one more.)
-  size_t scratch_floats() const {
-    return static_cast<size_t>(num_slots_ + native_loads_ + 1) * tile_;
-  }
+  // past the instructions', so do a staged tree's exports that have none, then its result one.)
+  size_t scratch_floats() const { return static_cast<size_t>(native_out_ + 1) * tile_; }
   // The instructions as C++ (native.cpp): an extern "C" NativeFn named `name` over vectors of
   // `width` floats that computes what eval() computes, bit for bit, after the leaves are loaded;
   // empty when the tree has an op native code does not compute (pow, fmod), is a leaf as it is,
@@ -176,9 +176,19 @@ class FusedTree {
     bool relu = false;  // an Add or Sub that also applies the relu that read it
     int slot = -1;      // the scratch tile it writes (assign_slots), when it writes one
     bool kept = false;  // a scalar leaf whose tile stays filled from tile to tile
-    int stage = 0;      // the stage (root) whose tree it belongs to (staged trees)
+    // A leaf's scratch tile under native code, which loads every leaf before it computes: a
+    // kept leaf's own, else one past the instructions' tiles for each leaf (assign_slots).
+    int native_slot = -1;
+    int stage = 0;  // the stage (root) whose tree it belongs to (staged trees)
   };
   int visit(const ir::Graph& g, int32_t root, const std::vector<bool>& absorbed);
+  // A staged tree's registers that `stage` computes and a later stage reads: native code stores
+  // them (into their instructions' scratch tiles), where the interpreter keeps every value.
+  std::vector<int> native_exports(size_t stage) const;
+  // Per stage: whether native code computes it (it has instructions), and its exports with the
+  // scratch tile each is stored in.
+  std::vector<char> stage_coded_;
+  std::vector<std::vector<std::pair<int, int>>> stage_exports_;
   // A leaf's values [i0, i0 + len) for instruction `in` (an Op::Data): where they lie (an f32
   // leaf read element for element, a period or table bind() wrote), else loaded into `own`.
   const float* load_data(const Instr& in, const std::vector<const void*>& leaves, int64_t i0,
@@ -215,6 +225,7 @@ class FusedTree {
   int num_regs_ = 0;
   int num_slots_ = 0;     // scratch tiles (assign_slots)
   int native_loads_ = 0;  // leaves whose tiles are not kept (Instr::kept)
+  int native_out_ = 0;    // the tile native code computes a result into (after all others)
   int root_reg_ = -1;
   // Staged trees: per stage, its root's register, its result's dtype and the end of its
   // instructions; the row length.

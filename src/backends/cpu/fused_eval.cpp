@@ -420,18 +420,16 @@ const float* FusedTree::eval(const std::vector<const void*>& leaf_ptrs, int64_t 
     needs = pick_needs_[yes ? 0 : 1].data();
   }
   if (const NativeFn fn = native_.load(std::memory_order_acquire)) {
-    // The leaves loaded as the interpreter loads them, each into a tile of its own (a kept one
-    // into the interpreter's, which no other instruction takes), then the rest in one pass of
-    // native code, into the tile after theirs.
-    int64_t next = num_slots_;
+    // The leaves loaded as the interpreter loads them, each into a tile of its own
+    // (Instr::native_slot), then the rest in one pass of native code, into the tile after theirs.
     for (size_t i = 0; i < instrs_.size(); ++i) {
       const Instr& in = instrs_[i];
-      if (in.op != Op::Data) continue;
-      const int64_t slot = in.kept ? in.slot : next++;
-      if (!needs || needs[i])
-        reg[in.out] = load_data(in, leaf_ptrs, i0, len, scratch + slot * tile_, scalars_loaded);
+      if (in.op == Op::Data && (!needs || needs[i]))
+        reg[in.out] =
+            load_data(in, leaf_ptrs, i0, len,
+                      scratch + static_cast<int64_t>(in.native_slot) * tile_, scalars_loaded);
     }
-    float* y = dst ? dst : scratch + next * tile_;
+    float* y = dst ? dst : scratch + static_cast<int64_t>(native_out_) * tile_;
     const NativeCall call{len, reg, y, yes ? 0 : 1, native_math()};
     fn(&call);
     return y;
@@ -577,6 +575,7 @@ void FusedTree::run_rows(const FusedTree& tree, const std::vector<const void*>& 
   const int64_t per_tile = tree.tile_ / row;  // whole rows
   const int64_t tiles = (rows + per_tile - 1) / per_tile;
   const int last = static_cast<int>(tree.stage_root_.size()) - 1;
+  const NativeFn native = tree.native_.load(std::memory_order_acquire);  // one for the whole run
   // Scratch per thread: the staged tree's, then each per-row tree's own (its one-value leaves'
   // tiles stay filled from tile to tile).
   std::vector<size_t> base{tree.scratch_floats()};
@@ -608,9 +607,27 @@ void FusedTree::run_rows(const FusedTree& tree, const std::vector<const void*>& 
             s.sink == Op::Data && s.stage == last && tree.stage_dtype_[s.stage] == DType::F32
                 ? static_cast<float*>(s.out) + i0
                 : nullptr;
-        const float* v =
-            tree.run(leaves, begin, tree.stage_end_[s.stage], tree.stage_root_[s.stage], nullptr,
-                     reg.data(), i0, len, scratch.data(), direct, again);
+        const float* v = nullptr;
+        if (native && tree.stage_coded_[s.stage]) {
+          // The stage's leaves loaded, the tiles of the values later stages read given to it,
+          // then the stage in one pass of native code (its result into the tile after all).
+          float* sc = scratch.data();
+          for (size_t q = begin; q < tree.stage_end_[s.stage]; ++q) {
+            const Instr& in = tree.instrs_[q];
+            if (in.op == Op::Data)
+              reg[in.out] =
+                  tree.load_data(in, leaves, i0, len, sc + in.native_slot * tree.tile_, again);
+          }
+          for (const auto& [r, slot] : tree.stage_exports_[s.stage])
+            reg[r] = sc + slot * tree.tile_;
+          float* y = direct ? direct : sc + tree.native_out_ * tree.tile_;
+          const NativeCall call{len, reg.data(), y, s.stage, native_math()};
+          native(&call);
+          v = y;
+        } else {
+          v = tree.run(leaves, begin, tree.stage_end_[s.stage], tree.stage_root_[s.stage], nullptr,
+                       reg.data(), i0, len, scratch.data(), direct, again);
+        }
         if (s.sink != Op::Data)
           reduce_rows_f32(s.sink, v, n, row, static_cast<float*>(s.out) + r0);
         else

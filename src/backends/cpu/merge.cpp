@@ -249,6 +249,7 @@ void merge_row_steps(plan::Plan& p) {
     CpuStep& cs = kernel(s);
     cs.fused = nullptr;
     cs.sum = nullptr;
+    cs.rows = staged;
     cs.run = [staged, parts](Ctx& c) {
       RunBuffers expanded;
       const std::vector<const void*> leaves = staged->bind(c.ptr, expanded);

@@ -92,11 +92,24 @@ int math_index(MathFn f) { return static_cast<int>(f); }
 
 }  // namespace
 
+std::vector<int> FusedTree::native_exports(size_t stage) const {
+  const size_t begin = stage == 0 ? 0 : stage_end_[stage - 1], end = stage_end_[stage];
+  std::vector<char> later(num_regs_, 0);  // read by a later stage
+  for (size_t i = end; i < instrs_.size(); ++i) {
+    const Instr& in = instrs_[i];
+    if (in.op != Op::Data)
+      for (int r : {in.a, in.b, in.c, in.sa, in.sb})
+        if (r >= 0) later[r] = 1;
+  }
+  for (size_t k = stage + 1; k < stage_root_.size(); ++k) later[stage_root_[k]] = 1;
+  std::vector<int> out;
+  for (size_t i = begin; i < end; ++i)
+    if (instrs_[i].op != Op::Data && later[instrs_[i].out]) out.push_back(instrs_[i].out);
+  return out;
+}
+
 std::string FusedTree::native_source(const std::string& name, int width) const {
-  if (instrs_.size() > kMaxInstrs || row_ > 0) return {};
-  size_t computed = 0;
-  for (const Instr& in : instrs_) computed += in.op != Op::Data;
-  if (computed == 0) return {};
+  if (instrs_.size() > kMaxInstrs) return {};
   // Each instruction's value as a C++ expression of its operands' variables (v<reg>), or empty
   // when native code does not compute the op.
   auto v = [](int r) { return util::cat("v", r); };
@@ -191,30 +204,58 @@ std::string FusedTree::native_source(const std::string& name, int width) const {
         return {};
     }
   };
-  // Per side (one, unless the root is a `where` of one condition): the body computes the
-  // needed instructions for the vector at i and returns the result; the kernel loads the
-  // one-value registers once, runs the body over whole vectors, then over the tail copied into
-  // vectors of its own (zeros past the end, as vector_math computes a tail).
-  const int sides = pick_cond_leaf_ >= 0 ? 2 : 1;
+  // The parts a call computes (NativeCall::side): the whole tree; or a root `where` of one
+  // condition's two sides, each only the instructions it needs; or a staged tree's stages, each
+  // also storing the values later stages read (native_exports). Per part, the body computes the
+  // vector at i from its inputs (values it does not compute: the leaves, an earlier stage's) and
+  // returns the result; the part's kernel loads the one-value inputs once, runs the body over
+  // whole vectors, then over the tail copied into vectors of its own (zeros past the end, as
+  // vector_math computes a tail).
+  struct Part {
+    size_t begin, end;
+    const char* needs;
+    int result;
+  };
+  std::vector<Part> parts;
+  if (row_ > 0) {
+    for (size_t k = 0; k < stage_root_.size(); ++k)
+      parts.push_back({k == 0 ? 0 : stage_end_[k - 1], stage_end_[k], nullptr, stage_root_[k]});
+  } else if (pick_cond_leaf_ >= 0) {
+    parts.push_back({0, instrs_.size(), pick_needs_[0].data(), instrs_.back().b});
+    parts.push_back({0, instrs_.size(), pick_needs_[1].data(), instrs_.back().c});
+  } else {
+    parts.push_back({0, instrs_.size(), nullptr, root_reg_});
+  }
   std::ostringstream src;
-  for (int side = 0; side < sides; ++side) {
-    const char* needs = sides == 2 ? pick_needs_[side].data() : nullptr;
-    const int result = sides == 2 ? (side == 0 ? instrs_.back().b : instrs_.back().c) : root_reg_;
-    std::vector<int> tiles, scalars;  // the registers loaded per vector, and once
-    std::ostringstream body;
-    for (size_t i = 0; i < instrs_.size(); ++i) {
-      if (needs && !needs[i]) continue;
-      const Instr& in = instrs_[i];
-      if (in.op == Op::Data) {
-        if (scalar_reg_[in.out]) {
-          body << "  const V " << v(in.out) << " = s[" << scalars.size() << "];\n";
-          scalars.push_back(in.out);
-        } else {
-          body << "  const V " << v(in.out) << " = ld(p[" << tiles.size() << "] + i);\n";
-          tiles.push_back(in.out);
-        }
-        continue;
+  std::vector<int> coded;  // the parts with code
+  for (size_t part = 0; part < parts.size(); ++part) {
+    const Part& pt = parts[part];
+    std::vector<char> computed(num_regs_, 0);
+    for (size_t i = pt.begin; i < pt.end; ++i)
+      if (instrs_[i].op != Op::Data && (!pt.needs || pt.needs[i])) computed[instrs_[i].out] = 1;
+    // A stage without instructions is the interpreter's (a leaf or an earlier stage's value, read
+    // as it is); a side of a `where` may be a leaf, which the code copies.
+    if (row_ > 0 && std::find(computed.begin(), computed.end(), 1) == computed.end()) continue;
+    coded.push_back(static_cast<int>(part));
+    // Inputs in order of first use: loaded per vector (tiles) or once (one-value registers).
+    std::vector<int> tiles, scalars;
+    std::vector<char> input(num_regs_, 0);
+    std::ostringstream loads, body;
+    auto use = [&](int r) {
+      if (r < 0 || computed[r] || input[r]) return;
+      input[r] = 1;
+      if (scalar_reg_[r]) {
+        loads << "  const V " << v(r) << " = s[" << scalars.size() << "];\n";
+        scalars.push_back(r);
+      } else {
+        loads << "  const V " << v(r) << " = ld(p[" << tiles.size() << "] + i);\n";
+        tiles.push_back(r);
       }
+    };
+    for (size_t i = pt.begin; i < pt.end; ++i) {
+      const Instr& in = instrs_[i];
+      if (in.op == Op::Data || (pt.needs && !pt.needs[i])) continue;
+      for (int r : {in.a, in.b, in.c, in.sa, in.sb}) use(r);
       std::string e = expr(in);
       if (e.empty()) return {};
       // A bf16 result is rounded as the op's own (fused_eval.cpp's run()).
@@ -225,35 +266,46 @@ std::string FusedTree::native_source(const std::string& name, int width) const {
       if (rounds) e = util::cat("rb(", e, ")");
       body << "  const V " << v(in.out) << " = " << e << ";\n";
     }
-    const std::string fn = util::cat(name, "_", side);
-    const size_t nt = std::max<size_t>(tiles.size(), 1), ns = std::max<size_t>(scalars.size(), 1);
-    src << "B " << fn << "(const float* const* p, int64_t i, const V* s, void* const* c_math) {\n"
-        << "  (void)p; (void)i; (void)s; (void)c_math;\n"
-        << body.str() << "  return " << v(result) << ";\n}\n"
+    use(pt.result);
+    const std::vector<int> exports = row_ > 0 ? native_exports(part) : std::vector<int>{};
+    for (size_t k = 0; k < exports.size(); ++k)
+      body << "  st(e[" << k << "] + i, " << v(exports[k]) << ");\n";
+    const std::string fn = util::cat(name, "_", part);
+    const size_t nt = std::max<size_t>(tiles.size(), 1), ns = std::max<size_t>(scalars.size(), 1),
+                 ne = std::max<size_t>(exports.size(), 1);
+    src << "B " << fn << "(const float* const* p, float* const* e, int64_t i, const V* s, "
+        << "void* const* c_math) {\n"
+        << "  (void)p; (void)e; (void)i; (void)s; (void)c_math;\n"
+        << loads.str() << body.str() << "  return " << v(pt.result) << ";\n}\n"
         << "static void " << fn << "_run(const Call* c) {\n"
         << "  const float* p[" << nt << "] = {";
     for (int r : tiles) src << "c->reg[" << r << "], ";
+    src << "};\n  float* e[" << ne << "] = {";
+    for (int r : exports) src << "(float*)c->reg[" << r << "], ";
     src << "};\n  V s[" << ns << "];\n";
     for (size_t k = 0; k < scalars.size(); ++k)
       src << "  s[" << k << "] = splat(c->reg[" << scalars[k] << "][0]);\n";
     src << "  int64_t i = 0;\n"
-        << "  for (; i + W <= c->len; i += W) st(c->out + i, " << fn << "(p, i, s, c->math));\n"
+        << "  for (; i + W <= c->len; i += W) st(c->out + i, " << fn << "(p, e, i, s, c->math));\n"
         << "  if (i == c->len) return;\n"
         << "  const int64_t n = c->len - i;\n"
-        << "  float t[" << nt << "][W];\n  const float* q[" << nt << "];\n"
+        << "  float t[" << nt << "][W], te[" << ne << "][W];\n"
+        << "  const float* q[" << nt << "];\n  float* qe[" << ne << "];\n"
         << "  for (int k = 0; k < " << tiles.size() << "; ++k) {\n"
         << "    memset(t[k], 0, sizeof t[k]);\n"
         << "    memcpy(t[k], p[k] + i, n * sizeof(float));\n"
         << "    q[k] = t[k];\n  }\n"
-        << "  float y[W];\n  st(y, " << fn << "(q, 0, s, c->math));\n"
-        << "  memcpy(c->out + i, y, n * sizeof(float));\n}\n";
+        << "  for (int k = 0; k < " << exports.size() << "; ++k) qe[k] = te[k];\n"
+        << "  float y[W];\n  st(y, " << fn << "(q, qe, 0, s, c->math));\n"
+        << "  memcpy(c->out + i, y, n * sizeof(float));\n"
+        << "  for (int k = 0; k < " << exports.size() << "; ++k)\n"
+        << "    memcpy(e[k] + i, te[k], n * sizeof(float));\n}\n";
   }
-  src << "K " << name << "(const Call* c) {\n";
-  if (sides == 2)
-    src << "  if (c->side == 0) " << name << "_0_run(c); else " << name << "_1_run(c);\n";
-  else
-    src << "  " << name << "_0_run(c);\n";
-  src << "}\n";
+  if (coded.empty()) return {};
+  src << "K " << name << "(const Call* c) {\n  switch (c->side) {\n";
+  for (int part : coded)
+    src << "    case " << part << ": " << name << "_" << part << "_run(c); return;\n";
+  src << "  }\n}\n";
   (void)width;
   return src.str();
 }

@@ -82,6 +82,7 @@ struct CpuStep final : plan::StepPayload {
   // The check of operand plan::Step::checked, which add_checks moves to a step of its own.
   std::function<void(Ctx&)> check;
   std::shared_ptr<FusedMembers> fused;  // fused elementwise steps
+  std::shared_ptr<FusedTree> rows;      // a row program's staged tree (merge_row_steps)
   std::shared_ptr<SumOf> sum;           // a single sum that merge_sums may join
   std::shared_ptr<DnnlConv> conv;       // oneDNN convolutions
   std::shared_ptr<plan::StepPayload> take_check() override;
