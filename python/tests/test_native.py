@@ -90,3 +90,22 @@ def test_a_missing_compiler_leaves_the_interpreter_and_says_so_once(tmp_path):
     assert len(re.findall("no native code for fused elementwise trees", err)) == 1, err
     assert "could not start" in err and "no-such-c++" in err
     assert (got["losses"], got["weights"]) == (want["losses"], want["weights"])
+
+
+def test_a_compile_running_at_exit_completes_the_cache_for_the_next_run(tmp_path):
+    import time
+    want, _ = train(tmp_path, "0", 2)
+    first, _ = train(tmp_path, "auto", 1)  # exits while its compiles run (or are queued)
+    cache = tmp_path / "cache"
+    deadline = time.time() + 120
+    while time.time() < deadline and not list(cache.glob("*.so")):
+        time.sleep(0.2)
+    # The program's first module (its initialization) was compiling at exit: it is in place,
+    # with no temporary file left beside it once the compiler is done.
+    assert list(cache.glob("*.so")), list(cache.iterdir())
+    while time.time() < deadline and list(cache.glob("*.*.*.cpp")):
+        time.sleep(0.2)
+    assert not list(cache.glob("*.*.*")), list(cache.iterdir())
+    again, _ = train(tmp_path, "auto", 2)
+    assert int(again["native_trees"]) > 0
+    assert (again["losses"], again["weights"]) == (want["losses"], want["weights"])

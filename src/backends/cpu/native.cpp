@@ -14,7 +14,6 @@
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
-#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <deque>
@@ -379,13 +378,28 @@ std::vector<std::string> compile_flags(int width) {
   return f;
 }
 
-// The background compiles, one at a time, at low priority; stopped (its compiler killed) when
-// the process exits.
+// The shell script a compile runs: the compiler, then the library and its source renamed into
+// place (the library first: a source in place always has its library) and the log removed; on
+// failure the temporary files removed. The renames are the script's, not this process's, so
+// that a compile still running when the process exits completes the cache for the next run.
+// $1-$4: the temporary library and source, the cache entry's path without suffix, the log.
+constexpr const char* kCompileScript =
+    "so=$1 cpp=$2 base=$3 log=$4; shift 4; "
+    "\"$@\" || { status=$?; rm -f \"$so\" \"$cpp\"; exit $status; }; "
+    "mv -f \"$so\" \"$base.so\" && mv -f \"$cpp\" \"$base.cpp\" && rm -f \"$log\"";
+
+// The compiles: in the caller's thread (NativeMode::Now) or one at a time in a background
+// thread at low priority. Never destroyed: at exit a compile in flight goes on in its own
+// process and nothing here is touched again (exiting_, under load_mu_).
 class Builder {
  public:
   static Builder& get() {
-    static Builder b;
-    return b;
+    static Builder* b = [] {
+      auto* builder = new Builder;
+      std::atexit([] { get().stop(); });
+      return builder;
+    }();
+    return *b;
   }
   // Loads the module's library if the cache has it (true), else false.
   bool load_cached(const Module& m, const std::string& base) {
@@ -394,24 +408,17 @@ class Builder {
   }
   void enqueue(Module m, std::string base) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stop_) return;
+    if (stopped_) return;
     jobs_.push_back({std::move(m), std::move(base)});
-    if (!worker_.joinable()) worker_ = std::thread([this] { work(); });
+    if (!started_) {
+      started_ = true;
+      std::thread([this] { work(); }).detach();
+    }
     cv_.notify_one();
   }
   // Compiles and loads it in this thread.
   void build(const Module& m, const std::string& base) {
     if (compile(m, base)) load(m, base + ".so");
-  }
-  ~Builder() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-      jobs_.clear();
-      if (child_ > 0) ::kill(child_, SIGKILL);
-    }
-    cv_.notify_all();
-    if (worker_.joinable()) worker_.join();
   }
 
  private:
@@ -419,6 +426,18 @@ class Builder {
     Module m;
     std::string base;
   };
+  // At exit: queued jobs are dropped, and no library is loaded from now on (a load in progress
+  // finishes first).
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopped_ = true;
+      jobs_.clear();
+    }
+    cv_.notify_all();
+    std::lock_guard<std::mutex> lock(load_mu_);
+    exiting_ = true;
+  }
   void work() {
     // Below the training threads: the compiler it starts inherits this thread's niceness.
     ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 10);
@@ -426,8 +445,8 @@ class Builder {
       Job job;
       {
         std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
-        if (stop_) return;
+        cv_.wait(lock, [&] { return stopped_ || !jobs_.empty(); });
+        if (stopped_) return;
         job = std::move(jobs_.front());
         jobs_.pop_front();
       }
@@ -435,6 +454,8 @@ class Builder {
     }
   }
   bool load(const Module& m, const std::string& so) {
+    std::lock_guard<std::mutex> lock(load_mu_);
+    if (exiting_) return false;
     void* h = ::dlopen(so.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (!h) return false;  // (never closed: trees of live programs run its code)
     for (size_t k = 0; k < m.trees.size(); ++k) {
@@ -445,24 +466,25 @@ class Builder {
     }
     return true;
   }
-  // Writes the source, runs the compiler into a temporary file and renames it into place.
+  // Writes the source and runs kCompileScript over it.
   bool compile(const Module& m, const std::string& base) {
-    const std::string tag =
-        util::cat(".", ::getpid(), ".", std::hash<std::thread::id>{}(std::this_thread::get_id()));
-    const std::string cpp = base + tag + ".cpp", so = base + tag + ".so", log = base + ".log";
+    const std::string tag = util::cat(".", ::getpid(), ".", ::gettid());
+    const std::string cpp = base + tag + ".cpp", so = base + tag + ".so", log = base + tag + ".log";
     {
       std::ofstream out(cpp, std::ios::binary);
       out << m.source;
       if (!out) return fail(util::cat("could not write ", cpp));
     }
-    std::vector<std::string> args;
+    std::vector<std::string> cxx;
     {
       std::istringstream words(compiler());
-      for (std::string w; words >> w;) args.push_back(w);
+      for (std::string w; words >> w;) cxx.push_back(w);
     }
-    if (args.empty()) return fail("LOCKSTEP_NATIVE_CXX names no command");
+    if (cxx.empty()) return fail("LOCKSTEP_NATIVE_CXX names no command");
+    std::vector<std::string> args{"/bin/sh", "-c", kCompileScript, "sh", so, cpp, base, log};
+    args.insert(args.end(), cxx.begin(), cxx.end());
     for (const std::string& f : compile_flags(width_of(m))) args.push_back(f);
-    for (const char* a : {"-o", so.c_str(), cpp.c_str()}) args.push_back(a);
+    for (const std::string& a : {std::string("-o"), so, cpp}) args.push_back(a);
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -471,41 +493,21 @@ class Builder {
     posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     posix_spawn_file_actions_adddup2(&fa, 1, 2);
     pid_t pid = -1;
-    int status = 0;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (stop_) return false;
-      const int e = posix_spawnp(&pid, argv[0], &fa, nullptr, argv.data(), environ);
-      posix_spawn_file_actions_destroy(&fa);
-      if (e != 0) {
-        ::unlink(cpp.c_str());
-        return fail(util::cat("could not start ", args[0], ": ", std::strerror(e)));
-      }
-      child_ = pid;
+    const int e = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    if (e != 0) {
+      ::unlink(cpp.c_str());
+      return fail(util::cat("could not start /bin/sh: ", std::strerror(e)));
     }
     runtime::count(runtime::Counter::NativeCompiles);
+    int status = 0;
     while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
     }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      child_ = -1;
-    }
-    const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    if (!ok) {
-      ::unlink(cpp.c_str());
-      ::unlink(so.c_str());
-      if (WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) return false;  // stopped at exit
-      return fail(util::cat(args[0], " failed (status ", status, "); its messages are in ", log));
-    }
-    // The library first, then its source: a source in place always has its library.
-    if (::rename(so.c_str(), (base + ".so").c_str()) != 0 ||
-        ::rename(cpp.c_str(), (base + ".cpp").c_str()) != 0) {
-      ::unlink(cpp.c_str());
-      ::unlink(so.c_str());
-      return fail(util::cat("could not place the library at ", base, ".so"));
-    }
-    ::unlink(log.c_str());
-    return true;
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return true;
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 127)  // the shell's "command not found"
+      return fail(
+          util::cat("could not start ", cxx[0], " (not found; its messages are in ", log, ")"));
+    return fail(util::cat(cxx[0], " failed (status ", status, "); its messages are in ", log));
   }
   static int width_of(const Module& m) {
     return m.source.find("#define W 16\n") != std::string::npos ? 16 : 8;
@@ -519,12 +521,12 @@ class Builder {
     return false;
   }
 
-  std::mutex mu_;
+  std::mutex mu_;  // jobs_, started_, stopped_
   std::condition_variable cv_;
   std::deque<Job> jobs_;
-  std::thread worker_;
-  bool stop_ = false;
-  pid_t child_ = -1;
+  bool started_ = false, stopped_ = false;
+  std::mutex load_mu_;  // exiting_, and each load
+  bool exiting_ = false;
   std::atomic<bool> warned_{false};
 };
 
