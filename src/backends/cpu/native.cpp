@@ -553,8 +553,13 @@ void compile_native(const std::vector<std::shared_ptr<FusedTree>>& trees, Native
   const MathIsa isa = math_isa();
   if (isa == MathIsa::Scalar) return;
   const int width = isa == MathIsa::Avx512 ? 16 : 8;
-  const std::string dir = cache_dir();
-  if (dir.empty() || !make_dirs(dir)) return;
+  // The cache, else (no home, or one that cannot be written) a directory of this user's under
+  // /tmp, which lasts until the machine restarts.
+  std::string dir = cache_dir();
+  if (dir.empty() || !make_dirs(dir) || ::access(dir.c_str(), W_OK) != 0) {
+    dir = util::cat("/tmp/lockstep-native-", ::getuid());
+    if (!make_dirs(dir) || ::access(dir.c_str(), W_OK) != 0) return;
+  }
   // Modules of up to kModuleInstrs instructions, each keyed by its source's hash.
   std::vector<Module> modules;
   size_t instrs = kModuleInstrs;
