@@ -211,7 +211,7 @@ TEST(NativeTrees, ComputeWhatTheInterpreterComputesBitForBit) {
   std::vector<Case> cs = cases();
   std::vector<std::shared_ptr<cpu::FusedTree>> trees;
   for (Case& c : cs) {
-    ASSERT_FALSE(c.native->native_source("k", 16).empty()) << c.name << " has no native code";
+    ASSERT_FALSE(c.native->native_source("k").empty()) << c.name << " has no native code";
     trees.push_back(c.native);
   }
   cpu::compile_native(trees, cpu::NativeMode::Now);
@@ -284,11 +284,11 @@ TEST(NativeTrees, LeaveWhatTheyDoNotComputeToTheInterpreter) {
   for (const char* op : {"pow", "fmod"}) {
     Case c = make_case(
         op, cat("%0 = data(#0) f32[64]\n%1 = data(#1) f32[64]\n%2 = ", op, "(%0, %1) f32[64]\n"));
-    EXPECT_TRUE(c.native->native_source("k", 16).empty()) << op;
+    EXPECT_TRUE(c.native->native_source("k").empty()) << op;
   }
   std::string chain = "%0 = data(#0) f32[64]\n%1 = data(#1) f32[64]\n";
   for (int i = 2; i < 1000; ++i) chain += cat("%", i, " = add(%", i - 1, ", %0) f32[64]\n");
-  EXPECT_TRUE(make_case("chain", chain).native->native_source("k", 16).empty());
+  EXPECT_TRUE(make_case("chain", chain).native->native_source("k").empty());
 }
 
 // A row program's staged tree (a softmax over rows of 100 with an affine input, reduced to the
@@ -321,7 +321,7 @@ TEST_P(NativeStages, RunARowProgramsStagesAsTheInterpreterDoes) {
                                             std::vector<bool>{true, true, true}, absorbed, 100);
   };
   const auto interpreted = staged(), native = staged();
-  ASSERT_FALSE(native->native_source("k", 16).empty());
+  ASSERT_FALSE(native->native_source("k").empty());
   cpu::compile_native({native}, cpu::NativeMode::Now);
   ASSERT_TRUE(native->has_native());
   std::vector<std::vector<float>> results[2];

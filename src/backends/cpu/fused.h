@@ -117,10 +117,10 @@ class FusedTree {
   // past the instructions', so do a staged tree's exports that have none, then its result one.)
   size_t scratch_floats() const { return static_cast<size_t>(native_out_ + 1) * tile_; }
   // The instructions as C++ (native.cpp): an extern "C" NativeFn named `name` over vectors of
-  // `width` floats that computes what eval() computes, bit for bit, after the leaves are loaded;
-  // empty when the tree has an op native code does not compute (pow, fmod), is a leaf as it is,
-  // or is longer than native code takes.
-  std::string native_source(const std::string& name, int width) const;
+  // the module's width (its prelude's W) that computes what eval() computes, bit for bit, after the
+  // leaves are loaded; empty when the tree has an op native code does not compute (pow, fmod), is a
+  // leaf as it is, or is longer than native code takes.
+  std::string native_source(const std::string& name) const;
   // Gives the tree its native code (loaded from a compile of native_source): eval() runs it
   // from then on, instead of the instructions one by one. Any thread, while others evaluate.
   void set_native(NativeFn fn) const { native_.store(fn, std::memory_order_release); }
@@ -193,6 +193,13 @@ class FusedTree {
   // leaf read element for element, a period or table bind() wrote), else loaded into `own`.
   const float* load_data(const Instr& in, const std::vector<const void*>& leaves, int64_t i0,
                          int64_t len, float* own, bool scalars_loaded) const;
+  // Part `part` of the native code (NativeCall::side) over values [i0, i0 + len): the leaves of
+  // instructions [begin, end) loaded (those `needs` marks, when given), then the code run, into
+  // `dst` when given (returned), else into scratch.
+  const float* run_native(NativeFn fn, int part, const std::vector<const void*>& leaves,
+                          size_t begin, size_t end, const char* needs, const float** reg,
+                          int64_t i0, int64_t len, float* scratch, float* dst,
+                          bool scalars_loaded) const;
   // Instructions [begin, end) over values [i0, i0 + len) into registers `reg` (see eval());
   // returns register `result`'s values. `needs`: the instructions to run (null: all).
   const float* run(const std::vector<const void*>& leaves, size_t begin, size_t end, int result,

@@ -419,23 +419,34 @@ const float* FusedTree::eval(const std::vector<const void*>& leaf_ptrs, int64_t 
     result = yes ? instrs_.back().b : instrs_.back().c;
     needs = pick_needs_[yes ? 0 : 1].data();
   }
-  if (const NativeFn fn = native_.load(std::memory_order_acquire)) {
-    // The leaves loaded as the interpreter loads them, each into a tile of its own
-    // (Instr::native_slot), then the rest in one pass of native code, into the tile after theirs.
-    for (size_t i = 0; i < instrs_.size(); ++i) {
-      const Instr& in = instrs_[i];
-      if (in.op == Op::Data && (!needs || needs[i]))
-        reg[in.out] =
-            load_data(in, leaf_ptrs, i0, len,
-                      scratch + static_cast<int64_t>(in.native_slot) * tile_, scalars_loaded);
-    }
-    float* y = dst ? dst : scratch + static_cast<int64_t>(native_out_) * tile_;
-    const NativeCall call{len, reg, y, yes ? 0 : 1, native_math()};
-    fn(&call);
-    return y;
-  }
+  if (const NativeFn fn = native_.load(std::memory_order_acquire))
+    return run_native(fn, yes ? 0 : 1, leaf_ptrs, 0, instrs_.size(), needs, reg, i0, len, scratch,
+                      dst, scalars_loaded);
   return run(leaf_ptrs, 0, instrs_.size(), result, needs, reg, i0, len, scratch, dst,
              scalars_loaded);
+}
+
+const float* FusedTree::run_native(NativeFn fn, int part, const std::vector<const void*>& leaf_ptrs,
+                                   size_t begin, size_t end, const char* needs, const float** reg,
+                                   int64_t i0, int64_t len, float* scratch, float* dst,
+                                   bool scalars_loaded) const {
+  // The leaves loaded as the interpreter loads them, each into a tile of its own
+  // (Instr::native_slot); a staged tree's values that later stages read given their tiles; then
+  // the part in one pass of native code, into `dst` or the tile after all others.
+  for (size_t i = begin; i < end; ++i) {
+    const Instr& in = instrs_[i];
+    if (in.op == Op::Data && (!needs || needs[i]))
+      reg[in.out] =
+          load_data(in, leaf_ptrs, i0, len, scratch + static_cast<int64_t>(in.native_slot) * tile_,
+                    scalars_loaded);
+  }
+  if (row_ > 0)
+    for (const auto& [r, slot] : stage_exports_[static_cast<size_t>(part)])
+      reg[r] = scratch + static_cast<int64_t>(slot) * tile_;
+  float* y = dst ? dst : scratch + static_cast<int64_t>(native_out_) * tile_;
+  const NativeCall call{len, reg, y, part, native_math()};
+  fn(&call);
+  return y;
 }
 
 const float* FusedTree::load_data(const Instr& in, const std::vector<const void*>& leaf_ptrs,
@@ -607,27 +618,12 @@ void FusedTree::run_rows(const FusedTree& tree, const std::vector<const void*>& 
             s.sink == Op::Data && s.stage == last && tree.stage_dtype_[s.stage] == DType::F32
                 ? static_cast<float*>(s.out) + i0
                 : nullptr;
-        const float* v = nullptr;
-        if (native && tree.stage_coded_[s.stage]) {
-          // The stage's leaves loaded, the tiles of the values later stages read given to it,
-          // then the stage in one pass of native code (its result into the tile after all).
-          float* sc = scratch.data();
-          for (size_t q = begin; q < tree.stage_end_[s.stage]; ++q) {
-            const Instr& in = tree.instrs_[q];
-            if (in.op == Op::Data)
-              reg[in.out] =
-                  tree.load_data(in, leaves, i0, len, sc + in.native_slot * tree.tile_, again);
-          }
-          for (const auto& [r, slot] : tree.stage_exports_[s.stage])
-            reg[r] = sc + slot * tree.tile_;
-          float* y = direct ? direct : sc + tree.native_out_ * tree.tile_;
-          const NativeCall call{len, reg.data(), y, s.stage, native_math()};
-          native(&call);
-          v = y;
-        } else {
-          v = tree.run(leaves, begin, tree.stage_end_[s.stage], tree.stage_root_[s.stage], nullptr,
-                       reg.data(), i0, len, scratch.data(), direct, again);
-        }
+        const float* v =
+            native && tree.stage_coded_[s.stage]
+                ? tree.run_native(native, s.stage, leaves, begin, tree.stage_end_[s.stage], nullptr,
+                                  reg.data(), i0, len, scratch.data(), direct, again)
+                : tree.run(leaves, begin, tree.stage_end_[s.stage], tree.stage_root_[s.stage],
+                           nullptr, reg.data(), i0, len, scratch.data(), direct, again);
         if (s.sink != Op::Data)
           reduce_rows_f32(s.sink, v, n, row, static_cast<float*>(s.out) + r0);
         else

@@ -107,7 +107,7 @@ std::vector<int> FusedTree::native_exports(size_t stage) const {
   return out;
 }
 
-std::string FusedTree::native_source(const std::string& name, int width) const {
+std::string FusedTree::native_source(const std::string& name) const {
   if (instrs_.size() > kMaxInstrs) return {};
   // Each instruction's value as a C++ expression of its operands' variables (v<reg>), or empty
   // when native code does not compute the op.
@@ -233,8 +233,8 @@ std::string FusedTree::native_source(const std::string& name, int width) const {
     for (size_t i = pt.begin; i < pt.end; ++i)
       if (instrs_[i].op != Op::Data && (!pt.needs || pt.needs[i])) computed[instrs_[i].out] = 1;
     // A stage without instructions is the interpreter's (a leaf or an earlier stage's value, read
-    // as it is); a side of a `where` may be a leaf, which the code copies.
-    if (row_ > 0 && std::find(computed.begin(), computed.end(), 1) == computed.end()) continue;
+    // as it is: stage_coded_); a side of a `where` may be a leaf, which the code copies.
+    if (row_ > 0 && !stage_coded_[part]) continue;
     coded.push_back(static_cast<int>(part));
     // Inputs in order of first use: loaded per vector (tiles) or once (one-value registers).
     std::vector<int> tiles, scalars;
@@ -266,7 +266,9 @@ std::string FusedTree::native_source(const std::string& name, int width) const {
       body << "  const V " << v(in.out) << " = " << e << ";\n";
     }
     use(pt.result);
-    const std::vector<int> exports = row_ > 0 ? native_exports(part) : std::vector<int>{};
+    std::vector<int> exports;  // (the stage's, with the tiles run_native gives them)
+    if (row_ > 0)
+      for (const auto& [r, slot] : stage_exports_[part]) exports.push_back(r);
     for (size_t k = 0; k < exports.size(); ++k)
       body << "  st(e[" << k << "] + i, " << v(exports[k]) << ");\n";
     const std::string fn = util::cat(name, "_", part);
@@ -305,7 +307,6 @@ std::string FusedTree::native_source(const std::string& name, int width) const {
   for (int part : coded)
     src << "    case " << part << ": " << name << "_" << part << "_run(c); return;\n";
   src << "  }\n}\n";
-  (void)width;
   return src.str();
 }
 
@@ -313,6 +314,7 @@ namespace {
 
 // A module: one source for several trees, each `k<index>` in it.
 struct Module {
+  int width;  // floats a vector
   std::string source;
   std::vector<std::shared_ptr<FusedTree>> trees;
 };
@@ -483,7 +485,7 @@ class Builder {
     if (cxx.empty()) return fail("LOCKSTEP_NATIVE_CXX names no command");
     std::vector<std::string> args{"/bin/sh", "-c", kCompileScript, "sh", so, cpp, base, log};
     args.insert(args.end(), cxx.begin(), cxx.end());
-    for (const std::string& f : compile_flags(width_of(m))) args.push_back(f);
+    for (const std::string& f : compile_flags(m.width)) args.push_back(f);
     for (const std::string& a : {std::string("-o"), so, cpp}) args.push_back(a);
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
@@ -508,9 +510,6 @@ class Builder {
       return fail(
           util::cat("could not start ", cxx[0], " (not found; its messages are in ", log, ")"));
     return fail(util::cat(cxx[0], " failed (status ", status, "); its messages are in ", log));
-  }
-  static int width_of(const Module& m) {
-    return m.source.find("#define W 16\n") != std::string::npos ? 16 : 8;
   }
   bool fail(const std::string& why) {
     if (!warned_.exchange(true))
@@ -567,11 +566,11 @@ void compile_native(const std::vector<std::shared_ptr<FusedTree>>& trees, Native
   for (const std::shared_ptr<FusedTree>& t : trees) {
     if (!t || t->has_native() || !seen.emplace(t.get(), true).second) continue;
     if (instrs >= kModuleInstrs) {
-      modules.push_back({prelude(width), {}});
+      modules.push_back({width, prelude(width), {}});
       instrs = 0;
     }
     Module& m = modules.back();
-    const std::string src = t->native_source(util::cat("k", m.trees.size()), width);
+    const std::string src = t->native_source(util::cat("k", m.trees.size()));
     if (src.empty()) continue;
     m.source += src;
     m.trees.push_back(t);
