@@ -30,9 +30,11 @@ std::shared_ptr<InFlight> start_all_reduce(void* data, int64_t count, DType dtyp
                                            int root = -1);
 // Starts sending rank `root`'s value to every rank's `data`: the root's is first copied there
 // from `from` (unless that is `data`); the other ranks' `from` is not read (a sharded parameter's
-// stand-in there). `bytes` each.
+// stand-in there). `bytes` each. `prefetched`: a gather started ahead of its use
+// (prefetch_gathers), which starts the progress thread under LOCKSTEP_DIST_PROGRESS_US's default.
 std::shared_ptr<InFlight> start_broadcast(void* data, const void* from, size_t bytes, int root,
-                                          std::shared_ptr<void> keep, std::string what);
+                                          std::shared_ptr<void> keep, std::string what,
+                                          bool prefetched = false);
 // Waits for it: Error naming `what` and the program when the deadline passes or MPI fails.
 void wait(InFlight& op);
 // Lets MPI move every collective in flight along (OpenMPI progresses only inside MPI calls).

@@ -101,12 +101,19 @@ bool test_locked(InFlight& op, int* rc) {
 }
 
 // How often a progress thread calls into MPI while a collective is in flight
-// (LOCKSTEP_DIST_PROGRESS_US, microseconds). Default 0: no thread, only the executable's calls
-// between its steps. On the 2-core machine the thread (200 us) cost the MLP 16% of its 2-rank
-// throughput and hid no more of ResNet-18's all-reduces than the calls between steps: on cores
-// that all compute, it only takes their time (scripts/bench-dist).
-int64_t progress_interval_us() {
-  return std::max<int64_t>(0, std::atoll(util::option(util::Option::DistProgressUs).c_str()));
+// (LOCKSTEP_DIST_PROGRESS_US, microseconds; 0: no thread). The default, `auto`: no thread for
+// all-reduces, only the executable's calls between its steps (on the 2-core machine a thread at
+// 200 us cost the MLP 16% of its 2-rank throughput and hid no more of ResNet-18's all-reduces than
+// those calls); a thread at kGatherProgressUs once fully_shard's prefetched gathers are in
+// flight: a parameter's gather spans several steps of the program, and with a call only between
+// steps the ResNet-18 ZeRO-3 step waited for 35-60% of its gathers' time, with the thread for
+// 3-16% (bench/dist_bench resnet18 zero3, 2 ranks).
+constexpr int64_t kGatherProgressUs = 1000;
+
+int64_t progress_interval_us(bool prefetched) {
+  const std::string& v = util::option(util::Option::DistProgressUs);
+  if (v == "auto") return prefetched ? kGatherProgressUs : 0;
+  return std::max<int64_t>(0, std::atoll(v.c_str()));
 }
 
 // OpenMPI moves a non-blocking collective along only inside MPI calls: a thread that tests the
@@ -127,12 +134,12 @@ void progress_loop(int64_t interval_us) {
   }
 }
 
-void add_in_flight(std::shared_ptr<InFlight> op) {
+void add_in_flight(std::shared_ptr<InFlight> op, bool prefetched = false) {
   std::lock_guard<std::mutex> lock(g_flight_mu);
   g_flight.push_back(std::move(op));
   ++g_flight_count;
   if (!g_progress && !g_progress_stop) {
-    const int64_t us = progress_interval_us();
+    const int64_t us = progress_interval_us(prefetched);
     if (us > 0) g_progress = new std::thread(progress_loop, us);
   }
   g_flight_cv.notify_all();
@@ -250,7 +257,8 @@ void all_reduce(void* data, int64_t count, DType dtype, const std::string& what,
 }
 
 std::shared_ptr<InFlight> start_broadcast(void* data, const void* from, size_t bytes, int root,
-                                          std::shared_ptr<void> keep, std::string what) {
+                                          std::shared_ptr<void> keep, std::string what,
+                                          bool prefetched) {
   if (bytes && data != from && rank() == root) std::memcpy(data, from, bytes);
   auto op = std::make_shared<InFlight>();
   op->keep = std::move(keep);
@@ -269,9 +277,9 @@ std::shared_ptr<InFlight> start_broadcast(void* data, const void* from, size_t b
   if (span) span.arg("what", op->what), span.arg("bytes", op->bytes);
   check(MPI_Ibcast(data, static_cast<int>(bytes), MPI_BYTE, root, w.data, &op->request),
         "MPI_Ibcast", op->what);
-  add_in_flight(op);
+  add_in_flight(op, prefetched);
 #else
-  (void)data, (void)bytes, (void)root;
+  (void)data, (void)bytes, (void)root, (void)prefetched;
   op->done = true;
 #endif
   return op;

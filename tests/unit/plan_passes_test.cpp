@@ -502,23 +502,27 @@ TEST(PlanVerifier, AcceptsThePipelinesPlansAndNamesABrokenOne) {
   expect_broken(short_decisions, "per-node decisions do not cover");
 }
 
-// Two sharded parameters' gathers (broadcasts with gather 1), each read by a product: the first
-// starts at once, the second as soon as the first is waited for, so it is in flight while the
-// first product runs; its memory is taken from its start, so the two gathers do not share it.
-TEST(GatherPass, EachGatherStartsOnceTheOneBeforeItIsWaitedFor) {
+// Three sharded parameters' gathers (broadcasts with gather 1) of one size, each read by a
+// product: as many start at once as twice the largest one's bytes allow (two), the third as soon
+// as the first is waited for, so that it is in flight while the first product runs; each one's
+// memory is taken from its start, so gathers in flight together do not share it.
+TEST(GatherPass, GathersStartAsEarlyAsTheBytesInFlightAllow) {
   const std::string graph =
       "%0 = data(#0) f32[16, 16]\n%1 = data(#1) f32[16, 16]\n%2 = data(#2) f32[16, 16]\n"
       "%3 = broadcast(%1) {0, 1} f32[16, 16]\n%4 = mat_mul(%0, %3) f32[16, 16]\n"
-      "%5 = broadcast(%2) {0, 1} f32[16, 16]\n%6 = mat_mul(%4, %5) f32[16, 16]\nreturn %6\n";
+      "%5 = broadcast(%2) {0, 1} f32[16, 16]\n%6 = mat_mul(%4, %5) f32[16, 16]\n"
+      "%7 = broadcast(%0) {1, 1} f32[16, 16]\n%8 = mat_mul(%6, %7) f32[16, 16]\nreturn %8\n";
   const plan::Plan p = run_until(graph, "plan_memory");
   std::vector<std::string> order;
   for (const plan::Step& s : p.steps)
     order.push_back(std::string(s.label) + " %" + std::to_string(s.node));
-  EXPECT_EQ(order, (std::vector<std::string>{"gather_start %3", "gather_wait %3", "gather_start %5",
-                                             "mat_mul %4", "gather_wait %5", "mat_mul %6"}));
-  ASSERT_EQ(p.slot[3].kind, plan::Slot::Arena);
-  ASSERT_EQ(p.slot[5].kind, plan::Slot::Arena);
+  EXPECT_EQ(order, (std::vector<std::string>{"gather_start %3", "gather_start %5", "gather_wait %3",
+                                             "gather_start %7", "mat_mul %4", "gather_wait %5",
+                                             "mat_mul %6", "gather_wait %7", "mat_mul %8"}));
+  for (const int id : {3, 5, 7}) ASSERT_EQ(p.slot[id].kind, plan::Slot::Arena) << id;
   EXPECT_NE(p.slot[3].index, p.slot[5].index) << "both live while %4 is computed";
+  EXPECT_NE(p.slot[5].index, p.slot[7].index) << "both live while %6 is computed";
+  EXPECT_NE(p.slot[3].index, p.slot[7].index) << "both live while %4 is computed";
   // A plain broadcast stays one blocking step.
   const plan::Plan q = run_until(
       "%0 = data(#0) f32[4]\n%1 = broadcast(%0) {0} f32[4]\n%2 = exp(%1) f32[4]\nreturn %2\n",

@@ -125,6 +125,9 @@ constexpr int kFinishDepth = 3;
 // Reduces to owners (ZeroRedundancyOptimizer's stages 2 and 3) in flight at once.
 constexpr size_t kReducesInFlight = 2;
 
+// fully_shard's gathers in flight at once: up to this many times the largest one's bytes.
+constexpr size_t kGatherWindow = 2;
+
 void hoist_gradient_finish(plan::Plan& p, const std::vector<int32_t>& nodes) {
   const std::vector<int> producer = p.producers();
   std::vector<bool> hoist(p.steps.size(), false);
@@ -387,11 +390,14 @@ void bucket_all_reduces(plan::Plan& p) {
 }
 
 // The gathers of sharded parameters (fully_shard: a Broadcast with a gather, lowered as a blocking
-// broadcast) become a start and a wait: the wait where the broadcast was, the start right after
-// the wait of the gather before it (or after what computes its value, if later), so that each
-// parameter's gather is in flight while the layer before it computes (FSDP's prefetch of the
-// next module's all-gather). Its memory is in use from the start (Step::receives): at most the
-// current gather and the next are held at once. Every rank starts them in the same order.
+// broadcast) become a start and a wait: the wait where the broadcast was, the start as early as
+// the gathers in flight allow (FSDP's prefetch of the next modules' all-gathers): right after the
+// wait of the earliest gather before it such that the gathers started and not yet waited for
+// hold at most kGatherWindow times the largest gather's bytes (at least right after the wait of
+// the one before it; never before what computes its value). One ahead was not enough: a layer's
+// small gathers (a batch norm's weight and bias) sit between a convolution's weight and the
+// next's, so the next convolution's weight was in flight only while the batch norm ran. Its
+// memory is in use from the start (Step::receives). Every rank starts them in the same order.
 void prefetch_gathers(plan::Plan& p) {
   const ir::Graph& g = p.graph;
   std::vector<size_t> at;  // the gathers' steps, in order
@@ -405,6 +411,11 @@ void prefetch_gathers(plan::Plan& p) {
   }
   if (at.empty()) return;
   const std::vector<int> producer = p.producers();
+  std::vector<size_t> sizes(at.size());
+  for (size_t k = 0; k < at.size(); ++k) sizes[k] = bytes_of(g.nodes[p.steps[at[k]].node]);
+  const size_t window = kGatherWindow * *std::max_element(sizes.begin(), sizes.end());
+  size_t first = 0, in_flight_bytes = 0;  // gathers first..k would be in flight at k's start
+  int previous = -1;                      // where the gather before k starts after
   std::vector<std::vector<plan::Step>> before(p.steps.size());  // starts, by the step they precede
   for (size_t k = 0; k < at.size(); ++k) {
     plan::Step& step = p.steps[at[k]];
@@ -424,7 +435,8 @@ void prefetch_gathers(plan::Plan& p) {
     start.can_fail = true;
     auto sp = std::make_shared<CpuStep>();
     sp->run = [=](Ctx& c) {
-      *in_flight = dist::detail::start_broadcast(c.ptr[id], c.ptr[x], bytes, root, c.arena, what);
+      *in_flight =
+          dist::detail::start_broadcast(c.ptr[id], c.ptr[x], bytes, root, c.arena, what, true);
     };
     start.payload = sp;
     auto wp = std::make_shared<CpuStep>();
@@ -443,8 +455,12 @@ void prefetch_gathers(plan::Plan& p) {
     step.can_fail = true;
     step.payload = wp;
     start.detail = what;
-    int after = k == 0 ? -1 : static_cast<int>(at[k - 1]);
+    in_flight_bytes += sizes[k];
+    while (first < k && in_flight_bytes > window) in_flight_bytes -= sizes[first++];
+    int after = first == 0 ? -1 : static_cast<int>(at[first - 1]);
     for (int32_t r : start.reads) after = std::max(after, producer[r]);
+    after = std::max(after, previous);
+    previous = after;
     before[static_cast<size_t>(after + 1)].push_back(std::move(start));
   }
   std::vector<plan::Step> order;
