@@ -131,8 +131,10 @@ class DataParallel {
 // keeps about 8/N of them.
 //
 // Stage 1: gradients stay whole on every rank (DataParallel's average_gradients, as before), so
-// the updates, clip_grad_norm_ and the skip of non-finite steps are those of the unsharded
-// optimizer: the replicas train exactly as with DataParallel alone.
+// the updates and the skip of non-finite steps are those of the unsharded optimizer: the replicas
+// train exactly as with DataParallel alone. Clip with ZeroOptions::max_grad_norm (each rank then
+// scales the gradients it owns), not clip_grad_norm_: gradients scaled on every rank but updated
+// on one make the ranks' programs differ (an Error before the step runs).
 // Stage 2: the gradients are sharded too. step() reduces each gradient to its owner alone (in
 // buckets, in the order backward makes them, overlapped with it as DataParallel's all-reduces;
 // DataParallel's all-reduces recorded in the same step are replaced, not run), and the other ranks
@@ -153,7 +155,8 @@ class DataParallel {
 // holds this rank's shard (the step counts and the local optimizer's buffers, named by the
 // parameters' indices in params()): each rank saves and loads its own, at the same world size
 // (save_sharded and load_sharded below: at any).
-// Every rank must own at least one parameter (fewer parameters than ranks is an Error).
+// With fewer parameters than ranks, some ranks own none: they keep no state (their local
+// optimizer holds only the hyper-parameters) and take part in every collective.
 struct ZeroOptions {
   // 1: the optimizer's state sharded; 2: the gradients as well; 3: the parameters too (set by
   // fully_shard, which shards them)
@@ -215,6 +218,11 @@ class ZeroRedundancyOptimizer : public optim::Optimizer {
   // all-reduces or reduces, the last parameter's first, then the norm and the non-finite
   // count): what the broadcasts after the updates, or stage 3's fence, are ordered after.
   std::vector<Tensor> step_collectives() const;
+  // `share` (this rank's part of the norm or of the non-finite count, to be summed over the
+  // ranks), ordered after the gradients' reduces when some rank owns no parameter: that rank's
+  // share reads none of them, and its all-reduce could otherwise start before them while the
+  // others start their reduces (a broadcast of a zero ordered after them, added to the share).
+  Tensor after_reduces(const Tensor& share) const;
   void clip(std::vector<Tensor>& grads);
 
   std::shared_ptr<optim::Optimizer> local_;

@@ -55,11 +55,6 @@ ZeroRedundancyOptimizer::Shard ZeroRedundancyOptimizer::partition(std::vector<Te
     if (!params[i].defined())
       util::fail(loc, "ZeroRedundancyOptimizer", cat("parameter ", i, " is an empty tensor"),
                  "Pass the model's parameters()");
-  if (params.size() < static_cast<size_t>(world))
-    util::fail(
-        loc, "ZeroRedundancyOptimizer",
-        cat(params.size(), " parameters cannot give each of the ", world, " ranks one to keep"),
-        "Use fewer ranks, or the plain optimizer with DataParallel");
   Shard s;
   s.load.assign(static_cast<size_t>(world), 0);
   s.owners = detail::partition_by_size(detail::sizes_of(params), s.load);
@@ -70,7 +65,12 @@ ZeroRedundancyOptimizer::Shard ZeroRedundancyOptimizer::partition(std::vector<Te
       s.local_of[i] = static_cast<int64_t>(mine.size());
       mine.push_back(params[i]);
     }
-  s.local = make_local(mine);
+  {
+    // With fewer parameters than ranks, some rank owns none: its local optimizer holds the
+    // hyper-parameters (a scheduler sets them on every rank) and the groups added later.
+    const optim::detail::NoParamsAllowed none_owned;
+    s.local = make_local(mine);
+  }
   if (!s.local)
     util::fail(loc, "ZeroRedundancyOptimizer", "the local optimizer's function returned none",
                "Return an ls::optim optimizer made over the parameters given");
@@ -189,24 +189,36 @@ std::vector<Tensor> ZeroRedundancyOptimizer::reduce_to_owners() {
   return reduced;
 }
 
+Tensor ZeroRedundancyOptimizer::after_reduces(const Tensor& share) const {
+  if (std::find(load_.begin(), load_.end(), 0) == load_.end()) return share;
+  return share +
+         broadcast(zeros({}, TensorOptions(share.dtype(), share.device())), 0, step_collectives());
+}
+
 void ZeroRedundancyOptimizer::clip(std::vector<Tensor>& grads) {
-  if (stage_ == 1 || world_size() == 1) {
+  if (world_size() == 1) {
     grad_norm_ = optim::clip_grad_norm_(params_, max_grad_norm_);
     for (size_t i = 0; i < params_.size(); ++i) grads[i] = params_[i].grad();
     return;
   }
   // The global norm from each rank's sum of squares over the gradients it owns; each rank then
   // scales its own (as clip_grad_norm_ does all of them). The dtype from every rank's gradients
-  // (the reduces, which all hold), so that the ranks' sums agree.
-  const DType dt = optim::detail::norm_dtype(reduced_);
-  Tensor sq = optim::detail::grad_square_sum(params_, dt);
-  if (!sq.defined()) sq = zeros({}, TensorOptions(dt, params_[0].device()));
-  grad_norm_ = sqrt(
-      detail::record_all_reduce(sq, {.local = true}, "ZeroRedundancyOptimizer", Loc::current()));
-  globals_.push_back(grad_norm_);
-  optim::detail::scale_grads_to(params_, grad_norm_, max_grad_norm_);
+  // (the all-reduces or reduces, which all hold), so that the ranks' sums agree. Under stage 1
+  // every rank holds every gradient, but scales only its own: one it scaled and does not update
+  // would be kept computed from the step's collectives on this rank, and feed only this rank's
+  // update and broadcast on its owner, so the ranks' programs would differ (comm_agree.cpp).
+  std::vector<Tensor> mine;
   for (size_t i = 0; i < params_.size(); ++i)
-    if (Tensor g = params_[i].grad(); g.defined()) grads[i] = g;
+    if (owners_[i] == rank()) mine.push_back(params_[i]);
+  const DType dt = optim::detail::norm_dtype(reduced_);
+  Tensor sq = optim::detail::grad_square_sum(mine, dt);
+  if (!sq.defined()) sq = zeros({}, TensorOptions(dt, params_[0].device()));
+  grad_norm_ = sqrt(detail::record_all_reduce(after_reduces(sq), {.local = true},
+                                              "ZeroRedundancyOptimizer", Loc::current()));
+  globals_.push_back(grad_norm_);
+  optim::detail::scale_grads_to(mine, grad_norm_, max_grad_norm_);
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (Tensor g = params_[i].grad(); g.defined() && owners_[i] == rank()) grads[i] = g;
 }
 
 std::vector<Tensor> ZeroRedundancyOptimizer::step_gradients() {
@@ -239,8 +251,9 @@ Tensor ZeroRedundancyOptimizer::count_nonfinite(const std::vector<Tensor>& grads
   std::vector<Tensor> mine(grads.size());
   for (size_t i = 0; i < grads.size(); ++i)
     if (owners_[i] == rank()) mine[i] = grads[i];
-  Tensor bad = detail::record_all_reduce(Optimizer::count_nonfinite(mine, loss), {.local = true},
-                                         "ZeroRedundancyOptimizer", Loc::current());
+  Tensor bad =
+      detail::record_all_reduce(after_reduces(Optimizer::count_nonfinite(mine, loss)),
+                                {.local = true}, "ZeroRedundancyOptimizer", Loc::current());
   globals_.push_back(bad);
   return bad;
 }

@@ -18,8 +18,11 @@ using util::cat;
 
 namespace {
 
+thread_local int t_no_params_allowed = 0;  // detail::NoParamsAllowed's alive on this thread
+
 void check_params(const std::vector<Tensor>& params, const char* who) {
-  if (params.empty()) throw Error(cat(who, ": no parameters to optimize"));
+  if (params.empty() && t_no_params_allowed == 0)
+    throw Error(cat(who, ": no parameters to optimize"));
   for (size_t i = 0; i < params.size(); ++i) {
     if (!params[i].defined()) throw Error(cat(who, ": parameter ", i, " is an empty tensor"));
     if (!is_floating(params[i].dtype()))
@@ -45,13 +48,16 @@ void check_weight_decay(double wd, const char* who) {
 
 }  // namespace
 
+detail::NoParamsAllowed::NoParamsAllowed() { ++t_no_params_allowed; }
+detail::NoParamsAllowed::~NoParamsAllowed() { --t_no_params_allowed; }
+
 Optimizer::Optimizer(std::vector<Tensor> params, double lr, bool skip_nonfinite)
     : params_(std::move(params)), skip_nonfinite_(skip_nonfinite) {
   check_params(params_, "optimizer");
   check_lr(lr, "optimizer");
   groups_.push_back({lr, 0.0, false, std::nullopt});
   group_of_.assign(params_.size(), 0);
-  const Device d = params_[0].device();
+  const Device d = params_.empty() ? Device{} : params_[0].device();
   step_ = zeros({}, TensorOptions(DType::I64, d));
   skipped_ = zeros({}, TensorOptions(DType::I64, d));
   for (const Tensor& p : params_)

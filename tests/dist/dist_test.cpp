@@ -187,16 +187,19 @@ TEST(DataParallel, ZeroStage1TrainsBitForBitAsDataParallel) {
 }
 
 // ZeRO stage 2 (`stage` "zero2") against DataParallel: each gradient reduced to its owner alone,
-// the others dropped.
+// the others dropped (stage 1, "zero1", keeps them: only the state is checked split).
 // The same training (each step's loss within 1e-5 relative: a reduce may sum the ranks in
 // another order than an all-reduce; to the bit with 2 ranks, whose sum has one order, unless the
 // norm is clipped: a sum of the ranks' shares, not of all the squares in one order), the
 // replicas bit-identical to each other, the optimizer state and the gradients each rank holds
-// after the step split over the ranks (all of them together exactly once). `env`: CLIP, NAN_AT
-// (both runs); `mca`: the transport.
+// after the step split over the ranks (all of them together exactly once; each rank a share
+// unless the model has fewer parameters than ranks: `shares`, how many ranks hold one). `env`:
+// CLIP, NAN_AT (both runs); `mca`: the transport.
 void expect_zero_trains_as_data_parallel(const std::string& stage, const std::string& model,
                                          const std::string& optim, int np,
-                                         const std::string& env = "", const std::string& mca = "") {
+                                         const std::string& env = "", const std::string& mca = "",
+                                         int shares = -1) {
+  if (shares < 0) shares = np;
   const std::string args = "train " + model + " " + optim + " 5 4 " + tmp("zero2.safetensors");
   const Job dp = mpirun(np, args, env, mca);
   const Job zero = mpirun(np, args + " " + stage, env, mca);
@@ -220,18 +223,20 @@ void expect_zero_trains_as_data_parallel(const std::string& stage, const std::st
   ASSERT_EQ(h.size(), static_cast<size_t>(np)) << zero.out;
   for (const std::string& one : h) EXPECT_EQ(one, h.front()) << zero.out;
   for (const char* what : {"state", "grads"}) {
+    if (stage == "zero1" && std::string(what) == "grads") continue;  // stage 1 keeps them whole
     std::regex line(std::string(R"(rank (\d+) zero )") + what + R"( (\d+) of (\d+))");
     int64_t total = 0, whole = 0;
-    int ranks = 0;
+    int ranks = 0, holding = 0;
     for (std::sregex_iterator it(zero.out.begin(), zero.out.end(), line), end; it != end; ++it) {
       const int64_t mine = std::stoll((*it)[2]);
       whole = std::stoll((*it)[3]);
-      EXPECT_GT(mine, 0) << what << ": every rank keeps a share:\n" << zero.out;
+      holding += mine > 0;
       EXPECT_LT(mine, whole) << what << "\n" << zero.out;
       total += mine;
       ++ranks;
     }
     EXPECT_EQ(ranks, np) << zero.out;
+    EXPECT_EQ(holding, shares) << what << ": the ranks that keep a share\n" << zero.out;
     EXPECT_EQ(total, whole) << what << ": each element is kept once:\n" << zero.out;
   }
   std::remove(tmp("zero2.safetensors").c_str());
@@ -251,8 +256,10 @@ TEST(DataParallel, ZeroStage2UnderBf16AutocastTrainsAsDataParallel) {
 
 // Clipping to the global norm (each rank's share summed over the ranks) and the skip of a step
 // whose gradients are not finite on one rank only (every rank skips it), as DataParallel with
-// clip_grad_norm_ and skip_nonfinite; over TCP as well as shared memory.
+// clip_grad_norm_ and skip_nonfinite; over TCP as well as shared memory. Stage 1 clips by shares
+// too (scaling every gradient on every rank made the ranks' programs differ).
 TEST(DataParallel, ZeroStage2ClipsAndSkipsAsDataParallel) {
+  expect_zero_trains_as_data_parallel("zero1", "mlp", "adamw", 2, "CLIP=0.5 NAN_AT=3");
   expect_zero_trains_as_data_parallel("zero2", "mlp", "adamw", 2, "CLIP=0.5 NAN_AT=3");
   expect_zero_trains_as_data_parallel("zero2", "cnn", "sgd", 4, "CLIP=0.5 NAN_AT=2");
   expect_zero_trains_as_data_parallel("zero2", "mlp", "sgd", 2, "CLIP=0.5", "--mca btl tcp,self");
@@ -268,6 +275,26 @@ TEST(DataParallel, ZeroStage3TrainsAsDataParallel) {
   expect_zero_trains_as_data_parallel("zero3", "deep", "sgd", 2, "", "--mca btl tcp,self");
   // Without reshard_after_forward: the backward reads the forward's gathers.
   expect_zero_trains_as_data_parallel("zero3", "mlp", "adamw", 2, "KEEP_GATHERS=1");
+}
+
+// A model of two parameters (a Linear's weight and bias) on 4 ranks: two ranks own none and keep
+// no state, gradients or parameters, yet take part in every collective; each stage trains as
+// DataParallel. A sharded checkpoint the 4 ranks save resumes in one process with the
+// uninterrupted run's losses.
+TEST(DataParallel, EveryZeroStageTrainsWithFewerParametersThanRanks) {
+  for (const char* stage : {"zero1", "zero2", "zero3"})
+    expect_zero_trains_as_data_parallel(stage, "linear", "adamw", 4, "CLIP=0.5", "", 2);
+  const std::string dir = tmp("sharded_linear"), out = tmp("sharded_linear.safetensors");
+  const Job whole = mpirun(4, "train linear adamw 6 4 " + out + " zero3");
+  ASSERT_EQ(whole.exit_code, 0) << whole.out;
+  const Job save =
+      mpirun(4, "train linear adamw 3 4 " + out + " zero3", "CKPT_SAVE=" + dir + " CKPT_AT=3");
+  ASSERT_EQ(save.exit_code, 0) << save.out;
+  const Job resume = mpirun(1, "train linear adamw 6 16 " + out, "CKPT_LOAD=" + dir);
+  ASSERT_EQ(resume.exit_code, 0) << resume.out;
+  EXPECT_NEAR(losses(resume.out).at({0, 6}), losses(whole.out).at({0, 6}), 1e-5) << resume.out;
+  std::filesystem::remove_all(dir);
+  std::remove(out.c_str());
 }
 
 TEST(DataParallel, ZeroStage3ClipsSkipsAndAutocastsAsDataParallel) {
