@@ -306,8 +306,9 @@ TEST(DataParallel, ZeroStage3ClipsSkipsAndAutocastsAsDataParallel) {
 // whole model's parameters, gradients and AdamW state: 8.9 MB for `deep`, 544,772 parameters),
 // and so does ZeRO-2's (4.8 MB: the parameters whole), while the same step under ZeRO-3 on 4
 // ranks trains: each rank plans its shard of the parameters, gradients and state, the gathered
-// working set, and the gradient buckets in flight (3.8 MB at most, with buckets of one layer;
-// 5.2 MB when every gradient was planned at once). Without reshard_after_forward the gathered
+// working set, and the gradient buckets in flight (4.3 MB at most, with buckets of one layer
+// and gathers in flight up to two layers' weights; 3.8 MB when each gather started one ahead, 5.2
+// MB when every gradient was planned at once). Without reshard_after_forward the gathered
 // parameters live from the forward to the backward: 5.1 MB, over the limit too.
 TEST(DataParallel, ZeroStage3TrainsUnderAMemoryLimitDataParallelExceeds) {
   const std::string args = "train deep adamw 3 4 " + tmp("limit.safetensors");
