@@ -81,6 +81,10 @@ class Backend {
   // nothing): the cpu backend's thread count, which its oneDNN primitives are built for. Part of
   // the compile cache's key, so a change compiles the graph again, and named when it does.
   virtual std::string compile_setting() const { return ""; }
+  // Whether `setting` was chosen for the machine's load, not by the user (the cpu backend's fewer
+  // threads while other processes busy the cores): a compile for it, or from it back to the
+  // user's, breaks no steady state (ls::debug::expect_steady).
+  virtual bool setting_follows_load(const std::string&) const { return false; }
   // Waits for all work this backend has queued on its device (no-op for host backends).
   virtual void synchronize() {}
 };

@@ -89,16 +89,19 @@ const CacheEntry& lookup_or_compile(BuiltGraph& built, const std::string& origin
   }
   // The same graph compiled for another setting (a thread count since changed): said as such.
   std::string setting_change;
+  bool load_follows = false;
   for (const CacheEntry& e : r.lru)
     if (e.setting != setting && e.key == built.key) {
       setting_change = cat(backend.name(), ": ", e.setting, " before, ", setting, " now");
+      load_follows =
+          backend.setting_follows_load(setting) || backend.setting_follows_load(e.setting);
       break;
     }
   const int64_t t0 = now_ns();
   site_sync(site, static_cast<int64_t>(built.order.size()), false, graph_ns);
   materialize_graph(built);
   // Why: against the site's earlier graphs (and the steady-state contract, which may refuse).
-  const debug::CacheMiss miss = site_miss(site, built.graph, r.debug, setting_change);
+  const debug::CacheMiss miss = site_miss(site, built.graph, r.debug, setting_change, load_follows);
   if (span) span.rename("compile"), span.arg("reason", miss.text);
   std::shared_ptr<backends::Executable> exe;
   try {

@@ -190,7 +190,7 @@ bool site_grows(const std::string& name) {
 }
 
 debug::CacheMiss site_miss(const std::string& name, const ir::Graph& now, bool print,
-                           const std::string& setting_change) {
+                           const std::string& setting_change, bool load_follows) {
   Sites& s = sites();
   std::unique_lock<std::mutex> lock(s.mu);
   Site& st = site(s, name);
@@ -212,7 +212,7 @@ debug::CacheMiss site_miss(const std::string& name, const ir::Graph& now, bool p
   ++st.stats.misses[m.first ? "first" : m.field];
   s.last = m;
   const std::string growth = growth_warning(st, now, name);
-  const bool broken = s.steady && st.stats.syncs - st.steady_base > s.steady_after;
+  const bool broken = s.steady && st.stats.syncs - st.steady_base > s.steady_after && !load_follows;
   const debug::OnRecompile policy = s.policy;
   lock.unlock();
   if (print && !quiet) std::cerr << "lockstep: " << m.text << "\n";

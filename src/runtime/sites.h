@@ -23,9 +23,10 @@ void site_sync(const std::string& site, int64_t nodes, bool hit, int64_t graph_n
 void site_in_step(const std::string& site, int64_t nth, const std::string& step_origin);
 // A cache miss at `site` for graph `now`: the explanation (recorded as the last miss, printed
 // with `print`). Throws Error, before anything is compiled, when expect_steady forbids it.
-// `setting_change`: as explain_miss's.
+// `setting_change`: as explain_miss's; `load_follows`: the setting changed for the machine's load
+// (Backend::setting_follows_load), which the steady contract does not count.
 debug::CacheMiss site_miss(const std::string& site, const ir::Graph& now, bool print,
-                           const std::string& setting_change = "");
+                           const std::string& setting_change = "", bool load_follows = false);
 // Whether `site` was warned of a program growing from read to read (a loop without a step): its
 // reads outside a step then also compute the pending values that share their history
 // (materialize), so that the next one starts from computed values.

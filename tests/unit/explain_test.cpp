@@ -4,11 +4,13 @@
 // contract refuses a compile before anything runs.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 
 #include <string>
 #include <vector>
 
 #include <lockstep/lockstep.h>
+#include "backends/cpu/busy.h"
 #include "io/json.h"
 #include "ir/ir.h"
 #include "unit/ops_test_util.h"
@@ -79,6 +81,48 @@ TEST(Explain, AThreadCountChangeCompilesAgainAndSaysSo) {
   ls::set_num_threads(2);
   m.step(8);
   EXPECT_EQ(compiles.get(), 1);
+  ls::set_num_threads(before);
+}
+
+// On a busy machine the cpu backend runs programs on fewer threads than set (backends/cpu/busy.h):
+// with other processes' threads said to fill every CPU (a count of them the test gives), a
+// program compiled for 2 threads compiles again for 1, says why, and breaks no steady-state
+// contract; once the others are gone the first program runs again, from the cache. One sample
+// of a busy moment changes nothing.
+TEST(Explain, OnABusyMachineProgramsRunOnFewerThreadsAndStayInTheCache) {
+  namespace cpu = lockstep::backends::cpu;
+  cpu_set_t cpus;
+  if (sched_getaffinity(0, sizeof cpus, &cpus) != 0 || CPU_COUNT(&cpus) < 2)
+    GTEST_SKIP() << "one CPU: no fewer threads to run on";
+  const int before = ls::num_threads();
+  ls::set_num_threads(2);
+  int others = 0;
+  cpu::detail::set_load_probe([&] { return others; }, 0, true);
+  Model m;
+  m.step(8);
+  m.step(8);
+  ls::debug::expect_steady(0, ls::debug::OnRecompile::Throw);
+  Delta compiles("compiles");
+  others = 1 << 20;
+  EXPECT_EQ(cpu::threads_for_load(2), 2) << "one busy sample";
+  others = 0;
+  m.step(8);
+  EXPECT_EQ(compiles.get(), 0);
+  others = 1 << 20;
+  for (int k = 0; k < 100 && compiles.get() == 0; ++k) m.step(8);
+  ASSERT_EQ(compiles.get(), 1);
+  const ls::debug::CacheMiss miss = ls::debug::last_cache_miss();
+  EXPECT_EQ(miss.field, "setting") << miss.text;
+  EXPECT_THAT(miss.text, HasSubstr("cpu: 2 threads before, 1 thread (2 set; other processes busy "
+                                   "the cores) now"));
+  m.step(8);
+  others = 0;
+  for (int k = 0; k < 100 && cpu::threads_for_load(2) == 1; ++k) m.step(8);
+  m.step(8);
+  EXPECT_EQ(cpu::threads_for_load(2), 2);
+  EXPECT_EQ(compiles.get(), 1) << "the 2-thread program again, from the cache";
+  ls::debug::stop_expecting_steady();
+  cpu::detail::set_load_probe(nullptr, 20'000'000, false);  // off, as the tests run
   ls::set_num_threads(before);
 }
 

@@ -10,6 +10,7 @@
 #include <string>
 #include <thread>
 
+#include "backends/cpu/busy.h"
 #include "backends/cpu/executable.h"
 #include "backends/cpu/parallel.h"
 #include "backends/cpu/passes.h"
@@ -22,6 +23,9 @@ namespace lockstep::backends::cpu {
 namespace {
 
 std::atomic<int> g_threads{0};
+// The count the last compile_setting gave (the set count, or fewer on a busy machine:
+// threads_for_load), which the compile right after it builds for.
+std::atomic<int> g_run_threads{0};
 
 class CpuBackend final : public Backend {
  public:
@@ -36,17 +40,24 @@ class CpuBackend final : public Backend {
   // oneDNN builds each primitive for the OpenMP thread count of the thread that creates it, and
   // runs it on that many threads whatever the thread running it is set to: the passes run with
   // the compiling thread set to the count the program will run with (and the cache key holds
-  // it: compile_setting).
+  // it: compile_setting, which the cache asks right before it compiles).
   std::unique_ptr<Executable> compile(const ir::Graph& graph) override {
-    const int threads = num_threads();
+    const int set = g_run_threads.load();
+    const int threads = set > 0 ? set : num_threads();
     const ThreadCount count(threads);
     plan::Plan p(passes::regather(passes::cse(passes::simplify(graph))));
     plan::run_pipeline(p, pipeline(), "cpu");
     return std::make_unique<CpuExecutable>(std::move(p), threads);
   }
   std::string compile_setting() const override {
-    const int n = num_threads();
-    return std::to_string(n) + (n == 1 ? " thread" : " threads");
+    const int set = num_threads(), n = threads_for_load(set);
+    g_run_threads.store(n);
+    std::string s = std::to_string(n) + (n == 1 ? " thread" : " threads");
+    if (n != set) s += util::cat(" (", set, " set; other processes busy the cores)");
+    return s;
+  }
+  bool setting_follows_load(const std::string& setting) const override {
+    return setting.find("other processes busy") != std::string::npos;
   }
 };
 
