@@ -106,8 +106,8 @@ bool test_locked(InFlight& op, int* rc) {
 // 200 us cost the MLP 16% of its 2-rank throughput and hid no more of ResNet-18's all-reduces than
 // those calls); a thread at kGatherProgressUs once fully_shard's prefetched gathers are in
 // flight: a parameter's gather spans several steps of the program, and with a call only between
-// steps the ResNet-18 ZeRO-3 step waited for 35-60% of its gathers' time, with the thread for
-// 3-16% (bench/dist_bench resnet18 zero3, 2 ranks).
+// steps the ResNet-18 ZeRO-3 step hid a median 40% of its gathers' time behind compute, with the
+// thread 83% (bench/dist_bench resnet18 zero3, 2 ranks, five runs each).
 constexpr int64_t kGatherProgressUs = 1000;
 
 int64_t progress_interval_us(bool prefetched) {

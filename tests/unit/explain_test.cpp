@@ -62,6 +62,8 @@ TEST(Explain, TheFirstCompileOfASiteSaysSo) {
 // the threads it was built for): another ls::set_num_threads compiles the same graph again, says
 // why, and going back finds the first program in the cache.
 TEST(Explain, AThreadCountChangeCompilesAgainAndSaysSo) {
+  // The threads set, whatever else runs (as LOCKSTEP_ADAPT_THREADS=0, which the tests set).
+  lockstep::backends::cpu::detail::set_load_probe(nullptr, 20'000'000, false);
   const int before = ls::num_threads();
   Model m;
   ls::set_num_threads(1);
@@ -98,27 +100,27 @@ TEST(Explain, OnABusyMachineProgramsRunOnFewerThreadsAndStayInTheCache) {
   ls::set_num_threads(2);
   int others = 0;
   cpu::detail::set_load_probe([&] { return others; }, 0, true);
-  Model m;
-  m.step(8);
-  m.step(8);
+  Model m;  // batch 40: a graph no other test here compiles, on either count
+  m.step(40);
+  m.step(40);
   ls::debug::expect_steady(0, ls::debug::OnRecompile::Throw);
   Delta compiles("compiles");
   others = 1 << 20;
   EXPECT_EQ(cpu::threads_for_load(2), 2) << "one busy sample";
   others = 0;
-  m.step(8);
+  m.step(40);
   EXPECT_EQ(compiles.get(), 0);
   others = 1 << 20;
-  for (int k = 0; k < 100 && compiles.get() == 0; ++k) m.step(8);
+  for (int k = 0; k < 100 && compiles.get() == 0; ++k) m.step(40);
   ASSERT_EQ(compiles.get(), 1);
   const ls::debug::CacheMiss miss = ls::debug::last_cache_miss();
   EXPECT_EQ(miss.field, "setting") << miss.text;
   EXPECT_THAT(miss.text, HasSubstr("cpu: 2 threads before, 1 thread (2 set; other processes busy "
                                    "the cores) now"));
-  m.step(8);
+  m.step(40);
   others = 0;
-  for (int k = 0; k < 100 && cpu::threads_for_load(2) == 1; ++k) m.step(8);
-  m.step(8);
+  for (int k = 0; k < 100 && cpu::threads_for_load(2) == 1; ++k) m.step(40);
+  m.step(40);
   EXPECT_EQ(cpu::threads_for_load(2), 2);
   EXPECT_EQ(compiles.get(), 1) << "the 2-thread program again, from the cache";
   ls::debug::stop_expecting_steady();

@@ -99,7 +99,8 @@ int threads_for_load(int set) {
     }
     l.last_ns = now;
   }
-  return std::clamp(cpus_available() - l.others, 1, set);
+  // Nothing else running: the threads set, even beyond the CPUs (the user's choice).
+  return l.others == 0 ? set : std::clamp(cpus_available() - l.others, 1, set);
 }
 
 void detail::set_load_probe(std::function<int()> others, int64_t interval_ns, bool on) {
