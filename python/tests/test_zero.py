@@ -23,6 +23,8 @@ SCRIPT = textwrap.dedent("""
     lockstep.manual_seed(5 + rank)  # DataParallel gives every rank rank 0's weights
     model = lockstep.nn.Sequential(lockstep.nn.Linear(8, 16), lockstep.nn.ReLU(),
                                    lockstep.nn.Linear(16, 3))
+    if len(sys.argv) > 2:  # one parameter: fewer than the ranks
+        model = lockstep.nn.Sequential(lockstep.nn.Linear(8, 3, bias=False))
     dp = lockstep.dist.DataParallel(model)
     if sys.argv[1] == "zero3":
         opt = lockstep.dist.fully_shard(model, lockstep.optim.AdamW, lr=0.01, weight_decay=0.1)
@@ -263,3 +265,26 @@ def test_two_ranks_train_as_data_parallel_and_split_the_state(tmp_path):
     for zero in ("zero2", "zero3"):
         grads = [int(n) for n in re.findall(r"rank \d grads (\d+)", outs[zero])]
         assert len(grads) == 2 and min(grads) > 0 and sum(grads) == params, outs[zero]
+
+
+def test_a_rank_that_owns_no_parameter_trains_as_data_parallel(tmp_path):
+    """One parameter on two ranks: rank 1 owns none, its local optimizer (made by
+    optimizer_class over no parameters) keeps no state, and every stage trains as DataParallel."""
+    script = tmp_path / "zero.py"
+    script.write_text(SCRIPT)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    outs = {}
+    for mode in ("plain", "zero", "zero2", "zero3"):
+        cmd = ["mpirun", "--oversubscribe", "-np", "2", "-x", "PYTHONPATH", "-x",
+               "OMP_NUM_THREADS", sys.executable, str(script), mode, "one"]
+        if os.geteuid() == 0:
+            cmd.insert(1, "--allow-run-as-root")
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        outs[mode] = r.stdout
+    losses = {m: sorted(re.findall(r"rank \d step \d loss [0-9.e+-]+", o))
+              for m, o in outs.items()}
+    for zero in ("zero", "zero2", "zero3"):
+        assert len(losses[zero]) == 8 and losses[zero] == losses["plain"], outs
+        state = sorted(int(n) for n in re.findall(r"rank \d state (\d+)", outs[zero]))
+        assert state == [0, 2 * 8 * 3], outs[zero]
