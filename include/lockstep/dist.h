@@ -132,9 +132,8 @@ class DataParallel {
 //
 // Stage 1: gradients stay whole on every rank (DataParallel's average_gradients, as before), so
 // the updates and the skip of non-finite steps are those of the unsharded optimizer: the replicas
-// train exactly as with DataParallel alone. Clip with ZeroOptions::max_grad_norm (each rank then
-// scales the gradients it owns), not clip_grad_norm_: gradients scaled on every rank but updated
-// on one make the ranks' programs differ (an Error before the step runs).
+// train exactly as with DataParallel alone. ZeroOptions::max_grad_norm clips as under stage 2 (each
+// rank scales the gradients it owns), or clip_grad_norm_ over the model's gradients before step().
 // Stage 2: the gradients are sharded too. step() reduces each gradient to its owner alone (in
 // buckets, in the order backward makes them, overlapped with it as DataParallel's all-reduces;
 // DataParallel's all-reduces recorded in the same step are replaced, not run), and the other ranks
