@@ -234,23 +234,34 @@ def test_the_export_loads_into_pytorch(tmp_path):
         lockstep.dist.export_safetensors(str(tmp_path), str(tmp_path / "x.st"))
 
 
-@pytest.mark.skipif(shutil.which("mpirun") is None, reason="no mpirun")
-def test_two_ranks_train_as_data_parallel_and_split_the_state(tmp_path):
+def run_two_ranks(tmp_path, *args):
+    """SCRIPT's output on two ranks under mpirun, per mode: plain (DataParallel with the whole
+    optimizer), zero, zero2 and zero3; `args` follow the mode on its command line."""
     script = tmp_path / "zero.py"
     script.write_text(SCRIPT)
     env = dict(os.environ, OMP_NUM_THREADS="1")
     outs = {}
     for mode in ("plain", "zero", "zero2", "zero3"):
         cmd = ["mpirun", "--oversubscribe", "-np", "2", "-x", "PYTHONPATH", "-x",
-               "OMP_NUM_THREADS", sys.executable, str(script), mode]
+               "OMP_NUM_THREADS", sys.executable, str(script), mode, *args]
         if os.geteuid() == 0:
             cmd.insert(1, "--allow-run-as-root")
         r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
         assert r.returncode == 0, r.stdout + r.stderr
         outs[mode] = r.stdout
+    return outs
+
+
+def losses_of(outs):
     # mpirun forwards each rank's output in the chunks it reads: two ranks' lines can land on one
     # line of the merged stream, so records are found anywhere.
-    losses = {m: sorted(re.findall(r"rank \d step \d loss [0-9.e+-]+", o)) for m, o in outs.items()}
+    return {m: sorted(re.findall(r"rank \d step \d loss [0-9.e+-]+", o)) for m, o in outs.items()}
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="no mpirun")
+def test_two_ranks_train_as_data_parallel_and_split_the_state(tmp_path):
+    outs = run_two_ranks(tmp_path)
+    losses = losses_of(outs)
     hashes = {m: set(re.findall(r"hash ([0-9a-f]{16})", o)) for m, o in outs.items()}
     params = 8 * 16 + 16 + 16 * 3 + 3
     for zero in ("zero", "zero2", "zero3"):
@@ -267,23 +278,12 @@ def test_two_ranks_train_as_data_parallel_and_split_the_state(tmp_path):
         assert len(grads) == 2 and min(grads) > 0 and sum(grads) == params, outs[zero]
 
 
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="no mpirun")
 def test_a_rank_that_owns_no_parameter_trains_as_data_parallel(tmp_path):
     """One parameter on two ranks: rank 1 owns none, its local optimizer (made by
     optimizer_class over no parameters) keeps no state, and every stage trains as DataParallel."""
-    script = tmp_path / "zero.py"
-    script.write_text(SCRIPT)
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    outs = {}
-    for mode in ("plain", "zero", "zero2", "zero3"):
-        cmd = ["mpirun", "--oversubscribe", "-np", "2", "-x", "PYTHONPATH", "-x",
-               "OMP_NUM_THREADS", sys.executable, str(script), mode, "one"]
-        if os.geteuid() == 0:
-            cmd.insert(1, "--allow-run-as-root")
-        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
-        assert r.returncode == 0, r.stdout + r.stderr
-        outs[mode] = r.stdout
-    losses = {m: sorted(re.findall(r"rank \d step \d loss [0-9.e+-]+", o))
-              for m, o in outs.items()}
+    outs = run_two_ranks(tmp_path, "one")
+    losses = losses_of(outs)
     for zero in ("zero", "zero2", "zero3"):
         assert len(losses[zero]) == 8 and losses[zero] == losses["plain"], outs
         state = sorted(int(n) for n in re.findall(r"rank \d state (\d+)", outs[zero]))
