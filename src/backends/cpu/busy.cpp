@@ -68,6 +68,7 @@ struct Load {
   int64_t last_ns = -1;
   double smoothed = 0;
   int others = 0;
+  int cpus = 1;  // this process's CPUs at the last sample
 };
 
 Load& load() {
@@ -91,7 +92,8 @@ int threads_for_load(int set) {
   if (l.last_ns < 0 || now - l.last_ns >= l.interval_ns) {
     // At most every CPU: a burst of many threads elsewhere moves the figure no more than a
     // machine-full.
-    const int sample = std::min(l.probe ? l.probe() : others_from_proc(), cpus_available());
+    l.cpus = cpus_available();
+    const int sample = std::min(l.probe ? l.probe() : others_from_proc(), l.cpus);
     if (sample >= 0) {
       l.smoothed = l.last_ns < 0 ? 0.3 * sample : 0.7 * l.smoothed + 0.3 * sample;
       if (std::abs(l.smoothed - l.others) >= 0.75)
@@ -100,7 +102,7 @@ int threads_for_load(int set) {
     l.last_ns = now;
   }
   // Nothing else running: the threads set, even beyond the CPUs (the user's choice).
-  return l.others == 0 ? set : std::clamp(cpus_available() - l.others, 1, set);
+  return l.others == 0 ? set : std::clamp(l.cpus - l.others, 1, set);
 }
 
 void detail::set_load_probe(std::function<int()> others, int64_t interval_ns, bool on) {

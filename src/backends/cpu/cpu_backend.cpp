@@ -26,6 +26,9 @@ std::atomic<int> g_threads{0};
 // The count the last compile_setting gave (the set count, or fewer on a busy machine:
 // threads_for_load), which the compile right after it builds for.
 std::atomic<int> g_run_threads{0};
+// What a setting of fewer threads than set says (compile_setting), and how it is recognised
+// (setting_follows_load).
+constexpr const char* kBusy = " set; other processes busy the cores)";
 
 class CpuBackend final : public Backend {
  public:
@@ -53,11 +56,11 @@ class CpuBackend final : public Backend {
     const int set = num_threads(), n = threads_for_load(set);
     g_run_threads.store(n);
     std::string s = std::to_string(n) + (n == 1 ? " thread" : " threads");
-    if (n != set) s += util::cat(" (", set, " set; other processes busy the cores)");
+    if (n != set) s += util::cat(" (", set, kBusy);
     return s;
   }
   bool setting_follows_load(const std::string& setting) const override {
-    return setting.find("other processes busy") != std::string::npos;
+    return setting.find(kBusy) != std::string::npos;
   }
 };
 
