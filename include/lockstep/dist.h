@@ -127,8 +127,15 @@ class DataParallel {
 // PyTorch does (largest first, each to the rank holding the fewest elements so far); a rank keeps
 // the state of its own parameters only and updates only them, with the optimizer `make_local`
 // builds over them (any ls::optim optimizer), then every parameter takes its owner's value by a
-// broadcast in the step's program. AdamW in f32 keeps 8 bytes of state per parameter; each rank
-// keeps about 8/N of them.
+// broadcast in the step's program. A parameter larger than an even share of all the elements
+// (numel > total / N; an embedding, say), which no one rank could hold and stay even, is split
+// instead (DeepSpeed's flat partition): the split parameters, end to end in row-major order, are
+// cut into one run per rank so that every rank holds the same number of elements to one (counting
+// the whole parameters it owns; any count, divisible by N or not). Each rank updates its runs and
+// keeps their state, and the runs are broadcast from their ranks and joined. owner(i) is -1 for
+// such a parameter (run(i) is this rank's). The optimizers are elementwise, so a split parameter
+// trains as a whole one. AdamW in f32 keeps 8 bytes of state per parameter; each rank keeps about
+// 8/N of them.
 //
 // Stage 1: gradients stay whole on every rank (DataParallel's average_gradients, as before), so
 // the updates and the skip of non-finite steps are those of the unsharded optimizer: the replicas
@@ -180,11 +187,23 @@ class ZeroRedundancyOptimizer : public optim::Optimizer {
   using LocalFactory = std::function<std::shared_ptr<optim::Optimizer>(std::vector<Tensor> params)>;
   ZeroRedundancyOptimizer(std::vector<Tensor> params, const LocalFactory& make_local,
                           ZeroOptions options = {}, Loc loc = Loc::current());
-  // The rank that updates params()[i] and keeps its state.
+  // The rank that updates params()[i] and keeps its state; -1 when it is split over the ranks
+  // (run).
   int owner(size_t i) const { return owners_[i]; }
+  // This rank's run of a split parameter's elements (row-major): it updates and keeps the state
+  // of [offset, offset + numel). numel 0: params()[i] is not split, or this rank has none of it.
+  struct Run {
+    int64_t offset = 0, numel = 0;
+  };
+  Run run(size_t i) const;
   int stage() const { return stage_; }
-  // The optimizer over this rank's parameters.
+  // The optimizer over this rank's parameters; a split parameter's run is a tensor of its own,
+  // which holds no value between steps (its reads see zeros).
   optim::Optimizer& local() { return *local_; }
+  // Elements of gradient this rank keeps after a step (stage 2 and 3: its parameters' and its
+  // runs'; stage 1: every gradient, whole).
+  int64_t local_grad_numel() const;
+  void zero_grad() override;
   // Elements of optimizer state this rank keeps (its local optimizer's buffers).
   int64_t local_state_numel() const;
   // The gradients' global L2 norm before the last step's clipping (a 0-d tensor; undefined
@@ -223,12 +242,16 @@ class ZeroRedundancyOptimizer : public optim::Optimizer {
   // others start their reduces (a broadcast of a zero ordered after them, added to the share).
   Tensor after_reduces(const Tensor& share) const;
   void clip(std::vector<Tensor>& grads);
+  // Broadcasts each rank's run of split parameter i from it, ordered after `after`, and joins them
+  // into its value.
+  void join_runs(size_t i, std::vector<Tensor> after);
 
   std::shared_ptr<optim::Optimizer> local_;
-  std::vector<int> owners_;        // per parameter
-  std::vector<int64_t> local_of_;  // per parameter: its index in local_, or -1
-  std::vector<size_t> global_of_;  // per parameter of local_: its index in params()
-  std::vector<int64_t> load_;      // elements owned per rank (for added groups)
+  std::vector<int> owners_;             // per parameter (-1: split)
+  std::vector<std::vector<Run>> runs_;  // per split parameter, each rank's run
+  std::vector<int64_t> local_of_;       // per parameter: its index in local_, or -1
+  std::vector<size_t> global_of_;       // per parameter of local_: its index in params()
+  std::vector<int64_t> load_;           // elements owned per rank (for added groups)
   int stage_ = 1;
   bool reshard_after_forward_ = true;  // stage 3's (for parameters added later)
   double max_grad_norm_ = 0;
@@ -239,6 +262,7 @@ class ZeroRedundancyOptimizer : public optim::Optimizer {
   // norm, the non-finite count): the broadcasts are ordered after them. Dropped after the step:
   // held, they would keep every gradient's buffer alive between steps.
   std::vector<Tensor> reduced_;
+  std::vector<std::vector<Tensor>> run_reduces_;  // stage 2: each split gradient's, per rank
   std::vector<Tensor> globals_;
   size_t last_ = 0;  // the parameter broadcast last (the next is ordered after it)
   Tensor fence_;     // stage 3: the last step's broadcast after its reduces (see end_step)

@@ -38,7 +38,7 @@ class Optimizer {
   // the graph, without a host round trip, and counted in metrics as skipped_updates.
   void step(const Tensor& loss = Tensor());
   // Clears gradients (to "none", as PyTorch's default).
-  void zero_grad();
+  virtual void zero_grad();
 
   // The first group's learning rate; set_lr sets every group's (schedulers set each group's
   // own). Host numbers entering the step as runtime scalars: changing them never recompiles.

@@ -159,6 +159,14 @@ void init_extras(py::module_& m) {
       .def_property_readonly("stage", &dist::ZeroRedundancyOptimizer::stage)
       .def_property_readonly("last_grad_norm", &dist::ZeroRedundancyOptimizer::last_grad_norm)
       .def("owner", &dist::ZeroRedundancyOptimizer::owner, arg("index"))
+      .def(
+          "run",
+          [](const dist::ZeroRedundancyOptimizer& z, size_t i) {
+            const dist::ZeroRedundancyOptimizer::Run r = z.run(i);
+            return py::make_tuple(r.offset, r.numel);
+          },
+          arg("index"))
+      .def("local_grad_numel", &dist::ZeroRedundancyOptimizer::local_grad_numel)
       .def_property_readonly("local_optimizer", &dist::ZeroRedundancyOptimizer::local)
       .def("local_state_numel", &dist::ZeroRedundancyOptimizer::local_state_numel);
   // ZeRO-3: fully_shard(model, optimizer_class, **defaults) shards the model's parameters and

@@ -55,23 +55,25 @@ class StandIn final : public backends::Storage {
 
 namespace detail {
 
+void drop_value(const Tensor& t, const Loc& loc) {
+  lockstep::detail::TensorImpl& impl = *t.impl();
+  const ir::NodePtr value = runtime::current_node(impl);
+  if (value->op == ir::Op::Data && value->binding.buffer &&
+      std::dynamic_pointer_cast<StandIn>(value->binding.buffer->storage))
+    return;  // dropped already
+  auto stand_in = std::make_shared<runtime::Buffer>();
+  stand_in->device = t.device();
+  stand_in->bytes = static_cast<size_t>(t.numel()) * dtype_size(t.dtype());
+  stand_in->storage = std::make_shared<StandIn>(stand_in->bytes);
+  stand_in->name = impl.name;
+  stand_in->done.store(true);
+  runtime::set_value(impl, ir::make_data(stand_in, t.shape(), t.dtype(), t.device(), loc),
+                     "dist::fully_shard", loc);
+}
+
 void drop_unowned(const std::vector<Tensor>& params, const Loc& loc) {
-  for (const Tensor& p : params) {
-    lockstep::detail::TensorImpl& impl = *p.impl();
-    if (impl.gather_root < 0 || impl.gather_root == rank()) continue;
-    const ir::NodePtr value = runtime::current_node(impl);
-    if (value->op == ir::Op::Data && value->binding.buffer &&
-        std::dynamic_pointer_cast<StandIn>(value->binding.buffer->storage))
-      continue;  // dropped already
-    auto stand_in = std::make_shared<runtime::Buffer>();
-    stand_in->device = p.device();
-    stand_in->bytes = static_cast<size_t>(p.numel()) * dtype_size(p.dtype());
-    stand_in->storage = std::make_shared<StandIn>(stand_in->bytes);
-    stand_in->name = impl.name;
-    stand_in->done.store(true);
-    runtime::set_value(impl, ir::make_data(stand_in, p.shape(), p.dtype(), p.device(), loc),
-                       "dist::fully_shard", loc);
-  }
+  for (const Tensor& p : params)
+    if (p.impl()->gather_root >= 0 && p.impl()->gather_root != rank()) drop_value(p, loc);
 }
 
 void shard_added(const Tensor& p, int owner, bool reshard_after_forward, const Loc& loc) {

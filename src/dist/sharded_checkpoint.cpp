@@ -36,6 +36,9 @@ const std::string& kOptimizer = nn::kOptimizerPrefix;
 const std::string& kScheduler = nn::kSchedulerPrefix;
 const std::string& kGenerator = nn::kGeneratorName;
 const std::string kMeta = "meta.";  // the index's keys for the caller's metadata
+// A run of a split parameter's state (ZeroRedundancyOptimizer::run): "<name>#<offset>", each
+// rank's in its own file.
+const char kRunMark = '#';
 
 std::string index_path(const std::string& dir) { return dir + "/index.safetensors"; }
 std::string shard_name(int rank, int world, int64_t generation) {
@@ -144,6 +147,12 @@ ShardSave prepare(const std::string& dir, const nn::Module& model,
     if (!zero) owner = detail::partition_by_size(detail::sizes_of(optimizer->params()), s.world);
     for (const auto& [name, t] : optimizer->state_dict()) {
       const int64_t i = param_of(name);
+      if (const ZeroRedundancyOptimizer::Run run =
+              zero && i >= 0 ? zero->run(static_cast<size_t>(i)) : ZeroRedundancyOptimizer::Run{};
+          run.numel > 0) {
+        s.mine.emplace_back(cat(kOptimizer, name, kRunMark, run.offset), t);
+        continue;
+      }
       const int who = i < 0 ? 0 : zero ? zero->owner(static_cast<size_t>(i)) : owner.at(i);
       if (who == s.me) s.mine.emplace_back(kOptimizer + name, t);
     }
@@ -215,6 +224,137 @@ PendingSave& pending_save() {
     return made;
   }();
   return *p;
+}
+
+// A tensor load_sharded reads: its shape and dtype here, and for a split parameter's state this
+// rank's run of the whole's `whole_numel` elements.
+struct Wanted {
+  explicit Wanted(const Tensor* t = nullptr) : like(t) {}
+  const Tensor* like;
+  ZeroRedundancyOptimizer::Run run;  // numel 0: the whole tensor
+  int64_t whole_numel = 0;
+};
+
+// Where a checkpoint holds a tensor: whole in one file, or in runs over several.
+struct Held {
+  int64_t file = 0;
+  io::TensorInfo info;
+  int64_t offset = -1;  // -1: whole
+};
+
+// Reads each wanted tensor from the files of the checkpoint in `dir`: the headers first, then,
+// from each file, only what this rank needs (of a tensor saved in runs, the runs overlapping the
+// run wanted, or all of them for the whole), each checked against its checksum, joined or cut to
+// what is wanted. A tensor of another shape or dtype, runs that do not join up into it, or none
+// held: an Error naming the file or the tensor.
+std::map<std::string, Tensor> read_wanted(const std::string& dir, const io::Metadata& index,
+                                          int64_t world,
+                                          const std::map<std::string, Wanted>& wanted,
+                                          const Loc& loc) {
+  std::vector<std::string> paths;
+  std::map<std::string, std::vector<Held>> held;
+  for (int64_t r = 0; r < world; ++r) {
+    paths.push_back(shard_path(dir, index, r, loc));
+    auto list = [&](const io::Metadata&, const std::vector<io::TensorInfo>& infos) {
+      for (const io::TensorInfo& info : infos) {
+        const size_t mark = info.name.rfind(kRunMark);
+        if (mark == std::string::npos) {
+          held[info.name].push_back({r, info});
+          continue;
+        }
+        int64_t offset = -1;
+        try {
+          offset = std::stoll(info.name.substr(mark + 1));
+        } catch (const std::exception&) {
+        }
+        if (offset < 0 || info.shape.size() != 1)
+          util::fail(loc, "load_sharded",
+                     cat("'", paths.back(), "': tensor '", info.name, "' is no valid run"),
+                     "Use a checkpoint save_sharded wrote");
+        held[info.name.substr(0, mark)].push_back({r, info, offset});
+      }
+      return std::set<std::string>{};
+    };
+    io::load_safetensors(paths.back(), Device{DeviceKind::Cpu, 0}, list, loc);
+  }
+  // Per wanted tensor, the entries read and the run of the whole they give.
+  std::vector<std::set<std::string>> to_read(static_cast<size_t>(world));
+  std::map<std::string, std::vector<Held>> parts;
+  for (const auto& [key, w] : wanted) {
+    auto it = held.find(key);
+    if (it == held.end())
+      util::fail(loc, "load_sharded", cat("no file of '", dir, "' holds tensor '", key, "'"),
+                 "Load it into the model (and optimizer) that saved it");
+    std::vector<Held> entries = it->second;
+    const int64_t whole = w.run.numel > 0 ? w.whole_numel : w.like->numel();
+    const int64_t begin = w.run.numel > 0 ? w.run.offset : 0;
+    const int64_t end = w.run.numel > 0 ? begin + w.run.numel : whole;
+    auto mismatch = [&](const Held& e, const std::string& here) {
+      util::fail(loc, "load_sharded",
+                 cat("'", paths[static_cast<size_t>(e.file)], "': tensor '", e.info.name, "' is ",
+                     dtype_name(e.info.dtype), shape_str(e.info.shape), ", here ", here),
+                 "Load it into the model (and optimizer) that saved it");
+    };
+    const std::string here = cat(dtype_name(w.like->dtype()), shape_str(w.like->shape()));
+    if (entries.size() == 1 && entries[0].offset < 0) {
+      const Held& e = entries[0];
+      if (e.info.dtype != w.like->dtype() ||
+          (w.run.numel > 0 ? shape_numel(e.info.shape) != whole : e.info.shape != w.like->shape()))
+        mismatch(e, here);
+    } else {
+      std::sort(entries.begin(), entries.end(),
+                [](const Held& a, const Held& b) { return a.offset < b.offset; });
+      int64_t joined = 0;
+      for (const Held& e : entries) {
+        if (e.offset != joined || e.info.dtype != w.like->dtype()) mismatch(e, here);
+        joined += e.info.shape[0];
+      }
+      if (joined != whole)
+        util::fail(loc, "load_sharded",
+                   cat("tensor '", key, "' is saved in runs of ", joined, " elements in all, here ",
+                       here, w.run.numel > 0 ? cat(" of ", whole, " elements") : std::string()),
+                   "Load it into the model (and optimizer) that saved it");
+      std::erase_if(entries, [&](const Held& e) {
+        return e.offset >= end || e.offset + e.info.shape[0] <= begin;
+      });
+    }
+    for (const Held& e : entries) to_read[static_cast<size_t>(e.file)].insert(e.info.name);
+    parts[key] = std::move(entries);
+  }
+  std::map<std::string, Tensor> read;
+  for (int64_t r = 0; r < world; ++r) {
+    const std::set<std::string>& names = to_read[static_cast<size_t>(r)];
+    if (names.empty()) continue;
+    const std::string& path = paths[static_cast<size_t>(r)];
+    io::Loaded file = io::load_safetensors(
+        path, default_device(),
+        [&](const io::Metadata&, const std::vector<io::TensorInfo>&) { return names; }, loc);
+    if (!file.checksummed)
+      util::fail(loc, "load_sharded", cat("'", path, "' has no checksums of its data"),
+                 "Use another copy of the checkpoint");
+    for (auto& [name, t] : file.tensors) read[name] = std::move(t);
+  }
+  std::map<std::string, Tensor> found;
+  for (const auto& [key, w] : wanted) {
+    const std::vector<Held>& entries = parts.at(key);
+    const Tensor& first = read.at(entries[0].info.name);
+    if (entries.size() == 1 && entries[0].offset < 0 && w.run.numel == 0) {
+      found[key] = first;
+      continue;
+    }
+    // The wanted run of the whole (all of it: [0, numel)) from the runs or the whole read.
+    const int64_t begin = w.run.numel > 0 ? w.run.offset : 0;
+    const int64_t end = begin + (w.run.numel > 0 ? w.run.numel : w.like->numel());
+    std::vector<Tensor> pieces;
+    for (const Held& e : entries) {
+      const Tensor& t = read.at(e.info.name);
+      const int64_t at = std::max<int64_t>(e.offset, 0);
+      pieces.push_back(slice(reshape(t, {t.numel()}), 0, std::max(begin, at) - at,
+                             std::min(end, at + t.numel()) - at));
+    }
+    found[key] = reshape(pieces.size() == 1 ? pieces[0] : concat(pieces, 0), w.like->shape());
+  }
+  return found;
 }
 
 }  // namespace
@@ -322,45 +462,27 @@ io::Metadata load_sharded(const std::string& dir, nn::Module& model, optim::Opti
                  "Make the same kind of scheduler as the run that saved it");
   }
   // What this rank needs: every model tensor (a sharded parameter's too, dropped again after the
-  // load by the ranks that do not own it), the optimizer state it keeps now, the scheduler's
-  // and the generator's, each as its file names it, with its shape and dtype here.
-  std::map<std::string, const Tensor*> wanted;
+  // load by the ranks that do not own it), the optimizer state it keeps now (of a split
+  // parameter, its run), the scheduler's and the generator's, each as its file names it, with its
+  // shape and dtype here.
+  std::map<std::string, Wanted> wanted;
   const nn::NamedTensors model_state = model.state_dict();
   const nn::NamedTensors optimizer_state = optimizer ? optimizer->state_dict() : nn::NamedTensors{};
   const nn::NamedTensors scheduler_state = scheduler ? scheduler->state_dict() : nn::NamedTensors{};
-  for (const auto& [name, t] : model_state) wanted[kModel + name] = &t;
-  for (const auto& [name, t] : optimizer_state) wanted[kOptimizer + name] = &t;
-  for (const auto& [name, t] : scheduler_state) wanted[kScheduler + name] = &t;
-  wanted[kGenerator] = &generator_state();
-  // Each file's header first: only the tensors wanted are read, each from the file holding it.
-  std::map<std::string, Tensor> found;
-  for (int64_t r = 0; r < world; ++r) {
-    const std::string path = shard_path(dir, index, r, loc);
-    auto vet = [&](const io::Metadata&, const std::vector<io::TensorInfo>& infos) {
-      std::set<std::string> read;
-      for (const io::TensorInfo& info : infos) {
-        auto w = wanted.find(info.name);
-        if (w == wanted.end()) continue;
-        if (info.dtype != w->second->dtype() || info.shape != w->second->shape())
-          util::fail(loc, "load_sharded",
-                     cat("'", path, "': tensor '", info.name, "' is ", dtype_name(info.dtype),
-                         shape_str(info.shape), ", here ", dtype_name(w->second->dtype()),
-                         shape_str(w->second->shape())),
-                     "Load it into the model (and optimizer) that saved it");
-        read.insert(info.name);
-      }
-      return read;
-    };
-    io::Loaded file = io::load_safetensors(path, default_device(), vet, loc);
-    if (!file.checksummed)
-      util::fail(loc, "load_sharded", cat("'", path, "' has no checksums of its data"),
-                 "Use another copy of the checkpoint");
-    for (auto& [name, t] : file.tensors) found[name] = std::move(t);
+  const auto* zero = dynamic_cast<const ZeroRedundancyOptimizer*>(optimizer);
+  for (const auto& [name, t] : model_state) wanted[kModel + name] = Wanted(&t);
+  for (const auto& [name, t] : optimizer_state) {
+    Wanted w(&t);
+    const int64_t i = param_of(name);
+    if (zero && i >= 0) {
+      w.run = zero->run(static_cast<size_t>(i));
+      if (w.run.numel > 0) w.whole_numel = zero->params().at(static_cast<size_t>(i)).numel();
+    }
+    wanted[kOptimizer + name] = w;
   }
-  for (const auto& [name, t] : wanted)
-    if (!found.count(name))
-      util::fail(loc, "load_sharded", cat("no file of '", dir, "' holds tensor '", name, "'"),
-                 "Load it into the model (and optimizer) that saved it");
+  for (const auto& [name, t] : scheduler_state) wanted[kScheduler + name] = Wanted(&t);
+  wanted[kGenerator] = Wanted(&generator_state());
+  const std::map<std::string, Tensor> found = read_wanted(dir, index, world, wanted, loc);
   auto named = [&](const std::string& prefix, const nn::NamedTensors& like) {
     nn::NamedTensors out;
     for (const auto& [name, t] : like) out.emplace_back(name, found.at(prefix + name));

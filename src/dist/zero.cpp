@@ -1,7 +1,7 @@
 // ZeroRedundancyOptimizer (lockstep/dist.h): ZeRO stages 1 and 2, the optimizer's state (and
-// under stage 2 the gradients) sharded by parameter over the ranks; each gradient reduced to its
-// owner (stage 2), each parameter updated by its owner and broadcast from it inside the step's
-// program.
+// under stage 2 the gradients) sharded by parameter over the ranks, a parameter larger than an
+// even share split into one run per rank; each gradient (or run) reduced to its owner (stage 2),
+// each parameter (or run) updated by its owner and broadcast from it inside the step's program.
 #include <algorithm>
 #include <numeric>
 #include <optional>
@@ -21,9 +21,18 @@ namespace lockstep::dist {
 
 using util::cat;
 
+namespace {
+
+Tensor run_values(const Tensor& whole, ZeroRedundancyOptimizer::Run run) {
+  return slice(reshape(whole, {whole.numel()}), 0, run.offset, run.offset + run.numel);
+}
+
+}  // namespace
+
 struct ZeroRedundancyOptimizer::Shard {
   std::vector<Tensor> params;
-  std::vector<int> owners;
+  std::vector<int> owners;  // -1: split
+  std::vector<std::vector<Run>> runs;
   std::vector<int64_t> local_of;
   std::vector<int64_t> load;
   std::shared_ptr<optim::Optimizer> local;
@@ -57,14 +66,28 @@ ZeroRedundancyOptimizer::Shard ZeroRedundancyOptimizer::partition(std::vector<Te
                  "Pass the model's parameters()");
   Shard s;
   s.load.assign(static_cast<size_t>(world), 0);
-  s.owners = detail::partition_by_size(detail::sizes_of(params), s.load);
+  // Stages 1 and 2: a parameter larger than an even share is split over the ranks.
+  detail::Layout layout = detail::split_layout(detail::sizes_of(params), world, options.stage < 3);
+  s.owners = std::move(layout.owners);
+  s.runs = std::move(layout.runs);
+  s.load = std::move(layout.load);
   s.local_of.assign(params.size(), -1);
   std::vector<Tensor> mine;
-  for (size_t i = 0; i < params.size(); ++i)
-    if (s.owners[i] == me) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (s.owners[i] < 0) {
+      // This rank's run, if it has one: a tensor of its own, its value set from the parameter at
+      // each update and dropped after it.
+      const int64_t n = s.runs[i][static_cast<size_t>(me)].numel;
+      if (n == 0) continue;
+      Tensor run = zeros({n}, TensorOptions(params[i].dtype(), params[i].device()), loc);
+      detail::drop_value(run, loc);
+      s.local_of[i] = static_cast<int64_t>(mine.size());
+      mine.push_back(run);
+    } else if (s.owners[i] == me) {
       s.local_of[i] = static_cast<int64_t>(mine.size());
       mine.push_back(params[i]);
     }
+  }
   {
     // With fewer parameters than ranks, some rank owns none: its local optimizer holds the
     // hyper-parameters (a scheduler sets them on every rank) and the groups added later.
@@ -103,6 +126,7 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(Shard shard, ZeroOptions option
     : Optimizer(shard.params, shard.local->lr(), options.skip_nonfinite),
       local_(std::move(shard.local)),
       owners_(std::move(shard.owners)),
+      runs_(std::move(shard.runs)),
       local_of_(std::move(shard.local_of)),
       load_(std::move(shard.load)),
       stage_(options.stage),
@@ -115,9 +139,23 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(Shard shard, ZeroOptions option
     if (local_of_[i] >= 0) global_of_[static_cast<size_t>(local_of_[i])] = i;
 }
 
+ZeroRedundancyOptimizer::Run ZeroRedundancyOptimizer::run(size_t i) const {
+  return owners_[i] < 0 ? runs_[i][static_cast<size_t>(rank())] : Run{};
+}
+
 void ZeroRedundancyOptimizer::update(size_t i, const Tensor& grad, const Tensor& t,
                                      const Tensor& ok) {
-  if (const int64_t j = local_of_[i]; j >= 0) {
+  if (owners_[i] < 0 && local_of_[i] >= 0) {
+    // A split parameter: this rank's run, from the parameter as it is, updated by the local
+    // optimizer with the run's gradient (`grad`).
+    const auto j = static_cast<size_t>(local_of_[i]);
+    Tensor piece = local_->params_[j];
+    piece.copy_(run_values(params_[i], run(i)));
+    Group& g = local_->groups_[local_->group_of_[j]];
+    g.lr = lr_of(i);
+    g.weight_decay = weight_decay_of(i);
+    local_->update(j, grad, t, ok);
+  } else if (const int64_t j = local_of_[i]; j >= 0) {
     // Under stage 3 the owner updates its own value (not a gather), work no other rank does.
     std::optional<runtime::OwnValues> own;
     std::optional<ir::RankLocal> mine;
@@ -143,14 +181,36 @@ void ZeroRedundancyOptimizer::update(size_t i, const Tensor& grad, const Tensor&
   } else {
     after.push_back(params_[last_]);  // its value is the previous broadcast's
   }
-  params_[i].copy_(broadcast(params_[i], owners_[i], after));
+  if (owners_[i] < 0)
+    join_runs(i, std::move(after));
+  else
+    params_[i].copy_(broadcast(params_[i], owners_[i], after));
   last_ = i;
+}
+
+void ZeroRedundancyOptimizer::join_runs(size_t i, std::vector<Tensor> after) {
+  const int me = rank();
+  std::vector<Tensor> runs;
+  for (size_t r = 0; r < runs_[i].size(); ++r) {
+    if (runs_[i][r].numel == 0) continue;
+    // Each rank's run from it (the others send theirs; this rank's slot is overwritten).
+    const Tensor mine = static_cast<int>(r) == me
+                            ? local_->params_[static_cast<size_t>(local_of_[i])]
+                            : run_values(params_[i], runs_[i][r]);
+    runs.push_back(broadcast(mine, static_cast<int>(r), after));
+    after = {runs.back()};
+  }
+  params_[i].copy_(reshape(concat(runs, 0), params_[i].shape()));
 }
 
 std::vector<Tensor> ZeroRedundancyOptimizer::step_collectives() const {
   std::vector<Tensor> out;
-  for (size_t k = reduced_.size(); k-- > 0;)
-    if (reduced_[k].defined()) out.push_back(reduced_[k]);
+  for (size_t k = reduced_.size(); k-- > 0;) {
+    if (k < run_reduces_.size() && !run_reduces_[k].empty())
+      out.insert(out.end(), run_reduces_[k].begin(), run_reduces_[k].end());
+    else if (reduced_[k].defined())
+      out.push_back(reduced_[k]);
+  }
   out.insert(out.end(), globals_.begin(), globals_.end());
   return out;
 }
@@ -161,6 +221,7 @@ std::vector<Tensor> ZeroRedundancyOptimizer::reduce_to_owners() {
   const auto n = static_cast<int64_t>(params_.size());
   const DataParallelOptions defaults;
   std::vector<Tensor> reduced(params_.size());
+  run_reduces_.assign(params_.size(), {});
   for (int64_t k = 0; k < n; ++k) {
     Tensor p = params_[static_cast<size_t>(k)];
     const Tensor g = p.grad();
@@ -182,9 +243,23 @@ std::vector<Tensor> ZeroRedundancyOptimizer::reduce_to_owners() {
         local = runtime::new_tensor(node->operands[0]);
       }
     }
-    reduced[static_cast<size_t>(k)] = detail::record_all_reduce(local, attrs, op, loc);
-    p.set_grad(owners_[static_cast<size_t>(k)] == rank() ? reduced[static_cast<size_t>(k)]
-                                                         : Tensor());
+    const auto i = static_cast<size_t>(k);
+    if (owners_[i] < 0) {
+      // Each run to its rank (reduces in one bucket); this rank keeps its own. A rank without a
+      // run of it holds the first (only ordered by it, as the other ranks' reduces).
+      for (size_t r = 0; r < runs_[i].size(); ++r) {
+        if (runs_[i][r].numel == 0) continue;
+        attrs.root = static_cast<int64_t>(r);
+        run_reduces_[i].push_back(
+            detail::record_all_reduce(run_values(local, runs_[i][r]), attrs, op, loc));
+        if (static_cast<int>(r) == rank() || !reduced[i].defined())
+          reduced[i] = run_reduces_[i].back();
+      }
+      p.set_grad(Tensor());
+      continue;
+    }
+    reduced[i] = detail::record_all_reduce(local, attrs, op, loc);
+    p.set_grad(owners_[i] == rank() ? reduced[i] : Tensor());
   }
   return reduced;
 }
@@ -207,9 +282,8 @@ void ZeroRedundancyOptimizer::clip(std::vector<Tensor>& grads) {
   // every rank holds every gradient, but scales only its own: one it scaled and does not update
   // would be kept computed from the step's collectives on this rank, and feed only this rank's
   // update and broadcast on its owner, so the ranks' programs would differ (comm_agree.cpp).
-  std::vector<Tensor> mine;
-  for (size_t i = 0; i < params_.size(); ++i)
-    if (owners_[i] == rank()) mine.push_back(params_[i]);
+  // This rank's gradients: those of its parameters and of its runs of split ones.
+  const std::vector<Tensor>& mine = local_->params();
   const DType dt = optim::detail::norm_dtype(reduced_);
   Tensor sq = optim::detail::grad_square_sum(mine, dt);
   if (!sq.defined()) sq = zeros({}, TensorOptions(dt, params_[0].device()));
@@ -217,14 +291,29 @@ void ZeroRedundancyOptimizer::clip(std::vector<Tensor>& grads) {
                                               "ZeroRedundancyOptimizer", Loc::current()));
   globals_.push_back(grad_norm_);
   optim::detail::scale_grads_to(mine, grad_norm_, max_grad_norm_);
-  for (size_t i = 0; i < params_.size(); ++i)
-    if (Tensor g = params_[i].grad(); g.defined() && owners_[i] == rank()) grads[i] = g;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (owners_[i] < 0 && local_of_[i] >= 0 && grads[i].defined())
+      grads[i] = local_->params_[static_cast<size_t>(local_of_[i])].grad();
+    else if (Tensor g = params_[i].grad(); g.defined() && owners_[i] == rank())
+      grads[i] = g;
+  }
 }
 
 std::vector<Tensor> ZeroRedundancyOptimizer::step_gradients() {
   globals_.clear();
-  reduced_ = stage_ >= 2 && world_size() > 1 ? reduce_to_owners() : Optimizer::step_gradients();
+  run_reduces_.clear();
+  const bool reduces = stage_ >= 2 && world_size() > 1;
+  reduced_ = reduces ? reduce_to_owners() : Optimizer::step_gradients();
   std::vector<Tensor> grads = reduced_;
+  // A split parameter's gradient is its run's on each rank, which the run's tensor holds (the
+  // reduce's under stage 2, the run of the whole under stage 1); a rank without a run keeps
+  // one defined (it takes part in the broadcasts) but updates nothing with it.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (owners_[i] >= 0 || local_of_[i] < 0 || !reduced_[i].defined()) continue;
+    Tensor piece = local_->params_[static_cast<size_t>(local_of_[i])];
+    grads[i] = reduces ? reduced_[i] : run_values(reduced_[i], run(i));
+    piece.set_grad(grads[i]);
+  }
   if (max_grad_norm_ > 0) clip(grads);
   return grads;
 }
@@ -240,17 +329,29 @@ void ZeroRedundancyOptimizer::end_step() {
     }
     for (const Tensor& p : params_) runtime::drop_gathered(*p.impl());
   }
+  // The runs of split parameters hold no value between steps; under stage 1 no gradient either
+  // (the whole ones hold theirs).
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (owners_[i] >= 0 || local_of_[i] < 0) continue;
+    Tensor piece = local_->params_[static_cast<size_t>(local_of_[i])];
+    detail::drop_value(piece, Loc::current());
+    if (stage_ == 1) piece.set_grad(Tensor());
+  }
   reduced_.clear();
+  run_reduces_.clear();
   globals_.clear();
 }
 
 Tensor ZeroRedundancyOptimizer::count_nonfinite(const std::vector<Tensor>& grads,
                                                 const Tensor& loss) {
-  if (stage_ == 1 || world_size() == 1) return Optimizer::count_nonfinite(grads, loss);
-  // Each rank counts in the gradients it owns (and its own loss); the sum is every rank's.
+  // Stage 1: every rank holds every gradient whole (`grads` holds only this rank's runs of the
+  // split ones); the same count on every rank.
+  if (stage_ == 1 || world_size() == 1) return Optimizer::count_nonfinite(reduced_, loss);
+  // Each rank counts in the gradients it owns and its runs (and its own loss); the sum is every
+  // rank's.
   std::vector<Tensor> mine(grads.size());
   for (size_t i = 0; i < grads.size(); ++i)
-    if (owners_[i] == rank()) mine[i] = grads[i];
+    if (owners_[i] == rank() || (owners_[i] < 0 && local_of_[i] >= 0)) mine[i] = grads[i];
   Tensor bad =
       detail::record_all_reduce(after_reduces(Optimizer::count_nonfinite(mine, loss)),
                                 {.local = true}, "ZeroRedundancyOptimizer", Loc::current());
@@ -279,6 +380,18 @@ void ZeroRedundancyOptimizer::add_state(size_t i) {
   local_->add_param_group({{params_[i]}, lr_of(i), weight_decay_of(i)});
   local_of_.back() = static_cast<int64_t>(local_->params().size()) - 1;
   global_of_.push_back(i);
+}
+
+void ZeroRedundancyOptimizer::zero_grad() {
+  Optimizer::zero_grad();
+  for (Tensor& p : local_->params_) p.set_grad(Tensor());
+}
+
+int64_t ZeroRedundancyOptimizer::local_grad_numel() const {
+  int64_t n = 0;
+  for (const Tensor& p : stage_ == 1 ? params_ : local_->params())
+    if (p.grad().defined()) n += p.grad().numel();
+  return n;
 }
 
 int64_t ZeroRedundancyOptimizer::local_state_numel() const {

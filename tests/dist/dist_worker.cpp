@@ -2,16 +2,15 @@
 // model on deterministic synthetic data, rank r taking samples [r*B, (r+1)*B) of each global
 // batch of N*B, so that N ranks with batch B see what one process with batch N*B sees:
 //   dist_worker train MODEL OPTIM STEPS BATCH OUT [zero1|zero2|zero3]
-//                                                   MODEL mlp|deep|cnn|bn, OPTIM sgd|adamw; rank 0
-//                                                   writes the final parameters to OUT; zero1,
-//                                                   zero2: the optimizer
-//                                                   sharded (ZeroRedundancyOptimizer of that
-//                                                   stage; zero3: fully_shard), each
-//                                                   rank printing "rank R zero state N of M" and
-//                                                   "rank R zero grads N of M" (the gradient
-//                                                   elements it holds after the last step).
-//                                                   CLIP=C: gradients clipped to global norm C
-//                                                   (clip_grad_norm_, or the option). NAN_AT=S:
+//                                                   MODEL mlp|linear|wide|deep|cnn|bn, OPTIM
+//                                                   sgd|adamw; rank 0 writes the final parameters
+//                                                   to OUT; zero1, zero2: the optimizer sharded
+//                                                   (ZeroRedundancyOptimizer of that stage; zero3:
+//                                                   fully_shard), each rank printing "rank R zero
+//                                                   state N of M" and "rank R zero grads N of M"
+//                                                   (the gradient elements it holds after the last
+//                                                   step). CLIP=C: gradients clipped to global norm
+//                                                   C (clip_grad_norm_, or the option). NAN_AT=S:
 //                                                   rank 1's loss is NaN at step S, the optimizers
 //                                                   skip non-finite steps. AUTOCAST=1: the
 //                                                   forward under bf16 autocast. KEEP_GATHERS=1:
@@ -94,6 +93,10 @@ std::shared_ptr<ls::nn::Module> make_model(const std::string& name) {
     m->emplace<ls::nn::Linear>(32, 4);
   } else if (name == "linear") {  // two parameters: fewer than 4 ranks
     m->emplace<ls::nn::Linear>(64, 4);
+  } else if (name == "wide") {  // one weight larger than an even share (8,000 of 8,629)
+    m->emplace<ls::nn::Linear>(64, 125);
+    m->emplace<ls::nn::ReLU>();
+    m->emplace<ls::nn::Linear>(125, 4);
   } else if (name == "deep") {  // parameters far more than activations (2.2 MB of them)
     m->emplace<ls::nn::Linear>(64, 256);
     for (int k = 0; k < 8; ++k) {
@@ -252,11 +255,9 @@ int run(int argc, char** argv) {
                 static_cast<long long>(
                     static_cast<ls::dist::ZeroRedundancyOptimizer&>(*opt).local_state_numel()),
                 static_cast<long long>(whole));
-    int64_t grads = 0, params = 0;
-    for (const ls::Tensor& p : model->parameters()) {
-      params += p.numel();
-      if (p.grad().defined()) grads += p.grad().numel();
-    }
+    int64_t params = 0;
+    for (const ls::Tensor& p : model->parameters()) params += p.numel();
+    const int64_t grads = static_cast<ls::dist::ZeroRedundancyOptimizer&>(*opt).local_grad_numel();
     std::printf("rank %d zero grads %lld of %lld\n", rank, static_cast<long long>(grads),
                 static_cast<long long>(params));
   }

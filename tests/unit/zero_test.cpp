@@ -1,14 +1,18 @@
 // ZeroRedundancyOptimizer in one process (world size 1: this rank owns every parameter), against
 // the optimizer it wraps: the same updates with parameter groups, a scheduler and gradient
 // clipping; its state named by the parameters' indices and loaded back; bad local optimizers
-// refused. The sharding over several ranks is tested under mpirun (tests/dist).
+// refused. The sharding over several ranks is tested under mpirun (tests/dist); its layout (which
+// rank keeps what) here.
 #include <gtest/gtest.h>
 
 #include <lockstep/lockstep.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include "dist/partition.h"
 
 namespace ls = lockstep;
 
@@ -119,3 +123,55 @@ TEST(ZeroRedundancyOptimizer, RefusesALocalOptimizerOverOtherParameters) {
 }
 
 }  // namespace
+
+// The tensors larger than an even share are split, the others kept whole; the split ones' runs
+// cover each of them once, in rank order, and every rank holds the same number of elements to
+// one, unless a whole tensor already gives one rank more (then the others are even).
+TEST(ZeroRedundancyOptimizer, SplitsTheTensorsLargerThanAnEvenShareSoThatEveryRankHoldsAsMany) {
+  struct Case {
+    std::vector<int64_t> sizes;
+    int world;
+  };
+  for (const Case& c : std::vector<Case>{{{8000, 125, 500, 4}, 3},
+                                         {{8000, 125, 500, 4}, 4},
+                                         {{24}, 2},
+                                         {{7, 5, 3}, 4},
+                                         {{1001, 999, 3, 2, 1}, 5},
+                                         {{4000, 3000, 100}, 2},
+                                         {{10, 10, 10, 10}, 4}}) {
+    const ls::dist::detail::Layout l = ls::dist::detail::split_layout(c.sizes, c.world, true);
+    int64_t total = 0;
+    for (int64_t n : c.sizes) total += n;
+    std::vector<int64_t> held(static_cast<size_t>(c.world), 0);
+    for (size_t i = 0; i < c.sizes.size(); ++i) {
+      const bool large = c.sizes[i] * c.world > total && c.sizes[i] >= c.world;
+      EXPECT_EQ(l.owners[i] < 0, large) << "tensor " << i;
+      if (l.owners[i] >= 0) {
+        EXPECT_TRUE(l.runs[i].empty());
+        held[static_cast<size_t>(l.owners[i])] += c.sizes[i];
+        continue;
+      }
+      ASSERT_EQ(l.runs[i].size(), static_cast<size_t>(c.world));
+      int64_t at = 0;
+      for (size_t r = 0; r < l.runs[i].size(); ++r) {
+        EXPECT_EQ(l.runs[i][r].offset, at) << "tensor " << i << " rank " << r;
+        at += l.runs[i][r].numel;
+        held[r] += l.runs[i][r].numel;
+      }
+      EXPECT_EQ(at, c.sizes[i]) << "tensor " << i;
+    }
+    EXPECT_EQ(held, l.load);
+    const int64_t most_whole = [&] {
+      std::vector<int64_t> whole(static_cast<size_t>(c.world), 0);
+      for (size_t i = 0; i < c.sizes.size(); ++i)
+        if (l.owners[i] >= 0) whole[static_cast<size_t>(l.owners[i])] += c.sizes[i];
+      return *std::max_element(whole.begin(), whole.end());
+    }();
+    const int64_t lo = *std::min_element(held.begin(), held.end());
+    const int64_t hi = *std::max_element(held.begin(), held.end());
+    EXPECT_TRUE(hi - lo <= 1 || hi == most_whole) << c.world << " ranks: " << lo << ".." << hi;
+  }
+  // Stage 3 (no split) partitions every tensor whole.
+  const ls::dist::detail::Layout whole = ls::dist::detail::split_layout({8000, 125}, 2, false);
+  EXPECT_EQ(whole.owners, (std::vector<int>{0, 1}));
+}
