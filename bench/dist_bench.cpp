@@ -143,6 +143,9 @@ int main(int argc, char** argv) {
       if (!zero3 || zero3->owner(i) == rank) params_b += static_cast<double>(p.numel()) * 4;
       if (p.grad().defined()) grads_b += static_cast<double>(p.grad().numel()) * 4;
     }
+    // Under ZeRO, a split parameter's gradient is held by this rank's run of it.
+    if (const auto* zero = dynamic_cast<ls::dist::ZeroRedundancyOptimizer*>(opt.get()))
+      grads_b = static_cast<double>(zero->local_grad_numel()) * 4;
     for (const auto& [name, t] : opt->state_dict()) state_b += static_cast<double>(t.numel()) * 4;
     // Every rank's waits (each rank holds its own, at its index), then per step the least and the
     // most any rank waited: the rank that reached the wait last waited only for communication

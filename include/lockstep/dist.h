@@ -292,8 +292,9 @@ std::shared_ptr<ZeroRedundancyOptimizer> fully_shard(
 
 // Sharded checkpoints: each rank writes its own part of the training state to
 // `dir`/shard-<rank>-of-<N>-g<generation>.safetensors (checksummed, written atomically): the
-// optimizer's buffers of the parameters it owns (ZeroRedundancyOptimizer::owner; with another
-// optimizer, the same partition of its parameters), its share of the model's tensors (the same
+// optimizer's buffers of the parameters it owns (ZeroRedundancyOptimizer::owner; of a split one,
+// its run's, named "<name>#<offset>"; with another optimizer, the same partition of its
+// parameters), its share of the model's tensors (the same
 // partition of the state dict), and rank 0 the rest (step counts, the scheduler's state, the
 // generator's). No rank gathers the state. Then rank 0 writes `dir`/index.safetensors (world
 // size, generation, files, `metadata`), the commit: a save killed before it leaves the previous
@@ -317,7 +318,8 @@ void save_sharded_async(const std::string& dir, const nn::Module& model,
 void wait_for_save();
 // Loads a sharded checkpoint at any world size: each rank reads, from whichever files hold them,
 // the model's tensors and the optimizer state it keeps now (all of it for an unsharded optimizer;
-// its owned parameters' for ZeroRedundancyOptimizer, however the saving run partitioned them).
+// its owned parameters' and its runs' for ZeroRedundancyOptimizer, however the saving run
+// partitioned or split them: runs are read where they overlap and joined or cut).
 // Everything is checked first (a missing, truncated or corrupt file, a tensor of another shape,
 // a tensor no file holds: an Error naming the file or the tensor) and nothing changes then.
 // Returns the metadata saved with it.
