@@ -63,17 +63,8 @@ class step:
             return self(fn)
         return self
 
-    def __enter__(self):
-        self._active.append(_C._Step(self._autocast))
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        s = self._active.pop()
-        if exc_type is None:
-            s.commit()
-        else:
-            s.rollback("%s left the step: %s" % (exc_type.__name__, exc))
-        return False
+    # __enter__ and __exit__ are C++ (_install_step_protocol below): an interrupt cannot land
+    # between __exit__'s taking the step and its commit or rollback.
 
     def __call__(self, fn):
         autocast = self._autocast
@@ -84,6 +75,9 @@ class step:
                 return fn(*args, **kwargs)
 
         return in_step
+
+
+_C._install_step_protocol(step)
 
 
 class autocast:

@@ -92,6 +92,34 @@ void init_runtime(py::module_& m) {
            arg("autocast") = py::none())
       .def("commit", &PyStep::commit)
       .def("rollback", &PyStep::rollback, arg("reason"));
+  // lockstep.step's __enter__ and __exit__, in C++: a KeyboardInterrupt is raised between
+  // bytecodes, so none can land between __exit__'s taking the step and its commit or rollback
+  // (one written in Python could leave the step open while the handler runs: its reads inside
+  // the step, its closures not run). An error while the reason is formatted rolls back too (the
+  // step's destructor, as the exception leaves).
+  m.def("_install_step_protocol", [](const py::object& cls) {
+    auto enter = [](const py::object& self) {
+      auto s = std::make_unique<PyStep>(self.attr("_autocast").cast<std::optional<PyDType>>(),
+                                        user_place());
+      self.attr("_active").attr("append")(py::cast(std::move(s)));
+      return self;
+    };
+    auto exit = [](const py::object& self, const py::object& type, const py::object& exc,
+                   const py::object&) {
+      const py::object s = self.attr("_active").attr("pop")();
+      if (type.is_none())
+        s.cast<PyStep&>().commit();
+      else
+        s.cast<PyStep&>().rollback(
+            py::str("{} left the step: {}").format(type.attr("__name__"), exc));
+      return false;
+    };
+    auto method = [&](const char* name, const py::cpp_function& fn) {
+      py::setattr(cls, name, py::reinterpret_steal<py::object>(PyInstanceMethod_New(fn.ptr())));
+    };
+    method("__enter__", py::cpp_function(enter, py::name("__enter__")));
+    method("__exit__", py::cpp_function(exit, py::name("__exit__")));
+  });
 
   m.def(
       "sync",
