@@ -234,11 +234,11 @@ TEST(Pipeline, ThePassesInOrder) {
   std::vector<std::string> names;
   for (const plan::Pass& pass : cpu::pipeline()) names.push_back(pass.name);
   EXPECT_EQ(names,
-            (std::vector<std::string>{"fold_constants", "choose_fusion", "choose_layouts",
-                                      "choose_conv_algorithms", "lower", "drop_unread_steps",
-                                      "merge_row_steps", "merge_sums", "merge_fused_steps",
-                                      "schedule", "add_checks", "bucket_all_reduces",
-                                      "prefetch_gathers", "share_conv_copies", "plan_memory"}));
+            (std::vector<std::string>{
+                "fold_constants", "choose_fusion", "choose_layouts", "choose_conv_algorithms",
+                "lower", "drop_unread_steps", "merge_row_steps", "merge_sums", "merge_fused_steps",
+                "schedule", "add_checks", "bucket_all_reduces", "prefetch_gathers",
+                "join_broadcasts", "share_conv_copies", "plan_memory"}));
 }
 
 TEST(LowerPass, AMatmulReadsATransposeThroughStridesAndTheTransposeIsDropped) {
@@ -529,6 +529,31 @@ TEST(GatherPass, GathersStartAsEarlyAsTheBytesInFlightAllow) {
       "plan_memory");
   for (const plan::Step& s : q.steps)
     EXPECT_EQ(std::string(s.label).find("gather"), std::string::npos);
+}
+
+// ZeroRedundancyOptimizer's join of a split parameter (its runs broadcast one after the other, the
+// second ordered after the first, concatenated and reshaped into the parameter's new value): each
+// broadcast receives into its place in one region, which holds the concatenation and the output
+// too, so nothing is copied and the runs are held once. A broadcast something else reads keeps
+// memory of its own.
+TEST(JoinPass, BroadcastsReceiveStraightIntoTheirConcatenation) {
+  const std::string head =
+      "%0 = data(#0) f32[6]\n%1 = data(#1) f32[10]\n%2 = broadcast(%0) {0} f32[6]\n"
+      "%3 = broadcast(%2, %1) {1} f32[10]\n%4 = concat(%2, %3) {0} f32[16]\n"
+      "%5 = reshape(%4) f32[4, 4]\n";
+  const plan::Plan p = run_until(head + "return %5\n", "plan_memory");
+  for (const int id : {2, 3, 4, 5}) ASSERT_EQ(p.slot[id].kind, plan::Slot::Region) << id;
+  EXPECT_EQ(p.slot[3].region, p.slot[2].region);
+  EXPECT_EQ(p.slot[4].region, p.slot[2].region);
+  EXPECT_EQ(p.slot[5].region, p.slot[2].region);
+  EXPECT_EQ(p.slot[2].index, 0);
+  EXPECT_EQ(p.slot[3].index, 6 * 4);  // after the first run's bytes
+  EXPECT_EQ(p.slot[5].index, 0);
+  EXPECT_EQ(p.arena_bytes, 0u) << "nothing held besides the output";
+  const plan::Plan q = run_until(head + "%6 = exp(%2) f32[6]\nreturn %5, %6\n", "plan_memory");
+  EXPECT_EQ(q.slot[2].kind, plan::Slot::Arena);
+  EXPECT_EQ(q.slot[4].kind, plan::Slot::Arena);
+  EXPECT_EQ(q.slot[5].kind, plan::Slot::Output);
 }
 
 // An LSTM layer and its gradient in one program: the gradient reads the workspace the forward

@@ -389,6 +389,66 @@ void bucket_all_reduces(plan::Plan& p) {
   runtime::count(runtime::Counter::AllReduceBuckets, static_cast<int64_t>(buckets.size()));
 }
 
+// A concatenation of broadcasts read by nothing else (ZeroRedundancyOptimizer's join of a split
+// parameter's runs, each from its rank): each broadcast receives straight into its place in the
+// concatenation, which lives in a region of its own with the outputs that reshape it (the
+// parameter's new value), so the join copies nothing and the step holds the runs once, not as
+// the runs, their concatenation and the parameter.
+void join_broadcasts(plan::Plan& p) {
+  const ir::Graph& g = p.graph;
+  const size_t n = g.nodes.size();
+  // The steps reading each value, and the last of them; a broadcast's operands before its value
+  // only order it (ir.h: the join's runs are broadcast one after the other), not read.
+  std::vector<int> readers(n, 0), reader(n, -1);
+  for (size_t s = 0; s < p.steps.size(); ++s) {
+    const plan::Step& step = p.steps[s];
+    const bool orders = step.kind != plan::StepKind::Check && step.node >= 0 &&
+                        g.nodes[step.node].op == ir::Op::Broadcast;
+    for (int32_t r : step.reads)
+      if (!orders || r == g.nodes[step.node].operands.back())
+        ++readers[r], reader[r] = static_cast<int>(s);
+  }
+  auto free_to_place = [&](int32_t v) {
+    return p.run_time[v] && p.constant_at[v] < 0 && g.nodes[v].op != ir::Op::Data &&
+           (p.placed.empty() || p.placed[v].first < 0);
+  };
+  for (const plan::Step& step : p.steps) {
+    const int32_t c = step.node;
+    const ir::GraphNode& cat = g.nodes[c];
+    if (step.kind == plan::StepKind::Check || cat.op != ir::Op::Concat || !free_to_place(c))
+      continue;
+    bool joins = true;  // each operand a contiguous block of the result
+    for (int64_t d = 0; d < cat.attrs[0]; ++d) joins = joins && cat.shape[d] == 1;
+    std::vector<int32_t> seen;
+    for (int32_t o : cat.operands) {
+      const ir::GraphNode& b = g.nodes[o];
+      joins = joins && b.op == ir::Op::Broadcast &&
+              ir::BroadcastAttrs::of(b.attrs).gather == ir::BroadcastAttrs::Gather::None &&
+              free_to_place(o) && !p.is_output[o] && readers[o] == 1 && b.dtype == cat.dtype &&
+              std::find(seen.begin(), seen.end(), o) == seen.end();
+      seen.push_back(o);
+    }
+    if (!joins) continue;
+    if (p.placed.empty()) p.placed.assign(n, {-1, 0});
+    const auto region = static_cast<int32_t>(p.regions.size());
+    p.regions.push_back(bytes_of(cat));
+    p.placed[c] = {region, 0};
+    int64_t at = 0;
+    for (int32_t o : cat.operands) {
+      p.placed[o] = {region, at};
+      at += static_cast<int64_t>(bytes_of(g.nodes[o]));
+    }
+    // The reshapes of it that are outputs hold the same bytes (a reshape that aliases it lives
+    // there anyway): its readers', one after the other, while each is its value's only reader.
+    for (int32_t v = c; readers[v] == 1;) {
+      const int32_t r = p.steps[static_cast<size_t>(reader[v])].node;
+      if (g.nodes[r].op != ir::Op::Reshape || !free_to_place(r)) break;
+      if (p.is_output[r]) p.placed[r] = {region, 0};
+      v = r;
+    }
+  }
+}
+
 // The gathers of sharded parameters (fully_shard: a Broadcast with a gather, lowered as a blocking
 // broadcast) become a start and a wait: the wait where the broadcast was, the start as early as
 // the gathers in flight allow (FSDP's prefetch of the next modules' all-gathers): right after the

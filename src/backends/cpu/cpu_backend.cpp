@@ -90,6 +90,7 @@ const std::vector<plan::Pass>& pipeline() {
         {"add_checks", plan::add_checks},
         {"bucket_all_reduces", bucket_all_reduces},
         {"prefetch_gathers", prefetch_gathers},
+        {"join_broadcasts", join_broadcasts},
         {"share_conv_copies", share_conv_copies},
         {"plan_memory", plan::plan_memory},
     };

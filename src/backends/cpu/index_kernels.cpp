@@ -276,9 +276,9 @@ void concat(size_t elem, const std::vector<const void*>& xs, const std::vector<S
   parallel_for(outer * out_row > kParallelBytes, parts, [&](int64_t p) {
     const int64_t o = p / static_cast<int64_t>(xs.size());
     const size_t k = static_cast<size_t>(p % static_cast<int64_t>(xs.size()));
-    if (row[k])
-      std::memcpy(Y + o * out_row + at[k], static_cast<const char*>(xs[k]) + o * row[k],
-                  static_cast<size_t>(row[k]));
+    const char* from = static_cast<const char*>(xs[k]) + o * row[k];
+    char* to = Y + o * out_row + at[k];
+    if (row[k] && from != to) std::memcpy(to, from, static_cast<size_t>(row[k]));  // in place
   });
 }
 

@@ -16,6 +16,7 @@
 //                                       started after its last gradient, waited for before its
 //                                       first reader
 //   prefetch_gathers   collectives.cpp  fully_shard's gathers started one ahead of their use
+//   join_broadcasts    collectives.cpp  broadcasts received straight into their concatenation
 //   share_conv_copies  conv_copies.cpp  one copy of a value for the convolutions that read it
 //   plan_memory        plan/memory.cpp  arena, aliases, donations, planned bytes
 // and the executable (executable.cpp) runs the plan.
@@ -105,6 +106,7 @@ void merge_fused_steps(plan::Plan& p);
 void share_conv_copies(plan::Plan& p);
 void bucket_all_reduces(plan::Plan& p);
 void prefetch_gathers(plan::Plan& p);
+void join_broadcasts(plan::Plan& p);
 
 // Kernels for steps the passes build or rebuild.
 std::function<void(Ctx&)> run_fused(std::shared_ptr<const FusedMembers> members);
