@@ -8,6 +8,7 @@
 #include <lockstep/lockstep.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -174,4 +175,69 @@ TEST(ZeroRedundancyOptimizer, SplitsTheTensorsLargerThanAnEvenShareSoThatEveryRa
   // Stage 3 (no split) partitions every tensor whole.
   const ls::dist::detail::Layout whole = ls::dist::detail::split_layout({8000, 125}, 2, false);
   EXPECT_EQ(whole.owners, (std::vector<int>{0, 1}));
+}
+
+// load_sharded reads a tensor saved in runs (a split parameter's state: "<name>#<offset>", each
+// run in its rank's file) joined into the whole a plain optimizer keeps; runs that leave a gap or
+// do not add up to the tensor are an Error naming it, and nothing is loaded.
+TEST(ZeroRedundancyOptimizer, ACheckpointOfRunsLoadsJoinedAndRunsThatDoNotJoinUpAreRefused) {
+  namespace fs = std::filesystem;
+  const std::string dir = (fs::path(testing::TempDir()) / "lockstep_runs_ckpt").string();
+  fs::remove_all(dir);
+  ls::manual_seed(1);
+  ls::nn::Linear saved(2, 11);
+  ls::optim::AdamW opt(saved.parameters(), ls::optim::AdamOptions{.lr = 0.1});
+  ls::step([&] {
+    opt.zero_grad();
+    ls::sum(ls::square(saved(ls::full({3, 2}, 0.5)))).backward();
+    opt.step();
+  });
+  ls::dist::save_sharded(dir, saved, &opt);
+  const std::string file = dir + "/shard-0-of-1-g1.safetensors";
+  const ls::io::Loaded whole = ls::io::load_safetensors(file);
+  ls::Tensor exp_avg;
+  for (const auto& [name, t] : whole.tensors)
+    if (name == "optimizer.0.exp_avg") exp_avg = ls::reshape(t, {22});
+  ASSERT_TRUE(exp_avg.defined());
+  // The file again with the weight's first moment as runs [offset, end), in place of the whole.
+  auto with_runs = [&](const std::vector<std::pair<int64_t, int64_t>>& runs) {
+    ls::io::TensorMap out;
+    for (const auto& [name, t] : whole.tensors)
+      if (name != "optimizer.0.exp_avg") out.emplace_back(name, t);
+    for (const auto& [begin, end] : runs)
+      out.emplace_back("optimizer.0.exp_avg#" + std::to_string(begin),
+                       ls::slice(exp_avg, 0, begin, end));
+    ls::io::save_safetensors(file, out, whole.metadata);
+  };
+  auto expect_refused = [&](const std::string& says) {
+    ls::manual_seed(2);
+    ls::nn::Linear other(2, 11);
+    ls::optim::AdamW other_opt(other.parameters(), ls::optim::AdamOptions{.lr = 0.1});
+    const std::vector<float> before = other.weight.to_vector<float>();
+    try {
+      ls::dist::load_sharded(dir, other, &other_opt);
+      ADD_FAILURE() << "loaded runs that do not join up";
+    } catch (const ls::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(other.weight.to_vector<float>(), before) << "nothing is loaded";
+  };
+  with_runs({{0, 10}, {12, 22}});  // elements 10 and 11 missing
+  expect_refused("'optimizer.0.exp_avg#12'");
+  with_runs({{0, 12}, {12, 21}});  // the last element missing
+  expect_refused("runs of 21 elements in all");
+  with_runs({{0, 12}, {12, 22}});
+  ls::manual_seed(3);
+  ls::nn::Linear loaded(2, 11);
+  ls::optim::AdamW loaded_opt(loaded.parameters(), ls::optim::AdamOptions{.lr = 0.1});
+  ls::dist::load_sharded(dir, loaded, &loaded_opt);
+  EXPECT_EQ(loaded.weight.to_vector<float>(), saved.weight.to_vector<float>());
+  int found = 0;
+  for (const auto& [name, t] : loaded_opt.state_dict()) {
+    if (name != "0.exp_avg") continue;
+    EXPECT_EQ(t.to_vector<float>(), exp_avg.to_vector<float>());
+    ++found;
+  }
+  EXPECT_EQ(found, 1);
+  fs::remove_all(dir);
 }
