@@ -257,7 +257,9 @@ std::map<std::string, Tensor> read_wanted(const std::string& dir, const io::Meta
     paths.push_back(shard_path(dir, index, r, loc));
     auto list = [&](const io::Metadata&, const std::vector<io::TensorInfo>& infos) {
       for (const io::TensorInfo& info : infos) {
-        const size_t mark = info.name.rfind(kRunMark);
+        // Only optimizer state is split (a model tensor's name may hold the mark).
+        const size_t mark =
+            info.name.rfind(kOptimizer, 0) == 0 ? info.name.rfind(kRunMark) : std::string::npos;
         if (mark == std::string::npos) {
           held[info.name].push_back({r, info});
           continue;
