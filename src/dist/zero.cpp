@@ -149,8 +149,11 @@ void ZeroRedundancyOptimizer::update(size_t i, const Tensor& grad, const Tensor&
     // A split parameter: this rank's run, from the parameter as it is, updated by the local
     // optimizer with the run's gradient (`grad`).
     const auto j = static_cast<size_t>(local_of_[i]);
-    Tensor piece = local_->params_[j];
-    piece.copy_(run_values(params_[i], run(i)));
+    // Its value is the parameter's slice itself, not a copy: the program reads the run where
+    // the parameter holds it.
+    const Tensor& piece = local_->params_[j];
+    runtime::set_value(*piece.impl(), runtime::current_node(*run_values(params_[i], run(i)).impl()),
+                       "ZeroRedundancyOptimizer", Loc::current());
     Group& g = local_->groups_[local_->group_of_[j]];
     g.lr = lr_of(i);
     g.weight_decay = weight_decay_of(i);
