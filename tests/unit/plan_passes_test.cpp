@@ -449,6 +449,26 @@ TEST(BucketPass, ReducesToAnotherRankFreeTheirRegionAtTheirWait) {
   EXPECT_EQ(p.region_at[0], p.region_at[3]);
 }
 
+// ZeroRedundancyOptimizer's runs of a split gradient (elements 0-5 and 6-9 of %2, reduced to ranks
+// 0 and 1; buckets of 16 bytes, which the first run alone fills): the runs share a bucket, side
+// by side with no padding between, and the gradient is computed there, so nothing is copied in.
+// Without that, the whole gradient lived in the arena besides its runs' copies in the buckets.
+TEST(BucketPass, RunsOfOneGradientShareABucketWhereTheGradientIsComputed) {
+  const plan::Plan p = run_until(
+      "%0 = data(#0) f32[10]\n%1 = data(#1) f32[]\n%2 = exp(%0) f32[10]\n"
+      "%3 = slice(%2) {0, 0, 6, 1} f32[6]\n"
+      "%4 = all_reduce(%3) {4607182418800017408, 0, 16, 16, 0, 0} f32[6]\n"
+      "%5 = slice(%2) {0, 6, 10, 1} f32[4]\n"
+      "%6 = all_reduce(%5) {4607182418800017408, 0, 16, 16, 1, 0} f32[4]\n"
+      "%7 = broadcast(%4, %6, %1) {0} f32[]\nreturn %7\n",
+      "plan_memory");
+  EXPECT_THAT(lines(p, "%4 all_reduce_start"),
+              ::testing::HasSubstr("(2 gradients, 64 bytes, 2 computed in place)"));
+  EXPECT_EQ(p.regions, (std::vector<size_t>{64}));
+  EXPECT_THAT(lines(p, "node %2 "), ::testing::HasSubstr("slot region0@0"));
+  EXPECT_THAT(lines(p, "node %6 "), ::testing::HasSubstr("slot region0@24")) << "right after";
+}
+
 // A slice that is one run of its operand's memory (here time step 2 of [3, 4, 8], as an LSTM
 // unbinds its input projections) lives there: an alias at its offset, nothing copied. A slice
 // of the last axis (rows apart) is copied into memory of its own.

@@ -72,6 +72,17 @@ std::string describe(const ir::Graph& g, const Bucket& b, int number, size_t in_
                    util::where(first.origin.loc));
 }
 
+// The bytes into its memory root (plan::memory_roots) at which value `v` lives: 0 for the root,
+// each contiguous slice's offset added along the aliases between.
+int64_t alias_offset(const ir::Graph& g, const std::vector<int32_t>& root, int32_t v) {
+  int64_t at = 0;
+  while (v != root[v]) {
+    at += std::max<int64_t>(0, plan::slice_offset(g, v));
+    v = g.nodes[v].operands[0];
+  }
+  return at;
+}
+
 // Gradients the backward computes straight into their bucket's region (as PyTorch DDP's
 // gradient_as_bucket_view), so that the start packs nothing for them and the all-reduce sums
 // them in place: a member's operand, through the reshapes that alias it, when it is a value of
@@ -102,15 +113,33 @@ std::vector<size_t> place_gradients(plan::Plan& p,
       // The others' stay there (nothing meaningful: the broadcasts' reads of them only ordered
       // them, and drop_ordering_reads takes those away).
       if (!reduce || b.root[m] != dist::rank()) p.placed[member] = slot;
+      // The members whose operands are runs of one value, side by side in the region as in it
+      // (ZeroRedundancyOptimizer's runs of a split gradient, each reduced to its rank): that
+      // value goes where the first run is, and each run is already in place.
       const int32_t r = root[b.operands[m]];
+      size_t runs = 1;
+      size_t bytes = plan::bytes_of(g.nodes[member]);
+      if (r != b.operands[m]) {
+        if (alias_offset(g, root, b.operands[m]) != 0) continue;
+        while (m + runs < b.members.size() && root[b.operands[m + runs]] == r &&
+               alias_offset(g, root, b.operands[m + runs]) == static_cast<int64_t>(bytes) &&
+               b.offset[m + runs] == b.offset[m] + bytes)
+          bytes += plan::bytes_of(g.nodes[b.members[m + runs++]]);
+      }
       const ir::GraphNode& value = g.nodes[r];
       if (value.op == ir::Op::Data || p.constant_at[r] >= 0 || p.is_output[r] || producer[r] < 0 ||
           p.placed[r].first >= 0 || decisions(p).blocked[r] || value.dtype != b.dtype ||
-          plan::bytes_of(value) != plan::bytes_of(g.nodes[member]) ||
-          last_read[r] > static_cast<int>(start[k]))
+          plan::bytes_of(value) != bytes || last_read[r] > static_cast<int>(start[k]))
         continue;
       p.placed[r] = slot;
-      ++in_place[k];
+      in_place[k] += runs;
+      // The runs after the first: their slots, as the members' (their operands alias the value).
+      for (size_t j = 1; j < runs; ++j) {
+        const int32_t next = b.members[m + j];
+        if (!reduce || b.root[m + j] != dist::rank())
+          p.placed[next] = {b.region, static_cast<int64_t>(b.offset[m + j])};
+      }
+      m += runs - 1;
     }
   }
   return in_place;
@@ -204,12 +233,25 @@ void bucket_all_reduces(plan::Plan& p) {
   // bucket with the small ones before it, and the last bucket (the first layers', computed last)
   // holds what is left rather than a whole bucket's size.
   std::vector<std::shared_ptr<Bucket>> buckets;
+  const std::vector<int32_t> root = plan::memory_roots(p);
   bool full = true;  // the last bucket reached its size
+  size_t end = 0;    // where the open bucket's last member ends (its bytes are padded to 64)
   for (int32_t id : nodes) {
     const ir::GraphNode& n = g.nodes[id];
     const ir::AllReduceAttrs attrs = ir::AllReduceAttrs::of(n.attrs);
     const double scale = attrs.scale;
-    Bucket* b = full ? nullptr : buckets.back().get();
+    // A run of the value the member before it is a run of, right after that one in it
+    // (ZeroRedundancyOptimizer's runs of a split gradient): in the same bucket, right after it in
+    // the region too, so that the value can be computed there (place_gradients).
+    const int32_t x = n.operands[0];
+    Bucket* open = buckets.empty() ? nullptr : buckets.back().get();
+    const bool follows = open && root[x] != x && root[x] == root[open->operands.back()] &&
+                         open->dtype == n.dtype && open->scale == scale &&
+                         open->root.front() >= 0 && attrs.root >= 0 &&
+                         alias_offset(g, root, x) ==
+                             alias_offset(g, root, open->operands.back()) +
+                                 static_cast<int64_t>(bytes_of(g.nodes[open->members.back()]));
+    Bucket* b = full && !follows ? nullptr : open;
     if (!b || b->dtype != n.dtype || b->scale != scale ||
         (b->root.front() < 0) != (attrs.root < 0)) {
       buckets.push_back(std::make_shared<Bucket>());
@@ -217,12 +259,14 @@ void bucket_all_reduces(plan::Plan& p) {
       b->dtype = n.dtype;
       b->scale = scale;
     }
+    const size_t at = follows ? end : b->bytes;
     b->members.push_back(id);
     b->root.push_back(attrs.root);
-    b->operands.push_back(n.operands[0]);
-    b->offset.push_back(b->bytes);
+    b->operands.push_back(x);
+    b->offset.push_back(at);
     b->count.push_back(shape_numel(n.shape));
-    b->bytes += (bytes_of(n) + 63) / 64 * 64;
+    end = at + bytes_of(n);
+    b->bytes = (end + 63) / 64 * 64;
     full = b->bytes >=
            static_cast<size_t>(buckets.size() == 1 ? attrs.first_bucket_bytes : attrs.bucket_bytes);
   }
