@@ -105,20 +105,22 @@ std::vector<size_t> place_gradients(plan::Plan& p,
   for (size_t k = 0; k < buckets.size(); ++k) {
     Bucket& b = *buckets[k];
     const bool reduce = b.root.front() >= 0;
+    auto slot = [&](size_t m) {
+      return std::pair<int32_t, int64_t>{b.region, static_cast<int64_t>(b.offset[m])};
+    };
+    // This rank's results of a reduce are not kept in the region: the wait copies them out, so
+    // that what it keeps after the step (its own gradients) holds no other rank's share alive.
+    // The others' stay there (nothing meaningful: the broadcasts' reads of them only ordered
+    // them, and drop_ordering_reads takes those away).
+    for (size_t m = 0; m < b.members.size(); ++m)
+      if (!reduce || b.root[m] != dist::rank()) p.placed[b.members[m]] = slot(m);
     for (size_t m = 0; m < b.members.size(); ++m) {
-      const int32_t member = b.members[m];
-      const std::pair<int32_t, int64_t> slot{b.region, static_cast<int64_t>(b.offset[m])};
-      // This rank's results of a reduce are not kept in the region: the wait copies them out, so
-      // that what it keeps after the step (its own gradients) holds no other rank's share alive.
-      // The others' stay there (nothing meaningful: the broadcasts' reads of them only ordered
-      // them, and drop_ordering_reads takes those away).
-      if (!reduce || b.root[m] != dist::rank()) p.placed[member] = slot;
       // The members whose operands are runs of one value, side by side in the region as in it
       // (ZeroRedundancyOptimizer's runs of a split gradient, each reduced to its rank): that
       // value goes where the first run is, and each run is already in place.
       const int32_t r = root[b.operands[m]];
       size_t runs = 1;
-      size_t bytes = plan::bytes_of(g.nodes[member]);
+      size_t bytes = plan::bytes_of(g.nodes[b.members[m]]);
       if (r != b.operands[m]) {
         if (alias_offset(g, root, b.operands[m]) != 0) continue;
         while (m + runs < b.members.size() && root[b.operands[m + runs]] == r &&
@@ -131,14 +133,8 @@ std::vector<size_t> place_gradients(plan::Plan& p,
           p.placed[r].first >= 0 || decisions(p).blocked[r] || value.dtype != b.dtype ||
           plan::bytes_of(value) != bytes || last_read[r] > static_cast<int>(start[k]))
         continue;
-      p.placed[r] = slot;
+      p.placed[r] = slot(m);
       in_place[k] += runs;
-      // The runs after the first: their slots, as the members' (their operands alias the value).
-      for (size_t j = 1; j < runs; ++j) {
-        const int32_t next = b.members[m + j];
-        if (!reduce || b.root[m + j] != dist::rank())
-          p.placed[next] = {b.region, static_cast<int64_t>(b.offset[m + j])};
-      }
       m += runs - 1;
     }
   }
@@ -463,14 +459,11 @@ void join_broadcasts(plan::Plan& p) {
       continue;
     bool joins = true;  // each operand a contiguous block of the result
     for (int64_t d = 0; d < cat.attrs[0]; ++d) joins = joins && cat.shape[d] == 1;
-    std::vector<int32_t> seen;
-    for (int32_t o : cat.operands) {
+    for (int32_t o : cat.operands) {  // (one operand twice: read twice, by the concatenation)
       const ir::GraphNode& b = g.nodes[o];
       joins = joins && b.op == ir::Op::Broadcast &&
               ir::BroadcastAttrs::of(b.attrs).gather == ir::BroadcastAttrs::Gather::None &&
-              free_to_place(o) && !p.is_output[o] && readers[o] == 1 && b.dtype == cat.dtype &&
-              std::find(seen.begin(), seen.end(), o) == seen.end();
-      seen.push_back(o);
+              free_to_place(o) && !p.is_output[o] && readers[o] == 1 && b.dtype == cat.dtype;
     }
     if (!joins) continue;
     if (p.placed.empty()) p.placed.assign(n, {-1, 0});
