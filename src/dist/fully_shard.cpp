@@ -55,25 +55,55 @@ class StandIn final : public backends::Storage {
 
 namespace detail {
 
+namespace {
+
+bool is_stand_in(const ir::NodePtr& value) {
+  return value->op == ir::Op::Data && value->binding.buffer &&
+         std::dynamic_pointer_cast<StandIn>(value->binding.buffer->storage);
+}
+
+ir::NodePtr stand_in(const Shape& shape, DType dtype, Device device,
+                     std::shared_ptr<const std::string> name, const Loc& loc) {
+  auto buffer = std::make_shared<runtime::Buffer>();
+  buffer->device = device;
+  buffer->bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
+  buffer->storage = std::make_shared<StandIn>(buffer->bytes);
+  buffer->name = std::move(name);
+  buffer->done.store(true);
+  return ir::make_data(buffer, shape, dtype, device, loc);
+}
+
+// A split parameter given a value of its own (fully_shard's start, a load): this rank's run of it
+// into the run's tensor, and the parameter a stand-in again.
+void adopt_runs(const Tensor& p) {
+  if (is_stand_in(runtime::current_node(*p.impl()))) return;
+  const Loc loc = Loc::current();
+  const NoGrad no_grad;
+  const runtime::OwnValues own_values;  // the value written, not the runs' gather
+  const lockstep::detail::TensorImpl::GatherRuns& g = *p.impl()->gather_runs;
+  if (Tensor own = g.own; own.defined()) {
+    const auto [offset, numel] = g.runs[static_cast<size_t>(rank())];
+    own.copy_(slice(reshape(p, {p.numel()}), 0, offset, offset + numel), loc);
+  }
+  drop_value(p, loc);
+}
+
+}  // namespace
+
 void drop_value(const Tensor& t, const Loc& loc) {
   lockstep::detail::TensorImpl& impl = *t.impl();
-  const ir::NodePtr value = runtime::current_node(impl);
-  if (value->op == ir::Op::Data && value->binding.buffer &&
-      std::dynamic_pointer_cast<StandIn>(value->binding.buffer->storage))
-    return;  // dropped already
-  auto stand_in = std::make_shared<runtime::Buffer>();
-  stand_in->device = t.device();
-  stand_in->bytes = static_cast<size_t>(t.numel()) * dtype_size(t.dtype());
-  stand_in->storage = std::make_shared<StandIn>(stand_in->bytes);
-  stand_in->name = impl.name;
-  stand_in->done.store(true);
-  runtime::set_value(impl, ir::make_data(stand_in, t.shape(), t.dtype(), t.device(), loc),
+  if (is_stand_in(runtime::current_node(impl))) return;  // dropped already
+  runtime::set_value(impl, stand_in(t.shape(), t.dtype(), t.device(), impl.name, loc),
                      "dist::fully_shard", loc);
 }
 
 void drop_unowned(const std::vector<Tensor>& params, const Loc& loc) {
-  for (const Tensor& p : params)
-    if (p.impl()->gather_root >= 0 && p.impl()->gather_root != rank()) drop_value(p, loc);
+  for (const Tensor& p : params) {
+    if (p.impl()->gather_runs)
+      adopt_runs(p);
+    else if (p.impl()->gather_root >= 0 && p.impl()->gather_root != rank())
+      drop_value(p, loc);
+  }
 }
 
 void shard_added(const Tensor& p, int owner, bool reshard_after_forward, const Loc& loc) {
@@ -98,7 +128,7 @@ std::shared_ptr<ZeroRedundancyOptimizer> fully_shard(
     util::fail(loc, op, "called inside a step", "Call it between steps, before training");
   const std::vector<Tensor> params = model.parameters();
   for (size_t i = 0; i < params.size(); ++i)
-    if (params[i].defined() && params[i].impl()->gather_root >= 0)
+    if (params[i].defined() && params[i].impl()->sharded())
       util::fail(loc, op, cat("parameter ", i, " is sharded already"),
                  "Call fully_shard once per model");
   // Every rank starts from rank 0's values, as under DataParallel.
@@ -107,8 +137,29 @@ std::shared_ptr<ZeroRedundancyOptimizer> fully_shard(
       ZeroRedundancyOptimizer::sharding(params, make_local, options, loc);
   sync(loc);
   for (size_t i = 0; i < params.size(); ++i) {
-    params[i].impl()->gather_root = opt->owner(i);
-    params[i].impl()->gather_kept = !options.reshard_after_forward;
+    lockstep::detail::TensorImpl& impl = *params[i].impl();
+    impl.gather_kept = !options.reshard_after_forward;
+    if (opt->owners_[i] >= 0) {
+      impl.gather_root = opt->owners_[i];
+      continue;
+    }
+    // Split: this rank's run is the local optimizer's tensor; the others' runs, stand-ins.
+    auto g = std::make_shared<lockstep::detail::TensorImpl::GatherRuns>();
+    for (size_t r = 0; r < opt->runs_[i].size(); ++r) {
+      const ZeroRedundancyOptimizer::Run run = opt->runs_[i][r];
+      g->runs.emplace_back(run.offset, run.numel);
+      const bool mine = static_cast<int>(r) == rank();
+      g->others.push_back(mine || run.numel == 0
+                              ? nullptr
+                              : detail::stand_in({run.numel}, params[i].dtype(), params[i].device(),
+                                                 impl.name, loc));
+    }
+    if (const int64_t j = opt->local_of_[i]; j >= 0) {
+      g->own = opt->local_->params()[static_cast<size_t>(j)];
+      g->own.impl()->name = impl.name;
+    }
+    g->adopt = detail::adopt_runs;
+    impl.gather_runs = std::move(g);
   }
   detail::drop_unowned(params, loc);
   return opt;

@@ -9,7 +9,9 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
@@ -36,9 +38,35 @@ const std::string& kOptimizer = nn::kOptimizerPrefix;
 const std::string& kScheduler = nn::kSchedulerPrefix;
 const std::string& kGenerator = nn::kGeneratorName;
 const std::string kMeta = "meta.";  // the index's keys for the caller's metadata
-// A run of a split parameter's state (ZeroRedundancyOptimizer::run): "<name>#<offset>", each
-// rank's in its own file.
+// A run of a split parameter's state (ZeroRedundancyOptimizer::run), or of the split parameter
+// itself (fully_shard): "<name>#<offset>", each rank's in its own file. A file's metadata names
+// the parameters' runs, with the whole's shape: "run.<entry>" = "64,125".
 const char kRunMark = '#';
+const std::string kRunKey = "run.";
+
+std::string shape_list(const Shape& shape) {
+  std::string out;
+  for (size_t d = 0; d < shape.size(); ++d) out += cat(d ? "," : "", shape[d]);
+  return out;
+}
+
+// A run's whole shape as its file's metadata gives it, or nothing (an optimizer state's run).
+std::optional<Shape> run_shape(const io::Metadata& meta, const std::string& entry) {
+  auto it = meta.find(kRunKey + entry);
+  if (it == meta.end()) return std::nullopt;
+  Shape shape;
+  std::stringstream in(it->second);
+  for (std::string dim; std::getline(in, dim, ',');) {
+    try {
+      size_t used = 0;
+      shape.push_back(std::stoll(dim, &used));
+      if (used != dim.size() || shape.back() < 0) return Shape{-1};
+    } catch (const std::exception&) {
+      return Shape{-1};
+    }
+  }
+  return shape;
+}
 
 std::string index_path(const std::string& dir) { return dir + "/index.safetensors"; }
 std::string shard_name(int rank, int world, int64_t generation) {
@@ -104,6 +132,7 @@ struct ShardSave {
   int me = 0, world = 1;
   int64_t generation = 0;
   io::TensorMap mine;  // this rank's part of the state
+  io::Metadata runs;   // its runs of split parameters, with their shapes (kRunKey)
   io::Metadata metadata;
   std::string scheduler_kind;  // empty: no scheduler
 };
@@ -137,8 +166,18 @@ ShardSave prepare(const std::string& dir, const nn::Module& model,
   for (const auto& [name, t] : state) sizes.push_back(t.numel());
   std::vector<int> writer = detail::partition_by_size(sizes, s.world);
   for (size_t k = 0; k < state.size(); ++k) {
+    const lockstep::detail::TensorImpl& impl = *state[k].second.impl();
+    // A split parameter (fully_shard): each rank's run by it.
+    if (impl.gather_runs) {
+      const auto [offset, numel] = impl.gather_runs->runs[static_cast<size_t>(s.me)];
+      if (numel == 0) continue;
+      const std::string entry = cat(kModel, state[k].first, kRunMark, offset);
+      s.mine.emplace_back(entry, impl.gather_runs->own);
+      s.runs.emplace(kRunKey + entry, shape_list(state[k].second.shape()));
+      continue;
+    }
     // A sharded parameter (fully_shard): by the rank that holds it.
-    if (const int root = state[k].second.impl()->gather_root; root >= 0) writer[k] = root;
+    if (const int root = impl.gather_root; root >= 0) writer[k] = root;
     if (writer[k] == s.me) s.mine.emplace_back(kModel + state[k].first, state[k].second);
   }
   if (optimizer) {
@@ -171,10 +210,11 @@ ShardSave prepare(const std::string& dir, const nn::Module& model,
 // the index is in place.
 void write_and_commit(const ShardSave& s, const std::vector<io::TensorSource>& tensors,
                       const std::function<void()>& barrier_fn, const Loc& loc) {
-  const io::Metadata shard_meta{{"format", kFormat},
-                                {"rank", std::to_string(s.me)},
-                                {"world_size", std::to_string(s.world)},
-                                {"generation", std::to_string(s.generation)}};
+  io::Metadata shard_meta{{"format", kFormat},
+                          {"rank", std::to_string(s.me)},
+                          {"world_size", std::to_string(s.world)},
+                          {"generation", std::to_string(s.generation)}};
+  shard_meta.insert(s.runs.begin(), s.runs.end());
   io::save_safetensors_streamed(s.dir + "/" + shard_name(s.me, s.world, s.generation), tensors,
                                 shard_meta, loc);
   barrier_fn();  // every shard is on disk before the index names them
@@ -239,8 +279,34 @@ struct Wanted {
 struct Held {
   int64_t file = 0;
   io::TensorInfo info;
-  int64_t offset = -1;  // -1: whole
+  int64_t offset = -1;         // -1: whole
+  std::optional<Shape> whole;  // a split parameter's run: the parameter's shape
 };
+
+// The tensor a file's entry is, or a run of: its name, and the run's offset (-1: whole) and
+// the whole's shape if its file gives it. Only optimizer state and the runs a file's metadata
+// names are runs (a model tensor's own name may hold the mark).
+struct Entry {
+  std::string tensor;
+  int64_t offset = -1;
+  std::optional<Shape> whole;
+};
+Entry entry_of(const io::Metadata& meta, const io::TensorInfo& info, const std::string& path,
+               const Loc& loc, const char* api) {
+  std::optional<Shape> whole = run_shape(meta, info.name);
+  const size_t mark =
+      whole || info.name.rfind(kOptimizer, 0) == 0 ? info.name.rfind(kRunMark) : std::string::npos;
+  if (mark == std::string::npos) return {info.name, -1, std::nullopt};
+  int64_t offset = -1;
+  try {
+    offset = std::stoll(info.name.substr(mark + 1));
+  } catch (const std::exception&) {
+  }
+  if (offset < 0 || info.shape.size() != 1 || (whole && !whole->empty() && whole->at(0) < 0))
+    util::fail(loc, api, cat("'", path, "': tensor '", info.name, "' is no valid run"),
+               "Use a checkpoint save_sharded wrote");
+  return {info.name.substr(0, mark), offset, std::move(whole)};
+}
 
 // Reads each wanted tensor from the files of the checkpoint in `dir`: the headers first, then,
 // from each file, only what this rank needs (of a tensor saved in runs, the runs overlapping the
@@ -255,25 +321,10 @@ std::map<std::string, Tensor> read_wanted(const std::string& dir, const io::Meta
   std::map<std::string, std::vector<Held>> held;
   for (int64_t r = 0; r < world; ++r) {
     paths.push_back(shard_path(dir, index, r, loc));
-    auto list = [&](const io::Metadata&, const std::vector<io::TensorInfo>& infos) {
+    auto list = [&](const io::Metadata& meta, const std::vector<io::TensorInfo>& infos) {
       for (const io::TensorInfo& info : infos) {
-        // Only optimizer state is split (a model tensor's name may hold the mark).
-        const size_t mark =
-            info.name.rfind(kOptimizer, 0) == 0 ? info.name.rfind(kRunMark) : std::string::npos;
-        if (mark == std::string::npos) {
-          held[info.name].push_back({r, info});
-          continue;
-        }
-        int64_t offset = -1;
-        try {
-          offset = std::stoll(info.name.substr(mark + 1));
-        } catch (const std::exception&) {
-        }
-        if (offset < 0 || info.shape.size() != 1)
-          util::fail(loc, "load_sharded",
-                     cat("'", paths.back(), "': tensor '", info.name, "' is no valid run"),
-                     "Use a checkpoint save_sharded wrote");
-        held[info.name.substr(0, mark)].push_back({r, info, offset});
+        Entry e = entry_of(meta, info, paths.back(), loc, "load_sharded");
+        held[e.tensor].push_back({r, info, e.offset, std::move(e.whole)});
       }
       return std::set<std::string>{};
     };
@@ -294,7 +345,9 @@ std::map<std::string, Tensor> read_wanted(const std::string& dir, const io::Meta
     auto mismatch = [&](const Held& e, const std::string& here) {
       util::fail(loc, "load_sharded",
                  cat("'", paths[static_cast<size_t>(e.file)], "': tensor '", e.info.name, "' is ",
-                     dtype_name(e.info.dtype), shape_str(e.info.shape), ", here ", here),
+                     dtype_name(e.info.dtype), shape_str(e.info.shape),
+                     e.whole ? cat(" (a run of ", shape_str(*e.whole), ")") : std::string(),
+                     ", here ", here),
                  "Load it into the model (and optimizer) that saved it");
     };
     const std::string here = cat(dtype_name(w.like->dtype()), shape_str(w.like->shape()));
@@ -308,7 +361,9 @@ std::map<std::string, Tensor> read_wanted(const std::string& dir, const io::Meta
                 [](const Held& a, const Held& b) { return a.offset < b.offset; });
       int64_t joined = 0;
       for (const Held& e : entries) {
-        if (e.offset != joined || e.info.dtype != w.like->dtype()) mismatch(e, here);
+        if (e.offset != joined || e.info.dtype != w.like->dtype() ||
+            (e.whole && *e.whole != w.like->shape()))
+          mismatch(e, here);
         joined += e.info.shape[0];
       }
       if (joined != whole)
@@ -413,28 +468,74 @@ io::Metadata export_safetensors(const std::string& dir, const std::string& path,
   const int64_t world = meta_int(index, "world_size", index_path(dir), loc);
   const Device cpu{DeviceKind::Cpu, 0};
   std::vector<io::TensorSource> sources;
+  // A split parameter's runs, from the files that hold them, joined as it is exported.
+  struct Runs {
+    size_t source = 0;  // its place among `sources`
+    Shape shape;
+    std::map<int64_t, std::pair<std::string, io::TensorInfo>> at;  // by offset: file, entry
+  };
+  std::map<std::string, Runs> split;
+  // Reads one entry of a file when the export needs its bytes, checked against its checksum.
+  auto read_entry = [loc](const std::string& file, const std::string& name) {
+    auto one = [&](const io::Metadata&, const std::vector<io::TensorInfo>&) {
+      return std::set<std::string>{name};
+    };
+    io::Loaded l = io::load_safetensors(file, Device{DeviceKind::Cpu, 0}, one, loc);
+    if (!l.checksummed)
+      util::fail(loc, "export_safetensors", cat("'", file, "' has no checksums of its data"),
+                 "Use another copy of the checkpoint");
+    return runtime::read_bytes(l.tensors.at(0).second, loc, "export_safetensors");
+  };
   for (int64_t r = 0; r < world; ++r) {
     const std::string file = shard_path(dir, index, r, loc);
     // The header alone: which model tensors this file holds.
-    auto list = [&](const io::Metadata&, const std::vector<io::TensorInfo>& infos) {
+    auto list = [&](const io::Metadata& meta, const std::vector<io::TensorInfo>& infos) {
       for (const io::TensorInfo& info : infos) {
         if (info.name.rfind(kModel, 0) != 0) continue;
-        // Read when the export needs its bytes: this tensor alone, checked against its checksum.
-        auto read = [file, name = info.name, loc] {
-          auto one = [&](const io::Metadata&, const std::vector<io::TensorInfo>&) {
-            return std::set<std::string>{name};
-          };
-          io::Loaded l = io::load_safetensors(file, Device{DeviceKind::Cpu, 0}, one, loc);
-          if (!l.checksummed)
-            util::fail(loc, "export_safetensors", cat("'", file, "' has no checksums of its data"),
-                       "Use another copy of the checkpoint");
-          return runtime::read_bytes(l.tensors.at(0).second, loc, "export_safetensors");
-        };
-        sources.push_back({info.name.substr(kModel.size()), info.dtype, info.shape, read});
+        Entry e = entry_of(meta, info, file, loc, "export_safetensors");
+        const std::string name = e.tensor.substr(kModel.size());
+        if (e.offset < 0) {
+          sources.push_back({name, info.dtype, info.shape, [read_entry, file, entry = info.name] {
+                               return read_entry(file, entry);
+                             }});
+          continue;
+        }
+        auto [it, added] = split.try_emplace(name);
+        if (added) {
+          it->second.source = sources.size();
+          it->second.shape = e.whole.value_or(Shape{});
+          sources.push_back({name, info.dtype, it->second.shape, nullptr});
+        }
+        if (sources[it->second.source].dtype != info.dtype || it->second.shape != e.whole)
+          util::fail(
+              loc, "export_safetensors",
+              cat("'", file, "': run '", info.name, "' is not of the tensor the other runs are"),
+              "Use a checkpoint save_sharded wrote");
+        it->second.at.emplace(e.offset, std::pair{file, info});
       }
       return std::set<std::string>{};
     };
     io::load_safetensors(file, cpu, list, loc);
+  }
+  for (auto& [name, runs] : split) {
+    int64_t joined = 0;
+    for (const auto& [offset, held] : runs.at) {
+      if (offset != joined) break;
+      joined += held.second.shape[0];
+    }
+    if (joined != shape_numel(runs.shape))
+      util::fail(loc, "export_safetensors",
+                 cat("'", dir, "': the runs of '", name, "' do not join up into its ",
+                     shape_str(runs.shape)),
+                 "Use a checkpoint save_sharded wrote, with all of its files");
+    sources[runs.source].read = [read_entry, at = runs.at] {
+      std::vector<unsigned char> bytes;
+      for (const auto& [offset, held] : at) {
+        const std::vector<unsigned char> run = read_entry(held.first, held.second.name);
+        bytes.insert(bytes.end(), run.begin(), run.end());
+      }
+      return bytes;
+    };
   }
   if (sources.empty())
     util::fail(loc, "export_safetensors", cat("no file of '", dir, "' holds a model tensor"),

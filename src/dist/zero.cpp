@@ -66,8 +66,8 @@ ZeroRedundancyOptimizer::Shard ZeroRedundancyOptimizer::partition(std::vector<Te
                  "Pass the model's parameters()");
   Shard s;
   s.load.assign(static_cast<size_t>(world), 0);
-  // Stages 1 and 2: a parameter larger than an even share is split over the ranks.
-  detail::Layout layout = detail::split_layout(detail::sizes_of(params), world, options.stage < 3);
+  // A parameter larger than an even share is split over the ranks.
+  detail::Layout layout = detail::split_layout(detail::sizes_of(params), world, true);
   s.owners = std::move(layout.owners);
   s.runs = std::move(layout.runs);
   s.load = std::move(layout.load);
@@ -76,7 +76,7 @@ ZeroRedundancyOptimizer::Shard ZeroRedundancyOptimizer::partition(std::vector<Te
   for (size_t i = 0; i < params.size(); ++i) {
     if (s.owners[i] < 0) {
       // This rank's run, if it has one: a tensor of its own, its value set from the parameter at
-      // each update and dropped after it.
+      // each update and dropped after it (under stage 3 it holds it: fully_shard gives it).
       const int64_t n = s.runs[i][static_cast<size_t>(me)].numel;
       if (n == 0) continue;
       Tensor run = zeros({n}, TensorOptions(params[i].dtype(), params[i].device()), loc);
@@ -147,13 +147,18 @@ void ZeroRedundancyOptimizer::update(size_t i, const Tensor& grad, const Tensor&
                                      const Tensor& ok) {
   if (owners_[i] < 0 && local_of_[i] >= 0) {
     // A split parameter: this rank's run, from the parameter as it is, updated by the local
-    // optimizer with the run's gradient (`grad`).
+    // optimizer with the run's gradient (`grad`). Under stage 3 the run holds its own value and
+    // its update is this rank's alone.
     const auto j = static_cast<size_t>(local_of_[i]);
+    std::optional<ir::RankLocal> mine;
+    if (stage_ == 3) mine.emplace();
     // Its value is the parameter's slice itself, not a copy: the program reads the run where
     // the parameter holds it.
     const Tensor& piece = local_->params_[j];
-    runtime::set_value(*piece.impl(), runtime::current_node(*run_values(params_[i], run(i)).impl()),
-                       "ZeroRedundancyOptimizer", Loc::current());
+    if (stage_ < 3)
+      runtime::set_value(*piece.impl(),
+                         runtime::current_node(*run_values(params_[i], run(i)).impl()),
+                         "ZeroRedundancyOptimizer", Loc::current());
     Group& g = local_->groups_[local_->group_of_[j]];
     g.lr = lr_of(i);
     g.weight_decay = weight_decay_of(i);
@@ -332,10 +337,10 @@ void ZeroRedundancyOptimizer::end_step() {
     }
     for (const Tensor& p : params_) runtime::drop_gathered(*p.impl());
   }
-  // The runs of split parameters hold no value between steps; under stage 1 no gradient either
-  // (the whole ones hold theirs).
+  // The runs of split parameters hold no value between steps (but under stage 3, where they
+  // are the parameter's); under stage 1 no gradient either (the whole ones hold theirs).
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (owners_[i] >= 0 || local_of_[i] < 0) continue;
+    if (owners_[i] >= 0 || local_of_[i] < 0 || stage_ == 3) continue;
     Tensor piece = local_->params_[static_cast<size_t>(local_of_[i])];
     detail::drop_value(piece, Loc::current());
     if (stage_ == 1) piece.set_grad(Tensor());

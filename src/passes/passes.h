@@ -18,7 +18,8 @@ ir::Graph cse(const ir::Graph& g);
 // backend folds it into the product. Leaves dead nodes behind (cse removes them).
 ir::Graph simplify(const ir::Graph& g);
 
-// Gathers of sharded parameters (Broadcast with gather 1: ls::dist::fully_shard) read by both the
+// Gathers of sharded parameters (Broadcast with gather 1: ls::dist::fully_shard; a split
+// parameter's, its runs' broadcasts joined by a concatenation and a reshape) read by both the
 // forward and the backward run again just before the backward's first read, which then reads the
 // second: the gathered parameter lives while the forward uses it and again while the backward
 // does, not from one to the other (FSDP's reshard after forward). Every rank runs the same pass

@@ -17,13 +17,25 @@ bool is_gather(const ir::GraphNode& n) {
 
 ir::Graph regather(const ir::Graph& g) {
   const size_t n = g.nodes.size();
-  // Per gather, the first node of the backward that reads it, when the forward reads it too.
+  // What a gather gives: its broadcast, or a split parameter's runs' broadcasts joined (a
+  // concatenation, a reshape) with all it reads.
+  std::vector<char> gathered(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    const ir::GraphNode& node = g.nodes[i];
+    gathered[i] = is_gather(node);
+    if ((node.op == ir::Op::Concat || node.op == ir::Op::Reshape) && node.origin.backward_of < 0) {
+      gathered[i] = 1;
+      for (int32_t o : node.operands) gathered[i] = gathered[i] && gathered[o];
+    }
+  }
+  // Per gathered value, the first node of the backward that reads it, when the forward reads it
+  // too (outside the gather it is part of).
   std::vector<int32_t> first_backward(n, -1);
   std::vector<char> forward_reads(n, 0), is_output(n, 0);
   for (int32_t o : g.outputs) is_output[o] = 1;
   for (size_t i = 0; i < n; ++i)
     for (int32_t o : g.nodes[i].operands) {
-      if (!is_gather(g.nodes[o])) continue;
+      if (!gathered[o] || gathered[i]) continue;
       if (g.nodes[i].origin.backward_of < 0)
         forward_reads[o] = 1;
       else if (first_backward[o] < 0)
@@ -44,13 +56,19 @@ ir::Graph regather(const ir::Graph& g) {
   out.num_scalar_inputs = g.num_scalar_inputs;
   out.nodes.reserve(n + n / 8);
   std::vector<int32_t> remap(n, -1), again(n, -1);
-  for (size_t i = 0; i < n; ++i) {
-    for (int32_t k : before[i]) {
-      ir::GraphNode copy = g.nodes[static_cast<size_t>(k)];
-      for (int32_t& o : copy.operands) o = remap[o];
-      again[static_cast<size_t>(k)] = static_cast<int32_t>(out.nodes.size());
-      out.nodes.push_back(std::move(copy));
+  // A gathered value again: what it is joined from first (each once), then itself.
+  auto copy = [&](auto& self, int32_t k) -> void {
+    if (again[k] >= 0) return;
+    ir::GraphNode node = g.nodes[static_cast<size_t>(k)];
+    for (int32_t& o : node.operands) {
+      if (gathered[o]) self(self, o);
+      o = gathered[o] ? again[o] : remap[o];
     }
+    again[k] = static_cast<int32_t>(out.nodes.size());
+    out.nodes.push_back(std::move(node));
+  };
+  for (size_t i = 0; i < n; ++i) {
+    for (int32_t k : before[i]) copy(copy, k);
     ir::GraphNode node = g.nodes[i];
     const bool backward = node.origin.backward_of >= 0;
     for (int32_t& o : node.operands) o = backward && again[o] >= 0 ? again[o] : remap[o];

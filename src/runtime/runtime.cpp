@@ -206,7 +206,7 @@ std::vector<std::shared_ptr<TensorImpl>> sharing_history(Context& me,
 }  // namespace
 
 std::shared_ptr<Buffer> materialize(const Tensor& t, const Loc& loc, const char* api) {
-  if (t.defined() && t.impl()->gather_root >= 0 && reads_gathered()) {
+  if (t.defined() && t.impl()->sharded() && reads_gathered()) {
     // A sharded parameter: its whole value, from its owner (a collective: every rank reads it).
     const Tensor whole = new_tensor(node_of(t, "read", loc), false);
     return materialize(whole, loc, api);

@@ -5,8 +5,11 @@
 #include <atomic>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "backends/backend.h"
 #include "ir/ir.h"
@@ -77,6 +80,19 @@ struct TensorImpl : std::enable_shared_from_this<TensorImpl> {
   // stand-in. Ops read it through a broadcast from that rank (runtime::node_of), the same one
   // until the tensor's value changes or the step ends (`gathered`, of the value `gathered_of`).
   int gather_root = -1;
+  // A parameter fully_shard split over the ranks instead (one run of its flat elements on each,
+  // ZeroRedundancyOptimizer's layout): the parameter holds a stand-in, this rank's run a tensor
+  // of its own that the optimizer updates; ops read it through the runs' broadcasts joined.
+  struct GatherRuns {
+    std::vector<std::pair<int64_t, int64_t>> runs;  // per rank: {offset, numel}
+    Tensor own;                                     // this rank's run (none when it has none)
+    std::vector<ir::NodePtr> others;  // per rank: a stand-in of its run (null for this rank's)
+    // Before each gathered read: a value written to the parameter itself (a load) becomes its
+    // runs again (this rank's part into `own`, the parameter a stand-in).
+    std::function<void(const Tensor& param)> adopt;
+  };
+  std::shared_ptr<const GatherRuns> gather_runs;
+  bool sharded() const { return gather_root >= 0 || gather_runs != nullptr; }
   // Its gather is kept for the backward (fully_shard without reshard_after_forward), not gathered
   // again (passes::regather).
   bool gather_kept = false;

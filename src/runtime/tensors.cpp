@@ -114,15 +114,43 @@ thread_local bool t_own_values = false;
 // once per value and step, with the parameter's leaf mark, so that backward delivers the
 // gradient to the parameter as through its own value. A gather: the backend may run it again for
 // the backward's reads rather than keep it (passes::regather).
+// A split parameter's (TensorImpl::gather_runs): each rank's run from it, joined and shaped as
+// the parameter; of this rank's run's value `own` (every rank's program the same but for it).
+ir::NodePtr gathered_runs(const TensorImpl& impl, const ir::NodePtr& own, const Loc& loc) {
+  using Gather = ir::BroadcastAttrs::Gather;
+  const TensorImpl::GatherRuns& g = *impl.gather_runs;
+  std::vector<ir::NodePtr> runs;
+  int64_t total = 0;
+  for (size_t r = 0; r < g.runs.size(); ++r) {
+    const int64_t n = g.runs[r].second;
+    if (n == 0) continue;
+    const ir::BroadcastAttrs attrs{static_cast<int64_t>(r),
+                                   impl.gather_kept ? Gather::Kept : Gather::Again};
+    runs.push_back(ir::make_node(ir::Op::Broadcast, {g.others[r] ? g.others[r] : own},
+                                 attrs.encode(), {n}, impl.dtype, loc));
+    total += n;
+  }
+  ir::NodePtr joined = runs.size() == 1 ? runs[0]
+                                        : ir::make_node(ir::Op::Concat, std::move(runs), {0},
+                                                        {total}, impl.dtype, loc);
+  return ir::make_node(ir::Op::Reshape, {std::move(joined)}, {}, impl.shape, impl.dtype, loc);
+}
+
 ir::NodePtr gathered_locked(TensorImpl& impl, const Loc& loc) {
-  if (!impl.gathered || impl.gathered_of != impl.node.get()) {
+  // A split parameter's gather is of its runs: this rank's changes as the optimizer updates it.
+  ir::NodePtr own;
+  if (impl.gather_runs && impl.gather_runs->own.defined())
+    own = node_of(impl.gather_runs->own, "read", loc);
+  const ir::Node* of = own ? own.get() : impl.node.get();
+  if (!impl.gathered || impl.gathered_of != of) {
     const NoGrad no_grad;  // the broadcast itself has no gradient: the mark gives it one
     using Gather = ir::BroadcastAttrs::Gather;
     const ir::BroadcastAttrs attrs{impl.gather_root,
                                    impl.gather_kept ? Gather::Kept : Gather::Again};
-    impl.gathered =
-        ir::make_node(ir::Op::Broadcast, {impl.node}, attrs.encode(), impl.shape, impl.dtype, loc);
-    impl.gathered_of = impl.node.get();
+    impl.gathered = impl.gather_runs ? gathered_runs(impl, own, loc)
+                                     : ir::make_node(ir::Op::Broadcast, {impl.node}, attrs.encode(),
+                                                     impl.shape, impl.dtype, loc);
+    impl.gathered_of = of;
   }
   if (impl.requires_grad && ir::grad_enabled() && impl.gathered->grad.leaf.lock().get() != &impl)
     impl.gathered = ir::annotated(impl.gathered, {true, impl.weak_from_this(), nullptr, nullptr});
@@ -145,12 +173,13 @@ ir::NodePtr node_of(const Tensor& t, const char* op, const Loc& loc) {
     util::fail(loc, op, "got an empty tensor handle (default-constructed ls::Tensor)",
                "Assign it a value first, e.g. ls::zeros({2, 3})");
   TensorImpl& impl = *t.impl();
+  if (impl.gather_runs && !t_own_values) impl.gather_runs->adopt(t);
   ir::NodePtr node;
   {
     TensorLock lock(impl);
     check_use(impl, current_context(), op, loc);
     if (impl.poison) std::rethrow_exception(impl.poison);
-    if (impl.gather_root >= 0 && !t_own_values) return gathered_locked(impl, loc);
+    if (impl.sharded() && !t_own_values) return gathered_locked(impl, loc);
     // A leaf that requires grad is seen by ops through a node marked as its own, so backward
     // knows where to deliver the gradient. The value is unchanged: no journal entry.
     if (impl.requires_grad && ir::grad_enabled() && impl.node->grad.leaf.lock().get() != &impl) {

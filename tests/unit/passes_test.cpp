@@ -253,3 +253,41 @@ TEST(Passes, RegatherRunsAGatherAgainForTheBackward) {
   b.g.nodes[static_cast<size_t>(wt)].operands = {pb};
   EXPECT_EQ(text(passes::regather(b.g)), text(b.g));
 }
+
+// A split parameter's gather (fully_shard): its runs' broadcasts, each from its rank, joined by a
+// concatenation and shaped by a reshape. The backward's read runs the whole of it again, each
+// piece once, and reads the new reshape; a reshape of the forward's own is left alone.
+TEST(Passes, RegatherRunsASplitParametersRunsAgainJoined) {
+  Builder b;
+  const int32_t x = b.data({2, 4});
+  const int32_t own = b.data({5});
+  const int32_t other = b.data({3});
+  const int32_t r0 = b.add(Op::Broadcast, {own}, {0, 1}, {5});    // %3
+  const int32_t r1 = b.add(Op::Broadcast, {other}, {1, 1}, {3});  // %4
+  const int32_t cat = b.add(Op::Concat, {r0, r1}, {0}, {8});
+  const int32_t w = b.add(Op::Reshape, {cat}, {}, {4, 2});
+  const int32_t y = b.add(Op::MatMul, {x, w}, {}, {2, 2});
+  const int32_t e = b.add(Op::Exp, {y}, {}, {2, 2});
+  const int32_t wt = b.add(Op::Permute, {w}, {1, 0}, {2, 4});
+  b.g.nodes[static_cast<size_t>(wt)].origin.backward_of = static_cast<int16_t>(Op::MatMul);
+  const int32_t dx = b.add(Op::MatMul, {e, wt}, {}, {2, 4});
+  b.g.nodes[static_cast<size_t>(dx)].origin.backward_of = static_cast<int16_t>(Op::MatMul);
+  b.g.outputs = {e, dx};
+  EXPECT_EQ(text(passes::regather(b.g)),
+            "%0 = data(#0) f32[2, 4]\n"
+            "%1 = data(#1) f32[5]\n"
+            "%2 = data(#2) f32[3]\n"
+            "%3 = broadcast(%1) {0, 1} f32[5]\n"
+            "%4 = broadcast(%2) {1, 1} f32[3]\n"
+            "%5 = concat(%3, %4) {0} f32[8]\n"
+            "%6 = reshape(%5) f32[4, 2]\n"
+            "%7 = mat_mul(%0, %6) f32[2, 2]\n"
+            "%8 = exp(%7) f32[2, 2]\n"
+            "%9 = broadcast(%1) {0, 1} f32[5]\n"
+            "%10 = broadcast(%2) {1, 1} f32[3]\n"
+            "%11 = concat(%9, %10) {0} f32[8]\n"
+            "%12 = reshape(%11) f32[4, 2]\n"
+            "%13 = permute(%12) {1, 0} f32[2, 4]\n"
+            "%14 = mat_mul(%8, %13) f32[2, 4]\n"
+            "return %8, %14\n");
+}

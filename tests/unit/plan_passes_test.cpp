@@ -574,6 +574,21 @@ TEST(JoinPass, BroadcastsReceiveStraightIntoTheirConcatenation) {
   EXPECT_EQ(q.slot[2].kind, plan::Slot::Arena);
   EXPECT_EQ(q.slot[4].kind, plan::Slot::Arena);
   EXPECT_EQ(q.slot[5].kind, plan::Slot::Output);
+  // A split parameter's gather (fully_shard: the runs' gathers, started ahead of their use by
+  // prefetch_gathers) receives into its concatenation too, a region of the arena.
+  const plan::Plan r = run_until(
+      "%0 = data(#0) f32[6]\n%1 = data(#1) f32[10]\n%2 = broadcast(%0) {0, 1} f32[6]\n"
+      "%3 = broadcast(%1) {1, 1} f32[10]\n%4 = concat(%2, %3) {0} f32[16]\n"
+      "%5 = reshape(%4) f32[4, 4]\n%6 = exp(%5) f32[4, 4]\nreturn %6\n",
+      "plan_memory");
+  for (const int id : {2, 3, 4}) ASSERT_EQ(r.slot[id].kind, plan::Slot::Region) << id;
+  EXPECT_EQ(r.slot[3].region, r.slot[2].region);
+  EXPECT_EQ(r.slot[4].region, r.slot[2].region);
+  EXPECT_EQ(r.slot[3].index, 6 * 4);
+  EXPECT_GE(r.region_at[r.slot[2].region], 0) << "in the arena";
+  int starts = 0;
+  for (const plan::Step& s : r.steps) starts += std::string(s.label) == "gather_start";
+  EXPECT_EQ(starts, 2);
 }
 
 // An LSTM layer and its gradient in one program: the gradient reads the workspace the forward

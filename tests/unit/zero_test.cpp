@@ -172,7 +172,7 @@ TEST(ZeroRedundancyOptimizer, SplitsTheTensorsLargerThanAnEvenShareSoThatEveryRa
     const int64_t hi = *std::max_element(held.begin(), held.end());
     EXPECT_TRUE(hi - lo <= 1 || hi == most_whole) << c.world << " ranks: " << lo << ".." << hi;
   }
-  // Stage 3 (no split) partitions every tensor whole.
+  // Without the split every tensor is partitioned whole.
   const ls::dist::detail::Layout whole = ls::dist::detail::split_layout({8000, 125}, 2, false);
   EXPECT_EQ(whole.owners, (std::vector<int>{0, 1}));
 }
@@ -240,4 +240,68 @@ TEST(ZeroRedundancyOptimizer, ACheckpointOfRunsLoadsJoinedAndRunsThatDoNotJoinUp
   }
   EXPECT_EQ(found, 1);
   fs::remove_all(dir);
+}
+
+// Under stage 3 a split parameter itself is saved in runs ("model.<name>#<offset>"), which the
+// file's metadata names with the parameter's shape ("run.model.weight#0" = "11,2"): load_sharded
+// joins them into a model that holds the parameter whole, and the export joins them into one
+// tensor of that shape; runs with a gap, or of a parameter of another shape, are an Error naming
+// the run (the load changes nothing), and the export refuses runs that do not join up.
+TEST(ZeroRedundancyOptimizer, AParametersRunsLoadAndExportJoined) {
+  namespace fs = std::filesystem;
+  const std::string dir = (fs::path(testing::TempDir()) / "lockstep_model_runs_ckpt").string();
+  const std::string exported = dir + ".safetensors";
+  fs::remove_all(dir);
+  ls::manual_seed(1);
+  ls::nn::Linear saved(2, 11);
+  ls::dist::save_sharded(dir, saved);
+  const std::string file = dir + "/shard-0-of-1-g1.safetensors";
+  const ls::io::Loaded whole = ls::io::load_safetensors(file);
+  const ls::Tensor weight = ls::reshape(saved.weight, {22});
+  auto with_runs = [&](const std::vector<std::pair<int64_t, int64_t>>& runs,
+                       const std::string& shape) {
+    ls::io::TensorMap out;
+    ls::io::Metadata meta = whole.metadata;
+    for (const auto& [name, t] : whole.tensors)
+      if (name != "model.weight") out.emplace_back(name, t);
+    for (const auto& [begin, end] : runs) {
+      const std::string entry = "model.weight#" + std::to_string(begin);
+      out.emplace_back(entry, ls::slice(weight, 0, begin, end));
+      meta["run." + entry] = shape;
+    }
+    ls::io::save_safetensors(file, out, meta);
+  };
+  auto expect_refused = [&](const std::string& says) {
+    ls::manual_seed(2);
+    ls::nn::Linear other(2, 11);
+    const std::vector<float> before = other.weight.to_vector<float>();
+    try {
+      ls::dist::load_sharded(dir, other);
+      ADD_FAILURE() << "loaded runs that do not fit";
+    } catch (const ls::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(other.weight.to_vector<float>(), before) << "nothing is loaded";
+  };
+  with_runs({{0, 10}, {12, 22}}, "11,2");  // elements 10 and 11 missing
+  expect_refused("'model.weight#12'");
+  EXPECT_THROW(ls::dist::export_safetensors(dir, exported), ls::Error);
+  with_runs({{0, 12}, {12, 22}}, "2,11");  // a parameter of another shape
+  expect_refused("(a run of [2, 11])");
+  with_runs({{0, 12}, {12, 22}}, "11,2");
+  ls::manual_seed(3);
+  ls::nn::Linear loaded(2, 11);
+  ls::dist::load_sharded(dir, loaded);
+  EXPECT_EQ(loaded.weight.to_vector<float>(), saved.weight.to_vector<float>());
+  ls::dist::export_safetensors(dir, exported);
+  bool found = false;
+  for (const auto& [name, t] : ls::io::load_safetensors(exported).tensors) {
+    if (name != "weight") continue;
+    EXPECT_EQ(t.shape(), saved.weight.shape());
+    EXPECT_EQ(t.to_vector<float>(), saved.weight.to_vector<float>());
+    found = true;
+  }
+  EXPECT_TRUE(found);
+  fs::remove_all(dir);
+  fs::remove(exported);
 }

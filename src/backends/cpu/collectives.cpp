@@ -430,10 +430,10 @@ void bucket_all_reduces(plan::Plan& p) {
 }
 
 // A concatenation of broadcasts read by nothing else (ZeroRedundancyOptimizer's join of a split
-// parameter's runs, each from its rank): each broadcast receives straight into its place in the
-// concatenation, which lives in a region of its own with the outputs that reshape it (the
-// parameter's new value), so the join copies nothing and the step holds the runs once, not as
-// the runs, their concatenation and the parameter.
+// parameter's runs, each from its rank; under fully_shard, the runs' gathers): each broadcast
+// receives straight into its place in the concatenation, which lives in a region of its own with
+// the outputs that reshape it (the parameter's new value), so the join copies nothing and the
+// step holds the runs once, not as the runs, their concatenation and the parameter.
 void join_broadcasts(plan::Plan& p) {
   const ir::Graph& g = p.graph;
   const size_t n = g.nodes.size();
@@ -461,9 +461,8 @@ void join_broadcasts(plan::Plan& p) {
     for (int64_t d = 0; d < cat.attrs[0]; ++d) joins = joins && cat.shape[d] == 1;
     for (int32_t o : cat.operands) {  // (one operand twice: read twice, by the concatenation)
       const ir::GraphNode& b = g.nodes[o];
-      joins = joins && b.op == ir::Op::Broadcast &&
-              ir::BroadcastAttrs::of(b.attrs).gather == ir::BroadcastAttrs::Gather::None &&
-              free_to_place(o) && !p.is_output[o] && readers[o] == 1 && b.dtype == cat.dtype;
+      joins = joins && b.op == ir::Op::Broadcast && free_to_place(o) && !p.is_output[o] &&
+              readers[o] == 1 && b.dtype == cat.dtype;
     }
     if (!joins) continue;
     if (p.placed.empty()) p.placed.assign(n, {-1, 0});
