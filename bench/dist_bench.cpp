@@ -140,7 +140,9 @@ int main(int argc, char** argv) {
     const std::vector<ls::Tensor> params = model->parameters();
     for (size_t i = 0; i < params.size(); ++i) {
       const ls::Tensor& p = params[i];
+      // Under stage 3 the parameters this rank owns, and its runs of the split ones.
       if (!zero3 || zero3->owner(i) == rank) params_b += static_cast<double>(p.numel()) * 4;
+      if (zero3 && zero3->owner(i) < 0) params_b += static_cast<double>(zero3->run(i).numel) * 4;
       if (p.grad().defined()) grads_b += static_cast<double>(p.grad().numel()) * 4;
     }
     // Under ZeRO, a split parameter's gradient is held by this rank's run of it.

@@ -543,6 +543,25 @@ TEST(GatherPass, GathersStartAsEarlyAsTheBytesInFlightAllow) {
   EXPECT_NE(p.slot[3].index, p.slot[5].index) << "both live while %4 is computed";
   EXPECT_NE(p.slot[5].index, p.slot[7].index) << "both live while %6 is computed";
   EXPECT_NE(p.slot[3].index, p.slot[7].index) << "both live while %4 is computed";
+  // Split parameters' gathers (each its runs' broadcasts, joined): the window is of whole
+  // parameters, so the second parameter's runs are in flight while the first's are in use.
+  const plan::Plan split = run_until(
+      "%0 = data(#0) f32[4, 16]\n%1 = data(#1) f32[128]\n%2 = data(#2) f32[128]\n"
+      "%3 = data(#3) f32[128]\n%4 = data(#4) f32[128]\n"
+      "%5 = broadcast(%1) {0, 1} f32[128]\n%6 = broadcast(%2) {1, 1} f32[128]\n"
+      "%7 = concat(%5, %6) {0} f32[256]\n%8 = reshape(%7) f32[16, 16]\n"
+      "%9 = mat_mul(%0, %8) f32[4, 16]\n"
+      "%10 = broadcast(%3) {0, 1} f32[128]\n%11 = broadcast(%4) {1, 1} f32[128]\n"
+      "%12 = concat(%10, %11) {0} f32[256]\n%13 = reshape(%12) f32[16, 16]\n"
+      "%14 = mat_mul(%9, %13) f32[4, 16]\nreturn %14\n",
+      "plan_memory");
+  std::vector<std::string> steps;
+  for (const plan::Step& s : split.steps)
+    steps.push_back(std::string(s.label) + " %" + std::to_string(s.node));
+  ASSERT_GE(steps.size(), 5u);
+  EXPECT_EQ(std::vector<std::string>(steps.begin(), steps.begin() + 5),
+            (std::vector<std::string>{"gather_start %5", "gather_start %6", "gather_start %10",
+                                      "gather_start %11", "gather_wait %5"}));
   // A plain broadcast stays one blocking step.
   const plan::Plan q = run_until(
       "%0 = data(#0) f32[4]\n%1 = broadcast(%0) {0} f32[4]\n%2 = exp(%1) f32[4]\nreturn %2\n",

@@ -509,7 +509,17 @@ void prefetch_gathers(plan::Plan& p) {
   const std::vector<int> producer = p.producers();
   std::vector<size_t> sizes(at.size());
   for (size_t k = 0; k < at.size(); ++k) sizes[k] = bytes_of(g.nodes[p.steps[at[k]].node]);
-  const size_t window = kGatherWindow * *std::max_element(sizes.begin(), sizes.end());
+  // The window is of whole parameters: a split one's gather is its runs' together (joined by a
+  // concatenation), so that the next parameter's runs start while this one's are in use.
+  size_t largest = *std::max_element(sizes.begin(), sizes.end());
+  for (const plan::Step& step : p.steps)
+    if (step.kind != plan::StepKind::Check && step.node >= 0 &&
+        g.nodes[step.node].op == ir::Op::Concat)
+      for (int32_t o : g.nodes[step.node].operands)
+        if (g.nodes[o].op == ir::Op::Broadcast &&
+            ir::BroadcastAttrs::of(g.nodes[o].attrs).gather != ir::BroadcastAttrs::Gather::None)
+          largest = std::max(largest, bytes_of(g.nodes[step.node]));
+  const size_t window = kGatherWindow * largest;
   size_t first = 0, in_flight_bytes = 0;  // gathers first..k would be in flight at k's start
   int previous = -1;                      // where the gather before k starts after
   std::vector<std::vector<plan::Step>> before(p.steps.size());  // starts, by the step they precede
