@@ -161,8 +161,9 @@ class DataParallel {
 // holds this rank's shard (the step counts and the local optimizer's buffers, named by the
 // parameters' indices in params()): each rank saves and loads its own, at the same world size
 // (save_sharded and load_sharded below: at any).
-// With fewer parameters than ranks, some ranks own none: they keep no state (their local
-// optimizer holds only the hyper-parameters) and take part in every collective.
+// A rank may own nothing (fewer parameters than ranks, none larger than an even share): it keeps
+// no state (its local optimizer holds only the hyper-parameters) and takes part in every
+// collective.
 struct ZeroOptions {
   // 1: the optimizer's state sharded; 2: the gradients as well; 3: the parameters too (set by
   // fully_shard, which shards them)
@@ -270,13 +271,15 @@ class ZeroRedundancyOptimizer : public optim::Optimizer {
 
 // ZeRO-3 under FSDP2's name (torch.distributed.fsdp.fully_shard): the parameters are sharded
 // too. Each parameter lives on its owner rank alone (ZeroRedundancyOptimizer's partition); the
-// others hold a stand-in that takes no memory. Every op that reads a parameter reads a
-// broadcast from its owner, recorded once per step, in the step's program like the other
-// collectives: the gathered value lives while the forward reads it, and the backward reads a
-// second gather made just before it needs it (the compiler's pass, so the memory plan sees
-// both), not the whole model from forward to backward. Gradients are reduced to their owners as
-// under stage 2, and each owner updates its own parameters. Returns the optimizer (stage 3;
-// ZeroOptions's other fields as for ZeroRedundancyOptimizer):
+// others hold a stand-in that takes no memory. A parameter larger than an even share is split as
+// under stages 1 and 2: each rank holds its run (run(i)), a tensor of its own that it updates, and
+// the parameter is a stand-in on every rank. Every op that reads a parameter reads a broadcast
+// from its owner (of a split one, each run's from its rank, joined), recorded once per step, in
+// the step's program like the other collectives: the gathered value lives while the forward reads
+// it, and the backward reads a second gather made just before it needs it (the compiler's pass, so
+// the memory plan sees both), not the whole model from forward to backward. Gradients are reduced
+// to their owners as under stage 2, and each owner updates its own parameters. Returns the
+// optimizer (stage 3; ZeroOptions's other fields as for ZeroRedundancyOptimizer):
 //
 //   auto opt = ls::dist::fully_shard(model, [](std::vector<ls::Tensor> mine) {
 //     return std::make_shared<ls::optim::AdamW>(std::move(mine), ls::optim::AdamOptions{});
@@ -294,12 +297,13 @@ std::shared_ptr<ZeroRedundancyOptimizer> fully_shard(
 // `dir`/shard-<rank>-of-<N>-g<generation>.safetensors (checksummed, written atomically): the
 // optimizer's buffers of the parameters it owns (ZeroRedundancyOptimizer::owner; of a split one,
 // its run's, named "<name>#<offset>"; with another optimizer, the same partition of its
-// parameters), its share of the model's tensors (the same
-// partition of the state dict), and rank 0 the rest (step counts, the scheduler's state, the
-// generator's). No rank gathers the state. Then rank 0 writes `dir`/index.safetensors (world
-// size, generation, files, `metadata`), the commit: a save killed before it leaves the previous
-// checkpoint whole, and the previous generation's files are removed after it. Call between steps,
-// on every rank.
+// parameters), its share of the model's tensors (the same partition of the state dict; under
+// fully_shard the parameters it holds, and its runs of the split ones, named so too, which the
+// file's metadata lists with the whole's shape: "run.<entry>"), and rank 0 the rest (step counts,
+// the scheduler's state, the generator's). No rank gathers the state. Then rank 0 writes
+// `dir`/index.safetensors (world size, generation, files, `metadata`), the commit: a save killed
+// before it leaves the previous checkpoint whole, and the previous generation's files are removed
+// after it. Call between steps, on every rank.
 void save_sharded(const std::string& dir, const nn::Module& model,
                   const optim::Optimizer* optimizer = nullptr,
                   const optim::Scheduler* scheduler = nullptr, const io::Metadata& metadata = {},
@@ -320,8 +324,10 @@ void wait_for_save();
 // the model's tensors and the optimizer state it keeps now (all of it for an unsharded optimizer;
 // its owned parameters' and its runs' for ZeroRedundancyOptimizer, however the saving run
 // partitioned or split them: runs are read where they overlap and joined or cut).
-// Everything is checked first (a missing, truncated or corrupt file, a tensor of another shape,
-// a tensor no file holds: an Error naming the file or the tensor) and nothing changes then.
+// A split parameter's runs are joined into the whole (under fully_shard, this rank then keeps
+// its run of it). Everything is checked first (a missing, truncated or corrupt file, a tensor of
+// another shape, runs that do not join up, a tensor no file holds: an Error naming the file or the
+// tensor) and nothing changes then.
 // Returns the metadata saved with it.
 io::Metadata load_sharded(const std::string& dir, nn::Module& model,
                           optim::Optimizer* optimizer = nullptr,
@@ -330,8 +336,9 @@ io::Metadata load_sharded(const std::string& dir, nn::Module& model,
 // Writes the model's tensors of the sharded checkpoint in `dir` to one ordinary safetensors file
 // at `path`, named as the model's state_dict names them (PyTorch's: safetensors.torch.load_file
 // then load_state_dict(strict=True) takes it), with the checkpoint's metadata and "format": "pt".
-// Streamed: each tensor is read from its shard's file (its checksum checked) when the file needs
-// it, so one tensor at a time is in memory, whatever the model's size. No collective: call it on
+// Streamed: each tensor is read from its shard's file (its checksum checked; a split parameter's
+// runs from theirs, joined) when the file needs it, so one tensor at a time is in memory,
+// whatever the model's size. No collective: call it on
 // one process (a rank, or a program of its own), before or after training. Returns the metadata.
 io::Metadata export_safetensors(const std::string& dir, const std::string& path,
                                 Loc loc = Loc::current());
