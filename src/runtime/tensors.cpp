@@ -110,10 +110,6 @@ Tensor new_tensor(ir::NodePtr node, bool of_step) {
 namespace {
 thread_local bool t_own_values = false;
 
-// The value of sharded `impl` (locked) as ops read it: the broadcast from its owner, recorded
-// once per value and step, with the parameter's leaf mark, so that backward delivers the
-// gradient to the parameter as through its own value. A gather: the backend may run it again for
-// the backward's reads rather than keep it (passes::regather).
 // A split parameter's (TensorImpl::gather_runs): each rank's run from it, joined and shaped as
 // the parameter; of this rank's run's value `own` (every rank's program the same but for it).
 ir::NodePtr gathered_runs(const TensorImpl& impl, const ir::NodePtr& own, const Loc& loc) {
@@ -136,6 +132,10 @@ ir::NodePtr gathered_runs(const TensorImpl& impl, const ir::NodePtr& own, const 
   return ir::make_node(ir::Op::Reshape, {std::move(joined)}, {}, impl.shape, impl.dtype, loc);
 }
 
+// The value of sharded `impl` (locked) as ops read it: the broadcast from its owner, recorded
+// once per value and step, with the parameter's leaf mark, so that backward delivers the
+// gradient to the parameter as through its own value. A gather: the backend may run it again for
+// the backward's reads rather than keep it (passes::regather).
 ir::NodePtr gathered_locked(TensorImpl& impl, const Loc& loc) {
   // A split parameter's gather is of its runs: this rank's changes as the optimizer updates it.
   ir::NodePtr own;

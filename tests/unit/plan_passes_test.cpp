@@ -238,7 +238,7 @@ TEST(Pipeline, ThePassesInOrder) {
                 "fold_constants", "choose_fusion", "choose_layouts", "choose_conv_algorithms",
                 "lower", "drop_unread_steps", "merge_row_steps", "merge_sums", "merge_fused_steps",
                 "schedule", "add_checks", "bucket_all_reduces", "prefetch_gathers",
-                "join_broadcasts", "share_conv_copies", "plan_memory"}));
+                "join_broadcasts", "overlap_broadcasts", "share_conv_copies", "plan_memory"}));
 }
 
 TEST(LowerPass, AMatmulReadsATransposeThroughStridesAndTheTransposeIsDropped) {
@@ -443,7 +443,10 @@ TEST(BucketPass, ReducesToAnotherRankFreeTheirRegionAtTheirWait) {
   for (int64_t at : p.region_at)
     EXPECT_GE(at, 0) << "a region that holds no output is in the arena";
   EXPECT_EQ(p.planned.outputs, 4u) << "the broadcast's value alone";
-  EXPECT_EQ(p.steps.back().reads, (std::vector<int32_t>{1}));
+  for (const plan::Step& s : p.steps)
+    if (std::string(s.label) == "broadcast_start") {
+      EXPECT_EQ(s.reads, (std::vector<int32_t>{1}));
+    }
   // The first bucket's region is free again before the fourth gradient is computed: the fourth
   // takes its memory.
   EXPECT_EQ(p.region_at[0], p.region_at[3]);
@@ -608,6 +611,41 @@ TEST(JoinPass, BroadcastsReceiveStraightIntoTheirConcatenation) {
   int starts = 0;
   for (const plan::Step& s : r.steps) starts += std::string(s.label) == "gather_start";
   EXPECT_EQ(starts, 2);
+}
+
+// The step's plain broadcasts (ZeroRedundancyOptimizer's, one after another: the second ordered
+// after the first) start where they were, in their order, and are waited for just before their
+// first readers, so they are in flight together; the second's start does not wait for the first
+// (its read of it only ordered it). A split parameter's runs, joined, are both in flight before
+// the concatenation.
+TEST(BroadcastPass, BroadcastsAreInFlightTogetherUntilTheirFirstReaders) {
+  const plan::Plan p = run_until(
+      "%0 = data(#0) f32[6]\n%1 = data(#1) f32[10]\n%2 = broadcast(%0) {0} f32[6]\n"
+      "%3 = broadcast(%2, %1) {1} f32[10]\n%4 = exp(%2) f32[6]\n%5 = exp(%3) f32[10]\n"
+      "return %4, %5\n",
+      "plan_memory");
+  std::vector<std::string> order;
+  for (const plan::Step& s : p.steps) {
+    order.push_back(std::string(s.label) + " %" + std::to_string(s.node));
+    if (std::string(s.label) == "broadcast_start" && s.node == 3) {
+      EXPECT_EQ(s.reads, (std::vector<int32_t>{1})) << "not the first broadcast's value";
+    }
+  }
+  EXPECT_EQ(order, (std::vector<std::string>{"broadcast_start %2", "broadcast_start %3",
+                                             "broadcast_wait %2", "fused %4", "broadcast_wait %3",
+                                             "fused %5"}));
+  const plan::Plan joined = run_until(
+      "%0 = data(#0) f32[6]\n%1 = data(#1) f32[10]\n%2 = broadcast(%0) {0} f32[6]\n"
+      "%3 = broadcast(%2, %1) {1} f32[10]\n%4 = concat(%2, %3) {0} f32[16]\n"
+      "%5 = reshape(%4) f32[4, 4]\nreturn %5\n",
+      "plan_memory");
+  order.clear();
+  for (const plan::Step& s : joined.steps)
+    order.push_back(std::string(s.label) + " %" + std::to_string(s.node));
+  ASSERT_GE(order.size(), 5u);
+  EXPECT_EQ(std::vector<std::string>(order.begin(), order.begin() + 5),
+            (std::vector<std::string>{"broadcast_start %2", "broadcast_start %3",
+                                      "broadcast_wait %2", "broadcast_wait %3", "concat %4"}));
 }
 
 // An LSTM layer and its gradient in one program: the gradient reads the workspace the forward

@@ -578,4 +578,89 @@ void prefetch_gathers(plan::Plan& p) {
   p.steps = std::move(order);
 }
 
+// The step's plain broadcasts (not gathers: ZeroRedundancyOptimizer's, each parameter or run from
+// the rank that updated it; DataParallel's buffers from rank 0) become a start and a wait: the
+// start where the broadcast was, so every rank starts them in the same order, the wait right
+// before the first step that reads the value (else at the program's end). The broadcasts of a
+// step are then in flight together and behind the updates after them: a split parameter's runs,
+// each from its rank, move both ways at once instead of one rank's after another's. A broadcast's
+// read of an earlier broadcast only orders it (ir.h): its start follows that one's start, which
+// the order of the starts keeps. Its memory is in use from the start (Step::receives), and kept
+// alive by it past a failure (Ctx::held).
+void overlap_broadcasts(plan::Plan& p) {
+  const ir::Graph& g = p.graph;
+  auto plain_broadcast = [&](const plan::Step& step) {
+    if (step.kind != plan::StepKind::Kernel || step.node < 0) return false;
+    const ir::GraphNode& n = g.nodes[step.node];
+    return n.op == ir::Op::Broadcast &&
+           ir::BroadcastAttrs::of(n.attrs).gather == ir::BroadcastAttrs::Gather::None;
+  };
+  std::vector<bool> broadcast(g.nodes.size(), false);
+  for (const plan::Step& step : p.steps)
+    if (plain_broadcast(step)) broadcast[step.node] = true;
+  if (std::find(broadcast.begin(), broadcast.end(), true) == broadcast.end()) return;
+  // Each broadcast's first reader (an ordering read by another broadcast is none).
+  std::vector<int> first_reader(g.nodes.size(), -1);
+  for (size_t s = 0; s < p.steps.size(); ++s) {
+    const plan::Step& step = p.steps[s];
+    const bool orders = step.kind != plan::StepKind::Check && step.node >= 0 &&
+                        g.nodes[step.node].op == ir::Op::Broadcast;
+    for (int32_t r : step.reads)
+      if (broadcast[r] && first_reader[r] < 0 &&
+          !(orders && r != g.nodes[step.node].operands.back()))
+        first_reader[r] = static_cast<int>(s);
+  }
+  std::vector<std::vector<plan::Step>> waits_before(p.steps.size() + 1);
+  std::vector<plan::Step> order;
+  order.reserve(p.steps.size() * 2);
+  for (size_t s = 0; s < p.steps.size(); ++s) {
+    for (plan::Step& wait : waits_before[s]) order.push_back(std::move(wait));
+    plan::Step& step = p.steps[s];
+    if (!plain_broadcast(step)) {
+      order.push_back(std::move(step));
+      continue;
+    }
+    const int32_t id = step.node, x = g.nodes[id].operands.back();
+    const int root = static_cast<int>(ir::BroadcastAttrs::of(g.nodes[id].attrs).root);
+    const size_t bytes = bytes_of(g.nodes[id]);
+    const std::string what =
+        util::cat("broadcast recorded at ", util::where(g.nodes[id].origin.loc));
+    auto in_flight = std::make_shared<std::shared_ptr<dist::detail::InFlight>>();
+    plan::Step start;
+    start.label = "broadcast_start";
+    start.kind = plan::StepKind::Start;
+    start.node = id;
+    for (int32_t r : step.reads)
+      if (!broadcast[r]) start.reads.push_back(r);
+    start.receives = {id};
+    start.can_fail = true;
+    start.detail = what;
+    auto sp = std::make_shared<CpuStep>();
+    sp->run = [=](Ctx& c) {
+      *in_flight = dist::detail::start_broadcast(c.ptr[id], c.ptr[x], bytes, root, c.held(), what);
+    };
+    start.payload = sp;
+    step.label = "broadcast_wait";
+    step.detail = what;
+    step.reads.clear();
+    step.can_fail = true;
+    auto wp = std::make_shared<CpuStep>();
+    wp->run = [=](Ctx&) {
+      const std::shared_ptr<dist::detail::InFlight> op = std::move(*in_flight);
+      in_flight->reset();
+      LS_INTERNAL_CHECK(op != nullptr, "a broadcast's wait without its start");
+      const int64_t t0 = runtime::now_ns();
+      dist::detail::wait(*op);
+      runtime::time_ns(runtime::Timer::BroadcastWait, runtime::now_ns() - t0);
+    };
+    step.payload = wp;
+    order.push_back(std::move(start));
+    const int reader = first_reader[id];
+    waits_before[reader < 0 ? p.steps.size() : static_cast<size_t>(reader)].push_back(
+        std::move(step));
+  }
+  for (plan::Step& wait : waits_before.back()) order.push_back(std::move(wait));
+  p.steps = std::move(order);
+}
+
 }  // namespace lockstep::backends::cpu

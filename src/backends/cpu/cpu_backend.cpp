@@ -91,6 +91,7 @@ const std::vector<plan::Pass>& pipeline() {
         {"bucket_all_reduces", bucket_all_reduces},
         {"prefetch_gathers", prefetch_gathers},
         {"join_broadcasts", join_broadcasts},
+        {"overlap_broadcasts", overlap_broadcasts},
         {"share_conv_copies", share_conv_copies},
         {"plan_memory", plan::plan_memory},
     };

@@ -21,6 +21,21 @@
 
 namespace lockstep::backends::cpu {
 
+std::shared_ptr<void> Ctx::held() {
+  if (!held_) {
+    struct Held {
+      std::shared_ptr<Storage> arena;
+      std::vector<std::shared_ptr<Storage>> regions, outputs;
+    };
+    auto h = std::make_shared<Held>();
+    h->arena = arena;
+    if (regions) h->regions = *regions;
+    if (outputs) h->outputs = *outputs;
+    held_ = std::move(h);
+  }
+  return held_;
+}
+
 using plan::bytes_of;
 using plan::Slot;
 
@@ -150,6 +165,7 @@ std::vector<std::shared_ptr<Storage>> CpuExecutable::run(
     if (s.kind == Slot::Output) ctx.ptr[i] = out_of_node[i]->data();
     if (s.kind == Slot::Alias) ctx.ptr[i] = alias_ptr(s);
   }
+  ctx.outputs = &out_of_node;
   try {
     for (; at < p_.steps.size(); ++at) {
       if (at == checked && checked > p_.prefix && past_checks) past_checks();

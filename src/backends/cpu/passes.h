@@ -17,6 +17,8 @@
 //                                       first reader
 //   prefetch_gathers   collectives.cpp  fully_shard's gathers started one ahead of their use
 //   join_broadcasts    collectives.cpp  broadcasts received straight into their concatenation
+//   overlap_broadcasts collectives.cpp  the other broadcasts in flight together, each waited for
+//                                       before its first reader
 //   share_conv_copies  conv_copies.cpp  one copy of a value for the convolutions that read it
 //   plan_memory        plan/memory.cpp  arena, aliases, donations, planned bytes
 // and the executable (executable.cpp) runs the plan.
@@ -43,6 +45,14 @@ struct Ctx {
   const std::vector<std::shared_ptr<Storage>>* regions = nullptr;
   // This run's arena (kept alive by a collective that writes there: a gather in flight).
   std::shared_ptr<Storage> arena;
+  // Per node, the memory of an output (set once the outputs are allocated).
+  const std::vector<std::shared_ptr<Storage>>* outputs = nullptr;
+  // All of this run's memory (the arena, the regions, the outputs), made on first use: what a
+  // collective in flight keeps alive, wherever it writes, should a later step fail.
+  std::shared_ptr<void> held();
+
+ private:
+  std::shared_ptr<void> held_;
 };
 
 // Trees of a fused elementwise step with the node each writes: one, or several that
@@ -107,6 +117,7 @@ void share_conv_copies(plan::Plan& p);
 void bucket_all_reduces(plan::Plan& p);
 void prefetch_gathers(plan::Plan& p);
 void join_broadcasts(plan::Plan& p);
+void overlap_broadcasts(plan::Plan& p);
 
 // Kernels for steps the passes build or rebuild.
 std::function<void(Ctx&)> run_fused(std::shared_ptr<const FusedMembers> members);
