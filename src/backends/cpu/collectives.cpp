@@ -485,6 +485,53 @@ void join_broadcasts(plan::Plan& p) {
   }
 }
 
+namespace {
+
+// Broadcast step `step` split in two: returns its start (reading `reads`, receiving its value,
+// which the start keeps alive past a failure: Ctx::held) and makes `step` its wait, timed by
+// `timer`. `gather`: fully_shard's (gather_start and gather_wait; it may start the progress
+// thread), else a plain broadcast's (broadcast_start and broadcast_wait).
+plan::Step start_and_wait(const ir::Graph& g, plan::Step& step, std::vector<int32_t> reads,
+                          bool gather, const std::string& what) {
+  const int32_t id = step.node, x = g.nodes[id].operands.back();
+  const int root = static_cast<int>(ir::BroadcastAttrs::of(g.nodes[id].attrs).root);
+  const size_t bytes = bytes_of(g.nodes[id]);
+  const runtime::Timer timer = gather ? runtime::Timer::GatherWait : runtime::Timer::BroadcastWait;
+  auto in_flight = std::make_shared<std::shared_ptr<dist::detail::InFlight>>();
+  plan::Step start;
+  start.label = gather ? "gather_start" : "broadcast_start";
+  start.kind = plan::StepKind::Start;
+  start.node = id;
+  start.reads = std::move(reads);
+  start.receives = {id};
+  start.can_fail = true;
+  start.detail = what;
+  auto sp = std::make_shared<CpuStep>();
+  sp->run = [=](Ctx& c) {
+    *in_flight =
+        dist::detail::start_broadcast(c.ptr[id], c.ptr[x], bytes, root, c.held(), what, gather);
+  };
+  start.payload = sp;
+  auto wp = std::make_shared<CpuStep>();
+  wp->run = [=](Ctx&) {
+    const std::shared_ptr<dist::detail::InFlight> op = std::move(*in_flight);
+    in_flight->reset();
+    LS_INTERNAL_CHECK(op != nullptr, util::cat(what, ": a wait without its start"));
+    // The communication not hidden behind the steps since the start (metrics timer).
+    const int64_t t0 = runtime::now_ns();
+    dist::detail::wait(*op);
+    runtime::time_ns(timer, runtime::now_ns() - t0);
+  };
+  step.label = gather ? "gather_wait" : "broadcast_wait";
+  step.detail = what;
+  step.reads.clear();
+  step.can_fail = true;
+  step.payload = wp;
+  return start;
+}
+
+}  // namespace
+
 // The gathers of sharded parameters (fully_shard: a Broadcast with a gather, lowered as a blocking
 // broadcast) become a start and a wait: the wait where the broadcast was, the start as early as
 // the gathers in flight allow (FSDP's prefetch of the next modules' all-gathers): right after the
@@ -526,41 +573,10 @@ void prefetch_gathers(plan::Plan& p) {
   for (size_t k = 0; k < at.size(); ++k) {
     plan::Step& step = p.steps[at[k]];
     const int32_t id = step.node, x = g.nodes[id].operands.back();
-    const int root = static_cast<int>(ir::BroadcastAttrs::of(g.nodes[id].attrs).root);
-    const size_t bytes = bytes_of(g.nodes[id]);
     const std::string what =
         util::cat("gather of ", g.nodes[x].name ? *g.nodes[x].name : "a parameter", " recorded at ",
                   util::where(g.nodes[id].origin.loc));
-    auto in_flight = std::make_shared<std::shared_ptr<dist::detail::InFlight>>();
-    plan::Step start;
-    start.label = "gather_start";
-    start.kind = plan::StepKind::Start;
-    start.node = id;
-    start.reads = step.reads;
-    start.receives = {id};
-    start.can_fail = true;
-    auto sp = std::make_shared<CpuStep>();
-    sp->run = [=](Ctx& c) {
-      *in_flight =
-          dist::detail::start_broadcast(c.ptr[id], c.ptr[x], bytes, root, c.arena, what, true);
-    };
-    start.payload = sp;
-    auto wp = std::make_shared<CpuStep>();
-    wp->run = [=](Ctx&) {
-      const std::shared_ptr<dist::detail::InFlight> op = std::move(*in_flight);
-      in_flight->reset();
-      LS_INTERNAL_CHECK(op != nullptr, "a gather's wait without its start");
-      // The communication not hidden behind the steps since the start (metrics timer).
-      const int64_t t0 = runtime::now_ns();
-      dist::detail::wait(*op);
-      runtime::time_ns(runtime::Timer::GatherWait, runtime::now_ns() - t0);
-    };
-    step.label = "gather_wait";
-    step.detail = what;
-    step.reads.clear();
-    step.can_fail = true;
-    step.payload = wp;
-    start.detail = what;
+    plan::Step start = start_and_wait(g, step, step.reads, true, what);
     in_flight_bytes += sizes[k];
     while (first < k && in_flight_bytes > window) in_flight_bytes -= sizes[first++];
     int after = first == 0 ? -1 : static_cast<int>(at[first - 1]);
@@ -620,40 +636,13 @@ void overlap_broadcasts(plan::Plan& p) {
       order.push_back(std::move(step));
       continue;
     }
-    const int32_t id = step.node, x = g.nodes[id].operands.back();
-    const int root = static_cast<int>(ir::BroadcastAttrs::of(g.nodes[id].attrs).root);
-    const size_t bytes = bytes_of(g.nodes[id]);
-    const std::string what =
-        util::cat("broadcast recorded at ", util::where(g.nodes[id].origin.loc));
-    auto in_flight = std::make_shared<std::shared_ptr<dist::detail::InFlight>>();
-    plan::Step start;
-    start.label = "broadcast_start";
-    start.kind = plan::StepKind::Start;
-    start.node = id;
+    const int32_t id = step.node;
+    std::vector<int32_t> reads;
     for (int32_t r : step.reads)
-      if (!broadcast[r]) start.reads.push_back(r);
-    start.receives = {id};
-    start.can_fail = true;
-    start.detail = what;
-    auto sp = std::make_shared<CpuStep>();
-    sp->run = [=](Ctx& c) {
-      *in_flight = dist::detail::start_broadcast(c.ptr[id], c.ptr[x], bytes, root, c.held(), what);
-    };
-    start.payload = sp;
-    step.label = "broadcast_wait";
-    step.detail = what;
-    step.reads.clear();
-    step.can_fail = true;
-    auto wp = std::make_shared<CpuStep>();
-    wp->run = [=](Ctx&) {
-      const std::shared_ptr<dist::detail::InFlight> op = std::move(*in_flight);
-      in_flight->reset();
-      LS_INTERNAL_CHECK(op != nullptr, "a broadcast's wait without its start");
-      const int64_t t0 = runtime::now_ns();
-      dist::detail::wait(*op);
-      runtime::time_ns(runtime::Timer::BroadcastWait, runtime::now_ns() - t0);
-    };
-    step.payload = wp;
+      if (!broadcast[r]) reads.push_back(r);
+    plan::Step start =
+        start_and_wait(g, step, std::move(reads), false,
+                       util::cat("broadcast recorded at ", util::where(g.nodes[id].origin.loc)));
     order.push_back(std::move(start));
     const int reader = first_reader[id];
     waits_before[reader < 0 ? p.steps.size() : static_cast<size_t>(reader)].push_back(

@@ -22,7 +22,8 @@
 namespace lockstep::backends::cpu {
 
 std::shared_ptr<void> Ctx::held() {
-  if (!held_) {
+  // Made again once the outputs are allocated (a gather may start before them).
+  if (!held_ || (outputs && !held_outputs_)) {
     struct Held {
       std::shared_ptr<Storage> arena;
       std::vector<std::shared_ptr<Storage>> regions, outputs;
@@ -32,6 +33,7 @@ std::shared_ptr<void> Ctx::held() {
     if (regions) h->regions = *regions;
     if (outputs) h->outputs = *outputs;
     held_ = std::move(h);
+    held_outputs_ = outputs != nullptr;
   }
   return held_;
 }

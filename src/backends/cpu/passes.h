@@ -53,6 +53,7 @@ struct Ctx {
 
  private:
   std::shared_ptr<void> held_;
+  bool held_outputs_ = false;
 };
 
 // Trees of a fused elementwise step with the node each writes: one, or several that
