@@ -37,7 +37,7 @@ inline std::vector<int> partition_by_size(const std::vector<int64_t>& sizes, int
 
 using Run = ZeroRedundancyOptimizer::Run;
 
-// ZeRO stages 1 and 2's layout (DeepSpeed's flat partition, for the tensors that need it): a
+// ZeRO's layout, every stage (DeepSpeed's flat partition, for the tensors that need it): a
 // tensor larger than an even share of all the elements (`sizes`' sum over `world`) is split; the
 // others are partitioned whole (partition_by_size), then the split ones, laid end to end, are
 // cut into one run per rank so that every rank holds the same number of elements to one (or, when
@@ -50,7 +50,7 @@ struct Layout {
   std::vector<int64_t> load;
 };
 
-inline Layout split_layout(const std::vector<int64_t>& sizes, int world, bool may_split) {
+inline Layout split_layout(const std::vector<int64_t>& sizes, int world) {
   Layout l;
   const size_t ranks = static_cast<size_t>(world);
   int64_t total = 0;
@@ -60,7 +60,7 @@ inline Layout split_layout(const std::vector<int64_t>& sizes, int world, bool ma
   int64_t flat = 0;  // the split tensors' elements
   l.owners.assign(sizes.size(), -1);
   for (size_t i = 0; i < sizes.size(); ++i) {
-    if (may_split && world > 1 && sizes[i] >= world && sizes[i] * world > total) {
+    if (world > 1 && sizes[i] >= world && sizes[i] * world > total) {
       flat += sizes[i];
       continue;
     }

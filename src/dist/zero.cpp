@@ -67,7 +67,7 @@ ZeroRedundancyOptimizer::Shard ZeroRedundancyOptimizer::partition(std::vector<Te
   Shard s;
   s.load.assign(static_cast<size_t>(world), 0);
   // A parameter larger than an even share is split over the ranks.
-  detail::Layout layout = detail::split_layout(detail::sizes_of(params), world, true);
+  detail::Layout layout = detail::split_layout(detail::sizes_of(params), world);
   s.owners = std::move(layout.owners);
   s.runs = std::move(layout.runs);
   s.load = std::move(layout.load);
@@ -145,29 +145,20 @@ ZeroRedundancyOptimizer::Run ZeroRedundancyOptimizer::run(size_t i) const {
 
 void ZeroRedundancyOptimizer::update(size_t i, const Tensor& grad, const Tensor& t,
                                      const Tensor& ok) {
-  if (owners_[i] < 0 && local_of_[i] >= 0) {
-    // A split parameter: this rank's run, from the parameter as it is, updated by the local
-    // optimizer with the run's gradient (`grad`). Under stage 3 the run holds its own value and
-    // its update is this rank's alone.
-    const auto j = static_cast<size_t>(local_of_[i]);
-    std::optional<ir::RankLocal> mine;
-    if (stage_ == 3) mine.emplace();
-    // Its value is the parameter's slice itself, not a copy: the program reads the run where
-    // the parameter holds it.
-    const Tensor& piece = local_->params_[j];
-    if (stage_ < 3)
-      runtime::set_value(*piece.impl(),
-                         runtime::current_node(*run_values(params_[i], run(i)).impl()),
-                         "ZeroRedundancyOptimizer", Loc::current());
-    Group& g = local_->groups_[local_->group_of_[j]];
-    g.lr = lr_of(i);
-    g.weight_decay = weight_decay_of(i);
-    local_->update(j, grad, t, ok);
-  } else if (const int64_t j = local_of_[i]; j >= 0) {
-    // Under stage 3 the owner updates its own value (not a gather), work no other rank does.
+  if (const int64_t j = local_of_[i]; j >= 0) {
+    // Under stage 3 the owner updates its own value (not a gather), or this rank its run of a
+    // split parameter, work no other rank does.
     std::optional<runtime::OwnValues> own;
     std::optional<ir::RankLocal> mine;
     if (stage_ == 3) own.emplace(), mine.emplace();
+    // A split parameter under stages 1 and 2: this rank's run, from the parameter as it is,
+    // updated with the run's gradient (`grad`). Its value is the parameter's slice itself, not a
+    // copy: the program reads the run where the parameter holds it. (Under stage 3 the run holds
+    // its own value.)
+    if (owners_[i] < 0 && stage_ < 3)
+      runtime::set_value(*local_->params_[static_cast<size_t>(j)].impl(),
+                         runtime::current_node(*run_values(params_[i], run(i)).impl()),
+                         "ZeroRedundancyOptimizer", Loc::current());
     // This group's hyper-parameters as they are now (a scheduler sets them on this optimizer).
     Group& g = local_->groups_[local_->group_of_[static_cast<size_t>(j)]];
     g.lr = lr_of(i);

@@ -206,6 +206,11 @@ TEST(Passes, FindConstantsFoldsWhatRunTimeValuesReadOfRampsAlone) {
   EXPECT_EQ(passes::find_constants(b.g, 1 << 20).fold, (std::vector<int32_t>{cast, sine, big}));
 }
 
+// Marks node `n` as the backward's (of a product).
+void mark_backward(Builder& b, int32_t n) {
+  b.g.nodes[static_cast<size_t>(n)].origin.backward_of = static_cast<int16_t>(Op::MatMul);
+}
+
 // A sharded parameter's gather (a broadcast with gather 1) read by the forward and the backward
 // runs again just before the backward's first read, which reads the second; a plain broadcast,
 // and a gather only the forward reads, are left alone.
@@ -224,7 +229,7 @@ TEST(Passes, RegatherRunsAGatherAgainForTheBackward) {
   auto backward = [&](Op op, std::vector<int32_t> operands, std::vector<int64_t> attrs,
                       Shape shape) {
     const int32_t n = b.add(op, std::move(operands), std::move(attrs), std::move(shape));
-    b.g.nodes[static_cast<size_t>(n)].origin.backward_of = static_cast<int16_t>(Op::MatMul);
+    mark_backward(b, n);
     return n;
   };
   const int32_t t = backward(Op::Permute, {pb}, {1, 0}, {3, 3});
@@ -256,7 +261,7 @@ TEST(Passes, RegatherRunsAGatherAgainForTheBackward) {
 
 // A split parameter's gather (fully_shard): its runs' broadcasts, each from its rank, joined by a
 // concatenation and shaped by a reshape. The backward's read runs the whole of it again, each
-// piece once, and reads the new reshape; a reshape of the forward's own is left alone.
+// piece once, and reads the new reshape.
 TEST(Passes, RegatherRunsASplitParametersRunsAgainJoined) {
   Builder b;
   const int32_t x = b.data({2, 4});
@@ -269,9 +274,9 @@ TEST(Passes, RegatherRunsASplitParametersRunsAgainJoined) {
   const int32_t y = b.add(Op::MatMul, {x, w}, {}, {2, 2});
   const int32_t e = b.add(Op::Exp, {y}, {}, {2, 2});
   const int32_t wt = b.add(Op::Permute, {w}, {1, 0}, {2, 4});
-  b.g.nodes[static_cast<size_t>(wt)].origin.backward_of = static_cast<int16_t>(Op::MatMul);
+  mark_backward(b, wt);
   const int32_t dx = b.add(Op::MatMul, {e, wt}, {}, {2, 4});
-  b.g.nodes[static_cast<size_t>(dx)].origin.backward_of = static_cast<int16_t>(Op::MatMul);
+  mark_backward(b, dx);
   b.g.outputs = {e, dx};
   EXPECT_EQ(text(passes::regather(b.g)),
             "%0 = data(#0) f32[2, 4]\n"

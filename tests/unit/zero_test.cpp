@@ -140,7 +140,7 @@ TEST(ZeroRedundancyOptimizer, SplitsTheTensorsLargerThanAnEvenShareSoThatEveryRa
                                          {{1001, 999, 3, 2, 1}, 5},
                                          {{4000, 3000, 100}, 2},
                                          {{10, 10, 10, 10}, 4}}) {
-    const ls::dist::detail::Layout l = ls::dist::detail::split_layout(c.sizes, c.world, true);
+    const ls::dist::detail::Layout l = ls::dist::detail::split_layout(c.sizes, c.world);
     int64_t total = 0;
     for (int64_t n : c.sizes) total += n;
     std::vector<int64_t> held(static_cast<size_t>(c.world), 0);
@@ -172,9 +172,8 @@ TEST(ZeroRedundancyOptimizer, SplitsTheTensorsLargerThanAnEvenShareSoThatEveryRa
     const int64_t hi = *std::max_element(held.begin(), held.end());
     EXPECT_TRUE(hi - lo <= 1 || hi == most_whole) << c.world << " ranks: " << lo << ".." << hi;
   }
-  // Without the split every tensor is partitioned whole.
-  const ls::dist::detail::Layout whole = ls::dist::detail::split_layout({8000, 125}, 2, false);
-  EXPECT_EQ(whole.owners, (std::vector<int>{0, 1}));
+  // Without the split every tensor is partitioned whole (PyTorch's partition).
+  EXPECT_EQ(ls::dist::detail::partition_by_size({8000, 125}, 2), (std::vector<int>{0, 1}));
 }
 
 // load_sharded reads a tensor saved in runs (a split parameter's state: "<name>#<offset>", each

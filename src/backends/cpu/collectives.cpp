@@ -83,6 +83,20 @@ int64_t alias_offset(const ir::Graph& g, const std::vector<int32_t>& root, int32
   return at;
 }
 
+// Whether `step` reads value `r` only to be ordered after it: a broadcast's operands before its
+// value (ir.h).
+bool orders_only(const ir::Graph& g, const plan::Step& step, int32_t r) {
+  if (step.kind == plan::StepKind::Check || step.node < 0) return false;
+  const ir::GraphNode& n = g.nodes[step.node];
+  return n.op == ir::Op::Broadcast && r != n.operands.back();
+}
+
+// A sharded parameter's gather (fully_shard): a broadcast with a gather.
+bool is_gather(const ir::GraphNode& n) {
+  return n.op == ir::Op::Broadcast &&
+         ir::BroadcastAttrs::of(n.attrs).gather != ir::BroadcastAttrs::Gather::None;
+}
+
 // Gradients the backward computes straight into their bucket's region (as PyTorch DDP's
 // gradient_as_bucket_view), so that the start packs nothing for them and the all-reduce sums
 // them in place: a member's operand, through the reshapes that alias it, when it is a value of
@@ -199,12 +213,8 @@ void drop_ordering_reads(plan::Plan& p, const std::vector<std::shared_ptr<Bucket
   for (const auto& b : buckets)
     for (size_t m = 0; m < b->members.size(); ++m)
       if (b->root[m] >= 0 && b->root[m] != dist::rank()) others[b->members[m]] = true;
-  for (plan::Step& step : p.steps) {
-    if (step.kind == plan::StepKind::Check || step.node < 0) continue;
-    const ir::GraphNode& n = g.nodes[step.node];
-    if (n.op != ir::Op::Broadcast) continue;
-    std::erase_if(step.reads, [&](int32_t r) { return others[r] && r != n.operands.back(); });
-  }
+  for (plan::Step& step : p.steps)
+    std::erase_if(step.reads, [&](int32_t r) { return others[r] && orders_only(g, step, r); });
 }
 
 }  // namespace
@@ -440,14 +450,9 @@ void join_broadcasts(plan::Plan& p) {
   // The steps reading each value, and the last of them; a broadcast's operands before its value
   // only order it (ir.h: the join's runs are broadcast one after the other), not read.
   std::vector<int> readers(n, 0), reader(n, -1);
-  for (size_t s = 0; s < p.steps.size(); ++s) {
-    const plan::Step& step = p.steps[s];
-    const bool orders = step.kind != plan::StepKind::Check && step.node >= 0 &&
-                        g.nodes[step.node].op == ir::Op::Broadcast;
-    for (int32_t r : step.reads)
-      if (!orders || r == g.nodes[step.node].operands.back())
-        ++readers[r], reader[r] = static_cast<int>(s);
-  }
+  for (size_t s = 0; s < p.steps.size(); ++s)
+    for (int32_t r : p.steps[s].reads)
+      if (!orders_only(g, p.steps[s], r)) ++readers[r], reader[r] = static_cast<int>(s);
   auto free_to_place = [&](int32_t v) {
     return p.run_time[v] && p.constant_at[v] < 0 && g.nodes[v].op != ir::Op::Data &&
            (p.placed.empty() || p.placed[v].first < 0);
@@ -546,10 +551,7 @@ void prefetch_gathers(plan::Plan& p) {
   std::vector<size_t> at;  // the gathers' steps, in order
   for (size_t s = 0; s < p.steps.size(); ++s) {
     const plan::Step& step = p.steps[s];
-    if (step.kind == plan::StepKind::Check || step.node < 0) continue;
-    const ir::GraphNode& n = g.nodes[step.node];
-    if (n.op == ir::Op::Broadcast &&
-        ir::BroadcastAttrs::of(n.attrs).gather != ir::BroadcastAttrs::Gather::None)
+    if (step.kind != plan::StepKind::Check && step.node >= 0 && is_gather(g.nodes[step.node]))
       at.push_back(s);
   }
   if (at.empty()) return;
@@ -563,9 +565,7 @@ void prefetch_gathers(plan::Plan& p) {
     if (step.kind != plan::StepKind::Check && step.node >= 0 &&
         g.nodes[step.node].op == ir::Op::Concat)
       for (int32_t o : g.nodes[step.node].operands)
-        if (g.nodes[o].op == ir::Op::Broadcast &&
-            ir::BroadcastAttrs::of(g.nodes[o].attrs).gather != ir::BroadcastAttrs::Gather::None)
-          largest = std::max(largest, bytes_of(g.nodes[step.node]));
+        if (is_gather(g.nodes[o])) largest = std::max(largest, bytes_of(g.nodes[step.node]));
   const size_t window = kGatherWindow * largest;
   size_t first = 0, in_flight_bytes = 0;  // gathers first..k would be in flight at k's start
   int previous = -1;                      // where the gather before k starts after
@@ -608,8 +608,7 @@ void overlap_broadcasts(plan::Plan& p) {
   auto plain_broadcast = [&](const plan::Step& step) {
     if (step.kind != plan::StepKind::Kernel || step.node < 0) return false;
     const ir::GraphNode& n = g.nodes[step.node];
-    return n.op == ir::Op::Broadcast &&
-           ir::BroadcastAttrs::of(n.attrs).gather == ir::BroadcastAttrs::Gather::None;
+    return n.op == ir::Op::Broadcast && !is_gather(n);
   };
   std::vector<bool> broadcast(g.nodes.size(), false);
   for (const plan::Step& step : p.steps)
@@ -617,15 +616,10 @@ void overlap_broadcasts(plan::Plan& p) {
   if (std::find(broadcast.begin(), broadcast.end(), true) == broadcast.end()) return;
   // Each broadcast's first reader (an ordering read by another broadcast is none).
   std::vector<int> first_reader(g.nodes.size(), -1);
-  for (size_t s = 0; s < p.steps.size(); ++s) {
-    const plan::Step& step = p.steps[s];
-    const bool orders = step.kind != plan::StepKind::Check && step.node >= 0 &&
-                        g.nodes[step.node].op == ir::Op::Broadcast;
-    for (int32_t r : step.reads)
-      if (broadcast[r] && first_reader[r] < 0 &&
-          !(orders && r != g.nodes[step.node].operands.back()))
+  for (size_t s = 0; s < p.steps.size(); ++s)
+    for (int32_t r : p.steps[s].reads)
+      if (broadcast[r] && first_reader[r] < 0 && !orders_only(g, p.steps[s], r))
         first_reader[r] = static_cast<int>(s);
-  }
   std::vector<std::vector<plan::Step>> waits_before(p.steps.size() + 1);
   std::vector<plan::Step> order;
   order.reserve(p.steps.size() * 2);

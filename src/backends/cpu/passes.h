@@ -15,7 +15,8 @@
 //   bucket_all_reduces collectives.cpp  DataParallel's gradient all-reduces in buckets, each
 //                                       started after its last gradient, waited for before its
 //                                       first reader
-//   prefetch_gathers   collectives.cpp  fully_shard's gathers started one ahead of their use
+//   prefetch_gathers   collectives.cpp  fully_shard's gathers started as early as the bytes in
+//                                       flight allow
 //   join_broadcasts    collectives.cpp  broadcasts received straight into their concatenation
 //   overlap_broadcasts collectives.cpp  the other broadcasts in flight together, each waited for
 //                                       before its first reader
