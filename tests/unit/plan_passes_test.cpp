@@ -233,12 +233,43 @@ TEST(MemoryPass, TheArenaReusesDeadValues) {
 TEST(Pipeline, ThePassesInOrder) {
   std::vector<std::string> names;
   for (const plan::Pass& pass : cpu::pipeline()) names.push_back(pass.name);
-  EXPECT_EQ(names,
-            (std::vector<std::string>{
-                "fold_constants", "choose_fusion", "choose_layouts", "choose_conv_algorithms",
-                "lower", "drop_unread_steps", "merge_row_steps", "merge_sums", "merge_fused_steps",
-                "schedule", "add_checks", "bucket_all_reduces", "prefetch_gathers",
-                "join_broadcasts", "overlap_broadcasts", "share_conv_copies", "plan_memory"}));
+  EXPECT_EQ(names, (std::vector<std::string>{
+                       "fold_constants", "choose_fusion", "choose_layouts",
+                       "choose_conv_algorithms", "fuse_attention", "lower", "drop_unread_steps",
+                       "merge_row_steps", "merge_sums", "merge_fused_steps", "schedule",
+                       "add_checks", "bucket_all_reduces", "prefetch_gathers", "join_broadcasts",
+                       "overlap_broadcasts", "share_conv_copies", "plan_memory"}));
+}
+
+// A causal attention and its backward as autograd records them: two steps, reading q, k and v
+// where they are (k through the transpose's strides), writing the output, the row max and sum,
+// and the three gradients; none of the [2, 6, 6] scores or their gradients is a value.
+TEST(AttentionPass, AnAttentionAndItsBackwardAreTwoSteps) {
+  const std::string graph =
+      "graph(cpu, buffers=5, scalars=3)\n"
+      "%0 = data(#0) f32[2, 6, 4]\n%1 = data(#1) f32[2, 6, 4]\n%2 = data(#2) f32[2, 6, 4]\n"
+      "%3 = data(#3) bool[6, 6]\n%4 = data(#4) f32[2, 6, 4]\n"
+      "%5 = permute(%1) {0, 2, 1} f32[2, 4, 6]\n%6 = mat_mul(%0, %5) f32[2, 6, 6]\n"
+      "%7 = scalar($0) f32[]\n%8 = expand(%7) f32[2, 6, 6]\n%9 = mul(%6, %8) f32[2, 6, 6]\n"
+      "%10 = expand(%3) bool[2, 6, 6]\n%11 = scalar($1) f32[]\n"
+      "%12 = expand(%11) f32[2, 6, 6]\n%13 = where(%10, %12, %9) f32[2, 6, 6]\n"
+      "%14 = max(%13) {1, 2} f32[2, 6, 1]\n%15 = expand(%14) f32[2, 6, 6]\n"
+      "%16 = sub(%13, %15) f32[2, 6, 6]\n%17 = exp(%16) f32[2, 6, 6]\n"
+      "%18 = sum(%17) {1, 2} f32[2, 6, 1]\n%19 = expand(%18) f32[2, 6, 6]\n"
+      "%20 = div(%17, %19) f32[2, 6, 6]\n%21 = mat_mul(%20, %2) f32[2, 6, 4]\n"
+      "%22 = permute(%20) {0, 2, 1} f32[2, 6, 6]\n%23 = mat_mul(%22, %4) f32[2, 6, 4]\n"
+      "%24 = permute(%2) {0, 2, 1} f32[2, 4, 6]\n%25 = mat_mul(%4, %24) f32[2, 6, 6]\n"
+      "%26 = mul(%25, %20) f32[2, 6, 6]\n%27 = sum(%26) {1, 2} f32[2, 6, 1]\n"
+      "%28 = expand(%27) f32[2, 6, 6]\n%29 = sub(%25, %28) f32[2, 6, 6]\n"
+      "%30 = mul(%20, %29) f32[2, 6, 6]\n%31 = scalar($2) f32[]\n"
+      "%32 = expand(%31) f32[2, 6, 6]\n%33 = where(%10, %32, %30) f32[2, 6, 6]\n"
+      "%34 = mul(%33, %8) f32[2, 6, 6]\n%35 = permute(%0) {0, 2, 1} f32[2, 4, 6]\n"
+      "%36 = mat_mul(%35, %34) f32[2, 4, 6]\n%37 = mat_mul(%34, %1) f32[2, 6, 4]\n"
+      "return %21, %23, %36, %37\n";
+  EXPECT_EQ(lines(run_until(graph, "drop_unread_steps"), "%"),
+            "%21 attention f32[2, 6, 4] <- %0[2, 6, 4] %1[2, 6, 4] %2[2, 6, 4] %3[6, 6]  \n"
+            "%37 attention_backward f32[2, 6, 4] <- %0[2, 6, 4] %1[2, 6, 4] %2[2, 6, 4] %3[6, 6] "
+            "%14[2, 6, 1] %18[2, 6, 1] %4[2, 6, 4]  \n");
 }
 
 TEST(LowerPass, AMatmulReadsATransposeThroughStridesAndTheTransposeIsDropped) {

@@ -81,6 +81,7 @@ const std::vector<plan::Pass>& pipeline() {
         {"choose_fusion", [rules](plan::Plan& p) { plan::choose_fusion(p, rules); }},
         {"choose_layouts", choose_layouts},
         {"choose_conv_algorithms", choose_conv_algorithms},
+        {"fuse_attention", fuse_attention},
         {"lower", lower},
         {"drop_unread_steps", plan::drop_unread_steps},
         {"merge_row_steps", merge_row_steps},

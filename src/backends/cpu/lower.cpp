@@ -439,6 +439,7 @@ struct LoweringRule {
   void (*lower)(Lowering& l);
 };
 const LoweringRule kRules[] = {
+    {attention_applies, lower_attention},
     {fused_applies, lower_fused},
     {matmul_applies, lower_matmul},
     {convolution_applies, lower_convolution},

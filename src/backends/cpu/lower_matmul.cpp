@@ -44,7 +44,8 @@ bool transposed_matmul(const plan::Plan& p, int32_t id) {
     return false;
   const int32_t m = n.operands[0];
   const ir::GraphNode& mm = p.graph.nodes[m];
-  if (mm.op != Op::MatMul || p.is_output[m] || p.consumers[m].size() != 1 || !p.run_time[m])
+  if (mm.op != Op::MatMul || p.is_output[m] || p.consumers[m].size() != 1 || !p.run_time[m] ||
+      p.merged[m])
     return false;
   // A batch over one right-hand matrix folds into one product instead (fold_matmul_batch), worth
   // more than the permute's copy.

@@ -28,6 +28,8 @@ struct Lowering {
 
 // Each rule: whether it takes the node, and how it lowers it. The table in lower.cpp tries
 // them in order.
+bool attention_applies(const Lowering& l);  // attention.cpp
+void lower_attention(Lowering& l);
 bool matmul_applies(const Lowering& l);  // lower_matmul.cpp
 void lower_matmul(Lowering& l);
 bool max_pooling_applies(const Lowering& l);  // lower_pool.cpp

@@ -5,6 +5,8 @@
 //                                       (with the cpu's rules: fusion_rules())
 //   choose_layouts     layouts.cpp      which activations stay in oneDNN's nChw16c layout
 //   choose_conv_algorithms  conv_algorithms.cpp  which convolutions run as Winograd
+//   fuse_attention     attention.cpp    attentions written from primitives run as one forward
+//                                       and one backward step, their scores never in memory
 //   lower              lower.cpp        the kernel that runs each node (oneDNN, fused trees,
 //                                       own kernels), a step each
 //   drop_unread_steps  plan/steps.cpp
@@ -74,13 +76,16 @@ struct SumOf {
 // Sums over the same layout with the node each writes: one, or several joined by merge_sums.
 using SumParts = std::vector<std::pair<int32_t, std::shared_ptr<SumOf>>>;
 
-// A cpu step's kernel: plan::Step::payload.
+struct AttentionFusion;  // attention.cpp
+
 // The cpu backend's own decisions per node (plan::Plan::decisions).
 struct CpuDecisions final : plan::BackendDecisions {
   explicit CpuDecisions(size_t nodes) : blocked(nodes), walk_blocked(nodes), winograd(nodes) {}
   std::vector<bool> blocked;       // held in oneDNN's nChw16c layout (layouts.cpp)
   std::vector<bool> walk_blocked;  // a sum that walks its input in the blocked order
   std::vector<bool> winograd;      // a convolution run as oneDNN's Winograd (conv_algorithms.cpp)
+  // The fused attention whose step is lowered at this node (fuse_attention), or null.
+  std::vector<std::shared_ptr<const AttentionFusion>> attention;
   std::string describe(int32_t node) const override;
   const char* mark(int32_t value) const override;
   const char* step_mark(int32_t node) const override;
@@ -90,6 +95,7 @@ CpuDecisions& decisions(plan::Plan& p);
 // Whether each value is held blocked (all false before the layout pass).
 std::vector<bool> blocked_values(const plan::Plan& p);
 
+// A cpu step's kernel: plan::Step::payload.
 struct CpuStep final : plan::StepPayload {
   std::function<void(Ctx&)> run;
   // The check of operand plan::Step::checked, which add_checks moves to a step of its own.
@@ -111,6 +117,7 @@ void fold_constants(plan::Plan& p);
 plan::FusionRules fusion_rules();
 void choose_layouts(plan::Plan& p);
 void choose_conv_algorithms(plan::Plan& p);
+void fuse_attention(plan::Plan& p);
 void lower(plan::Plan& p);
 void merge_row_steps(plan::Plan& p);
 void merge_sums(plan::Plan& p);
