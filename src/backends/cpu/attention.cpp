@@ -57,23 +57,33 @@ LOCKSTEP_TARGET_CLONES void softmax_grad_run(const float* p, float* d, int64_t n
 }
 
 // What a run reads: operands' memory and host scalars.
+// What a run reads: the operands' memory (f32, or bf16 under autocast) and host scalars.
 struct Bound {
-  const float *q, *k, *v;
-  const void* mask;
-  float scale = 1, fill = 0, zero = 0;
+  const void *q, *k, *v, *mask, *d_out;
+  float scale = 1, fill = 0, zero = 0;  // as the graph holds them (rounded to bf16 under autocast)
   bool skip = false;  // columns past a block's last unmasked one are all -inf: skipped
 };
 
-float host(const Ctx& c, int64_t input) {
-  return input < 0 ? 0.0f : static_cast<float>(c.scalars->at(static_cast<size_t>(input)).f);
+float host(const Ctx& c, int64_t input, bool bf16) {
+  if (input < 0) return 0.0f;
+  float v = static_cast<float>(c.scalars->at(static_cast<size_t>(input)).f);
+  if (bf16) round_to_bf16(&v, 1);
+  return v;
+}
+
+// The mask's value at score (gi, i, j), as f32 (an added mask) or 0/1 (a where's condition).
+float mask_at(const AttentionFusion& a, const Bound& b, int64_t at) {
+  if (a.mask_kind != MaskKind::Additive) return static_cast<const uint8_t*>(b.mask)[at];
+  return a.bf16 ? bf16_value(static_cast<const uint16_t*>(b.mask)[at])
+                : static_cast<const float*>(b.mask)[at];
 }
 
 // Whether the mask takes score (gi, i, j) out (to the fill, or adds -inf).
 bool masked(const AttentionFusion& a, const Bound& b, int64_t gi, int64_t i, int64_t j) {
-  const int64_t at = a.mask_base[static_cast<size_t>(gi)] + i * a.mask_ls + j * a.mask_ss;
-  if (a.mask_kind == MaskKind::Additive) return static_cast<const float*>(b.mask)[at] == kNegInf;
-  const bool c = static_cast<const uint8_t*>(b.mask)[at] != 0;
-  return a.mask_kind == MaskKind::FillWhereTrue ? c : !c;
+  const float m =
+      mask_at(a, b, a.mask_base[static_cast<size_t>(gi)] + i * a.mask_ls + j * a.mask_ss);
+  if (a.mask_kind == MaskKind::Additive) return m == kNegInf;
+  return a.mask_kind == MaskKind::FillWhereTrue ? m != 0 : m == 0;
 }
 
 // The columns a block of rows needs: one past the last score any row keeps (all columns if a row
@@ -113,26 +123,73 @@ void mask_row(const AttentionFusion& a, const Bound& b, int64_t gi, int64_t i, f
               float fill) {
   if (a.mask_kind == MaskKind::None) return;
   const int64_t at = a.mask_base[static_cast<size_t>(gi)] + i * a.mask_ls;
-  if (a.mask_kind == MaskKind::Additive)
-    add_mask_run(x, n, static_cast<const float*>(b.mask) + at, a.mask_ss);
-  else
+  if (a.mask_kind != MaskKind::Additive) {
     fill_run(x, n, static_cast<const uint8_t*>(b.mask) + at, a.mask_ss,
              a.mask_kind == MaskKind::FillWhereTrue, fill);
+  } else if (!a.bf16) {
+    add_mask_run(x, n, static_cast<const float*>(b.mask) + at, a.mask_ss);
+  } else {
+    for (int64_t j = 0; j < n; ++j) x[j] = x[j] + mask_at(a, b, at + j * a.mask_ss);
+    round_to_bf16(x, n);
+  }
+}
+
+// A thread's buffers, kept from run to run: 0 scores, 1 their gradients, 2 P in bf16, 3-6 an
+// entry's q, k, v and dO widened from bf16, 7 a product before rounding, 8-9 dK and dV summed.
+float* buffer(int which, int64_t n) {
+  thread_local std::vector<float> bufs[10];
+  std::vector<float>& b = bufs[which];
+  if (b.size() < static_cast<size_t>(n)) b.resize(static_cast<size_t>(n));
+  return b.data();
+}
+
+blasint bi(int64_t n) { return static_cast<blasint>(n); }
+
+// One batch entry's operand as an f32 matrix: its own memory, or (bf16) its rows widened into
+// buffer `which`.
+struct Matrix {
+  const float* p;
+  int64_t ld;
+};
+Matrix matrix(const AttentionFusion& a, const Operand& o, const void* base, int64_t gi,
+              int64_t rows, int64_t cols, int which) {
+  const int64_t at = o.rows.base[static_cast<size_t>(gi)];
+  if (!a.bf16) return {static_cast<const float*>(base) + at, o.rows.ld};
+  float* w = buffer(which, rows * cols);
+  const uint16_t* src = static_cast<const uint16_t*>(base) + at;
+  for (int64_t r = 0; r < rows; ++r) bf16_to_f32(src + r * o.rows.ld, cols, w + r * cols);
+  return {w, cols};
+}
+
+// C [rows x cols] (leading dimension ldc) = A B as `gemm` computes it into `out`: straight, or
+// (bf16) into a buffer and rounded into the bf16 destination.
+template <typename Gemm>
+void product_into(const AttentionFusion& a, void* out, int64_t at, int64_t ldc, int64_t rows,
+                  int64_t cols, Gemm&& gemm) {
+  if (!a.bf16) return gemm(static_cast<float*>(out) + at, ldc);
+  float* t = buffer(7, rows * cols);
+  gemm(t, cols);
+  uint16_t* dst = static_cast<uint16_t*>(out) + at;
+  for (int64_t r = 0; r < rows; ++r) f32_to_bf16(t + r * cols, cols, dst + r * ldc);
+}
+
+// Rounds to bf16 under autocast (where the graph holds a bf16 value).
+void round_if(const AttentionFusion& a, float* x, int64_t n) {
+  if (a.bf16) round_to_bf16(x, n);
 }
 
 // The block's masked, scaled scores x [rows, hi] (leading dimension hi) from Q K^T.
-void scores(const AttentionFusion& a, const Bound& b, int64_t gi, int64_t i0, int64_t rows,
-            int64_t hi, float* x) {
-  const auto g = static_cast<size_t>(gi);
-  const float* q = b.q + a.q.rows.base[g] + i0 * a.q.rows.ld;
-  const float* k = b.k + a.k.rows.base[g];
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(rows),
-              static_cast<blasint>(hi), static_cast<blasint>(a.e), 1.0f, q,
-              static_cast<blasint>(a.q.rows.ld), k, static_cast<blasint>(a.k.rows.ld), 0.0f, x,
-              static_cast<blasint>(hi));
+void scores(const AttentionFusion& a, const Bound& b, int64_t gi, const Matrix& q, const Matrix& k,
+            int64_t i0, int64_t rows, int64_t hi, float* x) {
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bi(rows), bi(hi), bi(a.e), 1.0f,
+              q.p + i0 * q.ld, bi(q.ld), k.p, bi(k.ld), 0.0f, x, bi(hi));
+  round_if(a, x, rows * hi);
   for (int64_t r = 0; r < rows; ++r) {
     float* xr = x + r * hi;
-    if (a.scale_kind != ScaleKind::None) scale_run(xr, hi, b.scale, a.scale_kind == ScaleKind::Div);
+    if (a.scale_kind != ScaleKind::None) {
+      scale_run(xr, hi, b.scale, a.scale_kind == ScaleKind::Div);
+      round_if(a, xr, hi);
+    }
     mask_row(a, b, gi, i0 + r, xr, hi, b.fill);
   }
 }
@@ -155,86 +212,128 @@ void softmax_rows(float* x, int64_t rows, int64_t hi, float* max, float* sum, bo
   }
 }
 
-std::vector<float>& buffer(int which, size_t n) {
-  thread_local std::vector<float> bufs[2];
-  if (bufs[which].size() < n) bufs[which].resize(n);
-  return bufs[which];
-}
-
 // Rows per block: the block's scores (and, backward, their gradients) stay in the core's L2
 // (64 KiB each); up to 64 rows (more measured no faster on gpt_long's [4, 4, 512, 64]).
 int64_t block_rows(const AttentionFusion& a) {
   return std::clamp<int64_t>(16384 / std::max<int64_t>(a.s, 1), 16, 64);
 }
 
-blasint bi(int64_t n) { return static_cast<blasint>(n); }
+// The forward of batch entry gi's blocks [k0, k1).
+void forward_blocks(const AttentionFusion& a, const Bound& b, const std::vector<int64_t>& his,
+                    int64_t br, int64_t blocks, int64_t gi, int64_t k0, int64_t k1, void* out,
+                    float* max, float* sum) {
+  const Matrix q = matrix(a, a.q, b.q, gi, a.l, a.e, 3), k = matrix(a, a.k, b.k, gi, a.s, a.e, 4),
+               v = matrix(a, a.v, b.v, gi, a.s, a.ev, 5);
+  const auto g = static_cast<size_t>(gi);
+  for (int64_t blk = k0; blk < k1; ++blk) {
+    const int64_t i0 = blk * br, rows = std::min(br, a.l - i0);
+    const int64_t hi = his[g * static_cast<size_t>(blocks) + static_cast<size_t>(blk)];
+    float* x = buffer(0, rows * hi);
+    scores(a, b, gi, q, k, i0, rows, hi, x);
+    softmax_rows(x, rows, hi, max + gi * a.l + i0, sum + gi * a.l + i0, true);
+    round_if(a, x, rows * hi);  // P, cast to bf16 for the product
+    product_into(a, out, a.out_rows.base[g] + i0 * a.out_rows.ld, a.out_rows.ld, rows, a.ev,
+                 [&](float* c, int64_t ldc) {
+                   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bi(rows), bi(a.ev),
+                               bi(hi), 1.0f, x, bi(hi), v.p, bi(v.ld), 0.0f, c, bi(ldc));
+                 });
+  }
+}
 
-void run_forward(const AttentionFusion& a, const Bound& b, float* out, float* max, float* sum) {
+void run_forward(const AttentionFusion& a, const Bound& b, void* out, float* max, float* sum) {
   const int64_t br = std::min(block_rows(a), a.l), blocks = (a.l + br - 1) / br;
   const bool threaded = a.g * a.l * a.s * (a.e + a.ev) >= (1 << 16);
   const std::vector<int64_t> his = block_columns(a, b, br, blocks);
-  parallel_for(threaded, a.g * blocks, [&](int64_t t) {
-    const int64_t gi = t / blocks, i0 = t % blocks * br, rows = std::min(br, a.l - i0);
-    const int64_t hi = his[static_cast<size_t>(t)];
-    float* x = buffer(0, static_cast<size_t>(rows * hi)).data();
-    scores(a, b, gi, i0, rows, hi, x);
-    softmax_rows(x, rows, hi, max + gi * a.l + i0, sum + gi * a.l + i0, true);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bi(rows), bi(a.ev), bi(hi), 1.0f, x,
-                bi(hi), b.v + a.v.rows.base[static_cast<size_t>(gi)], bi(a.v.rows.ld), 0.0f,
-                out + a.out_rows.base[static_cast<size_t>(gi)] + i0 * a.out_rows.ld,
-                bi(a.out_rows.ld));
-  });
+  // f32 by blocks of rows; bf16 by whole entries (each widens its operands once).
+  if (a.bf16) {
+    parallel_for(threaded, a.g, [&](int64_t gi) {
+      forward_blocks(a, b, his, br, blocks, gi, 0, blocks, out, max, sum);
+    });
+  } else {
+    parallel_for(threaded, a.g * blocks, [&](int64_t t) {
+      forward_blocks(a, b, his, br, blocks, t / blocks, t % blocks, t % blocks + 1, out, max, sum);
+    });
+  }
+}
+
+// Adds sum [rows x cols] (bf16: rounding it) into dst's memory at `at`, rows ld apart.
+void store_sum(const AttentionFusion& a, const float* sum, int64_t rows, int64_t cols, void* dst,
+               int64_t at, int64_t ld) {
+  for (int64_t r = 0; r < rows; ++r) {
+    if (a.bf16)
+      f32_to_bf16(sum + r * cols, cols, static_cast<uint16_t*>(dst) + at + r * ld);
+    else
+      std::copy_n(sum + r * cols, cols, static_cast<float*>(dst) + at + r * ld);
+  }
 }
 
 // The backward of each batch entry on one thread: its dK and dV sum over the blocks of rows.
-void run_backward(const AttentionFusion& a, const Bound& b, float* max, float* sum,
-                  const float* d_out, float* dq, float* dk, float* dv) {
+void run_backward(const AttentionFusion& a, const Bound& b, float* max, float* sum, void* dq,
+                  void* dk, void* dv) {
   const int64_t br = std::min(block_rows(a), a.l), blocks = (a.l + br - 1) / br;
   const bool threaded = a.g * a.l * a.s * (a.e + a.ev) >= (1 << 15);
   const std::vector<int64_t> his = block_columns(a, b, br, blocks);
   parallel_for(threaded, a.g, [&](int64_t gi) {
-    float* dvg = dv + a.dv_rows.base[static_cast<size_t>(gi)];
-    float* dkg = dk + gi * a.s * a.e;  // [S, E], or [E, S] when dk_transposed
-    for (int64_t j = 0; j < a.s; ++j) std::fill_n(dvg + j * a.dv_rows.ld, a.ev, 0.0f);
-    std::fill_n(dkg, a.s * a.e, 0.0f);
     const auto g = static_cast<size_t>(gi);
-    const float* qg = b.q + a.q.rows.base[g];
-    const float* kg = b.k + a.k.rows.base[g];
-    const float* vg = b.v + a.v.rows.base[g];
-    const int64_t ldq = a.q.rows.ld, ldk = a.k.rows.ld, ldv = a.v.rows.ld, ldo = a.d_out.rows.ld;
+    const Matrix q = matrix(a, a.q, b.q, gi, a.l, a.e, 3), k = matrix(a, a.k, b.k, gi, a.s, a.e, 4),
+                 v = matrix(a, a.v, b.v, gi, a.s, a.ev, 5),
+                 d_out = matrix(a, a.d_out, b.d_out, gi, a.l, a.ev, 6);
+    // dK ([S, E], or [E, S] when dk_transposed) and dV summed in f32 buffers.
+    float* dks = buffer(8, a.s * a.e);
+    float* dvs = buffer(9, a.s * a.ev);
+    std::fill_n(dks, a.s * a.e, 0.0f);
+    std::fill_n(dvs, a.s * a.ev, 0.0f);
     for (int64_t blk = 0; blk < blocks; ++blk) {
       const int64_t i0 = blk * br, rows = std::min(br, a.l - i0);
       const int64_t hi = his[g * static_cast<size_t>(blocks) + static_cast<size_t>(blk)];
-      float* x = buffer(0, static_cast<size_t>(rows * hi)).data();
-      float* dp = buffer(1, static_cast<size_t>(rows * hi)).data();
-      scores(a, b, gi, i0, rows, hi, x);
+      float* x = buffer(0, rows * hi);
+      float* dp = buffer(1, rows * hi);
+      scores(a, b, gi, q, k, i0, rows, hi, x);
       // P, from the forward's row max and sum (the same operations: the same values).
       softmax_rows(x, rows, hi, max + gi * a.l + i0, sum + gi * a.l + i0, false);
-      const float* dog = d_out + a.d_out.rows.base[g] + i0 * ldo;
+      const float* pb = x;  // P as the product reads it (bf16: rounded)
+      if (a.bf16) {
+        float* r = buffer(2, rows * hi);
+        std::copy_n(x, rows * hi, r);
+        round_to_bf16(r, rows * hi);
+        pb = r;
+      }
+      const float* dor = d_out.p + i0 * d_out.ld;
       // dV[:hi] += P^T dO; dP = dO V[:hi]^T.
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, bi(hi), bi(a.ev), bi(rows), 1.0f, x,
-                  bi(hi), dog, bi(ldo), 1.0f, dvg, bi(a.dv_rows.ld));
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bi(rows), bi(hi), bi(a.ev), 1.0f, dog,
-                  bi(ldo), vg, bi(ldv), 0.0f, dp, bi(hi));
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, bi(hi), bi(a.ev), bi(rows), 1.0f, pb,
+                  bi(hi), dor, bi(d_out.ld), 1.0f, dvs, bi(a.ev));
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bi(rows), bi(hi), bi(a.ev), 1.0f, dor,
+                  bi(d_out.ld), v.p, bi(v.ld), 0.0f, dp, bi(hi));
+      round_if(a, dp, rows * hi);
       for (int64_t r = 0; r < rows; ++r) {  // dS = P (dP - sum(dP P)), masked, scaled
         float* dr = dp + r * hi;
         softmax_grad_run(x + r * hi, dr, hi);
+        round_if(a, dr, hi);
         if (a.mask_kind != MaskKind::Additive) mask_row(a, b, gi, i0 + r, dr, hi, b.zero);
-        if (a.scale_kind != ScaleKind::None)
+        if (a.scale_kind != ScaleKind::None) {
           scale_run(dr, hi, b.scale, a.scale_kind == ScaleKind::Div);
+          round_if(a, dr, hi);
+        }
       }
       // dQ = dS K[:hi]; dK[:hi] += dS^T Q (or dK^T[:, :hi] += Q^T dS).
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bi(rows), bi(a.e), bi(hi), 1.0f, dp,
-                  bi(hi), kg, bi(ldk), 0.0f,
-                  dq + a.dq_rows.base[static_cast<size_t>(gi)] + i0 * a.dq_rows.ld,
-                  bi(a.dq_rows.ld));
+      product_into(a, dq, a.dq_rows.base[g] + i0 * a.dq_rows.ld, a.dq_rows.ld, rows, a.e,
+                   [&](float* c, int64_t ldc) {
+                     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bi(rows), bi(a.e),
+                                 bi(hi), 1.0f, dp, bi(hi), k.p, bi(k.ld), 0.0f, c, bi(ldc));
+                   });
+      const float* qr = q.p + i0 * q.ld;
       if (a.dk_transposed)
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, bi(a.e), bi(hi), bi(rows), 1.0f,
-                    qg + i0 * ldq, bi(ldq), dp, bi(hi), 1.0f, dkg, bi(a.s));
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, bi(a.e), bi(hi), bi(rows), 1.0f, qr,
+                    bi(q.ld), dp, bi(hi), 1.0f, dks, bi(a.s));
       else
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, bi(hi), bi(a.e), bi(rows), 1.0f, dp,
-                    bi(hi), qg + i0 * ldq, bi(ldq), 1.0f, dkg, bi(a.e));
+                    bi(hi), qr, bi(q.ld), 1.0f, dks, bi(a.e));
     }
+    if (a.dk_transposed)
+      store_sum(a, dks, a.e, a.s, dk, gi * a.s * a.e, a.s);
+    else
+      store_sum(a, dks, a.s, a.e, dk, gi * a.s * a.e, a.e);
+    store_sum(a, dvs, a.s, a.ev, dv, a.dv_rows.base[g], a.dv_rows.ld);
   });
 }
 
@@ -250,12 +349,13 @@ void lower_attention(Lowering& l) {
   const int32_t q = a->q.node, k = a->k.node, v = a->v.node, mask = a->mask;
   l.step.reads = {q, k, v};
   if (mask >= 0) l.step.reads.push_back(mask);
-  const auto bind = [a, q, k, v, mask](const Ctx& c) {
-    Bound b{static_cast<const float*>(c.ptr[q]), static_cast<const float*>(c.ptr[k]),
-            static_cast<const float*>(c.ptr[v]), mask >= 0 ? c.ptr[mask] : nullptr};
-    b.scale = host(c, a->scale_input);
-    b.fill = host(c, a->fill_input);
-    b.zero = host(c, a->zero_input);
+  const int32_t d_out = a->backward ? a->d_out.node : -1;
+  const auto bind = [a, q, k, v, mask, d_out](const Ctx& c) {
+    Bound b{c.ptr[q], c.ptr[k], c.ptr[v], mask >= 0 ? c.ptr[mask] : nullptr,
+            d_out >= 0 ? c.ptr[d_out] : nullptr};
+    b.scale = host(c, a->scale_input, a->bf16);
+    b.fill = host(c, a->fill_input, a->bf16);
+    b.zero = host(c, a->zero_input, a->bf16);
     const bool where =
         a->mask_kind == MaskKind::FillWhereTrue || a->mask_kind == MaskKind::KeepWhereTrue;
     b.skip = a->mask_kind == MaskKind::Additive ||
@@ -269,20 +369,19 @@ void lower_attention(Lowering& l) {
     l.step.extras = {max, sum};
     const int32_t out = a->out;
     l.cs.run = [a, bind, max, sum, out](Ctx& c) {
-      run_forward(*a, bind(c), static_cast<float*>(c.ptr[out]), static_cast<float*>(c.ptr[max]),
+      run_forward(*a, bind(c), c.ptr[out], static_cast<float*>(c.ptr[max]),
                   static_cast<float*>(c.ptr[sum]));
     };
     return;
   }
   l.step.label = "attention_backward";
-  for (int32_t r : {max, sum, a->d_out.node}) l.step.reads.push_back(r);
-  const int32_t d_out = a->d_out.node, dq = a->dq, dk = a->dk, dv = a->dv;
+  for (int32_t r : {max, sum, d_out}) l.step.reads.push_back(r);
+  const int32_t dq = a->dq, dk = a->dk, dv = a->dv;
   l.step.node = dq;
   l.step.extras = {dk, dv};
-  l.cs.run = [a, bind, max, sum, d_out, dq, dk, dv](Ctx& c) {
+  l.cs.run = [a, bind, max, sum, dq, dk, dv](Ctx& c) {
     run_backward(*a, bind(c), static_cast<float*>(c.ptr[max]), static_cast<float*>(c.ptr[sum]),
-                 static_cast<const float*>(c.ptr[d_out]), static_cast<float*>(c.ptr[dq]),
-                 static_cast<float*>(c.ptr[dk]), static_cast<float*>(c.ptr[dv]));
+                 c.ptr[dq], c.ptr[dk], c.ptr[dv]);
   };
 }
 

@@ -54,6 +54,7 @@ struct AttentionFusion {
   int32_t dq = -1, dk = -1, dv = -1;
   bool dk_transposed = true;  // dk is the product Q^T dS [.., E, S] (else its transpose)
   bool backward = false;
+  bool bf16 = false;        // bf16 products, the softmax in f32 (autocast): each rounding emulated
   int32_t forward_at = -1;  // the node the forward's step is lowered at
   Rows out_rows, dq_rows, dv_rows;
   // The mask's element offset of entry g, and its row and column strides (0: broadcast).

@@ -1,9 +1,7 @@
 // Finding fused attentions in the plan's graph (attention.h): the pattern, the views its operands
 // are read through, and the pass that hands the two steps' nodes to the lowering.
 #include <algorithm>
-#include <cstdlib>
 #include <memory>
-#include <string>
 #include <vector>
 
 #include "backends/cpu/attention.h"
@@ -11,6 +9,7 @@
 #include "backends/cpu/passes.h"
 #include "ir/attrs.h"
 #include "runtime/metrics.h"
+#include "util/options.h"
 
 namespace lockstep::backends::cpu {
 
@@ -170,6 +169,18 @@ class Matcher {
     return true;
   }
 
+  // Whether node `id` has the dtype the attention's products have (bf16 under autocast).
+  bool typed(int32_t id, bool bf16) const {
+    return node(id).dtype == (bf16 ? DType::BF16 : DType::F32);
+  }
+  // The f32 operand of a cast of bf16 `id` to f32 (autocast's softmax input), else -1; the same
+  // for a cast of f32 to bf16 with `to_bf16`.
+  int32_t cast_from(int32_t id, bool to_bf16) const {
+    const ir::GraphNode& n = node(id);
+    if (n.op != Op::Cast || n.dtype != (to_bf16 ? DType::BF16 : DType::F32)) return -1;
+    return node(n.operands[0]).dtype == (to_bf16 ? DType::F32 : DType::BF16) ? n.operands[0] : -1;
+  }
+
   std::shared_ptr<AttentionFusion> forward(int32_t o, std::vector<int32_t>* inner) const;
   bool backward(AttentionFusion& a, const View& q, const View& k, const View& v, int32_t p,
                 int32_t scale_node, int32_t x_node, std::vector<int32_t>* inner) const;
@@ -179,11 +190,15 @@ class Matcher {
   const ir::Graph& g_;
 };
 
-// The forward pattern ending at product `o` = P V; `inner` gets the nodes it computes.
+// The forward pattern ending at product `o` = P V; `inner` gets the nodes it computes. Under
+// autocast (bf16 products) the scores are cast to f32 for the softmax and P back to bf16.
 std::shared_ptr<AttentionFusion> Matcher::forward(int32_t o, std::vector<int32_t>* inner) const {
   const ir::GraphNode& on = node(o);
-  if (on.op != Op::MatMul || !f32(o) || on.shape.size() < 2) return nullptr;
-  const int32_t pn = on.operands[0], v = on.operands[1];
+  const bool bf16 = on.dtype == DType::BF16;
+  if (on.op != Op::MatMul || !typed(o, bf16) || on.shape.size() < 2) return nullptr;
+  const int32_t pb = bf16 ? on.operands[0] : -1, v = on.operands[1];
+  const int32_t pn = bf16 ? cast_from(pb, true) : on.operands[0];
+  if (pn < 0) return nullptr;
   const ir::GraphNode& pd = node(pn);
   if (pd.op != Op::Div || !f32(pn)) return nullptr;
   const int32_t en = pd.operands[0], sum_x = pd.operands[1];
@@ -196,11 +211,14 @@ std::shared_ptr<AttentionFusion> Matcher::forward(int32_t o, std::vector<int32_t
   if (node(max_x).op != Op::Expand) return nullptr;
   const int32_t max = node(max_x).operands[0];
   if (!row_reduction(max, Op::Max, x) || !f32(x)) return nullptr;
+  const int32_t xt = bf16 ? cast_from(x, false) : x;  // the masked scores, bf16 under autocast
+  if (xt < 0) return nullptr;
 
   auto a = std::make_shared<AttentionFusion>();
+  a->bf16 = bf16;
   // The mask.
-  int32_t y = x;
-  const ir::GraphNode& xn = node(x);
+  int32_t y = xt;
+  const ir::GraphNode& xn = node(xt);
   if (xn.op == Op::Where) {
     const int64_t fill_a = scalar_of(xn.operands[1]), fill_b = scalar_of(xn.operands[2]);
     if (fill_a >= 0) {
@@ -212,13 +230,13 @@ std::shared_ptr<AttentionFusion> Matcher::forward(int32_t o, std::vector<int32_t
     }
     a->mask = xn.operands[0];
   } else if (xn.op == Op::Add) {
-    for (int k = 0; k < 2 && y == x; ++k) {
+    for (int k = 0; k < 2 && y == xt; ++k) {
       const int32_t m = xn.operands[k], other = xn.operands[1 - k];
       const Op oo = node(other).op;
-      if (f32(m) && (oo == Op::MatMul || oo == Op::Mul || oo == Op::Div))
+      if (typed(m, bf16) && (oo == Op::MatMul || oo == Op::Mul || oo == Op::Div))
         a->mask_kind = MaskKind::Additive, a->mask = m, y = other;
     }
-    if (y == x) return nullptr;
+    if (y == xt) return nullptr;
   }
   if (a->mask >= 0 && node(a->mask).op == Op::Expand) a->mask = node(a->mask).operands[0];
   // The scale.
@@ -236,7 +254,7 @@ std::shared_ptr<AttentionFusion> Matcher::forward(int32_t o, std::vector<int32_t
     if (scale_node < 0) return nullptr;
   }
   const ir::GraphNode& sn = node(scores);
-  if (sn.op != Op::MatMul || !f32(scores)) return nullptr;
+  if (sn.op != Op::MatMul || !typed(scores, bf16) || !typed(y, bf16)) return nullptr;
   const int32_t kt = sn.operands[1];
   // Shapes: the same leading axes everywhere, no broadcast in the batch.
   const Shape& xs = xn.shape;
@@ -244,7 +262,7 @@ std::shared_ptr<AttentionFusion> Matcher::forward(int32_t o, std::vector<int32_t
   const Shape lead(xs.begin(), xs.end() - 2);
   for (int32_t t : {sn.operands[0], kt, v}) {
     const Shape& ts = node(t).shape;
-    if (!f32(t) || ts.size() != r || !std::equal(lead.begin(), lead.end(), ts.begin()))
+    if (!typed(t, bf16) || ts.size() != r || !std::equal(lead.begin(), lead.end(), ts.begin()))
       return nullptr;
   }
   const View qv = view_of(sn.operands[0]), kv = view_of(kt).transposed(), vv = view_of(v);
@@ -280,10 +298,13 @@ std::shared_ptr<AttentionFusion> Matcher::forward(int32_t o, std::vector<int32_t
   a->max = max, a->sum = sum, a->out = o;
   *inner = {scores, kt, max, max_x, sub, en, sum, sum_x, pn};
   if (y != scores) inner->push_back(y);
-  if (x != y) inner->push_back(x);
+  if (xt != y) inner->push_back(xt);
+  if (x != xt) inner->push_back(x);
+  if (bf16) inner->push_back(pb);
   // The backward, if P is read by more than the product.
-  if (p_.consumers[pn].size() == 1 && p_.consumers[pn][0] == o) return a;
-  if (!backward(*a, qv, kv, vv, pn, scale_node, x, inner)) return nullptr;
+  const int32_t p_read = bf16 ? pb : pn;  // what the product reads
+  if (p_.consumers[p_read].size() == 1 && (!bf16 || p_.consumers[pn].size() == 1)) return a;
+  if (!backward(*a, qv, kv, vv, pn, scale_node, xt, inner)) return nullptr;
   return a;
 }
 
@@ -292,15 +313,22 @@ std::shared_ptr<AttentionFusion> Matcher::forward(int32_t o, std::vector<int32_t
 // dK^T = Q^T dS).
 bool Matcher::backward(AttentionFusion& a, const View& q, const View& k, const View& v, int32_t p,
                        int32_t scale_node, int32_t x, std::vector<int32_t>* inner) const {
+  // P's readers: the product (under autocast its bf16 cast, which the product and P^T read), P^T,
+  // and the softmax gradient's two products.
+  const bool bf16 = a.bf16;
+  const int32_t pb = bf16 ? node(a.out).operands[0] : -1;
   int32_t pt = -1, dot = -1, prod = -1;
-  for (int32_t c : p_.consumers[p]) {
+  std::vector<int32_t> readers = p_.consumers[p];
+  if (bf16) readers.insert(readers.end(), p_.consumers[pb].begin(), p_.consumers[pb].end());
+  for (int32_t c : readers) {
     const ir::GraphNode& cn = node(c);
-    if (c == a.out) continue;
-    if (last_two_swap(cn) && pt < 0) {
+    if (c == a.out || c == pb) continue;
+    if (last_two_swap(cn) && cn.operands[0] == (bf16 ? pb : p) && pt < 0) {
       pt = c;
-    } else if (cn.op == Op::Mul) {
+    } else if (cn.op == Op::Mul && cn.operands[0] != pb && cn.operands[1] != pb) {
       const int32_t o = other(c, p);
-      if (o >= 0 && node(o).op == Op::MatMul && dot < 0) {
+      const int32_t o_product = o >= 0 && bf16 ? cast_from(o, false) : o;
+      if (o_product >= 0 && node(o_product).op == Op::MatMul && dot < 0) {
         dot = c;
       } else if (o >= 0 && node(o).op == Op::Sub && prod < 0) {
         prod = c;
@@ -313,13 +341,14 @@ bool Matcher::backward(AttentionFusion& a, const View& q, const View& k, const V
   }
   if (pt < 0 || dot < 0 || prod < 0 || p_.consumers[pt].size() != 1) return false;
   const int32_t dv = p_.consumers[pt][0];
-  if (node(dv).op != Op::MatMul || node(dv).operands[0] != pt || !f32(dv)) return false;
+  if (node(dv).op != Op::MatMul || node(dv).operands[0] != pt || !typed(dv, bf16)) return false;
   const int32_t d_out = node(dv).operands[1];
-  const int32_t dp = other(dot, p);
-  const ir::GraphNode& dpn = node(dp);
+  const int32_t dp = other(dot, p), dp_product = bf16 ? cast_from(dp, false) : dp;
+  const ir::GraphNode& dpn = node(dp_product);
   const View dov = view_of(d_out);
-  if (node(d_out).shape != node(a.out).shape || !f32(d_out) || view_of(dpn.operands[0]) != dov ||
-      view_of(dpn.operands[1]).transposed() != v || !operand(dov, &a.d_out))
+  if (node(d_out).shape != node(a.out).shape || !typed(d_out, bf16) ||
+      view_of(dpn.operands[0]) != dov || view_of(dpn.operands[1]).transposed() != v ||
+      !operand(dov, &a.d_out))
     return false;
   // dS = P (dP - expand(sum(dP P))).
   const int32_t sub = other(prod, p);
@@ -327,15 +356,23 @@ bool Matcher::backward(AttentionFusion& a, const View& q, const View& k, const V
   const int32_t dsum_x = node(sub).operands[1], dsum = node(dsum_x).operands[0];
   if (!row_reduction(dsum, Op::Sum, dot)) return false;
   std::vector<int32_t> mine = {pt, dot, dsum, dsum_x, sub, prod};
-  // The mask's where: the fill's place takes a zero.
+  if (bf16) mine.push_back(dp_product);
+  // Under autocast the gradient goes back to bf16 for the mask and the products.
   int32_t d = prod;
+  if (bf16) {
+    if (p_.consumers[prod].size() != 1 || cast_from(p_.consumers[prod][0], true) != prod)
+      return false;
+    d = p_.consumers[prod][0];
+    mine.push_back(d);
+  }
+  // The mask's where: the fill's place takes a zero.
   const int32_t mask_x = a.mask >= 0 ? node(x).operands[0] : -1;
   if (a.mask_kind == MaskKind::FillWhereTrue || a.mask_kind == MaskKind::KeepWhereTrue) {
-    if (p_.consumers[prod].size() != 1) return false;
-    const int32_t w = p_.consumers[prod][0];
+    if (p_.consumers[d].size() != 1) return false;
+    const int32_t w = p_.consumers[d][0];
     const ir::GraphNode& wn = node(w);
     const bool fill_true = a.mask_kind == MaskKind::FillWhereTrue;
-    if (wn.op != Op::Where || wn.operands[0] != mask_x || wn.operands[fill_true ? 2 : 1] != prod)
+    if (wn.op != Op::Where || wn.operands[0] != mask_x || wn.operands[fill_true ? 2 : 1] != d)
       return false;
     a.zero_input = scalar_of(wn.operands[fill_true ? 1 : 2]);
     if (a.zero_input < 0) return false;
@@ -359,7 +396,7 @@ bool Matcher::backward(AttentionFusion& a, const View& q, const View& k, const V
   int32_t dq = -1, dkt = -1;
   for (int32_t c : p_.consumers[d]) {
     const ir::GraphNode& cn = node(c);
-    if (cn.op != Op::MatMul || !f32(c)) return false;
+    if (cn.op != Op::MatMul || !typed(c, bf16)) return false;
     if (cn.operands[0] == d && view_of(cn.operands[1]) == k && dq < 0) {
       dq = c;
     } else if (cn.operands[1] == d && view_of(cn.operands[0]).transposed() == q && dkt < 0) {
@@ -404,8 +441,7 @@ int32_t written_as(const plan::Plan& p, int32_t id, Rows* rows) {
 }  // namespace
 
 void fuse_attention(plan::Plan& p) {
-  if (const char* env = std::getenv("LOCKSTEP_FUSED_ATTENTION"); env && std::string(env) == "0")
-    return;
+  if (util::option(util::Option::FusedAttention) == "0") return;
   const Matcher m(p);
   CpuDecisions& d = decisions(p);
   const std::vector<bool> blocked = d.blocked;
