@@ -187,3 +187,29 @@ TEST(AttentionFusion, UnderAutocastTheBf16AttentionMatchesRef) {
                 true, true),
             1);
 }
+
+TEST(AttentionFusion, AnOutputReadThroughAPermuteByElementwiseOps) {
+  // The heads' permute back is read by a tree (a view, not a value): the output is written as
+  // the product, and the tree reads it through the permute.
+  EXPECT_EQ(check({{2, 3, 12, 16}, {2, 3, 12, 16}, {2, 3, 12, 16}},
+                  [](const auto& in) {
+                    const ls::Tensor y =
+                        ls::nn::scaled_dot_product_attention(in[0], in[1], in[2], {}, 0, true);
+                    return ls::mul(ls::transpose(y, 1, 2), 2.0);
+                  }),
+            1);
+}
+
+TEST(AttentionFusion, OneAttentionsOutputIsTheNextOnesQueries) {
+  // Two attentions over the same keys and values (one transpose of the keys, read by both), the
+  // second's queries the first's output (the permutes and reshapes between simplify away).
+  EXPECT_EQ(check({{2, 3, 10, 16}, {2, 3, 10, 16}, {2, 3, 10, 16}},
+                  [](const auto& in) {
+                    const ls::Tensor y =
+                        ls::nn::scaled_dot_product_attention(in[0], in[1], in[2], {}, 0, true);
+                    const ls::Tensor rows = ls::reshape(ls::transpose(y, 1, 2), {2, 10, 48});
+                    const ls::Tensor q = ls::transpose(ls::reshape(rows, {2, 10, 3, 16}), 1, 2);
+                    return ls::nn::scaled_dot_product_attention(q, in[1], in[2], {}, 0, true);
+                  }),
+            2);
+}

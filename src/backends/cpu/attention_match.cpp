@@ -7,6 +7,7 @@
 #include "backends/cpu/attention.h"
 #include "backends/cpu/fused.h"
 #include "backends/cpu/passes.h"
+#include "backends/ref/ref_kernels.h"
 #include "ir/attrs.h"
 #include "runtime/metrics.h"
 #include "util/options.h"
@@ -18,25 +19,6 @@ using ir::Op;
 namespace {
 
 // ---- Matching the pattern in the graph ----
-
-bool last_two_swap(const ir::GraphNode& n) {
-  if (n.op != Op::Permute || n.attrs.size() < 2) return false;
-  const size_t r = n.attrs.size();
-  for (size_t i = 0; i + 2 < r; ++i)
-    if (n.attrs[i] != static_cast<int64_t>(i)) return false;
-  return n.attrs[r - 2] == static_cast<int64_t>(r - 1) &&
-         n.attrs[r - 1] == static_cast<int64_t>(r - 2);
-}
-
-std::vector<int64_t> contiguous(const Shape& shape) {
-  std::vector<int64_t> st(shape.size());
-  int64_t stride = 1;
-  for (size_t i = shape.size(); i-- > 0;) {
-    st[i] = stride;
-    stride *= shape[i];
-  }
-  return st;
-}
 
 // The element offsets of a [G..., rows, cols] view's matrices, and its row stride.
 Rows rows_of(const Shape& shape, const std::vector<int64_t>& strides, int64_t offset) {
@@ -116,10 +98,6 @@ class Matcher {
     const int64_t last = static_cast<int64_t>(node(of).shape.size()) - 1;
     return n.op == op && n.operands[0] == of && n.attrs == std::vector<int64_t>{1, last};
   }
-  // An Expand of `of` (a broadcast of a row statistic).
-  bool expand_of(int32_t id, int32_t of) const {
-    return node(id).op == Op::Expand && node(id).operands[0] == of;
-  }
   // The other operand of binary node `id` when one operand is `known`, else -1.
   int32_t other(int32_t id, int32_t known) const {
     const ir::GraphNode& n = node(id);
@@ -137,11 +115,12 @@ class Matcher {
   }
 
   // Node `id` as a view of the first node down its permutes, reshapes and slices that is not
-  // one (or whose view they do not keep).
+  // one (or whose view they do not keep). A view another fusion writes (an attention's output
+  // through its permute) is where it stops: what it views is not written.
   View view_of(int32_t id) const {
     const ir::GraphNode& n = node(id);
     const bool view_op = n.op == Op::Permute || n.op == Op::Reshape || n.op == Op::Slice;
-    if (view_op && p_.run_time[id] && n.dtype == node(n.operands[0]).dtype) {
+    if (view_op && p_.run_time[id] && !p_.merged[id] && n.dtype == node(n.operands[0]).dtype) {
       View u = view_of(n.operands[0]);
       const std::vector<int64_t> in = u.strides;
       bool ok = true;
@@ -159,7 +138,7 @@ class Matcher {
       u.shape = n.shape;
       if (ok) return u;
     }
-    return View{id, 0, n.shape, contiguous(n.shape)};
+    return View{id, 0, n.shape, ref::strides_of(n.shape)};
   }
   // The operand a matrix view is read as: columns contiguous, else none.
   static bool operand(const View& v, Operand* o) {
@@ -296,7 +275,7 @@ std::shared_ptr<AttentionFusion> Matcher::forward(int32_t o, std::vector<int32_t
     }
   }
   a->max = max, a->sum = sum, a->out = o;
-  *inner = {scores, kt, max, max_x, sub, en, sum, sum_x, pn};
+  *inner = {scores, max, max_x, sub, en, sum, sum_x, pn};
   if (y != scores) inner->push_back(y);
   if (xt != y) inner->push_back(xt);
   if (x != xt) inner->push_back(x);
@@ -323,7 +302,7 @@ bool Matcher::backward(AttentionFusion& a, const View& q, const View& k, const V
   for (int32_t c : readers) {
     const ir::GraphNode& cn = node(c);
     if (c == a.out || c == pb) continue;
-    if (last_two_swap(cn) && cn.operands[0] == (bf16 ? pb : p) && pt < 0) {
+    if (swaps_last_two(cn) && cn.operands[0] == (bf16 ? pb : p) && pt < 0) {
       pt = c;
     } else if (cn.op == Op::Mul && cn.operands[0] != pb && cn.operands[1] != pb) {
       const int32_t o = other(c, p);
@@ -411,7 +390,7 @@ bool Matcher::backward(AttentionFusion& a, const View& q, const View& k, const V
   a.backward = true;
   a.dq = dq, a.dv = dv, a.dk = dkt;
   if (!p_.is_output[dkt] && p_.consumers[dkt].size() == 1 &&
-      last_two_swap(node(p_.consumers[dkt][0]))) {
+      swaps_last_two(node(p_.consumers[dkt][0])) && !p_.absorbed[p_.consumers[dkt][0]]) {
     a.dk = p_.consumers[dkt][0];
     a.dk_transposed = false;
   }
@@ -419,22 +398,23 @@ bool Matcher::backward(AttentionFusion& a, const View& q, const View& k, const V
 }
 
 // Where a product [G.., rows, cols] is written: its own node, contiguous; or, when its one reader
-// is a permute that keeps the last axis (attention's heads back to [B, T, H, hd]), that
-// permute's memory, through its strides.
+// is a permute that keeps the last axis (attention's heads back to [B, T, H, hd]) and is a value
+// of its own (not one that trees read through its strides), that permute's memory, through its
+// strides.
 int32_t written_as(const plan::Plan& p, int32_t id, Rows* rows) {
   const ir::GraphNode& n = p.graph.nodes[id];
   if (!p.is_output[id] && p.consumers[id].size() == 1) {
     const int32_t c = p.consumers[id][0];
     const ir::GraphNode& cn = p.graph.nodes[c];
-    if (keeps_last_axis(cn) && cn.dtype == n.dtype) {
-      const std::vector<int64_t> out = contiguous(cn.shape);
+    if (keeps_last_axis(cn) && cn.dtype == n.dtype && !p.absorbed[c]) {
+      const std::vector<int64_t> out = ref::strides_of(cn.shape);
       std::vector<int64_t> st(out.size());
       for (size_t i = 0; i < out.size(); ++i) st[static_cast<size_t>(cn.attrs[i])] = out[i];
       *rows = rows_of(n.shape, st, 0);
       return c;
     }
   }
-  *rows = rows_of(n.shape, contiguous(n.shape), 0);
+  *rows = rows_of(n.shape, ref::strides_of(n.shape), 0);
   return id;
 }
 

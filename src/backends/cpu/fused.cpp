@@ -57,6 +57,15 @@ bool keeps_last_axis(const ir::GraphNode& n) {
          n.attrs.back() == static_cast<int64_t>(n.attrs.size()) - 1;
 }
 
+bool swaps_last_two(const ir::GraphNode& n) {
+  if (n.op != Op::Permute || n.attrs.size() < 2) return false;
+  const size_t r = n.attrs.size();
+  for (size_t i = 0; i + 2 < r; ++i)
+    if (n.attrs[i] != static_cast<int64_t>(i)) return false;
+  return n.attrs[r - 2] == static_cast<int64_t>(r - 1) &&
+         n.attrs[r - 1] == static_cast<int64_t>(r - 2);
+}
+
 bool permute_leaf(const ir::Graph& g, int32_t id) {
   // Runs shorter than this would be read a few values at a time: the copy is better then.
   constexpr int64_t kMinRun = 16;

@@ -18,6 +18,8 @@ namespace lockstep::backends::cpu {
 bool fusible(const ir::Graph& g, int32_t id);
 // A Permute that keeps the last axis last (it moves rows and batches: attention's heads).
 bool keeps_last_axis(const ir::GraphNode& n);
+// A Permute that swaps the last two axes and nothing else (a transpose of matrices).
+bool swaps_last_two(const ir::GraphNode& n);
 // Whether node `id` is a permute that trees read as a leaf of its operand, through strides
 // (FusionRules::view_leaf): one that keeps the last axis last (attention's heads, [T, B, C] and
 // [B, T, C]), so that the tree reads runs along that axis, instead of a copy written and read

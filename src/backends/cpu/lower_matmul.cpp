@@ -16,16 +16,6 @@ using ir::Op;
 
 namespace {
 
-// A Permute that swaps the last two axes and nothing else.
-bool is_last_two_swap(const ir::GraphNode& n) {
-  if (n.op != Op::Permute || n.attrs.size() < 2) return false;
-  const size_t r = n.attrs.size();
-  for (size_t i = 0; i + 2 < r; ++i)
-    if (n.attrs[i] != static_cast<int64_t>(i)) return false;
-  return n.attrs[r - 2] == static_cast<int64_t>(r - 1) &&
-         n.attrs[r - 1] == static_cast<int64_t>(r - 2);
-}
-
 // Whether a matmul's right-hand operand is one matrix for its whole batch ([1..., K, N]).
 bool shared_right(const ir::Graph& g, const ir::GraphNode& mm) {
   const Shape& b = g.nodes[mm.operands[1]].shape;
@@ -39,7 +29,7 @@ bool shared_right(const ir::Graph& g, const ir::GraphNode& mm) {
 // nothing else reads: the matmul writes the permuted layout itself.
 bool transposed_matmul(const plan::Plan& p, int32_t id) {
   const ir::GraphNode& n = p.graph.nodes[id];
-  if (!(is_last_two_swap(n) || keeps_last_axis(n)) ||
+  if (!(swaps_last_two(n) || keeps_last_axis(n)) ||
       (n.dtype != DType::F32 && n.dtype != DType::BF16) || shape_numel(n.shape) == 0)
     return false;
   const int32_t m = n.operands[0];
@@ -49,7 +39,7 @@ bool transposed_matmul(const plan::Plan& p, int32_t id) {
     return false;
   // A batch over one right-hand matrix folds into one product instead (fold_matmul_batch), worth
   // more than the permute's copy.
-  if (!is_last_two_swap(n) && shared_right(p.graph, mm)) return false;
+  if (!swaps_last_two(n) && shared_right(p.graph, mm)) return false;
   for (int32_t o : mm.operands)
     if (p.graph.nodes[o].dtype != n.dtype || shape_numel(p.graph.nodes[o].shape) == 0) return false;
   return true;
@@ -93,7 +83,7 @@ struct ProductLayout {
 // and with `through_permutes` so are permutes of them (see lower_matmul).
 ProductLayout product_layout(const plan::Plan& p, const ir::GraphNode& n, bool through_permutes) {
   ProductLayout pl;
-  const bool flip = is_last_two_swap(n);
+  const bool flip = swaps_last_two(n);
   pl.permuted_out = !flip && n.op == Op::Permute;
   const ir::GraphNode& mm_node = n.op == Op::Permute ? p.graph.nodes[n.operands[0]] : n;
   int32_t* operand = pl.operand;
@@ -114,7 +104,7 @@ ProductLayout product_layout(const plan::Plan& p, const ir::GraphNode& n, bool t
     for (;;) {
       const ir::GraphNode& v = p.graph.nodes[source];
       if (!p.run_time[source]) break;
-      if (is_last_two_swap(v)) {
+      if (swaps_last_two(v)) {
         source = v.operands[0];
         transposed = !transposed;
         continue;
