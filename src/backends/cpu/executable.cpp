@@ -10,6 +10,7 @@
 #include <cstring>
 #include <sstream>
 #include <string>
+#include <string_view>
 
 #include "backends/cpu/denormals.h"
 #include "backends/cpu/native.h"
@@ -226,7 +227,10 @@ void CpuExecutable::trace_step(const plan::Step& step, int64_t start_ns, int64_t
   std::string args;
   runtime::prof::add_arg(args, "shape", shape_str(n.shape));
   double flops = 0;
-  if (n.op == ir::Op::MatMul) {
+  // A fused attention's steps run several products over the columns its mask keeps (attention.h):
+  // their node's product alone would misstate the rate.
+  const bool attention = std::string_view(step.label).starts_with("attention");
+  if (n.op == ir::Op::MatMul && !attention) {
     const Shape& a = nodes[n.operands[0]].shape;
     const Shape& b = nodes[n.operands[1]].shape;
     runtime::prof::add_arg(args, "operands", util::cat(shape_str(a), " x ", shape_str(b)));
