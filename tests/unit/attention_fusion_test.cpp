@@ -38,6 +38,7 @@ Result run(const char* dev, const std::vector<ls::Shape>& shapes,
     if (grad) t.set_requires_grad();
     inputs.push_back(t);
   }
+  ls::manual_seed(12);  // dropout's draws on `dev` from the same state on every device
   const int64_t before = ls::metrics::counter("fused_attentions");
   ls::Tensor y;
   ls::step([&] {
@@ -147,12 +148,22 @@ TEST(AttentionFusion, APaddingMaskWithABatchEntryThatKeepsNoKey) {
 }
 
 TEST(AttentionFusion, TheForwardAloneFusesToo) {
-  EXPECT_EQ(
-      check(
-          {{4, 33, 16}, {4, 50, 16}, {4, 50, 16}},
-          [](const auto& in) { return ls::nn::scaled_dot_product_attention(in[0], in[1], in[2]); },
-          false),
-      1);
+  EXPECT_EQ(check(
+                {{4, 33, 16}, {4, 50, 16}, {4, 50, 16}},
+                [](const auto& in) {
+                  return ls::nn::scaled_dot_product_attention(in[0], in[1], in[2], {}, 0, true);
+                },
+                false),
+            1);
+}
+
+TEST(AttentionFusion, AnUnmaskedAttentionKeepsItsPrimitives) {
+  // Nothing to skip: the fused steps would do one product more than the primitives.
+  EXPECT_EQ(check({{4, 33, 16}, {4, 50, 16}, {4, 50, 16}},
+                  [](const auto& in) {
+                    return ls::nn::scaled_dot_product_attention(in[0], in[1], in[2]);
+                  }),
+            0);
 }
 
 TEST(AttentionFusion, ScoresKeptByTheProgramAreNotFused) {
@@ -160,7 +171,9 @@ TEST(AttentionFusion, ScoresKeptByTheProgramAreNotFused) {
   ls::Tensor kept_ref, kept_cpu;
   auto attend = [](ls::Tensor* kept) {
     return [kept](const std::vector<ls::Tensor>& in) {
-      *kept = ls::softmax(ls::mul(ls::matmul(in[0], ls::transpose(in[1], -2, -1)), 0.5), -1);
+      const ls::Tensor s = ls::mul(ls::matmul(in[0], ls::transpose(in[1], -2, -1)), 0.5);
+      const ls::Tensor mask = ls::gt(ls::triu(ls::ones({10, 10}), 1), 0.5).to(in[0].device());
+      *kept = ls::softmax(ls::masked_fill(s, mask, -kInf), -1);
       return ls::matmul(*kept, in[2]);
     };
   };
@@ -212,4 +225,34 @@ TEST(AttentionFusion, OneAttentionsOutputIsTheNextOnesQueries) {
                     return ls::nn::scaled_dot_product_attention(q, in[1], in[2], {}, 0, true);
                   }),
             2);
+}
+
+TEST(AttentionFusion, DropoutOnTheProbabilities) {
+  // scaled_dot_product_attention's dropout (the random numbers are every backend's alike): the
+  // product reads where(keep, P / (1 - p), 0); the causal mask's columns are still skipped.
+  EXPECT_EQ(check({{2, 3, 20, 8}, {2, 3, 20, 8}, {2, 3, 20, 8}},
+                  [](const auto& in) {
+                    return ls::nn::scaled_dot_product_attention(in[0], in[1], in[2], {}, 0.25,
+                                                                true);
+                  }),
+            1);
+  EXPECT_EQ(check(
+                {{2, 37, 72}},
+                [](const auto& in) {
+                  // nanoGPT's attention with its dropout, forward alone (evaluation of a
+                  // model left in training mode).
+                  const ls::Tensor qkv = in[0];
+                  const std::vector<ls::Tensor> parts = ls::split(qkv, 24, 2);
+                  auto head = [](const ls::Tensor& x) {
+                    return ls::transpose(ls::reshape(x, {2, 37, 3, 8}), 1, 2);
+                  };
+                  ls::Tensor att = ls::mul(
+                      ls::matmul(head(parts[0]), ls::transpose(head(parts[1]), -2, -1)), 0.35);
+                  const ls::Tensor mask = ls::gt(ls::triu(ls::ones({37, 37}), 1), 0.5);
+                  att = ls::masked_fill(att, mask.to(qkv.device()), -kInf);
+                  att = ls::nn::dropout(ls::softmax(att, -1), 0.1, true);
+                  return ls::matmul(att, head(parts[2]));
+                },
+                false),
+            1);
 }

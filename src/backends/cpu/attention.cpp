@@ -49,6 +49,11 @@ LOCKSTEP_TARGET_CLONES void fill_run(float* x, int64_t n, const uint8_t* m, int6
 LOCKSTEP_TARGET_CLONES void sub_run(float* x, int64_t n, float m) {
   for (int64_t j = 0; j < n; ++j) x[j] = x[j] - m;
 }
+// Dropout's x[j] = keep[j] ? x[j] / s : z.
+LOCKSTEP_TARGET_CLONES void dropout_run(float* x, int64_t n, const uint8_t* keep, float s,
+                                        float z) {
+  for (int64_t j = 0; j < n; ++j) x[j] = keep[j] != 0 ? x[j] / s : z;
+}
 // dS = P (dP - sum(dP P)) in place of dP.
 LOCKSTEP_TARGET_CLONES void softmax_grad_run(const float* p, float* d, int64_t n) {
   float s = 0;
@@ -60,7 +65,9 @@ LOCKSTEP_TARGET_CLONES void softmax_grad_run(const float* p, float* d, int64_t n
 // What a run reads: the operands' memory (f32, or bf16 under autocast) and host scalars.
 struct Bound {
   const void *q, *k, *v, *mask, *d_out;
+  const uint8_t* keep;                  // dropout's
   float scale = 1, fill = 0, zero = 0;  // as the graph holds them (rounded to bf16 under autocast)
+  float drop_scale = 1, drop_zero = 0, drop_zero2 = 0;
   bool skip = false;  // columns past a block's last unmasked one are all -inf: skipped
 };
 
@@ -194,6 +201,15 @@ void scores(const AttentionFusion& a, const Bound& b, int64_t gi, const Matrix& 
   }
 }
 
+// Dropout over the block's rows of x [rows, hi] (columns past hi are P's zeros, which it keeps
+// zero: the run skips them only when z is 0), dividing by s where it keeps and `z` elsewhere.
+void dropout_rows(const AttentionFusion& a, const Bound& b, int64_t gi, int64_t i0, int64_t rows,
+                  int64_t hi, float* x, float z) {
+  if (a.keep < 0) return;
+  for (int64_t r = 0; r < rows; ++r)
+    dropout_run(x + r * hi, hi, b.keep + (gi * a.l + i0 + r) * a.s, b.drop_scale, z);
+}
+
 // The softmax of each row of x in place, exp(x - max) / sum; with `find`, max and sum get each
 // row's, else the rows are given them (the forward's). Columns past hi, skipped, hold -inf: they
 // add nothing.
@@ -234,6 +250,7 @@ void forward_blocks(const AttentionFusion& a, const Bound& b, const std::vector<
     scores(a, b, gi, q, k, i0, rows, hi, x);
     softmax_rows(x, rows, hi, max + gi * a.l + i0, sum + gi * a.l + i0, true);
     round_if(a, x, rows * hi);  // P, cast to bf16 for the product
+    dropout_rows(a, b, gi, i0, rows, hi, x, b.drop_zero);
     product_into(a, out, a.out_rows.base[g] + i0 * a.out_rows.ld, a.out_rows.ld, rows, a.ev,
                  [&](float* c, int64_t ldc) {
                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bi(rows), bi(a.ev),
@@ -293,11 +310,12 @@ void run_backward(const AttentionFusion& a, const Bound& b, float* max, float* s
       scores(a, b, gi, q, k, i0, rows, hi, x);
       // P, from the forward's row max and sum (the same operations: the same values).
       softmax_rows(x, rows, hi, max + gi * a.l + i0, sum + gi * a.l + i0, false);
-      const float* pb = x;  // P as the product reads it (bf16: rounded)
-      if (a.bf16) {
+      const float* pb = x;  // P as the product reads it (bf16: rounded; dropout: dropped)
+      if (a.bf16 || a.keep >= 0) {
         float* r = buffer(2, rows * hi);
         std::copy_n(x, rows * hi, r);
-        round_to_bf16(r, rows * hi);
+        round_if(a, r, rows * hi);
+        dropout_rows(a, b, gi, i0, rows, hi, r, b.drop_zero);
         pb = r;
       }
       const float* dor = d_out.p + i0 * d_out.ld;
@@ -307,6 +325,8 @@ void run_backward(const AttentionFusion& a, const Bound& b, float* max, float* s
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bi(rows), bi(hi), bi(a.ev), 1.0f, dor,
                   bi(d_out.ld), v.p, bi(v.ld), 0.0f, dp, bi(hi));
       round_if(a, dp, rows * hi);
+      // Dropout's gradient: where(keep, dP, z2) / s.
+      dropout_rows(a, b, gi, i0, rows, hi, dp, b.drop_zero2 / b.drop_scale);
       for (int64_t r = 0; r < rows; ++r) {  // dS = P (dP - sum(dP P)), masked, scaled
         float* dr = dp + r * hi;
         softmax_grad_run(x + r * hi, dr, hi);
@@ -352,16 +372,26 @@ void lower_attention(Lowering& l) {
   l.step.reads = {q, k, v};
   if (mask >= 0) l.step.reads.push_back(mask);
   const int32_t d_out = a->backward ? a->d_out.node : -1;
-  const auto bind = [a, q, k, v, mask, d_out](const Ctx& c) {
-    Bound b{c.ptr[q], c.ptr[k], c.ptr[v], mask >= 0 ? c.ptr[mask] : nullptr,
-            d_out >= 0 ? c.ptr[d_out] : nullptr};
+  const int32_t keep = a->keep;
+  if (keep >= 0) l.step.reads.push_back(keep);
+  const auto bind = [a, q, k, v, mask, d_out, keep](const Ctx& c) {
+    Bound b{c.ptr[q],
+            c.ptr[k],
+            c.ptr[v],
+            mask >= 0 ? c.ptr[mask] : nullptr,
+            d_out >= 0 ? c.ptr[d_out] : nullptr,
+            keep >= 0 ? static_cast<const uint8_t*>(c.ptr[keep]) : nullptr};
     b.scale = host(c, a->scale_input, a->bf16);
     b.fill = host(c, a->fill_input, a->bf16);
     b.zero = host(c, a->zero_input, a->bf16);
+    b.drop_scale = keep >= 0 ? host(c, a->drop_scale_input, false) : 1.0f;
+    b.drop_zero = host(c, a->drop_zero_input, false);
+    b.drop_zero2 = host(c, a->drop_zero2_input, false);
     const bool where =
         a->mask_kind == MaskKind::FillWhereTrue || a->mask_kind == MaskKind::KeepWhereTrue;
-    b.skip = a->mask_kind == MaskKind::Additive ||
-             (where && b.fill == kNegInf && (a->zero_input < 0 || b.zero == 0));
+    b.skip = (a->mask_kind == MaskKind::Additive ||
+              (where && b.fill == kNegInf && (a->zero_input < 0 || b.zero == 0))) &&
+             b.drop_zero == 0 && b.drop_zero2 == 0;
     return b;
   };
   const int32_t max = a->max, sum = a->sum;

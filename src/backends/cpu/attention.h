@@ -3,16 +3,19 @@
 // ls::nn::scaled_dot_product_attention write it), run as two steps whose scores never go to
 // memory:
 //   forward   S = Q K^T, scaled (times or divided by a host scalar), masked (masked_fill, a where
-//             that keeps, or an added float mask), softmax, times V; one block of query rows at a
-//             time, its scores in a per-thread buffer. It also writes the softmax's row max and
-//             row sum, values of the graph's own Max and Sum nodes.
+//             that keeps, or an added float mask), softmax, dropout (f32: a where over a bool
+//             value of keeps), times V; one block of query rows at a time, its scores in a
+//             per-thread buffer. It also writes the softmax's row max and row sum, values of the
+//             graph's own Max and Sum nodes.
 //   backward  dV = P^T dO, dP = dO V^T, dS = P (dP - rowsum(dP P)), masked and scaled as the
 //             forward, dQ = dS K, dK^T = Q^T dS: P recomputed a block at a time from Q, K and the
 //             forward's row max and sum.
 // Each value is the same float operations as the primitives' (the products summed in another
 // order): the graph's nodes keep their meaning, only the intermediate values [..., L, S] are
 // never written. Where the mask takes every score past a column of a block of rows to -inf (a
-// causal mask), the products and the softmax stop at that column: their terms there are 0.
+// causal mask), the products and the softmax stop at that column: their terms there are 0. An
+// attention without a mask keeps its primitives (nothing to skip, and the backward's recomputed
+// scores are one product more than they do).
 // Private to those two files (the pass and the lowering rule are in passes.h, lower_rules.h).
 #pragma once
 
@@ -54,7 +57,11 @@ struct AttentionFusion {
   int32_t dq = -1, dk = -1, dv = -1;
   bool dk_transposed = true;  // dk is the product Q^T dS [.., E, S] (else its transpose)
   bool backward = false;
-  bool bf16 = false;        // bf16 products, the softmax in f32 (autocast): each rounding emulated
+  bool bf16 = false;  // bf16 products, the softmax in f32 (autocast): each rounding emulated
+  // Dropout on P (f32): the product reads where(keep, P / s, z), the gradient is where(keep, g,
+  // z2) / s (host scalars s, z, z2; keep a bool value of the scores' shape); keep -1: none.
+  int32_t keep = -1;
+  int64_t drop_scale_input = -1, drop_zero_input = -1, drop_zero2_input = -1;
   int32_t forward_at = -1;  // the node the forward's step is lowered at
   Rows out_rows, dq_rows, dv_rows;
   // The mask's element offset of entry g, and its row and column strides (0: broadcast).

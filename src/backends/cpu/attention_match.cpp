@@ -170,13 +170,33 @@ class Matcher {
 };
 
 // The forward pattern ending at product `o` = P V; `inner` gets the nodes it computes. Under
-// autocast (bf16 products) the scores are cast to f32 for the softmax and P back to bf16.
+// autocast (bf16 products) the scores are cast to f32 for the softmax and P back to bf16; with
+// dropout (f32) the product reads where(keep, P / s, 0), keep a bool value of the scores' shape.
 std::shared_ptr<AttentionFusion> Matcher::forward(int32_t o, std::vector<int32_t>* inner) const {
   const ir::GraphNode& on = node(o);
   const bool bf16 = on.dtype == DType::BF16;
   if (on.op != Op::MatMul || !typed(o, bf16) || on.shape.size() < 2) return nullptr;
-  const int32_t pb = bf16 ? on.operands[0] : -1, v = on.operands[1];
-  const int32_t pn = bf16 ? cast_from(pb, true) : on.operands[0];
+  const int32_t p_read = on.operands[0], v = on.operands[1];  // what the product reads of P
+  int32_t pn = p_read;
+  std::vector<int32_t> between;  // the nodes from P to p_read
+  int32_t keep = -1;
+  int64_t drop_scale = -1, drop_zero = -1;
+  if (bf16) {
+    pn = cast_from(p_read, true);
+    between = {p_read};
+  } else if (node(p_read).op == Op::Where) {
+    const ir::GraphNode& w = node(p_read);
+    const ir::GraphNode& kept = node(w.operands[1]);
+    keep = w.operands[0];
+    drop_zero = scalar_of(w.operands[2]);
+    if (kept.op != Op::Div || drop_zero < 0 || node(keep).dtype != DType::Bool ||
+        node(keep).shape != w.shape)
+      return nullptr;
+    drop_scale = scalar_of(kept.operands[1]);
+    if (drop_scale < 0) return nullptr;
+    pn = kept.operands[0];
+    between = {w.operands[1], p_read};
+  }
   if (pn < 0) return nullptr;
   const ir::GraphNode& pd = node(pn);
   if (pd.op != Op::Div || !f32(pn)) return nullptr;
@@ -195,6 +215,7 @@ std::shared_ptr<AttentionFusion> Matcher::forward(int32_t o, std::vector<int32_t
 
   auto a = std::make_shared<AttentionFusion>();
   a->bf16 = bf16;
+  a->keep = keep, a->drop_scale_input = drop_scale, a->drop_zero_input = drop_zero;
   // The mask.
   int32_t y = xt;
   const ir::GraphNode& xn = node(xt);
@@ -216,6 +237,11 @@ std::shared_ptr<AttentionFusion> Matcher::forward(int32_t o, std::vector<int32_t
         a->mask_kind = MaskKind::Additive, a->mask = m, y = other;
     }
     if (y == xt) return nullptr;
+  } else {
+    // Unmasked, the fused steps skip nothing and do one product more than the primitives (the
+    // backward's recomputed scores): measured slower at 256 and 512 keys (causal masks are
+    // where they gain). docs/performance.md, "Fused attention".
+    return nullptr;
   }
   if (a->mask >= 0 && node(a->mask).op == Op::Expand) a->mask = node(a->mask).operands[0];
   // The scale.
@@ -279,10 +305,12 @@ std::shared_ptr<AttentionFusion> Matcher::forward(int32_t o, std::vector<int32_t
   if (y != scores) inner->push_back(y);
   if (xt != y) inner->push_back(xt);
   if (x != xt) inner->push_back(x);
-  if (bf16) inner->push_back(pb);
+  for (int32_t b : between) inner->push_back(b);
   // The backward, if P is read by more than the product.
-  const int32_t p_read = bf16 ? pb : pn;  // what the product reads
-  if (p_.consumers[p_read].size() == 1 && (!bf16 || p_.consumers[pn].size() == 1)) return a;
+  bool forward_only = p_.consumers[p_read].size() == 1;
+  for (int32_t b : {pn, between.size() == 2 ? between[0] : pn})
+    forward_only = forward_only && (p_read == pn || p_.consumers[b].size() == 1);
+  if (forward_only) return a;
   if (!backward(*a, qv, kv, vv, pn, scale_node, xt, inner)) return nullptr;
   return a;
 }
@@ -292,21 +320,38 @@ std::shared_ptr<AttentionFusion> Matcher::forward(int32_t o, std::vector<int32_t
 // dK^T = Q^T dS).
 bool Matcher::backward(AttentionFusion& a, const View& q, const View& k, const View& v, int32_t p,
                        int32_t scale_node, int32_t x, std::vector<int32_t>* inner) const {
-  // P's readers: the product (under autocast its bf16 cast, which the product and P^T read), P^T,
-  // and the softmax gradient's two products.
+  // P's readers: the product (under autocast its bf16 cast, with dropout the where, which the
+  // product and P^T read), P^T, and the softmax gradient's two products.
   const bool bf16 = a.bf16;
-  const int32_t pb = bf16 ? node(a.out).operands[0] : -1;
+  const int32_t p_read = node(a.out).operands[0];
+  const int32_t kept = a.keep >= 0 ? node(p_read).operands[1] : -1;  // dropout's P / s
+  std::vector<int32_t> mine;
+  // dP as the softmax gradient reads it, back to the product dO V^T: under autocast its cast to
+  // f32; with dropout where(keep, dO V^T, 0) / s.
+  auto product_of = [&](int32_t dp) -> int32_t {
+    if (dp < 0) return -1;
+    if (bf16) return cast_from(dp, false);
+    if (a.keep < 0) return dp;
+    const ir::GraphNode& d = node(dp);
+    if (d.op != Op::Div || scalar_of(d.operands[1]) != a.drop_scale_input) return -1;
+    const ir::GraphNode& w = node(d.operands[0]);
+    if (w.op != Op::Where || w.operands[0] != a.keep) return -1;
+    a.drop_zero2_input = scalar_of(w.operands[2]);
+    return a.drop_zero2_input < 0 ? -1 : w.operands[1];
+  };
   int32_t pt = -1, dot = -1, prod = -1;
   std::vector<int32_t> readers = p_.consumers[p];
-  if (bf16) readers.insert(readers.end(), p_.consumers[pb].begin(), p_.consumers[pb].end());
+  if (p_read != p)
+    readers.insert(readers.end(), p_.consumers[p_read].begin(), p_.consumers[p_read].end());
   for (int32_t c : readers) {
     const ir::GraphNode& cn = node(c);
-    if (c == a.out || c == pb) continue;
-    if (swaps_last_two(cn) && cn.operands[0] == (bf16 ? pb : p) && pt < 0) {
+    if (c == a.out || c == p_read || c == kept) continue;
+    if (swaps_last_two(cn) && cn.operands[0] == p_read && pt < 0) {
       pt = c;
-    } else if (cn.op == Op::Mul && cn.operands[0] != pb && cn.operands[1] != pb) {
+    } else if (cn.op == Op::Mul &&
+               (p_read == p || (cn.operands[0] != p_read && cn.operands[1] != p_read))) {
       const int32_t o = other(c, p);
-      const int32_t o_product = o >= 0 && bf16 ? cast_from(o, false) : o;
+      const int32_t o_product = product_of(o);
       if (o_product >= 0 && node(o_product).op == Op::MatMul && dot < 0) {
         dot = c;
       } else if (o >= 0 && node(o).op == Op::Sub && prod < 0) {
@@ -322,7 +367,8 @@ bool Matcher::backward(AttentionFusion& a, const View& q, const View& k, const V
   const int32_t dv = p_.consumers[pt][0];
   if (node(dv).op != Op::MatMul || node(dv).operands[0] != pt || !typed(dv, bf16)) return false;
   const int32_t d_out = node(dv).operands[1];
-  const int32_t dp = other(dot, p), dp_product = bf16 ? cast_from(dp, false) : dp;
+  const int32_t dp = other(dot, p), dp_product = product_of(dp);
+  if (dp_product < 0) return false;
   const ir::GraphNode& dpn = node(dp_product);
   const View dov = view_of(d_out);
   if (node(d_out).shape != node(a.out).shape || !typed(d_out, bf16) ||
@@ -334,8 +380,9 @@ bool Matcher::backward(AttentionFusion& a, const View& q, const View& k, const V
   if (node(sub).operands[0] != dp || node(node(sub).operands[1]).op != Op::Expand) return false;
   const int32_t dsum_x = node(sub).operands[1], dsum = node(dsum_x).operands[0];
   if (!row_reduction(dsum, Op::Sum, dot)) return false;
-  std::vector<int32_t> mine = {pt, dot, dsum, dsum_x, sub, prod};
-  if (bf16) mine.push_back(dp_product);
+  mine.insert(mine.end(), {pt, dot, dsum, dsum_x, sub, prod});
+  if (bf16 || a.keep >= 0) mine.push_back(dp_product);
+  if (a.keep >= 0) mine.push_back(node(dp).operands[0]);  // the where
   // Under autocast the gradient goes back to bf16 for the mask and the products.
   int32_t d = prod;
   if (bf16) {
@@ -440,6 +487,7 @@ void fuse_attention(plan::Plan& p) {
     for (int32_t n : inner) ok = ok && m.read_only_by(n, set) && p.run_time[n];
     std::vector<int32_t> reads = {a->q.node, a->k.node, a->v.node};
     if (a->mask >= 0) reads.push_back(a->mask);
+    if (a->keep >= 0) reads.push_back(a->keep);
     if (a->backward) reads.push_back(a->d_out.node);
     for (int32_t r : reads) ok = ok && !blocked[r];
     for (int32_t w : {a->out, a->dq, a->dv, a->dk}) ok = ok && (w < 0 || !blocked[w]);
