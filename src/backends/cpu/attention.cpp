@@ -61,7 +61,6 @@ LOCKSTEP_TARGET_CLONES void softmax_grad_run(const float* p, float* d, int64_t n
   for (int64_t j = 0; j < n; ++j) d[j] = p[j] * (d[j] - s);
 }
 
-// What a run reads: operands' memory and host scalars.
 // What a run reads: the operands' memory (f32, or bf16 under autocast) and host scalars.
 struct Bound {
   const void *q, *k, *v, *mask, *d_out;
@@ -128,7 +127,6 @@ std::vector<int64_t> block_columns(const AttentionFusion& a, const Bound& b, int
 // The mask's where (or addition) over row i of entry gi, columns [0, n): `fill` where it masks.
 void mask_row(const AttentionFusion& a, const Bound& b, int64_t gi, int64_t i, float* x, int64_t n,
               float fill) {
-  if (a.mask_kind == MaskKind::None) return;
   const int64_t at = a.mask_base[static_cast<size_t>(gi)] + i * a.mask_ls;
   if (a.mask_kind != MaskKind::Additive) {
     fill_run(x, n, static_cast<const uint8_t*>(b.mask) + at, a.mask_ss,
@@ -275,7 +273,7 @@ void run_forward(const AttentionFusion& a, const Bound& b, void* out, float* max
   }
 }
 
-// Adds sum [rows x cols] (bf16: rounding it) into dst's memory at `at`, rows ld apart.
+// Stores sum [rows x cols] (bf16: rounded) into dst's memory at `at`, rows ld apart.
 void store_sum(const AttentionFusion& a, const float* sum, int64_t rows, int64_t cols, void* dst,
                int64_t at, int64_t ld) {
   for (int64_t r = 0; r < rows; ++r) {
@@ -369,8 +367,7 @@ bool attention_applies(const Lowering& l) {
 void lower_attention(Lowering& l) {
   const std::shared_ptr<const AttentionFusion> a = decisions(l.p).attention[l.id];
   const int32_t q = a->q.node, k = a->k.node, v = a->v.node, mask = a->mask;
-  l.step.reads = {q, k, v};
-  if (mask >= 0) l.step.reads.push_back(mask);
+  l.step.reads = {q, k, v, mask};
   const int32_t d_out = a->backward ? a->d_out.node : -1;
   const int32_t keep = a->keep;
   if (keep >= 0) l.step.reads.push_back(keep);
@@ -378,7 +375,7 @@ void lower_attention(Lowering& l) {
     Bound b{c.ptr[q],
             c.ptr[k],
             c.ptr[v],
-            mask >= 0 ? c.ptr[mask] : nullptr,
+            c.ptr[mask],
             d_out >= 0 ? c.ptr[d_out] : nullptr,
             keep >= 0 ? static_cast<const uint8_t*>(c.ptr[keep]) : nullptr};
     b.scale = host(c, a->scale_input, a->bf16);

@@ -67,7 +67,6 @@ struct AttentionFusion {
   // The mask's element offset of entry g, and its row and column strides (0: broadcast).
   std::vector<int64_t> mask_base;
   int64_t mask_ls = 0, mask_ss = 0;
-  bool mask_bool = false;
 };
 
 }  // namespace lockstep::backends::cpu

@@ -243,7 +243,7 @@ std::shared_ptr<AttentionFusion> Matcher::forward(int32_t o, std::vector<int32_t
     // where they gain). docs/performance.md, "Fused attention".
     return nullptr;
   }
-  if (a->mask >= 0 && node(a->mask).op == Op::Expand) a->mask = node(a->mask).operands[0];
+  if (node(a->mask).op == Op::Expand) a->mask = node(a->mask).operands[0];
   // The scale.
   int32_t scores = y;
   const ir::GraphNode& yn = node(y);
@@ -276,30 +276,20 @@ std::shared_ptr<AttentionFusion> Matcher::forward(int32_t o, std::vector<int32_t
   a->l = xs[r - 2], a->s = xs[r - 1], a->e = node(sn.operands[0]).shape[r - 1];
   a->ev = node(v).shape[r - 1];
   if (a->g * a->l * a->s == 0 || a->e == 0 || a->ev == 0) return nullptr;
-  if (a->mask >= 0) {
-    const ir::GraphNode& m = node(a->mask);
-    a->mask_bool = m.dtype == DType::Bool;
-    if (m.shape.size() > r || a->mask_bool != (a->mask_kind != MaskKind::Additive)) return nullptr;
-    // Strides of the mask against the scores' shape, right-aligned, 0 where it broadcasts.
-    std::vector<int64_t> st(r, 0);
-    int64_t stride = 1;
-    for (size_t d = 0; d < m.shape.size(); ++d) {
-      const size_t md = m.shape.size() - 1 - d, xd = r - 1 - d;
-      if (m.shape[md] != 1 && m.shape[md] != xs[xd]) return nullptr;
-      st[xd] = m.shape[md] == 1 ? 0 : stride;
-      stride *= m.shape[md];
-    }
-    a->mask_ls = st[r - 2], a->mask_ss = st[r - 1];
-    a->mask_base.assign(static_cast<size_t>(a->g), 0);
-    for (int64_t gi = 0; gi < a->g; ++gi) {
-      int64_t rest = gi, off = 0;
-      for (size_t d = r - 2; d-- > 0;) {
-        off += rest % xs[d] * st[d];
-        rest /= xs[d];
-      }
-      a->mask_base[static_cast<size_t>(gi)] = off;
-    }
+  // The mask's strides against the scores' shape, right-aligned, 0 where it broadcasts.
+  const ir::GraphNode& m = node(a->mask);
+  if (m.shape.size() > r || (m.dtype == DType::Bool) != (a->mask_kind != MaskKind::Additive))
+    return nullptr;
+  std::vector<int64_t> st(r, 0);
+  int64_t stride = 1;
+  for (size_t d = 0; d < m.shape.size(); ++d) {
+    const size_t md = m.shape.size() - 1 - d, xd = r - 1 - d;
+    if (m.shape[md] != 1 && m.shape[md] != xs[xd]) return nullptr;
+    st[xd] = m.shape[md] == 1 ? 0 : stride;
+    stride *= m.shape[md];
   }
+  a->mask_ls = st[r - 2], a->mask_ss = st[r - 1];
+  a->mask_base = rows_of(xs, st, 0).base;
   a->max = max, a->sum = sum, a->out = o;
   *inner = {scores, max, max_x, sub, en, sum, sum_x, pn};
   if (y != scores) inner->push_back(y);
@@ -392,7 +382,7 @@ bool Matcher::backward(AttentionFusion& a, const View& q, const View& k, const V
     mine.push_back(d);
   }
   // The mask's where: the fill's place takes a zero.
-  const int32_t mask_x = a.mask >= 0 ? node(x).operands[0] : -1;
+  const int32_t mask_x = node(x).operands[0];
   if (a.mask_kind == MaskKind::FillWhereTrue || a.mask_kind == MaskKind::KeepWhereTrue) {
     if (p_.consumers[d].size() != 1) return false;
     const int32_t w = p_.consumers[d][0];
@@ -485,8 +475,7 @@ void fuse_attention(plan::Plan& p) {
     if (!a->dk_transposed) set.push_back(p.graph.nodes[a->dk].operands[0]);
     bool ok = true;
     for (int32_t n : inner) ok = ok && m.read_only_by(n, set) && p.run_time[n];
-    std::vector<int32_t> reads = {a->q.node, a->k.node, a->v.node};
-    if (a->mask >= 0) reads.push_back(a->mask);
+    std::vector<int32_t> reads = {a->q.node, a->k.node, a->v.node, a->mask};
     if (a->keep >= 0) reads.push_back(a->keep);
     if (a->backward) reads.push_back(a->d_out.node);
     for (int32_t r : reads) ok = ok && !blocked[r];
