@@ -14,7 +14,10 @@
 
 #include <lockstep/lockstep.h>
 
+#include "backends/cpu/matmul.h"
+
 namespace ls = lockstep;
+namespace cpu = lockstep::backends::cpu;
 
 namespace {
 
@@ -102,6 +105,18 @@ ls::Tensor nanogpt(const ls::Tensor& qkv, int64_t heads, double fill) {
 TEST(AttentionFusion, NanoGptsCausalSelfAttentionMatchesRef) {
   // 37 queries: blocks of rows that end part way.
   EXPECT_EQ(check({{2, 37, 72}}, [](const auto& in) { return nanogpt(in[0], 3, -kInf); }), 1);
+}
+
+// The blocks' products run on the BLAS sgemm this machine suits (matmul.h): each library.
+TEST(AttentionFusion, OnEitherBlasLibrary) {
+  int64_t queries = 41;  // programs of their own (the counter counts compiles)
+  for (const auto choice : {cpu::MatMulChoice::OpenBlas, cpu::MatMulChoice::OneDnnSgemm}) {
+    cpu::set_matmul_choice(choice);
+    SCOPED_TRACE(cpu::library_name(cpu::blas_library()));
+    EXPECT_EQ(check({{2, queries++, 72}}, [](const auto& in) { return nanogpt(in[0], 3, -kInf); }),
+              1);
+  }
+  cpu::set_matmul_choice(cpu::MatMulChoice::Auto);
 }
 
 TEST(AttentionFusion, AFiniteFillIsNotSkipped) {

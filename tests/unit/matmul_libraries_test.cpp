@@ -1,4 +1,4 @@
-// The cpu backend's two libraries for f32 products (src/backends/cpu/matmul.h): each computes
+// The cpu backend's libraries for f32 products (src/backends/cpu/matmul.h): each computes
 // every layout the lowering hands it as a product in double does, the choice between them is the
 // tuning record's, and a record that is missing, unwritable or full of junk changes nothing but
 // the speed.
@@ -111,11 +111,50 @@ TEST(MatMulLibraries, EveryLayoutMatchesAProductInDouble) {
           SCOPED_TRACE(::testing::Message()
                        << "ta " << ta << " tb " << tb << " ct " << ct << " pad " << pad);
           check(pr, cpu::MatMulChoice::OpenBlas, cpu::MatMulLibrary::OpenBlas);
+          check(pr, cpu::MatMulChoice::OneDnnSgemm, cpu::MatMulLibrary::OneDnnSgemm);
           check(pr, cpu::MatMulChoice::OneDnn, cpu::MatMulLibrary::OneDnn);
         }
   // Large enough to be timed (2^21 multiply-adds and more): whichever wins computes the same
   // product.
   check({128, 160, 128, true, false, false, 0}, cpu::MatMulChoice::Auto);
+}
+
+// blas_sgemm, the small products of fused attention and Winograd, on each library: transposes,
+// leading dimensions past the rows, alpha, and beta accumulating into what c holds.
+TEST(MatMulLibraries, BlasSgemmOnEachLibraryMatchesAProductInDouble) {
+  Restore restore;
+  for (const auto choice : {cpu::MatMulChoice::OpenBlas, cpu::MatMulChoice::OneDnnSgemm})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true}) {
+        cpu::set_matmul_choice(choice);
+        EXPECT_EQ(cpu::blas_library(), choice == cpu::MatMulChoice::OpenBlas
+                                           ? cpu::MatMulLibrary::OpenBlas
+                                           : cpu::MatMulLibrary::OneDnnSgemm);
+        SCOPED_TRACE(::testing::Message()
+                     << cpu::library_name(cpu::blas_library()) << " ta " << ta << " tb " << tb);
+        const int64_t m = 19, n = 23, k = 31, lda = (ta ? m : k) + 2, ldb = (tb ? k : n) + 5,
+                      ldc = n + 3;
+        std::vector<float> a((ta ? k : m) * lda), b((tb ? n : k) * ldb), c(m * ldc);
+        std::mt19937 gen(5);
+        std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+        for (float& v : a) v = u(gen);
+        for (float& v : b) v = u(gen);
+        for (float& v : c) v = u(gen);
+        const std::vector<float> c0 = c;
+        cpu::blas_sgemm(ta, tb, m, n, k, 0.5f, a.data(), lda, b.data(), ldb, 2.0f, c.data(), ldc);
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = 0; j < ldc; ++j) {
+            if (j >= n) {  // past the row: untouched
+              ASSERT_EQ(c[i * ldc + j], c0[i * ldc + j]) << i << ", " << j;
+              continue;
+            }
+            double want = 2.0 * c0[i * ldc + j];
+            for (int64_t q = 0; q < k; ++q)
+              want += 0.5 * (ta ? a[q * lda + i] : a[i * lda + q]) *
+                      (tb ? b[j * ldb + q] : b[q * ldb + j]);
+            ASSERT_NEAR(c[i * ldc + j], want, 1e-4) << i << ", " << j;
+          }
+      }
 }
 
 TEST(MatMulLibraries, ProductsThatAreNotOneGemmStayOnOneDnn) {
@@ -208,7 +247,7 @@ TEST(MatMulLibraries, AnUnwritableRecordStillChooses) {
 TEST(MatMulLibraries, TrainingOnOpenBlasMatchesRef) {
   Restore restore;
   cpu::set_matmul_choice(cpu::MatMulChoice::OpenBlas);
-  const int64_t before = ls::metrics::counter("openblas_products");
+  const int64_t before = ls::metrics::counter("blas_products");
   auto run = [](const char* dev) {
     const ls::Device d = ls::parse_device(dev);
     ls::manual_seed(7);
@@ -226,7 +265,7 @@ TEST(MatMulLibraries, TrainingOnOpenBlasMatchesRef) {
   };
   const auto got = run("cpu"), want = run("ref");
   // The forward's two products and the gradients' three (w's input gradient is not needed).
-  EXPECT_GE(ls::metrics::counter("openblas_products") - before, 4);
+  EXPECT_GE(ls::metrics::counter("blas_products") - before, 4);
   for (size_t t = 0; t < got.size(); ++t) {
     ASSERT_EQ(got[t].size(), want[t].size());
     for (size_t i = 0; i < got[t].size(); ++i)

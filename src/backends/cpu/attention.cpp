@@ -1,7 +1,6 @@
 // Running fused attentions (attention.h): the forward and backward steps over blocks of query
-// rows. The products are OpenBLAS's sgemm, one thread each (inside the step's parallel loop);
-// the row loops are vectorized for the CPU they run on.
-#include <cblas.h>
+// rows. The products are the BLAS sgemm's (matmul.h's blas_sgemm), one thread each (inside the
+// step's parallel loop); the row loops are vectorized for the CPU they run on.
 
 #include <algorithm>
 #include <cmath>
@@ -12,6 +11,7 @@
 #include "backends/cpu/attention.h"
 #include "backends/cpu/kernels.h"
 #include "backends/cpu/lower_rules.h"
+#include "backends/cpu/matmul.h"
 #include "backends/cpu/parallel.h"
 #include "backends/cpu/passes.h"
 #include "backends/cpu/vector_math.h"
@@ -148,8 +148,6 @@ float* buffer(int which, int64_t n) {
   return b.data();
 }
 
-blasint bi(int64_t n) { return static_cast<blasint>(n); }
-
 // One batch entry's operand as an f32 matrix: its own memory, or (bf16) its rows widened into
 // buffer `which`.
 struct Matrix {
@@ -186,8 +184,7 @@ void round_if(const AttentionFusion& a, float* x, int64_t n) {
 // The block's masked, scaled scores x [rows, hi] (leading dimension hi) from Q K^T.
 void scores(const AttentionFusion& a, const Bound& b, int64_t gi, const Matrix& q, const Matrix& k,
             int64_t i0, int64_t rows, int64_t hi, float* x) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bi(rows), bi(hi), bi(a.e), 1.0f,
-              q.p + i0 * q.ld, bi(q.ld), k.p, bi(k.ld), 0.0f, x, bi(hi));
+  blas_sgemm(false, true, rows, hi, a.e, 1.0f, q.p + i0 * q.ld, q.ld, k.p, k.ld, 0.0f, x, hi);
   round_if(a, x, rows * hi);
   for (int64_t r = 0; r < rows; ++r) {
     float* xr = x + r * hi;
@@ -251,8 +248,7 @@ void forward_blocks(const AttentionFusion& a, const Bound& b, const std::vector<
     dropout_rows(a, b, gi, i0, rows, hi, x, b.drop_zero);
     product_into(a, out, a.out_rows.base[g] + i0 * a.out_rows.ld, a.out_rows.ld, rows, a.ev,
                  [&](float* c, int64_t ldc) {
-                   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bi(rows), bi(a.ev),
-                               bi(hi), 1.0f, x, bi(hi), v.p, bi(v.ld), 0.0f, c, bi(ldc));
+                   blas_sgemm(false, false, rows, a.ev, hi, 1.0f, x, hi, v.p, v.ld, 0.0f, c, ldc);
                  });
   }
 }
@@ -318,10 +314,8 @@ void run_backward(const AttentionFusion& a, const Bound& b, float* max, float* s
       }
       const float* dor = d_out.p + i0 * d_out.ld;
       // dV[:hi] += P^T dO; dP = dO V[:hi]^T.
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, bi(hi), bi(a.ev), bi(rows), 1.0f, pb,
-                  bi(hi), dor, bi(d_out.ld), 1.0f, dvs, bi(a.ev));
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, bi(rows), bi(hi), bi(a.ev), 1.0f, dor,
-                  bi(d_out.ld), v.p, bi(v.ld), 0.0f, dp, bi(hi));
+      blas_sgemm(true, false, hi, a.ev, rows, 1.0f, pb, hi, dor, d_out.ld, 1.0f, dvs, a.ev);
+      blas_sgemm(false, true, rows, hi, a.ev, 1.0f, dor, d_out.ld, v.p, v.ld, 0.0f, dp, hi);
       round_if(a, dp, rows * hi);
       // Dropout's gradient: where(keep, dP, z2) / s.
       dropout_rows(a, b, gi, i0, rows, hi, dp, b.drop_zero2 / b.drop_scale);
@@ -338,16 +332,13 @@ void run_backward(const AttentionFusion& a, const Bound& b, float* max, float* s
       // dQ = dS K[:hi]; dK[:hi] += dS^T Q (or dK^T[:, :hi] += Q^T dS).
       product_into(a, dq, a.dq_rows.base[g] + i0 * a.dq_rows.ld, a.dq_rows.ld, rows, a.e,
                    [&](float* c, int64_t ldc) {
-                     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bi(rows), bi(a.e),
-                                 bi(hi), 1.0f, dp, bi(hi), k.p, bi(k.ld), 0.0f, c, bi(ldc));
+                     blas_sgemm(false, false, rows, a.e, hi, 1.0f, dp, hi, k.p, k.ld, 0.0f, c, ldc);
                    });
       const float* qr = q.p + i0 * q.ld;
       if (a.dk_transposed)
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, bi(a.e), bi(hi), bi(rows), 1.0f, qr,
-                    bi(q.ld), dp, bi(hi), 1.0f, dks, bi(a.s));
+        blas_sgemm(true, false, a.e, hi, rows, 1.0f, qr, q.ld, dp, hi, 1.0f, dks, a.s);
       else
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, bi(hi), bi(a.e), bi(rows), 1.0f, dp,
-                    bi(hi), qr, bi(q.ld), 1.0f, dks, bi(a.e));
+        blas_sgemm(true, false, hi, a.e, rows, 1.0f, dp, hi, qr, q.ld, 1.0f, dks, a.e);
     }
     if (a.dk_transposed)
       store_sum(a, dks, a.e, a.s, dk, gi * a.s * a.e, a.s);

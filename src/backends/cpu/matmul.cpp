@@ -2,7 +2,9 @@
 #include "backends/cpu/matmul.h"
 
 #include <cblas.h>
+#include <dnnl.h>
 #include <fcntl.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +19,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "backends/cpu/vector_math.h"
 #include "backends/ref/ref_kernels.h"
 #include "runtime/metrics.h"
 #include "util/check.h"
@@ -37,6 +40,7 @@ std::atomic<int>& choice_knob() {
     const std::string& s = util::option(util::Option::MatMul);
     if (s == "onednn") return static_cast<int>(MatMulChoice::OneDnn);
     if (s == "openblas") return static_cast<int>(MatMulChoice::OpenBlas);
+    if (s == "onednn_sgemm") return static_cast<int>(MatMulChoice::OneDnnSgemm);
     return static_cast<int>(MatMulChoice::Auto);  // unset, "auto", or unknown
   }()};
   return knob;
@@ -63,6 +67,7 @@ std::string cpu_model() {
 bool valid_library(const std::string& s, MatMulLibrary* lib) {
   if (s == "onednn") return *lib = MatMulLibrary::OneDnn, true;
   if (s == "openblas") return *lib = MatMulLibrary::OpenBlas, true;
+  if (s == "onednn_sgemm") return *lib = MatMulLibrary::OneDnnSgemm, true;
   return false;
 }
 
@@ -86,12 +91,12 @@ class TuningRecord {
   MatMulLibrary choose(const std::string& key, Time&& time) {
     std::lock_guard<std::mutex> lock(mu_);
     if (const auto lib = known(key)) return *lib;
-    const auto [lib, onednn_ms, openblas_ms] = time();
+    const auto [lib, onednn_ms, blas_ms] = time();
     if (util::option_on(util::Option::Debug))
-      std::fprintf(stderr, "lockstep: matmul %s: onednn %.3f ms, openblas %.3f ms: %s\n",
-                   key.c_str(), onednn_ms, openblas_ms, library_name(lib));
+      std::fprintf(stderr, "lockstep: matmul %s: onednn %.3f ms, %s %.3f ms: %s\n", key.c_str(),
+                   onednn_ms, library_name(blas_library()), blas_ms, library_name(lib));
     char times[64];
-    std::snprintf(times, sizeof times, "\t%.4f\t%.4f\n", onednn_ms, openblas_ms);
+    std::snprintf(times, sizeof times, "\t%.4f\t%.4f\n", onednn_ms, blas_ms);
     if (append(key + "\t" + library_name(lib) + times) && read(key)) return known_.at(key);
     known_[key] = lib;
     return lib;
@@ -181,27 +186,81 @@ class TuningRecord {
   std::unordered_map<std::string, MatMulLibrary> known_;
 };
 
-void sgemm(const GemmCall& c, const float* a, const float* b, float* out) {
-  const auto ta = c.trans_a ? CblasTrans : CblasNoTrans;
-  const auto tb = c.trans_b ? CblasTrans : CblasNoTrans;
-  const auto m = static_cast<blasint>(c.m), n = static_cast<blasint>(c.n),
-             k = static_cast<blasint>(c.k);
-  if (!c.c_col_major) {
-    cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, 1.0f, a, static_cast<blasint>(c.lda), b,
-                static_cast<blasint>(c.ldb), 0.0f, out, static_cast<blasint>(c.ldc));
-  } else {
-    // A column-major C is the row-major C^T = op(B)^T op(A)^T.
-    const auto tbt = c.trans_b ? CblasNoTrans : CblasTrans;
-    const auto tat = c.trans_a ? CblasNoTrans : CblasTrans;
-    cblas_sgemm(CblasRowMajor, tbt, tat, n, m, k, 1.0f, b, static_cast<blasint>(c.ldb), a,
-                static_cast<blasint>(c.lda), 0.0f, out, static_cast<blasint>(c.ldc));
+// Whether OpenBLAS's run-time dispatch picked kernels for this CPU's widest vectors (its core
+// names: OpenBLAS's driver/others/dynamic.c).
+bool openblas_suits_cpu() {
+  static const bool suits = [] {
+    const std::string core = openblas_get_corename();
+    auto one_of = [&](std::initializer_list<const char*> names) {
+      for (const char* n : names)
+        if (strcasecmp(core.c_str(), n) == 0) return true;
+      return false;
+    };
+    const MathIsa isa = math_isa();
+    const bool ok = isa == MathIsa::Avx512 ? one_of({"SkylakeX", "Cooperlake", "SapphireRapids"})
+                    : isa == MathIsa::Avx2
+                        ? one_of({"Haswell", "Zen", "SkylakeX", "Cooperlake", "SapphireRapids"})
+                        : true;
+    if (!ok && util::option_on(util::Option::Debug))
+      std::fprintf(stderr,
+                   "lockstep: OpenBLAS runs its %s kernels on this %s CPU (%s): f32 products "
+                   "take oneDNN's sgemm instead\n",
+                   core.c_str(), isa == MathIsa::Avx512 ? "AVX-512" : "AVX2", cpu_model().c_str());
+    return ok;
+  }();
+  return suits;
+}
+
+// c = alpha op(a) op(b) + beta c, row-major, on `lib` (OpenBLAS or oneDNN's sgemm).
+void sgemm_on(MatMulLibrary lib, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+              float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
+              float* c, int64_t ldc) {
+  if (lib == MatMulLibrary::OneDnnSgemm) {
+    // Only invalid sizes fail, and the callers' are valid by construction.
+    const dnnl_status_t status = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k,
+                                            alpha, a, lda, b, ldb, beta, c, ldc);
+    LS_INTERNAL_CHECK(status == dnnl_success, "dnnl_sgemm failed: ", static_cast<int>(status));
+    return;
   }
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m), static_cast<blasint>(n),
+              static_cast<blasint>(k), alpha, a, static_cast<blasint>(lda), b,
+              static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
+}
+
+void sgemm(MatMulLibrary lib, const GemmCall& c, const float* a, const float* b, float* out) {
+  if (!c.c_col_major)
+    return sgemm_on(lib, c.trans_a, c.trans_b, c.m, c.n, c.k, 1.0f, a, c.lda, b, c.ldb, 0.0f, out,
+                    c.ldc);
+  // A column-major C is the row-major C^T = op(B)^T op(A)^T.
+  sgemm_on(lib, !c.trans_b, !c.trans_a, c.n, c.m, c.k, 1.0f, b, c.ldb, a, c.lda, 0.0f, out, c.ldc);
 }
 
 }  // namespace
 
 const char* library_name(MatMulLibrary lib) {
-  return lib == MatMulLibrary::OpenBlas ? "openblas" : "onednn";
+  switch (lib) {
+    case MatMulLibrary::OpenBlas:
+      return "openblas";
+    case MatMulLibrary::OneDnnSgemm:
+      return "onednn_sgemm";
+    case MatMulLibrary::OneDnn:
+      break;
+  }
+  return "onednn";
+}
+
+MatMulLibrary blas_library() {
+  const auto choice = static_cast<MatMulChoice>(choice_knob().load(std::memory_order_relaxed));
+  if (choice == MatMulChoice::OpenBlas) return MatMulLibrary::OpenBlas;
+  if (choice == MatMulChoice::OneDnnSgemm) return MatMulLibrary::OneDnnSgemm;
+  return openblas_suits_cpu() ? MatMulLibrary::OpenBlas : MatMulLibrary::OneDnnSgemm;
+}
+
+void blas_sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+                int64_t ldc) {
+  sgemm_on(blas_library(), trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 void set_matmul_choice(MatMulChoice choice) { choice_knob().store(static_cast<int>(choice)); }
@@ -243,17 +302,18 @@ MatMul::MatMul(const Shape& a, const std::vector<int64_t>& as, const Shape& b,
   if (choice == MatMulChoice::OneDnn || in != DType::F32 || out_dtype != DType::F32 ||
       !gemm_call(a, as, b, bs, out, os, &call_))
     return;
-  if (choice == MatMulChoice::OpenBlas) {
-    library_ = MatMulLibrary::OpenBlas;
-    runtime::count(runtime::Counter::OpenBlasProducts);
+  if (choice != MatMulChoice::Auto) {  // OpenBLAS or oneDNN's sgemm, pinned
+    library_ = blas_library();
+    runtime::count(runtime::Counter::BlasProducts);
     return;
   }
   if (call_.m * call_.n * call_.k < kMinTunedMacs) return;
   std::ostringstream key;
   const char* isa = std::getenv("ONEDNN_MAX_CPU_ISA");
-  // "timing 2": choices timed by three rounds in a row (before tune() ran them over 50 ms) are
-  // timed again.
-  key << cpu_model() << "|timing 2|isa " << (isa ? isa : "max") << "|threads " << threads()
+  // "timing 3": choices timed by three rounds in a row (before tune() ran them over 50 ms), and
+  // those timed against an OpenBLAS that did not suit the CPU (before blas_library()), are timed
+  // again.
+  key << cpu_model() << "|timing 3|isa " << (isa ? isa : "max") << "|threads " << threads()
       << "|onednn " << onednn_version() << " " << dnnl_->implementation() << "|"
       << openblas_get_config() << "|" << call_.m << "x" << call_.k << "x" << call_.n
       << (call_.trans_a ? " ta" : "") << (call_.trans_b ? " tb" : "")
@@ -262,7 +322,7 @@ MatMul::MatMul(const Shape& a, const std::vector<int64_t>& as, const Shape& b,
   key_ = key.str();
   if (const auto known = TuningRecord::get().lookup(key_)) {
     library_ = *known;
-    if (library_ == MatMulLibrary::OpenBlas) runtime::count(runtime::Counter::OpenBlasProducts);
+    if (library_ != MatMulLibrary::OneDnn) runtime::count(runtime::Counter::BlasProducts);
     return;
   }
   // Timed at its first run, where the program runs: on the runtime thread, with nothing of this
@@ -285,8 +345,9 @@ void MatMul::tune(const void* a, const void* b, void* out) {
     // for up to ~20 ms both libraries' runs took 3-4x their later time (2048x64x192 on 2 threads:
     // oneDNN 0.95-1.1 ms, then 0.24), so a best of three runs in a row picked OpenBLAS for good
     // where oneDNN was 1.3x faster.
+    const MatMulLibrary blas = blas_library();
     dnnl_->run(x, w, y);
-    sgemm(call_, x, w, y);
+    sgemm(blas, call_, x, w, y);
     double best[2] = {1e30, 1e30};
     const auto start = std::chrono::steady_clock::now();
     for (int round = 0; round < 64; ++round) {
@@ -295,19 +356,19 @@ void MatMul::tune(const void* a, const void* b, void* out) {
         if (lib == 0)
           dnnl_->run(x, w, y);
         else
-          sgemm(call_, x, w, y);
+          sgemm(blas, call_, x, w, y);
         const std::chrono::duration<double, std::milli> t = std::chrono::steady_clock::now() - t0;
         best[lib] = std::min(best[lib], t.count());
       }
       const auto spent = std::chrono::steady_clock::now() - start;
       if (spent > std::chrono::milliseconds(round >= 2 ? 50 : 400)) break;
     }
-    // OpenBLAS only when clearly faster: a near tie keeps oneDNN (which also runs the rest).
-    const MatMulLibrary lib =
-        best[1] * 1.05 < best[0] ? MatMulLibrary::OpenBlas : MatMulLibrary::OneDnn;
+    // The BLAS only when clearly faster: a near tie keeps oneDNN's matmul (which also runs the
+    // rest).
+    const MatMulLibrary lib = best[1] * 1.05 < best[0] ? blas : MatMulLibrary::OneDnn;
     return std::make_tuple(lib, best[0], best[1]);
   });
-  if (library_ == MatMulLibrary::OpenBlas) runtime::count(runtime::Counter::OpenBlasProducts);
+  if (library_ != MatMulLibrary::OneDnn) runtime::count(runtime::Counter::BlasProducts);
   tuned_.store(true, std::memory_order_release);
 }
 
@@ -318,7 +379,7 @@ void MatMul::run(const void* a, const void* b, void* out) {
   // the other), so every run, in this process and others, gives the same bits.
   if (!tuned_.load(std::memory_order_acquire)) tune(a, b, out);
   if (library_ == MatMulLibrary::OneDnn) return dnnl_->run(a, b, out);
-  sgemm(call_, static_cast<const float*>(a), static_cast<const float*>(b),
+  sgemm(library_, call_, static_cast<const float*>(a), static_cast<const float*>(b),
         static_cast<float*>(out));
 }
 

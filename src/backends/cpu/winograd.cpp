@@ -1,13 +1,13 @@
-// F(4x4, 3x3) Winograd convolutions on OpenBLAS; see winograd.h.
+// F(4x4, 3x3) Winograd convolutions on the BLAS sgemm (matmul.h); see winograd.h.
 #include "backends/cpu/winograd.h"
 
-#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <cstring>
 
 #include "backends/cpu/kernels.h"
+#include "backends/cpu/matmul.h"
 #include "ir/attrs.h"
 #include "util/check.h"
 
@@ -24,7 +24,7 @@ int64_t tiles_along(int64_t n) { return (n + kM - 1) / kM; }
 
 // Tiles per chunk: the chunk's transformed input and products (36 * tiles * (C + K) floats)
 // sized to stay near a core's cache, but never so few tiles that the products get too thin for
-// OpenBLAS's kernels.
+// the BLAS's kernels.
 int64_t chunk_tiles(int64_t c, int64_t k) {
   return std::clamp<int64_t>(int64_t{8192} / (c + k), 32, 256);
 }
@@ -509,14 +509,11 @@ void WinogradConv::output_rows(const float* m, int64_t r0, int64_t r1, int64_t t
 void WinogradConv::products(const float* v, const float* u, int64_t tiles, int64_t tc,
                             float* m) const {
   const Problem& p = p_;
-  const auto cin = static_cast<blasint>(p.in.c), k = static_cast<blasint>(p.k);
-  const auto t = static_cast<blasint>(tiles), ld = static_cast<blasint>(tc);
+  const int64_t cin = p.in.c, k = p.k, t = tiles, ld = tc;
   if (p.blocked)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, t, k, cin, 1.0f, v, cin, u, k, 0.0f, m,
-                k);
+    blas_sgemm(false, false, t, k, cin, 1.0f, v, cin, u, k, 0.0f, m, k);
   else
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, k, t, cin, 1.0f, u, cin, v, ld, 0.0f, m,
-                ld);
+    blas_sgemm(false, false, k, t, cin, 1.0f, u, cin, v, ld, 0.0f, m, ld);
 }
 
 // One position's weight-gradient sums: acc ([c][k] blocked, [k][c] plain) += the gradient's
@@ -524,14 +521,11 @@ void WinogradConv::products(const float* v, const float* u, int64_t tiles, int64
 void WinogradConv::gradient_sums(const float* v, const float* d, int64_t tiles, int64_t tc,
                                  float beta, float* acc) const {
   const Problem& p = p_;
-  const auto cin = static_cast<blasint>(p.in.c), k = static_cast<blasint>(p.k);
-  const auto t = static_cast<blasint>(tiles), ld = static_cast<blasint>(tc);
+  const int64_t cin = p.in.c, k = p.k, t = tiles, ld = tc;
   if (p.blocked)
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cin, k, t, 1.0f, v, cin, d, k, beta, acc,
-                k);
+    blas_sgemm(true, false, cin, k, t, 1.0f, v, cin, d, k, beta, acc, k);
   else
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, k, cin, t, 1.0f, d, ld, v, ld, beta, acc,
-                cin);
+    blas_sgemm(false, true, k, cin, t, 1.0f, d, ld, v, ld, beta, acc, cin);
 }
 
 // G^T x G of the summed positions to the kernel gradient dw[k][c] (sums [pos][c][k] blocked,

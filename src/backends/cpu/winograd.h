@@ -2,9 +2,9 @@
 // Convolutional Neural Networks", 2015), for f32 3x3 stride-1 convolutions on CPUs where oneDNN
 // has none (its Winograd needs AVX-512: on an AVX2 machine every such convolution ran direct).
 // All three directions are 36 matrix products in the transformed domain (one per position of a
-// 6x6 transformed tile), computed on OpenBLAS: per chunk of tiles, each thread its own chunks so
-// the transformed chunk stays in its cache, or, for few tiles over many channels, all tiles at
-// once with the threads splitting the products:
+// 6x6 transformed tile), computed by the BLAS sgemm (matmul.h): per chunk of tiles, each thread its
+// own chunks so the transformed chunk stays in its cache, or, for few tiles over many channels, all
+// tiles at once with the threads splitting the products:
 //   forward          y  = A^T [ (G g G^T) . (B^T d B) ] A          per 4x4 output tile
 //   backward data    the forward of dy with the kernel flipped and its channels swapped
 //                    (padding 2 - p)
