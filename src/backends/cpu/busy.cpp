@@ -37,17 +37,8 @@ bool running(const char* path) {
   return close && close[1] == ' ' && close[2] == 'R';
 }
 
-// Other processes' runnable threads now: /proc/loadavg's count of runnable threads (this
-// reader's included) less this process's (/proc/self/task/*/stat in state R). -1 when /proc
-// cannot be read.
-int others_from_proc() {
-  FILE* f = std::fopen("/proc/loadavg", "r");
-  if (!f) return -1;
-  double a = 0, b = 0, c = 0;
-  int runnable = 0, total = 0;
-  const int got = std::fscanf(f, "%lf %lf %lf %d/%d", &a, &b, &c, &runnable, &total);
-  std::fclose(f);
-  if (got != 5) return -1;
+// This process's runnable threads (/proc/self/task/*/stat in state R).
+int mine_running() {
   int mine = 0;
   if (DIR* d = opendir("/proc/self/task")) {
     while (const dirent* e = readdir(d)) {
@@ -57,8 +48,35 @@ int others_from_proc() {
     }
     closedir(d);
   }
-  return std::max(0, runnable - std::max(mine, 1));
+  return mine;
 }
+
+// Other processes' runnable threads now: /proc/loadavg's count of runnable threads (this
+// reader's included) less this process's, counted just before and just after it and the larger
+// taken: this process's threads start and stop running in microseconds (an OpenMP thread going
+// to sleep after its spin), and one counted running by /proc/loadavg but asleep by the time its
+// stat file was read made a quiet machine look busy (2 of 10 runs of examples/pytorch/run.py
+// nanogpt, 2 cores, compiled for one thread for a while). -1 when /proc cannot be read.
+int others_from_proc() {
+  const int before = mine_running();
+  FILE* f = std::fopen("/proc/loadavg", "r");
+  if (!f) return -1;
+  double a = 0, b = 0, c = 0;
+  int runnable = 0, total = 0;
+  const int got = std::fscanf(f, "%lf %lf %lf %d/%d", &a, &b, &c, &runnable, &total);
+  std::fclose(f);
+  if (got != 5) return -1;
+  const int mine = std::max({before, mine_running(), 1});
+  return std::max(0, runnable - mine);
+}
+
+// Each sample's weight in the smoothed count. A machine that looks quiet still shows a runnable
+// thread elsewhere now and then (a kernel thread, a shell: 2-6 samples of 1 or 2 in a few
+// seconds' run of examples/pytorch/run.py nanogpt on 2 idle cores), and at 0.3 a few such
+// samples in a row moved the count (2 of 10 runs compiled for one thread for a while; Intel Xeon
+// model 207; 0 of 12 at 0.1). At 0.1 two busy loops move it in 5 samples (100 ms) and a moment's
+// work elsewhere does not.
+constexpr double kWeight = 0.1;
 
 struct Load {
   std::mutex mu;
@@ -95,7 +113,7 @@ int threads_for_load(int set) {
     l.cpus = cpus_available();
     const int sample = std::min(l.probe ? l.probe() : others_from_proc(), l.cpus);
     if (sample >= 0) {
-      l.smoothed = l.last_ns < 0 ? 0.3 * sample : 0.7 * l.smoothed + 0.3 * sample;
+      l.smoothed = (1 - kWeight) * l.smoothed + kWeight * sample;
       if (std::abs(l.smoothed - l.others) >= 0.75)
         l.others = static_cast<int>(std::lround(l.smoothed));
     }
