@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "backends/by_dtype.h"
+#include "backends/cpu/matmul.h"
 #include "backends/cpu/parallel.h"
 #include "ir/attrs.h"
 #include "ir/elementwise.h"
@@ -261,8 +262,8 @@ void typed_reduce(Op op, DType out_dtype, TypedArg x, const Shape& xs,
 
 namespace {
 
-// C = op(A) op(B) (+ C when accumulating), row-major, op() a transpose where asked. f32 and f64
-// on OpenBLAS; integers wrap.
+// C = op(A) op(B) (+ C when accumulating), row-major, op() a transpose where asked. f64 on
+// OpenBLAS, f32 on the BLAS sgemm (matmul.h); integers wrap.
 template <typename T>
 void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B,
           int64_t ldb, T* C, int64_t ldc, bool accumulate) {
@@ -272,14 +273,15 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const T* A, int64_t
       for (int64_t i = 0; i < M; ++i) std::fill(C + i * ldc, C + i * ldc + N, T(0));
     return;
   }
-  const CBLAS_TRANSPOSE a_t = ta ? CblasTrans : CblasNoTrans, b_t = tb ? CblasTrans : CblasNoTrans;
-  const auto m = static_cast<blasint>(M), n = static_cast<blasint>(N), k = static_cast<blasint>(K);
   if constexpr (std::is_same_v<T, double>) {
+    const CBLAS_TRANSPOSE a_t = ta ? CblasTrans : CblasNoTrans;
+    const CBLAS_TRANSPOSE b_t = tb ? CblasTrans : CblasNoTrans;
+    const auto m = static_cast<blasint>(M), n = static_cast<blasint>(N),
+               k = static_cast<blasint>(K);
     cblas_dgemm(CblasRowMajor, a_t, b_t, m, n, k, 1.0, A, static_cast<blasint>(lda), B,
                 static_cast<blasint>(ldb), accumulate ? 1.0 : 0.0, C, static_cast<blasint>(ldc));
   } else if constexpr (std::is_same_v<T, float>) {
-    cblas_sgemm(CblasRowMajor, a_t, b_t, m, n, k, 1.0f, A, static_cast<blasint>(lda), B,
-                static_cast<blasint>(ldb), accumulate ? 1.0f : 0.0f, C, static_cast<blasint>(ldc));
+    blas_sgemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, accumulate ? 1.0f : 0.0f, C, ldc);
   } else {
     using U = std::make_unsigned_t<T>;
     const bool threaded = !omp_in_parallel() && M > 1 && M * N * K > kParallelElems;

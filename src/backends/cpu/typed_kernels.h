@@ -2,9 +2,10 @@
 // the tuned reductions and poolings) do not take. Elementwise ops, reductions, products,
 // convolutions and poolings on f64, i32, i64 and bool, the casts between any two dtypes, and
 // the corners of the fast kernels (empty shapes, geometries oneDNN refuses). Threaded where the
-// size warrants. f64 and f32 products and convolutions run on OpenBLAS (im2col for the
-// convolutions); integers wrap (two's complement) as the ref backend defines them. bf16 operands
-// are widened to f32, computed in f32 and rounded once, as ref computes them.
+// size warrants. f64 products and convolutions run on OpenBLAS, f32 ones on the BLAS sgemm
+// (matmul.h; im2col for the convolutions); integers wrap (two's complement) as the ref backend
+// defines them. bf16 operands are widened to f32, computed in f32 and rounded once, as ref
+// computes them.
 #pragma once
 
 #include <cstdint>
