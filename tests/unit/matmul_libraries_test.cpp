@@ -1,10 +1,11 @@
-// The cpu backend's libraries for f32 products (src/backends/cpu/matmul.h): each computes
+// The cpu backend's libraries for f32 and bf16 products (src/backends/cpu/matmul.h): each computes
 // every layout the lowering hands it as a product in double does, the choice between them is the
 // tuning record's, and a record that is missing, unwritable or full of junk changes nothing but
 // the speed.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -46,9 +47,15 @@ struct Problem {
   int64_t pad;  // extra elements per stored row of each operand and of the result
 };
 
-// Checks the product against one in double; the library that computed it.
+uint16_t bf16_bits(float v) { return ls::bfloat16(v).bits; }
+float bf16_float(uint16_t bits) { return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16); }
+
+// Checks the product against one in double; the library that computed it. With bf16 operands
+// (`in`), the operands are bf16 values and the result is `out`'s: a bf16 one within its rounding
+// (relative 2^-8) of the product in double.
 cpu::MatMulLibrary check(const Problem& pr, cpu::MatMulChoice choice,
-                         std::optional<cpu::MatMulLibrary> expect = std::nullopt) {
+                         std::optional<cpu::MatMulLibrary> expect = std::nullopt,
+                         ls::DType in = ls::DType::F32, ls::DType out = ls::DType::F32) {
   const int64_t m = pr.m, k = pr.k, n = pr.n;
   // Stored row lengths (leading dimensions).
   const int64_t lda = (pr.ta ? m : k) + pr.pad, ldb = (pr.tb ? k : n) + pr.pad,
@@ -62,14 +69,25 @@ cpu::MatMulLibrary check(const Problem& pr, cpu::MatMulChoice choice,
   std::vector<float> a((pr.ta ? k : m) * lda), b((pr.tb ? n : k) * ldb);
   std::mt19937 gen(static_cast<uint32_t>(m * 131 + k * 17 + n));
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  for (float& v : a) v = u(gen);
-  for (float& v : b) v = u(gen);
+  const bool bf16 = in == ls::DType::BF16;
+  for (float& v : a) v = bf16 ? bf16_float(bf16_bits(u(gen))) : u(gen);
+  for (float& v : b) v = bf16 ? bf16_float(bf16_bits(u(gen))) : u(gen);
+  std::vector<uint16_t> a16(a.size()), b16(b.size());
+  for (size_t i = 0; i < a.size(); ++i) a16[i] = bf16_bits(a[i]);
+  for (size_t i = 0; i < b.size(); ++i) b16[i] = bf16_bits(b[i]);
   // NaN everywhere first: the product must assign, not accumulate, and leave the padding alone.
-  std::vector<float> c((pr.ct ? n : m) * ldc, std::numeric_limits<float>::quiet_NaN());
+  const size_t c_size = static_cast<size_t>((pr.ct ? n : m) * ldc);
+  std::vector<float> c32(c_size, std::numeric_limits<float>::quiet_NaN());
+  std::vector<uint16_t> c16(c_size, bf16_bits(std::numeric_limits<float>::quiet_NaN()));
   cpu::set_matmul_choice(choice);
-  cpu::MatMul mm(ls::Shape{m, k}, as, ls::Shape{k, n}, bs, ls::Shape{m, n}, ls::DType::F32,
-                 ls::DType::F32, cs);
-  mm.run(a.data(), b.data(), c.data());  // a product to be timed is timed at its first run
+  cpu::MatMul mm(ls::Shape{m, k}, as, ls::Shape{k, n}, bs, ls::Shape{m, n}, in, out, cs);
+  // A product to be timed is timed at its first run.
+  mm.run(bf16 ? static_cast<const void*>(a16.data()) : a.data(),
+         bf16 ? static_cast<const void*>(b16.data()) : b.data(),
+         out == ls::DType::BF16 ? static_cast<void*>(c16.data()) : c32.data());
+  std::vector<float> c = c32;
+  if (out == ls::DType::BF16)
+    for (size_t i = 0; i < c_size; ++i) c[i] = bf16_float(c16[i]);
   if (expect) {
     EXPECT_EQ(mm.library(), *expect);
   }
@@ -85,7 +103,9 @@ cpu::MatMulLibrary check(const Problem& pr, cpu::MatMulChoice choice,
         scale += std::fabs(static_cast<double>(at(a, as, i, q)) * at(b, bs, q, j));
       }
       const float got = at(c, cs, i, j);
-      if (!(std::fabs(got - want) <= 1e-5 * scale + 1e-6) && wrong++ < 5)
+      const double tol =
+          1e-5 * scale + 1e-6 + (out == ls::DType::BF16 ? std::fabs(want) / 256 : 0.0);
+      if (!(std::fabs(got - want) <= tol) && wrong++ < 5)
         ADD_FAILURE() << "c[" << i << ", " << j << "] = " << got << ", want " << want;
     }
   // The padding of each stored row was not written.
@@ -117,6 +137,29 @@ TEST(MatMulLibraries, EveryLayoutMatchesAProductInDouble) {
   // Large enough to be timed (2^21 multiply-adds and more): whichever wins computes the same
   // product.
   check({128, 160, 128, true, false, false, 0}, cpu::MatMulChoice::Auto);
+}
+
+// bf16 products widened to f32 on a BLAS (where that beats oneDNN's bf16 kernels: CPUs without
+// AMX), with a bf16 or an f32 result, in every layout; oneDNN's own as the same check.
+TEST(MatMulLibraries, Bf16ProductsWidenedOnEachBlasMatchAProductInDouble) {
+  Restore restore;
+  cpu::detail::set_tuning_file("");
+  for (const auto out : {ls::DType::BF16, ls::DType::F32})
+    for (bool ta : {false, true})
+      for (bool tb : {false, true})
+        for (bool ct : {false, true})
+          for (int64_t pad : {0, 3}) {
+            const Problem pr{37, 53, 29, ta, tb, ct, pad};
+            SCOPED_TRACE(::testing::Message() << "out " << ls::dtype_name(out) << " ta " << ta
+                                              << " tb " << tb << " ct " << ct << " pad " << pad);
+            const auto bf16 = ls::DType::BF16;
+            check(pr, cpu::MatMulChoice::OpenBlas, cpu::MatMulLibrary::OpenBlas, bf16, out);
+            check(pr, cpu::MatMulChoice::OneDnnSgemm, cpu::MatMulLibrary::OneDnnSgemm, bf16, out);
+            check(pr, cpu::MatMulChoice::OneDnn, cpu::MatMulLibrary::OneDnn, bf16, out);
+          }
+  // Timed (whichever wins computes the same product), large enough for the threaded widening.
+  check({256, 192, 160, false, true, false, 0}, cpu::MatMulChoice::Auto, std::nullopt,
+        ls::DType::BF16, ls::DType::BF16);
 }
 
 // blas_sgemm, the small products of fused attention and Winograd, on each library: transposes,
@@ -167,10 +210,10 @@ TEST(MatMulLibraries, ProductsThatAreNotOneGemmStayOnOneDnn) {
   // An operand with no unit stride.
   cpu::MatMul strided(ls::Shape{8, 8}, {16, 2}, ls::Shape{8, 8}, {8, 1}, ls::Shape{8, 8});
   EXPECT_EQ(strided.library(), cpu::MatMulLibrary::OneDnn);
-  // bf16.
+  // bf16 operands with an f32 or bf16 result go to the BLAS, widened.
   cpu::MatMul half(ls::Shape{8, 8}, {8, 1}, ls::Shape{8, 8}, {8, 1}, ls::Shape{8, 8},
                    ls::DType::BF16, ls::DType::BF16);
-  EXPECT_EQ(half.library(), cpu::MatMulLibrary::OneDnn);
+  EXPECT_EQ(half.library(), cpu::MatMulLibrary::OpenBlas);
   // A batch of one folds to one call.
   cpu::MatMul one(ls::Shape{1, 8, 8}, {64, 8, 1}, ls::Shape{1, 8, 8}, {64, 8, 1},
                   ls::Shape{1, 8, 8});

@@ -19,6 +19,9 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "backends/cpu/dnnl_common.h"
+#include "backends/cpu/kernels.h"
+#include "backends/cpu/parallel.h"
 #include "backends/cpu/vector_math.h"
 #include "backends/ref/ref_kernels.h"
 #include "runtime/metrics.h"
@@ -236,6 +239,47 @@ void sgemm(MatMulLibrary lib, const GemmCall& c, const float* a, const float* b,
   sgemm_on(lib, !c.trans_b, !c.trans_a, c.n, c.m, c.k, 1.0f, b, c.ldb, a, c.lda, 0.0f, out, c.ldc);
 }
 
+// The rows of a strided matrix as one dense one: `rows` runs of `cols` values `ld` apart, in
+// parallel when large enough to pay for the threads.
+template <class Row>
+void by_rows(int64_t rows, int64_t cols, Row&& row) {
+  parallel_for(rows * cols >= (int64_t{1} << 15), rows, row);
+}
+
+// The floats a widened bf16 product takes in the shared scratch: both operands and, for a bf16
+// result, the result in f32, each dense.
+int64_t widened_floats(const GemmCall& c, DType out_dtype) {
+  return c.m * c.k + c.k * c.n + (out_dtype == DType::F32 ? 0 : c.m * c.n);
+}
+
+// A bf16 product computed in f32 on `lib`'s sgemm: the operands widened (exactly) into dense f32
+// copies, the product accumulated in f32 as oneDNN's bf16 kernels accumulate, the result rounded
+// to bf16 (or written in f32). It gives what the bf16 kernel gives, up to summation order.
+void widened_sgemm(MatMulLibrary lib, const GemmCall& c, DType out_dtype, const uint16_t* a,
+                   const uint16_t* b, void* out) {
+  float* buf = scratch(static_cast<size_t>(widened_floats(c, out_dtype)));
+  // op(x) [rows x cols] stored plain, or transposed: its stored matrix's rows.
+  auto widen = [](const uint16_t* x, bool trans, int64_t rows, int64_t cols, int64_t ld,
+                  float* to) {
+    const int64_t stored_rows = trans ? cols : rows, stored_cols = trans ? rows : cols;
+    by_rows(stored_rows, stored_cols,
+            [&](int64_t i) { bf16_to_f32(x + i * ld, stored_cols, to + i * stored_cols); });
+    return stored_cols;  // the dense copy's leading dimension
+  };
+  GemmCall dense = c;
+  float* wa = buf;
+  float* wb = wa + c.m * c.k;
+  dense.lda = widen(a, c.trans_a, c.m, c.k, c.lda, wa);
+  dense.ldb = widen(b, c.trans_b, c.k, c.n, c.ldb, wb);
+  if (out_dtype == DType::F32) return sgemm(lib, dense, wa, wb, static_cast<float*>(out));
+  float* wc = wb + c.k * c.n;
+  const int64_t rows = c.c_col_major ? c.n : c.m, cols = c.c_col_major ? c.m : c.n;
+  dense.ldc = cols;
+  sgemm(lib, dense, wa, wb, wc);
+  auto* y = static_cast<uint16_t*>(out);
+  by_rows(rows, cols, [&](int64_t i) { f32_to_bf16(wc + i * cols, cols, y + i * c.ldc); });
+}
+
 }  // namespace
 
 const char* library_name(MatMulLibrary lib) {
@@ -296,11 +340,14 @@ bool gemm_call(const Shape& a, const std::vector<int64_t>& as, const Shape& b,
 MatMul::MatMul(const Shape& a, const std::vector<int64_t>& as, const Shape& b,
                const std::vector<int64_t>& bs, const Shape& out, DType in, DType out_dtype,
                const std::vector<int64_t>& out_strides)
-    : dnnl_(std::make_unique<DnnlMatMul>(a, as, b, bs, out, in, out_dtype, out_strides)) {
+    : dnnl_(std::make_unique<DnnlMatMul>(a, as, b, bs, out, in, out_dtype, out_strides)),
+      in_(in),
+      out_dtype_(out_dtype) {
   const auto choice = static_cast<MatMulChoice>(choice_knob().load());
   const std::vector<int64_t> os = out_strides.empty() ? ref::strides_of(out) : out_strides;
-  if (choice == MatMulChoice::OneDnn || in != DType::F32 || out_dtype != DType::F32 ||
-      !gemm_call(a, as, b, bs, out, os, &call_))
+  const bool f32 = in == DType::F32 && out_dtype == DType::F32;
+  const bool bf16 = in == DType::BF16 && (out_dtype == DType::BF16 || out_dtype == DType::F32);
+  if (choice == MatMulChoice::OneDnn || !(f32 || bf16) || !gemm_call(a, as, b, bs, out, os, &call_))
     return;
   if (choice != MatMulChoice::Auto) {  // OpenBLAS or oneDNN's sgemm, pinned
     library_ = blas_library();
@@ -314,11 +361,11 @@ MatMul::MatMul(const Shape& a, const std::vector<int64_t>& as, const Shape& b,
   // those timed against an OpenBLAS that did not suit the CPU (before blas_library()), are timed
   // again.
   key << cpu_model() << "|timing 3|isa " << (isa ? isa : "max") << "|threads " << threads()
-      << "|onednn " << onednn_version() << " " << dnnl_->implementation() << "|"
-      << openblas_get_config() << "|" << call_.m << "x" << call_.k << "x" << call_.n
-      << (call_.trans_a ? " ta" : "") << (call_.trans_b ? " tb" : "")
-      << (call_.c_col_major ? " ct" : "") << " ld " << call_.lda << "," << call_.ldb << ","
-      << call_.ldc;
+      << (bf16 ? (out_dtype == DType::F32 ? "|bf16 to f32" : "|bf16") : "") << "|onednn "
+      << onednn_version() << " " << dnnl_->implementation() << "|" << openblas_get_config() << "|"
+      << call_.m << "x" << call_.k << "x" << call_.n << (call_.trans_a ? " ta" : "")
+      << (call_.trans_b ? " tb" : "") << (call_.c_col_major ? " ct" : "") << " ld " << call_.lda
+      << "," << call_.ldb << "," << call_.ldc;
   key_ = key.str();
   if (const auto known = TuningRecord::get().lookup(key_)) {
     library_ = *known;
@@ -334,9 +381,6 @@ MatMul::MatMul(const Shape& a, const std::vector<int64_t>& as, const Shape& b,
 void MatMul::tune(const void* a, const void* b, void* out) {
   std::lock_guard<std::mutex> lock(tune_mu_);
   if (tuned_.load(std::memory_order_acquire)) return;
-  const auto* x = static_cast<const float*>(a);
-  const auto* w = static_cast<const float*>(b);
-  auto* y = static_cast<float*>(out);
   library_ = TuningRecord::get().choose(key_, [&] {
     // Each run once untimed, then alternating, each at its best of the rounds run until 50 ms
     // have passed (at least three rounds, at most 64, at most 400 ms unless three take longer):
@@ -346,17 +390,17 @@ void MatMul::tune(const void* a, const void* b, void* out) {
     // oneDNN 0.95-1.1 ms, then 0.24), so a best of three runs in a row picked OpenBLAS for good
     // where oneDNN was 1.3x faster.
     const MatMulLibrary blas = blas_library();
-    dnnl_->run(x, w, y);
-    sgemm(blas, call_, x, w, y);
+    dnnl_->run(a, b, out);
+    run_on(blas, a, b, out);
     double best[2] = {1e30, 1e30};
     const auto start = std::chrono::steady_clock::now();
     for (int round = 0; round < 64; ++round) {
       for (int lib = 0; lib < 2; ++lib) {
         const auto t0 = std::chrono::steady_clock::now();
         if (lib == 0)
-          dnnl_->run(x, w, y);
+          dnnl_->run(a, b, out);
         else
-          sgemm(blas, call_, x, w, y);
+          run_on(blas, a, b, out);
         const std::chrono::duration<double, std::milli> t = std::chrono::steady_clock::now() - t0;
         best[lib] = std::min(best[lib], t.count());
       }
@@ -379,12 +423,25 @@ void MatMul::run(const void* a, const void* b, void* out) {
   // the other), so every run, in this process and others, gives the same bits.
   if (!tuned_.load(std::memory_order_acquire)) tune(a, b, out);
   if (library_ == MatMulLibrary::OneDnn) return dnnl_->run(a, b, out);
-  sgemm(library_, call_, static_cast<const float*>(a), static_cast<const float*>(b),
+  run_on(library_, a, b, out);
+}
+
+void MatMul::run_on(MatMulLibrary blas, const void* a, const void* b, void* out) {
+  if (in_ == DType::BF16)
+    return widened_sgemm(blas, call_, out_dtype_, static_cast<const uint16_t*>(a),
+                         static_cast<const uint16_t*>(b), out);
+  sgemm(blas, call_, static_cast<const float*>(a), static_cast<const float*>(b),
         static_cast<float*>(out));
 }
 
 size_t MatMul::scratch_bytes() const {
-  return library_ == MatMulLibrary::OneDnn ? dnnl_->scratch_bytes() : 0;
+  // Until a product to be timed has run, either may run it.
+  const size_t widened =
+      in_ == DType::BF16 && call_.m > 0
+          ? static_cast<size_t>(widened_floats(call_, out_dtype_)) * sizeof(float)
+          : 0;
+  if (!tuned_.load(std::memory_order_acquire)) return std::max(dnnl_->scratch_bytes(), widened);
+  return library_ == MatMulLibrary::OneDnn ? dnnl_->scratch_bytes() : widened;
 }
 
 namespace detail {

@@ -1,6 +1,6 @@
 // The cpu backend's matrix products: oneDNN's matmul (dnnl_ops.h) for every product, and for a
-// single f32 product also a BLAS sgemm (blas_library(): OpenBLAS's, or oneDNN's where OpenBLAS
-// misjudges the CPU), whichever is faster for that problem on this machine.
+// single f32 or bf16 product also a BLAS sgemm (blas_library(): OpenBLAS's, or oneDNN's where
+// OpenBLAS misjudges the CPU), whichever is faster for that problem on this machine.
 //
 // Neither library is faster everywhere: on AVX2, where oneDNN 2.x has only its `gemm:jit`
 // kernels, OpenBLAS runs some products at twice oneDNN's speed ([256 x 4096] x [4096 x 1024]
@@ -23,6 +23,13 @@
 //     versions and oneDNN's kernel, the problem's sizes, transposes and leading dimensions.
 // The two differ only in rounding (summation order). LOCKSTEP_MATMUL=onednn|openblas|onednn_sgemm
 // pins one where it applies; LOCKSTEP_TUNING_FILE=none keeps choices in the process only.
+//
+// A single bf16 product (bf16 operands, bf16 or f32 result: autocast's) is timed the same way
+// between oneDNN's bf16 matmul and the BLAS sgemm on the operands widened to f32 (exact), the
+// result rounded to bf16: both accumulate in f32, so they too differ only in summation order.
+// Without AMX the widened one can win: [1024 x 256] x [256 x 1024] took 2.7 ms on oneDNN 2.6's
+// bf16 brgemm and 1.75 widened on oneDNN's sgemm (the f32 product alone: 1.6-1.7), on
+// two Xeon model 207 cores (AVX512-BF16, no AMX).
 #pragma once
 
 #include <atomic>
@@ -95,8 +102,11 @@ class MatMul {
 
  private:
   void tune(const void* a, const void* b, void* out);
+  // The product on a BLAS sgemm (a bf16 one widened to f32).
+  void run_on(MatMulLibrary blas, const void* a, const void* b, void* out);
 
   std::unique_ptr<DnnlMatMul> dnnl_;
+  DType in_, out_dtype_;
   GemmCall call_;
   MatMulLibrary library_ = MatMulLibrary::OneDnn;
   std::string key_;                // the tuning record's key, for a timed product
