@@ -100,8 +100,6 @@ ls::Tensor nanogpt(const ls::Tensor& qkv, int64_t heads, double fill) {
   return ls::reshape(ls::transpose(ls::matmul(att, v), 1, 2), {b, t, d});
 }
 
-}  // namespace
-
 TEST(AttentionFusion, NanoGptsCausalSelfAttentionMatchesRef) {
   // 37 queries: blocks of rows that end part way.
   EXPECT_EQ(check({{2, 37, 72}}, [](const auto& in) { return nanogpt(in[0], 3, -kInf); }), 1);
@@ -132,19 +130,22 @@ TEST(AttentionFusion, ScaledDotProductAttentionsCausalMaskOverMoreKeysThanQuerie
             1);
 }
 
+// Scores divided by sqrt(E) = 2 plus an f32 mask: -inf above the diagonal, random finite values
+// elsewhere (under autocast the sum is f32: the bf16 scores widened, as PyTorch's
+// MultiheadAttention adds its float mask).
+ls::Tensor added_mask(const std::vector<ls::Tensor>& in) {
+  const ls::Device d = in[0].device();
+  ls::manual_seed(5);
+  const ls::Tensor causal = ls::gt(ls::triu(ls::ones({16, 16}), 1), 0.5);
+  const ls::Tensor mask = ls::masked_fill(ls::randn({16, 16}), causal, -kInf).to(d);
+  const ls::Tensor s = ls::div(ls::matmul(in[0], ls::transpose(in[1], -2, -1)), 2.0);
+  return ls::matmul(ls::softmax(ls::add(s, mask), -1), in[2]);
+}
+
+}  // namespace
+
 TEST(AttentionFusion, AnAddedFloatMaskAndADivisionBySqrtE) {
-  EXPECT_EQ(
-      check({{3, 2, 16, 4}, {3, 2, 16, 4}, {3, 2, 16, 4}},
-            [](const auto& in) {
-              const ls::Device d = in[0].device();
-              ls::manual_seed(5);
-              // -inf above the diagonal, random finite values elsewhere.
-              const ls::Tensor causal = ls::gt(ls::triu(ls::ones({16, 16}), 1), 0.5);
-              const ls::Tensor mask = ls::masked_fill(ls::randn({16, 16}), causal, -kInf).to(d);
-              const ls::Tensor s = ls::div(ls::matmul(in[0], ls::transpose(in[1], -2, -1)), 2.0);
-              return ls::matmul(ls::softmax(ls::add(s, mask), -1), in[2]);
-            }),
-      1);
+  EXPECT_EQ(check({{3, 2, 16, 4}, {3, 2, 16, 4}, {3, 2, 16, 4}}, added_mask), 1);
 }
 
 TEST(AttentionFusion, APaddingMaskWithABatchEntryThatKeepsNoKey) {
@@ -214,6 +215,7 @@ TEST(AttentionFusion, UnderAutocastTheBf16AttentionMatchesRef) {
                 },
                 true, true),
             1);
+  EXPECT_EQ(check({{3, 2, 16, 4}, {3, 2, 16, 4}, {3, 2, 16, 4}}, added_mask, true, true), 1);
 }
 
 TEST(AttentionFusion, AnOutputReadThroughAPermuteByElementwiseOps) {

@@ -157,6 +157,13 @@ TEST(MatMulLibraries, Bf16ProductsWidenedOnEachBlasMatchAProductInDouble) {
             check(pr, cpu::MatMulChoice::OneDnnSgemm, cpu::MatMulLibrary::OneDnnSgemm, bf16, out);
             check(pr, cpu::MatMulChoice::OneDnn, cpu::MatMulLibrary::OneDnn, bf16, out);
           }
+  // Several tiles of rows and of columns (64 x 1024), the last ones partial.
+  for (bool ta : {false, true})
+    for (bool ct : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "tiles, ta " << ta << " ct " << ct);
+      check({130, 40, 1100, ta, !ta, ct, 1}, cpu::MatMulChoice::OneDnnSgemm,
+            cpu::MatMulLibrary::OneDnnSgemm, ls::DType::BF16, ls::DType::BF16);
+    }
   // Timed (whichever wins computes the same product), large enough for the threaded widening.
   check({256, 192, 160, false, true, false, 0}, cpu::MatMulChoice::Auto, std::nullopt,
         ls::DType::BF16, ls::DType::BF16);

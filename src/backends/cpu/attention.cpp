@@ -80,8 +80,8 @@ float host(const Ctx& c, int64_t input, bool bf16) {
 // The mask's value at score (gi, i, j), as f32 (an added mask) or 0/1 (a where's condition).
 float mask_at(const AttentionFusion& a, const Bound& b, int64_t at) {
   if (a.mask_kind != MaskKind::Additive) return static_cast<const uint8_t*>(b.mask)[at];
-  return a.bf16 ? bf16_value(static_cast<const uint16_t*>(b.mask)[at])
-                : static_cast<const float*>(b.mask)[at];
+  return a.bf16 && !a.mask_f32 ? bf16_value(static_cast<const uint16_t*>(b.mask)[at])
+                               : static_cast<const float*>(b.mask)[at];
 }
 
 // Whether the mask takes score (gi, i, j) out (to the fill, or adds -inf).
@@ -131,7 +131,7 @@ void mask_row(const AttentionFusion& a, const Bound& b, int64_t gi, int64_t i, f
   if (a.mask_kind != MaskKind::Additive) {
     fill_run(x, n, static_cast<const uint8_t*>(b.mask) + at, a.mask_ss,
              a.mask_kind == MaskKind::FillWhereTrue, fill);
-  } else if (!a.bf16) {
+  } else if (!a.bf16 || a.mask_f32) {
     add_mask_run(x, n, static_cast<const float*>(b.mask) + at, a.mask_ss);
   } else {
     for (int64_t j = 0; j < n; ++j) x[j] = x[j] + mask_at(a, b, at + j * a.mask_ss);

@@ -58,6 +58,9 @@ struct AttentionFusion {
   bool dk_transposed = true;  // dk is the product Q^T dS [.., E, S] (else its transpose)
   bool backward = false;
   bool bf16 = false;  // bf16 products, the softmax in f32 (autocast): each rounding emulated
+  // Under autocast, an f32 added mask: added in f32 to the widened scores (else, as the scores,
+  // bf16, and the sum rounded).
+  bool mask_f32 = false;
   // Dropout on P (f32): the product reads where(keep, P / s, z), the gradient is where(keep, g,
   // z2) / s (host scalars s, z, z2; keep a bool value of the scores' shape); keep -1: none.
   int32_t keep = -1;

@@ -210,7 +210,15 @@ std::shared_ptr<AttentionFusion> Matcher::forward(int32_t o, std::vector<int32_t
   if (node(max_x).op != Op::Expand) return nullptr;
   const int32_t max = node(max_x).operands[0];
   if (!row_reduction(max, Op::Max, x) || !f32(x)) return nullptr;
-  const int32_t xt = bf16 ? cast_from(x, false) : x;  // the masked scores, bf16 under autocast
+  int32_t xt = bf16 ? cast_from(x, false) : x;  // the masked scores, bf16 under autocast
+  // Under autocast, an f32 mask added to the scores (PyTorch's MultiheadAttention's float mask)
+  // promotes them: x = widened scores + mask, in f32.
+  int32_t widened = -1, f32_mask = -1;
+  if (xt < 0 && node(x).op == Op::Add)
+    for (int k = 0; k < 2 && widened < 0; ++k) {
+      const int32_t w = node(x).operands[k], m = node(x).operands[1 - k];
+      if (cast_from(w, false) >= 0 && f32(m)) widened = w, f32_mask = m, xt = x;
+    }
   if (xt < 0) return nullptr;
 
   auto a = std::make_shared<AttentionFusion>();
@@ -219,7 +227,10 @@ std::shared_ptr<AttentionFusion> Matcher::forward(int32_t o, std::vector<int32_t
   // The mask.
   int32_t y = xt;
   const ir::GraphNode& xn = node(xt);
-  if (xn.op == Op::Where) {
+  if (widened >= 0) {
+    a->mask_kind = MaskKind::Additive, a->mask = f32_mask, a->mask_f32 = true;
+    y = cast_from(widened, false);
+  } else if (xn.op == Op::Where) {
     const int64_t fill_a = scalar_of(xn.operands[1]), fill_b = scalar_of(xn.operands[2]);
     if (fill_a >= 0) {
       a->mask_kind = MaskKind::FillWhereTrue, a->fill_input = fill_a, y = xn.operands[2];
@@ -293,6 +304,7 @@ std::shared_ptr<AttentionFusion> Matcher::forward(int32_t o, std::vector<int32_t
   a->max = max, a->sum = sum, a->out = o;
   *inner = {scores, max, max_x, sub, en, sum, sum_x, pn};
   if (y != scores) inner->push_back(y);
+  if (widened >= 0) inner->push_back(widened);
   if (xt != y) inner->push_back(xt);
   if (x != xt) inner->push_back(x);
   for (int32_t b : between) inner->push_back(b);

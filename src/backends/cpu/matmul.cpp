@@ -239,45 +239,58 @@ void sgemm(MatMulLibrary lib, const GemmCall& c, const float* a, const float* b,
   sgemm_on(lib, !c.trans_b, !c.trans_a, c.n, c.m, c.k, 1.0f, b, c.ldb, a, c.lda, 0.0f, out, c.ldc);
 }
 
-// The rows of a strided matrix as one dense one: `rows` runs of `cols` values `ld` apart, in
-// parallel when large enough to pay for the threads.
-template <class Row>
-void by_rows(int64_t rows, int64_t cols, Row&& row) {
-  parallel_for(rows * cols >= (int64_t{1} << 15), rows, row);
-}
+// The floats a widened bf16 product takes in the shared scratch: its right operand (after the
+// swap below) in f32.
+int64_t widened_floats(const GemmCall& c) { return c.k * (c.c_col_major ? c.m : c.n); }
 
-// The floats a widened bf16 product takes in the shared scratch: both operands and, for a bf16
-// result, the result in f32, each dense.
-int64_t widened_floats(const GemmCall& c, DType out_dtype) {
-  return c.m * c.k + c.k * c.n + (out_dtype == DType::F32 ? 0 : c.m * c.n);
-}
-
-// A bf16 product computed in f32 on `lib`'s sgemm: the operands widened (exactly) into dense f32
-// copies, the product accumulated in f32 as oneDNN's bf16 kernels accumulate, the result rounded
-// to bf16 (or written in f32). It gives what the bf16 kernel gives, up to summation order.
+// A bf16 product computed in f32 on `lib`'s sgemm: the operands widened (exactly), the product
+// accumulated in f32 as oneDNN's bf16 kernels accumulate, the result rounded to bf16 (or written
+// in f32). It gives what the bf16 kernel gives, up to summation order. The right operand is
+// widened whole into the shared scratch; the result is computed by tiles, each on one thread
+// (its left rows widened, its product into a buffer the thread keeps in cache, then rounded into
+// the result). Widened whole instead, with the f32 result a trip through memory and back, a
+// weight gradient's [512 x 2048] x [2048 x 128] took 1.22 ms where by tiles it takes 0.81-0.85
+// (f32: 0.73; two Xeon model 207 cores).
 void widened_sgemm(MatMulLibrary lib, const GemmCall& c, DType out_dtype, const uint16_t* a,
                    const uint16_t* b, void* out) {
-  float* buf = scratch(static_cast<size_t>(widened_floats(c, out_dtype)));
-  // op(x) [rows x cols] stored plain, or transposed: its stored matrix's rows.
-  auto widen = [](const uint16_t* x, bool trans, int64_t rows, int64_t cols, int64_t ld,
-                  float* to) {
-    const int64_t stored_rows = trans ? cols : rows, stored_cols = trans ? rows : cols;
-    by_rows(stored_rows, stored_cols,
-            [&](int64_t i) { bf16_to_f32(x + i * ld, stored_cols, to + i * stored_cols); });
-    return stored_cols;  // the dense copy's leading dimension
-  };
-  GemmCall dense = c;
-  float* wa = buf;
-  float* wb = wa + c.m * c.k;
-  dense.lda = widen(a, c.trans_a, c.m, c.k, c.lda, wa);
-  dense.ldb = widen(b, c.trans_b, c.k, c.n, c.ldb, wb);
-  if (out_dtype == DType::F32) return sgemm(lib, dense, wa, wb, static_cast<float*>(out));
-  float* wc = wb + c.k * c.n;
-  const int64_t rows = c.c_col_major ? c.n : c.m, cols = c.c_col_major ? c.m : c.n;
-  dense.ldc = cols;
-  sgemm(lib, dense, wa, wb, wc);
-  auto* y = static_cast<uint16_t*>(out);
-  by_rows(rows, cols, [&](int64_t i) { f32_to_bf16(wc + i * cols, cols, y + i * c.ldc); });
+  // A column-major result is the row-major C^T = op(B)^T op(A)^T: the result row-major
+  // [m x n] = op(l) [m x k] op(r) [k x n], each operand stored plain or transposed.
+  const bool swap = c.c_col_major;
+  const int64_t m = swap ? c.n : c.m, n = swap ? c.m : c.n, k = c.k;
+  const uint16_t* l = swap ? b : a;
+  const uint16_t* r = swap ? a : b;
+  const bool lt = swap ? !c.trans_b : c.trans_a, rt = swap ? !c.trans_a : c.trans_b;
+  const int64_t ll = swap ? c.ldb : c.lda, rl = swap ? c.lda : c.ldb;
+  // op(r) widened into a dense copy, stored as r is.
+  const int64_t r_rows = rt ? n : k, r_cols = rt ? k : n;
+  float* wr = scratch(static_cast<size_t>(widened_floats(c)));
+  parallel_for(k * n >= (int64_t{1} << 15), r_rows,
+               [&](int64_t i) { bf16_to_f32(r + i * rl, r_cols, wr + i * r_cols); });
+  // Tiles of the result: 64 rows of up to 1024 columns (16 rows when that leaves a thread idle).
+  const int64_t tc = std::min<int64_t>(n, 1024);
+  const int64_t col_tiles = (n + tc - 1) / tc;
+  int64_t tr = 64;
+  while (tr > 16 && ((m + tr - 1) / tr) * col_tiles < 2 * threads()) tr /= 2;
+  const int64_t row_tiles = (m + tr - 1) / tr;
+  const bool to_f32 = out_dtype == DType::F32;
+  parallel_for(m * n * k >= (int64_t{1} << 16), row_tiles * col_tiles, [&](int64_t t) {
+    const int64_t i0 = (t / col_tiles) * tr, j0 = (t % col_tiles) * tc;
+    const int64_t rows = std::min(tr, m - i0), cols = std::min(tc, n - j0);
+    RunBuffers buffers;
+    // op(l)'s rows [i0, i0 + rows): plain, `rows` runs of k; transposed, k runs of `rows`.
+    float* wl = buffers.take(rows * k);
+    if (!lt)
+      for (int64_t i = 0; i < rows; ++i) bf16_to_f32(l + (i0 + i) * ll, k, wl + i * k);
+    else
+      for (int64_t q = 0; q < k; ++q) bf16_to_f32(l + q * ll + i0, rows, wl + q * rows);
+    const float* rp = wr + (rt ? j0 * r_cols : j0);
+    float* y = to_f32 ? static_cast<float*>(out) + i0 * c.ldc + j0 : buffers.take(rows * cols);
+    sgemm_on(lib, lt, rt, rows, cols, k, 1.0f, wl, lt ? rows : k, rp, r_cols, 0.0f, y,
+             to_f32 ? c.ldc : cols);
+    if (to_f32) return;
+    auto* dst = static_cast<uint16_t*>(out) + i0 * c.ldc + j0;
+    for (int64_t i = 0; i < rows; ++i) f32_to_bf16(y + i * cols, cols, dst + i * c.ldc);
+  });
 }
 
 }  // namespace
@@ -436,10 +449,9 @@ void MatMul::run_on(MatMulLibrary blas, const void* a, const void* b, void* out)
 
 size_t MatMul::scratch_bytes() const {
   // Until a product to be timed has run, either may run it.
-  const size_t widened =
-      in_ == DType::BF16 && call_.m > 0
-          ? static_cast<size_t>(widened_floats(call_, out_dtype_)) * sizeof(float)
-          : 0;
+  const size_t widened = in_ == DType::BF16 && call_.m > 0
+                             ? static_cast<size_t>(widened_floats(call_)) * sizeof(float)
+                             : 0;
   if (!tuned_.load(std::memory_order_acquire)) return std::max(dnnl_->scratch_bytes(), widened);
   return library_ == MatMulLibrary::OneDnn ? dnnl_->scratch_bytes() : widened;
 }
