@@ -90,6 +90,29 @@ TEST(Bf16, OpsAreComputedInF32AndRoundedOnce) {
   }
 }
 
+// bf16 sums over leading axes (autocast's bias gradients) on cpu run by whole rows: the ref
+// backend's values in every layout that path takes (many rows over few columns, cut into bands;
+// rows longer than one run of 2048; a kept axis before the summed ones) and in those it leaves
+// to the general walk (fewer than 16 columns, a summed axis after a kept one).
+TEST(Bf16, SumsOverLeadingAxesMatchRef) {
+  const std::vector<std::pair<ls::Shape, std::vector<int64_t>>> cases = {
+      {{2048, 512}, {0}},  {{32, 64, 512}, {0, 1}}, {{40000, 16}, {0}},  {{5, 3000}, {0}},
+      {{3, 100, 40}, {1}}, {{64, 8}, {0}},          {{6, 7, 20}, {0, 2}}};
+  for (size_t c = 0; c < cases.size(); ++c) {
+    const auto& [shape, axes] = cases[c];
+    SCOPED_TRACE(::testing::Message() << "case " << c);
+    ls::manual_seed(3);
+    const ls::Tensor x = ls::cast(ls::randn(shape), ls::bf16);
+    const ls::Tensor sum_ref = ls::sum(x.to(ls::parse_device("ref")), axes);
+    const ls::Tensor sum_cpu = ls::sum(x.to(ls::parse_device("cpu")), axes);
+    ASSERT_EQ(sum_cpu.dtype(), ls::bf16);
+    const std::vector<float> want = sum_ref.to_vector<float>(), got = sum_cpu.to_vector<float>();
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i)  // each within one bf16 ulp of the sum in f64
+      ASSERT_LE(std::abs(got[i] - want[i]), std::abs(want[i]) * 0x1p-7f + 1e-30f) << i;
+  }
+}
+
 // An activation built from several primitives is computed in f32 and rounded once, as PyTorch's
 // bf16 kernels are: against each formula in double, rounded to bf16, nearly all values match bit
 // for bit and none is more than one bf16 ulp away (rounding after each primitive misses by

@@ -132,6 +132,12 @@ template <typename Read>
 void sum_multi_f32(const ReduceLayout& l, size_t sources, Read&& read,
                    const std::vector<float*>& out, size_t tmp_floats);
 
+// The sum of bf16 x over the axes in attrs into f32 out, where those axes are a block followed
+// by kept ones (a bias gradient's [B T, C] -> [C]): whole rows at a time, as reduce_f32 sums
+// them; false (nothing written) for other layouts.
+bool sum_columns_bf16(const uint16_t* x, const Shape& in, const std::vector<int64_t>& attrs,
+                      float* out);
+
 // Sum, Max or Min of x (shape `in`) over the axes in attrs ([keepdim, axes...]).
 void reduce_f32(ir::Op op, const float* x, const Shape& in, const std::vector<int64_t>& attrs,
                 float* out);

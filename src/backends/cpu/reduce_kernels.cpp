@@ -56,6 +56,16 @@ LOCKSTEP_TARGET_CLONES void add_rows_f64(const float* rows, int64_t n, int64_t s
     for (int64_t j = 0; j < len; ++j) acc[j] += row[j];
   }
 }
+// The same over bf16 rows (widened exactly as they are read).
+LOCKSTEP_TARGET_CLONES void add_rows_f64(const uint16_t* rows, int64_t n, int64_t stride,
+                                         int64_t len, double* acc) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t* row = rows + i * stride;
+    for (int64_t j = 0; j < len; ++j) acc[j] += bf16_value(row[j]);
+  }
+}
+inline float value_of(float v) { return v; }
+inline float value_of(uint16_t bits) { return bf16_value(bits); }
 
 // Reductions over a block of dims followed by kept ones: x viewed as [A, R, K] (K contiguous
 // kept elements innermost), out [A, K]. Whole rows of K are combined at a time, so the loads
@@ -63,7 +73,9 @@ LOCKSTEP_TARGET_CLONES void add_rows_f64(const float* rows, int64_t n, int64_t s
 // read in runs of up to 2048 values: shorter runs (1 KiB of each 4 KiB row) broke the
 // hardware's prefetch streams and ran a bias gradient's [4096, 1024] -> [1024] sum at a third
 // of the speed.
-bool reduce_columns(ir::Op op, const float* x, const Shape& in, const std::vector<int64_t>& attrs,
+// x: f32, or bf16 (uint16_t) values.
+template <typename T>
+bool reduce_columns(ir::Op op, const T* x, const Shape& in, const std::vector<int64_t>& attrs,
                     float* out) {
   std::vector<bool> reduced(in.size(), false);
   for (size_t i = 1; i < attrs.size(); ++i) reduced[attrs[i]] = true;
@@ -92,7 +104,7 @@ bool reduce_columns(ir::Op op, const float* x, const Shape& in, const std::vecto
     const int64_t bi = job % bands, ci = job / bands % chunks, ai = job / bands / chunks;
     const int64_t k0 = ci * kChunk, len = std::min(kChunk, k - k0);
     const int64_t r0 = bi * rows, r1 = std::min(r, r0 + rows);
-    const float* base = x + ai * r * k + k0;
+    const T* base = x + ai * r * k + k0;
     double* p = bands == 1 ? nullptr : part.data() + (ai * bands + bi) * k + k0;
     float* o = out + ai * k + k0;
     if (is_sum) {
@@ -108,10 +120,10 @@ bool reduce_columns(ir::Op op, const float* x, const Shape& in, const std::vecto
     } else {
       float best[kChunk];
       int bad[kChunk] = {};
-      std::copy(base + r0 * k, base + r0 * k + len, best);
+      for (int64_t j = 0; j < len; ++j) best[j] = value_of(base[r0 * k + j]);
       for (int64_t ri = r0; ri < r1; ++ri)
         for (int64_t j = 0; j < len; ++j) {
-          const float v = base[ri * k + j];
+          const float v = value_of(base[ri * k + j]);
           bad[j] |= v != v;
           best[j] = is_max ? (v > best[j] ? v : best[j]) : (v < best[j] ? v : best[j]);
         }
@@ -160,6 +172,11 @@ bool reduce_columns(ir::Op op, const float* x, const Shape& in, const std::vecto
 }
 
 }  // namespace
+
+bool sum_columns_bf16(const uint16_t* x, const Shape& in, const std::vector<int64_t>& attrs,
+                      float* out) {
+  return reduce_layout(in, attrs).inner == 1 && reduce_columns(ir::Op::Sum, x, in, attrs, out);
+}
 
 void reduce_f32(ir::Op op, const float* x, const Shape& in, const std::vector<int64_t>& attrs,
                 float* out) {
