@@ -59,6 +59,11 @@ struct Context {
   // Whether a thread owns this context and frees its steps' spent rollback records (executor.h):
   // set as it queues a program, cleared when the thread ends.
   bool keeps_spent = false;
+  // Whether that thread is blocked waiting for the runtime (room in the queue, or its programs
+  // to finish): then the runtime thread frees the records itself, with no allocation of the
+  // stepping thread to contend with, so that their buffers (the step's previous gradients) are
+  // back before the next program allocates its own. Guarded by the executor's lock.
+  bool waiting = false;
 
   explicit Context(int n) : ordinal(n) {}
   std::string name() const;

@@ -80,8 +80,9 @@ struct Executor {
         --ctx->outstanding;
         --in_flight;
         register_drain = job.exe && ran.insert(job.exe.get()).second;
-        if (record && ctx->keeps_spent) spent[ctx].push_back(std::move(record));
+        if (record && ctx->keeps_spent && !ctx->waiting) spent[ctx].push_back(std::move(record));
       }
+      record.reset();  // a record its thread will not free (it waits, or has ended): freed here
       if (register_drain) std::atexit(drain_at_exit);
       done_cv.notify_all();
     }
@@ -284,12 +285,18 @@ std::shared_ptr<StepRollback> Executor::run_job(Job& job) {
 
 }  // namespace
 
-void wait_for_room() {
+void wait_for_room(Context& ctx) {
   Executor& e = ex();
+  std::vector<std::shared_ptr<StepRollback>> spent;  // freed after the lock
   std::unique_lock<std::mutex> lock(e.mu);
-  if (std::this_thread::get_id() != e.worker_id && e.queue.size() >= e.max_queued) {
+  if (std::this_thread::get_id() == e.worker_id) return;
+  // Before the program is built: its records' buffers back before the next program allocates.
+  spent = take_spent_locked(e, ctx);
+  if (e.queue.size() >= e.max_queued) {
     count(Counter::QueueWaits);
+    ctx.waiting = true;
     e.space_cv.wait(lock, [&] { return e.queue.size() < e.max_queued; });
+    ctx.waiting = false;
   }
 }
 
@@ -329,8 +336,10 @@ void wait_idle(Context& ctx) {
   Executor& e = ex();
   std::vector<std::shared_ptr<StepRollback>> spent;  // freed after the lock
   std::unique_lock<std::mutex> lock(e.mu);
+  const bool mine = std::this_thread::get_id() != e.worker_id;
+  if (mine) ctx.waiting = true;
   e.done_cv.wait(lock, [&] { return ctx.outstanding == 0; });
-  if (std::this_thread::get_id() != e.worker_id) spent = take_spent_locked(e, ctx);
+  if (mine) ctx.waiting = false, spent = take_spent_locked(e, ctx);
 }
 
 void release_spent(Context& ctx) {

@@ -35,8 +35,8 @@ struct Job {
 void enqueue(std::vector<Job>& jobs);
 // Backpressure: with set_max_queued programs already waiting, waits for room (never on the
 // runtime thread itself), so a loop that traces faster than it runs does not pile up programs
-// and the inputs they hold.
-void wait_for_room();
+// and the inputs they hold. Frees the spent rollback records of `ctx` (the caller's) first.
+void wait_for_room(Context& ctx);
 // Waits until the buffer's program has run (or failed).
 void wait_buffer(Buffer& b);
 // Waits until every program of `ctx` has run.

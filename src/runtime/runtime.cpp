@@ -157,7 +157,7 @@ void sync_all(const std::string& origin, const std::string& site, bool keep_hist
   std::optional<std::vector<std::shared_ptr<TensorImpl>>> targets = pending_targets(me);
   if (!targets) return;  // nothing to do: free
   count(Counter::Syncs);
-  wait_for_room();
+  wait_for_room(me);
   std::lock_guard<std::recursive_mutex> lock(graph_mutex());
   std::vector<Job> jobs = build_jobs(std::move(*targets), origin, site, nullptr, keep_history, me);
   enqueue(jobs);
@@ -226,7 +226,7 @@ std::shared_ptr<Buffer> materialize(const Tensor& t, const Loc& loc, const char*
                  "Read only tensors of the finished step in a closure, or read after the step");
     count(Counter::ImplicitSyncs);
     count(Counter::Syncs);
-    wait_for_room();
+    wait_for_room(me);
     std::lock_guard<std::recursive_mutex> lock(graph_mutex());
     const std::string at = util::where(loc);
     const std::string site = cat(api, " at ", at);

@@ -144,7 +144,7 @@ void commit_step(StepState& s) {
   std::unique_lock<std::recursive_mutex> lock(graph_mutex(), std::defer_lock);
   std::vector<Job> jobs;
   try {
-    wait_for_room();
+    wait_for_room(me);
     lock.lock();
     jobs = build_jobs(targets ? std::move(*targets) : std::vector<std::shared_ptr<TensorImpl>>{},
                       step_origin(s), site, &s.closures, false, me);

@@ -86,3 +86,39 @@ TEST(HostMemory, ProgramsNotRunLatelyKeepNoArena) {
   // Run again, it is as before.
   EXPECT_GT(run(4096), 0.0f);
 }
+
+// A training loop whose steps are queued ahead of the one running keeps no more memory than one
+// that waits for each step: a step's record of the values to restore if it fails (the previous
+// gradients among them) goes as soon as its program is past its checks while the loop's thread
+// waits for room, not when that thread next queues a program, after the next program has taken
+// memory for its own gradients. Before, two more sets of gradients stayed resident (a ResNet-50
+// training run: 739 MiB at its peak, 560 after).
+TEST(HostMemory, QueuedStepsKeepNoMoreThanStepsWaitedFor) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "under AddressSanitizer released buffers go back to the system";
+#endif
+  namespace ls = lockstep;
+  ls::manual_seed(0);
+  // A weight of 16 MiB; every other value of the step is small beside it.
+  auto model = std::make_shared<ls::nn::Linear>(2048, 2048, false);
+  ls::optim::SGD opt(model->parameters(), {.lr = 0.01, .momentum = 0.9});
+  const ls::Tensor x = ls::randn({4, 2048});
+  // Resident: in use, or kept for reuse.
+  auto train = [&](int steps, bool wait_each) {
+    for (int i = 0; i < steps; ++i) {
+      ls::step([&] {
+        opt.zero_grad();
+        ls::sum(ls::mul((*model)(x), (*model)(x))).backward();
+        opt.step();
+      });
+      if (wait_each) ls::wait();
+    }
+    ls::wait();
+    return backends::host_memory_in_use() + backends::host_memory_kept();
+  };
+  const size_t waited = train(4, true);  // compiled, the momentum made
+  for (const bool wait_each : {false, true, false}) {
+    SCOPED_TRACE(wait_each ? "waiting for each step" : "steps queued ahead");
+    EXPECT_LE(train(12, wait_each), waited + (size_t{1} << 20));
+  }
+}
