@@ -104,6 +104,12 @@ py::object item(const Tensor& t) {
   return py::float_(v);
 }
 
+// The rows of a tensor, one at a time (Tensor.__iter__).
+struct RowIterator {
+  Tensor x;
+  int64_t next = 0, rows = 0;
+};
+
 }  // namespace
 
 void init_tensor(py::module_& m) {
@@ -312,7 +318,16 @@ void init_tensor(py::module_& m) {
       .def("contiguous", [](py::object self) { return self; })
       .def("__iter__", [](const Tensor& x) {
         if (x.dim() == 0) throw py::type_error("iteration over a 0-d tensor");
-        return py::iter(py::cast(unbind(x, 0)));
+        return RowIterator{x, 0, x.size(0)};
+      });
+  // Iteration yields x[k] as it reaches it, from the tensor's value then (a loop that reads each
+  // row as an index, nanoGPT's `for i in ix`, computes x at its first read and then reads rows of
+  // a computed value, copied on the host, where rows made all at once would each compute x).
+  py::class_<RowIterator>(m, "_RowIterator")
+      .def("__iter__", [](py::object self) { return self; })
+      .def("__next__", [](RowIterator& it) {
+        if (it.next >= it.rows) throw py::stop_iteration();
+        return select(it.x, 0, it.next++);
       });
   t.attr("view") = t.attr("reshape");
   t.def("view_as", [](const Tensor& x, const Tensor& other) { return reshape(x, other.shape()); });

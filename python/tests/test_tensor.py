@@ -69,6 +69,24 @@ def test_iteration_yields_rows():
         iter(lockstep.tensor(1.0))
 
 
+def test_iterating_a_pending_tensor_as_indices_computes_it_once():
+    # nanoGPT's get_batch: `for i in ix`, each i an index. Rows are made as the loop reaches
+    # them, from the tensor's value then: the first read computes ix, the others are host copies.
+    lockstep.manual_seed(0)
+    ix = lockstep.randint(0, 1000, (12,))
+    syncs = lockstep.metrics.counter("syncs")
+    got = [int(i) for i in ix]
+    assert lockstep.metrics.counter("syncs") - syncs == 1
+    assert got == ix.tolist()
+    # A change made during the loop is seen by the rows not reached yet, as PyTorch's views see it.
+    x = lockstep.tensor([1, 2, 3])
+    seen = []
+    for r in x:
+        seen.append(int(r))
+        x[2] = 7
+    assert seen == [1, 2, 7]
+
+
 def test_in_place_updates_every_handle():
     x = lockstep.zeros(3)
     y = lockstep.Tensor(x)

@@ -6,6 +6,7 @@
 // (transaction.cpp), metrics (metrics.cpp).
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <functional>
 #include <mutex>
 #include <optional>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "dist/comm.h"
+#include "ir/attrs.h"
 #include "lockstep/runtime.h"
 #include "runtime/compile_cache.h"
 #include "runtime/context.h"
@@ -165,6 +167,62 @@ void sync_all(const std::string& origin, const std::string& site, bool keep_hist
 
 namespace {
 
+// Reads of a few elements of a value, through slices and reshapes (a loop over a tensor's
+// elements, each read as an index: nanoGPT's get_batch slices its data at each of `ix`), get
+// these: the elements copied on the host from the value once it is computed, with no program
+// compiled or run for each.
+constexpr int64_t kHostViewElements = 64;
+
+// The node a chain of slices and reshapes from `n` starts from.
+const ir::Node* view_base(const ir::Node* n) {
+  while (n->op == ir::Op::Slice || n->op == ir::Op::Reshape) n = n->operands[0].get();
+  return n;
+}
+
+// `value`, a few elements viewed through slices and reshapes of a computed value in host memory,
+// as a buffer of its own; null where it is not one.
+std::shared_ptr<Buffer> host_view_copy(const ir::NodePtr& value) {
+  const int64_t numel = shape_numel(value->shape);
+  if (numel == 0 || numel > kHostViewElements || value->grad.requires_grad) return nullptr;
+  const ir::Node* base = view_base(value.get());
+  if (base == value.get() || base->op != ir::Op::Data) return nullptr;
+  const std::shared_ptr<Buffer>& b = base->binding.buffer;
+  const size_t elem = dtype_size(value->dtype);
+  if (!b || !b->done.load() || b->error || !b->storage ||
+      (b->device.kind != DeviceKind::Cpu && b->device.kind != DeviceKind::Ref) ||
+      b->bytes != static_cast<size_t>(shape_numel(base->shape)) * elem)
+    return nullptr;
+  const auto* src = static_cast<const unsigned char*>(b->storage->data());
+  std::vector<unsigned char> out(static_cast<size_t>(numel) * elem);
+  std::vector<int64_t> idx;
+  for (int64_t f = 0; f < numel; ++f) {
+    // Element f of the value, row-major, back to its place in the base: a reshape keeps the
+    // row-major place, a slice moves the index along its axis.
+    int64_t at = f;
+    for (const ir::Node* v = value.get(); v != base; v = v->operands[0].get()) {
+      if (v->op != ir::Op::Slice) continue;
+      const ir::SliceAttrs sl = ir::SliceAttrs::of(v->attrs);
+      const Shape& in = v->operands[0]->shape;
+      idx.assign(v->shape.size(), 0);
+      for (size_t d = v->shape.size(); d-- > 0;) idx[d] = at % v->shape[d], at /= v->shape[d];
+      idx[static_cast<size_t>(sl.axis)] = sl.start + idx[static_cast<size_t>(sl.axis)] * sl.step;
+      at = 0;
+      for (size_t d = 0; d < in.size(); ++d) at = at * in[d] + idx[d];
+    }
+    std::memcpy(out.data() + static_cast<size_t>(f) * elem, src + static_cast<size_t>(at) * elem,
+                elem);
+  }
+  return upload(b->device, out.data(), out.size());
+}
+
+// The pending tensor of `me` whose value is `node`, else null.
+std::shared_ptr<TensorImpl> pending_holder(Context& me, const ir::Node* node) {
+  std::lock_guard<std::recursive_mutex> lock(me.mu);
+  for (TensorImpl* impl = me.pending.head; impl; impl = impl->pending_next)
+    if (impl->node.get() == node) return impl->weak_from_this().lock();
+  return nullptr;
+}
+
 // The pending tensors whose values share a computed node with `value` (the one `impl` holds),
 // `impl` among them, in pending_targets' order.
 std::vector<std::shared_ptr<TensorImpl>> sharing_history(Context& me,
@@ -218,6 +276,14 @@ std::shared_ptr<Buffer> materialize(const Tensor& t, const Loc& loc, const char*
   // (pending) value at any moment after the ownership check, and the read must not then chase
   // a value that has no buffer.
   ir::NodePtr value = closure_value(*impl, current_node(*impl));
+  // A few elements viewed from a computed value are copied on the host: nothing to compute (in a
+  // step too, where a read that computes runs all of the step's work so far, below).
+  if (value->op != ir::Op::Data && !on_runtime_thread()) {
+    if (std::shared_ptr<Buffer> own = host_view_copy(value)) {
+      set_value(*impl, ir::make_data(own, impl->shape, impl->dtype, own->device, loc), api, loc);
+      value = current_node(*impl);
+    }
+  }
   if (value->op != ir::Op::Data) {
     if (on_runtime_thread())
       util::fail(loc, "read",
@@ -246,6 +312,13 @@ std::shared_ptr<Buffer> materialize(const Tensor& t, const Loc& loc, const char*
         if (std::find(targets.begin(), targets.end(), impl) == targets.end())
           targets.push_back(impl);
       }
+    } else if (const ir::Node* base = view_base(value.get());
+               base != value.get() && shape_numel(value->shape) <= kHostViewElements &&
+               base->op != ir::Op::Data) {
+      // A few elements viewed from a pending value another tensor holds: that tensor is computed
+      // too, so that reads of its other elements are copies on the host (host_view_copy).
+      if (std::shared_ptr<TensorImpl> holder = pending_holder(me, base))
+        if (holder != impl) targets.push_back(std::move(holder));
     } else if (!dist::detail::active() && site_grows(site)) {
       // Outside a step, at a read that recomputed a growing history (a loop without a step: an
       // evaluation carrying an LSTM's state, a training loop's pending parameters), the read

@@ -97,6 +97,42 @@ TEST(Laziness, ItemOfMaterializedValueIsNotASync) {
   EXPECT_EQ(implicit.get(), 0);
 }
 
+// A loop that reads each element of a pending value, as indices (nanoGPT's get_batch: `for i in
+// ix`, each `i` an index into its data): the first read computes the value, and each other
+// element is copied on the host, with no program built or run for it.
+TEST(Laziness, ReadingTheElementsOfAValueComputesItOnce) {
+  ls::manual_seed(3);
+  const ls::Tensor ix = ls::randint(0, 1000, {12});
+  Delta implicit("implicit_syncs"), executions("executions");
+  std::vector<int64_t> got;
+  for (int64_t k = 0; k < 12; ++k) got.push_back(ls::select(ix, 0, k).item<int64_t>());
+  EXPECT_EQ(implicit.get(), 1);
+  EXPECT_EQ(executions.get(), 1);
+  EXPECT_FALSE(ix.is_pending());
+  EXPECT_EQ(got, ix.to_vector<int64_t>());
+  // Slices with steps over several axes, and reshapes, of a computed value: each element where
+  // the whole value has it.
+  const ls::Tensor m = ls::reshape(ls::arange(60), {3, 4, 5}) * 2;
+  const std::vector<int64_t> all = m.to_vector<int64_t>();
+  Delta reads("implicit_syncs");
+  const ls::Tensor part =
+      ls::reshape(ls::slice(ls::slice(m, 2, 1, 5, 2), 1, 1, 4), {9, 2});  // [3, 3, 2] as [9, 2]
+  std::vector<int64_t> want;
+  for (int64_t a = 0; a < 3; ++a)
+    for (int64_t b = 1; b < 4; ++b)
+      for (int64_t c = 1; c < 5; c += 2)
+        want.push_back(all[static_cast<size_t>(a * 20 + b * 5 + c)]);
+  EXPECT_EQ(part.to_vector<int64_t>(), want);
+  EXPECT_EQ(ls::select(ls::select(part, 0, 7), 0, 1).item<int64_t>(), want[15]);
+  EXPECT_EQ(reads.get(), 0);
+  // More elements than a host copy takes (64): a program, as before.
+  const ls::Tensor big = ls::arange(100) * 3;
+  const std::vector<int64_t> big_all = big.to_vector<int64_t>();
+  Delta big_reads("implicit_syncs");
+  EXPECT_EQ(ls::slice(big, 0, 0, 100, 1).to_vector<int64_t>(), big_all);
+  EXPECT_EQ(big_reads.get(), 1);
+}
+
 TEST(Laziness, PrintingIsARead) {
   ls::Tensor x = ls::from_vector<int64_t>({1, 2, 3, 4}, {2, 2}) * 2;
   Delta implicit("implicit_syncs");
