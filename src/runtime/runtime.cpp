@@ -217,9 +217,9 @@ std::shared_ptr<Buffer> host_view_copy(const ir::NodePtr& value) {
 
 // The pending tensor of `me` whose value is `node`, else null.
 std::shared_ptr<TensorImpl> pending_holder(Context& me, const ir::Node* node) {
-  std::lock_guard<std::recursive_mutex> lock(me.mu);
-  for (TensorImpl* impl = me.pending.head; impl; impl = impl->pending_next)
-    if (impl->node.get() == node) return impl->weak_from_this().lock();
+  if (auto pending = pending_targets(me))
+    for (std::shared_ptr<TensorImpl>& t : *pending)
+      if (current_node(*t).get() == node) return std::move(t);
   return nullptr;
 }
 
