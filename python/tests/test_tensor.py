@@ -78,6 +78,10 @@ def test_iterating_a_pending_tensor_as_indices_computes_it_once():
     got = [int(i) for i in ix]
     assert lockstep.metrics.counter("syncs") - syncs == 1
     assert got == ix.tolist()
+    # Its `data[i + 1:i + 1 + block_size]`: exact integer arithmetic on the rows, on the host.
+    syncs = lockstep.metrics.counter("syncs")
+    assert [(int(i + 1), int(i + 1 + 16)) for i in ix] == [(v + 1, v + 17) for v in got]
+    assert lockstep.metrics.counter("syncs") - syncs == 0
     # A change made during the loop is seen by the rows not reached yet, as PyTorch's views see it.
     x = lockstep.tensor([1, 2, 3])
     seen = []

@@ -14,6 +14,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "backends/backend.h"
 #include "dist/comm.h"
 #include "ir/attrs.h"
 #include "lockstep/runtime.h"
@@ -215,6 +216,83 @@ std::shared_ptr<Buffer> host_view_copy(const ir::NodePtr& value) {
   return upload(b->device, out.data(), out.size());
 }
 
+// Whether a value of `numel` elements, computed from computed values on the host by `n`, may be
+// computed there by the ref backend (host_eval): its result must be the one a program would give,
+// bit for bit, whenever the read happens, so only ops exact on every backend qualify (movements of
+// any dtype; integer and bool arithmetic, comparisons and reductions that cannot fail), on a value
+// small enough that computing it is cheaper than a program.
+bool host_evaluable(const ir::Node& n) {
+  if (shape_numel(n.shape) > kHostViewElements || n.grad.requires_grad) return false;
+  const ir::OpFamily family = ir::op_info(n.op).family;
+  switch (family) {
+    case ir::OpFamily::Leaf:
+      return true;
+    case ir::OpFamily::Movement:
+      return true;
+    case ir::OpFamily::Unary:
+    case ir::OpFamily::Binary:
+    case ir::OpFamily::Comparison:
+    case ir::OpFamily::Select:
+    case ir::OpFamily::Reduction:
+      if (is_floating(n.dtype) || ir::may_fail(n.op, n.dtype)) return false;
+      for (const ir::NodePtr& o : n.operands)
+        if (is_floating(o->dtype)) return false;
+      return true;
+    default:
+      return false;
+  }
+}
+
+// `value`, a few elements computed by a small graph of host-evaluable ops (above) from computed
+// values in host memory (nanoGPT's get_batch reads `i + 1` for each `i` of its indices), computed
+// on this thread by the ref backend, as a buffer of its own; null where it is not one. Caller holds
+// no lock; this takes the graph lock to number the graph.
+std::shared_ptr<Buffer> host_eval(const ir::NodePtr& value) {
+  constexpr size_t kMaxNodes = 32;  // computed nodes; a larger graph is left to a program
+  if (value->op == ir::Op::Data || !host_evaluable(*value)) return nullptr;
+  if (value->device.kind != DeviceKind::Cpu && value->device.kind != DeviceKind::Ref)
+    return nullptr;
+  std::unordered_set<const ir::Node*> seen{value.get()};
+  std::vector<const ir::Node*> todo{value.get()};
+  while (!todo.empty()) {
+    const ir::Node* n = todo.back();
+    todo.pop_back();
+    if (n->device != value->device) return nullptr;
+    if (n->op == ir::Op::Data) {
+      const std::shared_ptr<Buffer>& b = n->binding.buffer;
+      if (!b || !b->done.load() || b->error || !b->storage ||
+          b->bytes != static_cast<size_t>(shape_numel(n->shape)) * dtype_size(n->dtype))
+        return nullptr;
+      continue;
+    }
+    if (!host_evaluable(*n)) return nullptr;
+    for (const ir::NodePtr& o : n->operands)
+      if (seen.insert(o.get()).second) {
+        if (seen.size() > kMaxNodes) return nullptr;
+        todo.push_back(o.get());
+      }
+  }
+  std::shared_ptr<backends::Storage> out;
+  try {
+    std::lock_guard<std::recursive_mutex> lock(graph_mutex());
+    BuiltGraph built = build_graph({value}, value->device);
+    materialize_graph(built);
+    std::vector<std::shared_ptr<backends::Storage>> inputs;
+    inputs.reserve(built.buffers.size());
+    for (const std::shared_ptr<Buffer>& b : built.buffers) inputs.push_back(b->storage);
+    out = backends::backend_for(Device{DeviceKind::Ref, 0})
+              .compile(built.graph)
+              ->run(inputs, built.scalars, {}, {})
+              .at(0);
+  } catch (const InternalError&) {
+    throw;
+  } catch (const std::exception&) {
+    return nullptr;  // left to a program, which reports what failed as any program does
+  }
+  return upload(value->device, out->data(),
+                static_cast<size_t>(shape_numel(value->shape)) * dtype_size(value->dtype));
+}
+
 // The pending tensor of `me` whose value is `node`, else null.
 std::shared_ptr<TensorImpl> pending_holder(Context& me, const ir::Node* node) {
   if (auto pending = pending_targets(me))
@@ -276,10 +354,14 @@ std::shared_ptr<Buffer> materialize(const Tensor& t, const Loc& loc, const char*
   // (pending) value at any moment after the ownership check, and the read must not then chase
   // a value that has no buffer.
   ir::NodePtr value = closure_value(*impl, current_node(*impl));
-  // A few elements viewed from a computed value are copied on the host: nothing to compute (in a
-  // step too, where a read that computes runs all of the step's work so far, below).
+  // A few elements viewed from a computed value are copied on the host, or computed there from
+  // computed values by exact integer ops: no program (in a step too, where a read that computes
+  // runs all of the step's work so far, below).
   if (value->op != ir::Op::Data && !on_runtime_thread()) {
-    if (std::shared_ptr<Buffer> own = host_view_copy(value)) {
+    std::shared_ptr<Buffer> own = host_view_copy(value);
+    if (!own) own = host_eval(value);
+    if (own) {
+      count(Counter::HostReads);
       set_value(*impl, ir::make_data(own, impl->shape, impl->dtype, own->device, loc), api, loc);
       value = current_node(*impl);
     }

@@ -133,8 +133,56 @@ TEST(Laziness, ReadingTheElementsOfAValueComputesItOnce) {
   EXPECT_EQ(big_reads.get(), 1);
 }
 
+TEST(Laziness, SmallIntegerArithmeticOnComputedValuesRunsNoProgram) {
+  // nanoGPT's get_batch reads `i + 1` and `i + block_size` for each `i` of its indices: exact
+  // integer ops on a few elements of computed values are computed on the host, no program each.
+  const std::vector<int64_t> values{7, 420, 13, 999, 0, 512};
+  const ls::Tensor ix = ls::from_vector<int64_t>(values) * 1;  // a computed value, not an upload
+  ix.to_vector<int64_t>();
+  Delta executions("executions"), host("host_reads");
+  for (int64_t k = 0; k < 6; ++k) {
+    const ls::Tensor i = ls::select(ix, 0, k);
+    EXPECT_EQ((i + 1).item<int64_t>(), values[static_cast<size_t>(k)] + 1);
+    EXPECT_EQ((i + 1 + 16).item<int64_t>(), values[static_cast<size_t>(k)] + 17);
+    EXPECT_EQ(ls::maximum(i * 3 - 100, ls::zeros_like(i)).item<int64_t>(),
+              std::max<int64_t>(values[static_cast<size_t>(k)] * 3 - 100, 0));
+  }
+  // Comparisons, where, sums and casts between integer types, over slices and reshapes.
+  const ls::Tensor big = ls::sum(ls::where(ix > 100, ix, -ix));
+  EXPECT_EQ(big.item<int64_t>(), -7 + 420 - 13 + 999 - 0 + 512);
+  const ls::Tensor two = ls::reshape(ls::slice(ix, 0, 1, 5, 2), {2, 1}).to(ls::i32) + 1;
+  EXPECT_EQ(two.to_vector<int32_t>(), (std::vector<int32_t>{421, 1000}));
+  EXPECT_EQ(ls::sum(ix > 100).item<int64_t>(), 3);
+  EXPECT_EQ(executions.get(), 0);
+  EXPECT_EQ(host.get(), 6 * 3 + 3);
+  // Inside a step too, without running the step's work so far: it stays pending.
+  ls::Tensor w = ls::from_vector<float>({1, 2});
+  ls::step([&] {
+    w.mul_(3.0f);
+    EXPECT_EQ((ls::select(ix, 0, 1) + 1).item<int64_t>(), 421);
+    EXPECT_TRUE(w.is_pending());
+  });
+  ls::wait();
+  EXPECT_EQ(executions.get(), 1);  // the step's own program
+  EXPECT_EQ(w.to_vector<float>(), (std::vector<float>{3, 6}));
+  // Left to a program: floating point (a backend may round differently), integer division (it
+  // may fail), a pending operand, and more elements than 64.
+  const ls::Tensor f = ls::from_vector<float>({0.5f}) * 1.0f;
+  f.item<float>();
+  Delta programs("executions");
+  EXPECT_EQ((f + 1.0f).item<float>(), 1.5f);
+  EXPECT_EQ(programs.get(), 1);
+  EXPECT_EQ(ls::floor_divide(ls::select(ix, 0, 1), 7).item<int64_t>(), 60);
+  EXPECT_EQ(programs.get(), 2);
+  const ls::Tensor pending = ls::randint(0, 5, {3});  // a draw: not computed on the host
+  EXPECT_LT((ls::select(pending, 0, 0) + 1).item<int64_t>(), 6);
+  EXPECT_EQ(programs.get(), 3);
+  EXPECT_EQ((ls::arange(100) + 1).to_vector<int64_t>().back(), 100);
+  EXPECT_EQ(programs.get(), 4);
+}
+
 TEST(Laziness, PrintingIsARead) {
-  ls::Tensor x = ls::from_vector<int64_t>({1, 2, 3, 4}, {2, 2}) * 2;
+  ls::Tensor x = ls::from_vector<int64_t>({1, 2, 3, 4}, {2, 2}) * ls::randint(2, 3, {2, 2});
   Delta implicit("implicit_syncs");
   std::ostringstream os;
   os << x;
