@@ -8,6 +8,12 @@ namespace {
 // Programs run on the threads set whatever else runs (LOCKSTEP_ADAPT_THREADS=0): the tests
 // running beside them (ctest -j) would otherwise change the thread count, and compile again, at
 // any step; unit/explain_test.cpp tests the adaptation with its own count of other processes.
-const bool kSet = [] { return ::setenv("LOCKSTEP_ADAPT_THREADS", "0", 0) == 0; }();
+// Every attention the cpu backend finds is fused (LOCKSTEP_FUSED_ATTENTION=1), however few its
+// keys: unit/attention_fusion_test.cpp checks the fused steps on small shapes; the default rule
+// (at least 64 keys) is python/tests/test_transformer.py's.
+const bool kSet = [] {
+  return ::setenv("LOCKSTEP_ADAPT_THREADS", "0", 0) == 0 &&
+         ::setenv("LOCKSTEP_FUSED_ATTENTION", "1", 0) == 0;
+}();
 
 }  // namespace

@@ -3,6 +3,10 @@ keys, PyTorch's weights loaded, then outputs and the gradients of inputs and par
 (encoder with a causal src_mask and a key padding mask, decoder with a causal tgt_mask and a
 memory key padding mask, sequence-first and batch-first, post-norm and pre-norm); the padding
 row of an Embedding left as it is by SGD and Adam steps, as PyTorch's."""
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -197,3 +201,26 @@ def test_embedding_padding_row_stays_under_sgd_and_adam():
     with pytest.raises(lockstep.Error, match="padding_idx"):
         nn.Embedding(V, E, padding_idx=-8)
     assert nn.Embedding(V, E).padding_idx is None
+
+
+def test_attention_is_fused_over_64_keys_and_more_by_default():
+    # The cpu backend fuses a causal attention (forward and backward) only where that pays: over
+    # at least 64 keys. Over fewer, the primitives ran faster (docs/performance.md). A fresh
+    # interpreter, so that the variable is unset whatever the tests' environment sets.
+    script = """
+import os
+import lockstep
+import lockstep.nn.functional as F
+for t in (32, 64):
+    q, k, v, w = (lockstep.randn(2, 2, t, 16, requires_grad=i < 3) for i in range(4))
+    before = lockstep.metrics.counter("fused_attentions")
+    with lockstep.step():
+        loss = (F.scaled_dot_product_attention(q, k, v, is_causal=True) * w).sum()
+        loss.backward()
+    print(t, lockstep.metrics.counter("fused_attentions") - before, float(q.grad.abs().sum()) > 0)
+"""
+    env = {k: v for k, v in os.environ.items() if k != "LOCKSTEP_FUSED_ATTENTION"}
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:2] == ["32 0 True", "64 1 True"], r.stdout
