@@ -18,6 +18,7 @@
 #include <bit>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -132,13 +133,21 @@ template <typename Read>
 void sum_multi_f32(const ReduceLayout& l, size_t sources, Read&& read,
                    const std::vector<float*>& out, size_t tmp_floats);
 
-// The sum of bf16 x over the axes in attrs into f32 out, where those axes are a block followed
-// by kept ones (a bias gradient's [B T, C] -> [C]): whole rows at a time, as reduce_f32 sums
-// them; false (nothing written) for other layouts.
-bool sum_columns_bf16(const uint16_t* x, const Shape& in, const std::vector<int64_t>& attrs,
-                      float* out);
+// A reduction over a block of axes followed by kept ones (a bias gradient's [B T, C] -> [C]),
+// viewed as [A, R, K] -> [A, K] (K contiguous kept elements innermost): combined by whole rows
+// of K at a time, so the loads stay contiguous and vectorize.
+struct ColumnReduction {
+  int64_t a = 1, r = 1, k = 1;
+};
+// The column view of a reduction of `in` over the axes in attrs ([keepdim, axes...]), where it
+// has one worth it (at least 16 columns and 2 rows); nullopt otherwise. Decided at lowering.
+std::optional<ColumnReduction> column_reduction(const Shape& in, const std::vector<int64_t>& attrs);
+// The sum of bf16 x by columns into f32 out.
+void sum_columns_bf16(const uint16_t* x, const ColumnReduction& c, float* out);
+// Sum, Max or Min of f32 x by columns.
+void reduce_columns_f32(ir::Op op, const float* x, const ColumnReduction& c, float* out);
 
-// Sum, Max or Min of x (shape `in`) over the axes in attrs ([keepdim, axes...]).
+// Sum, Max or Min of x (shape `in`) over the axes in attrs ([keepdim, axes...]), any layout.
 void reduce_f32(ir::Op op, const float* x, const Shape& in, const std::vector<int64_t>& attrs,
                 float* out);
 

@@ -75,19 +75,8 @@ inline float value_of(uint16_t bits) { return bf16_value(bits); }
 // of the speed.
 // x: f32, or bf16 (uint16_t) values.
 template <typename T>
-bool reduce_columns(ir::Op op, const T* x, const Shape& in, const std::vector<int64_t>& attrs,
-                    float* out) {
-  std::vector<bool> reduced(in.size(), false);
-  for (size_t i = 1; i < attrs.size(); ++i) reduced[attrs[i]] = true;
-  size_t d = in.size();
-  int64_t k = 1, r = 1, a = 1;
-  while (d > 0 && (!reduced[d - 1] || in[d - 1] == 1)) k *= in[--d];
-  while (d > 0 && (reduced[d - 1] || in[d - 1] == 1)) r *= in[--d];
-  while (d > 0) {
-    if (reduced[d - 1] && in[d - 1] != 1) return false;
-    a *= in[--d];
-  }
-  if (k < 16 || r < 2) return false;
+void reduce_columns(ir::Op op, const T* x, const ColumnReduction& c, float* out) {
+  const int64_t a = c.a, r = c.r, k = c.k;
   constexpr int64_t kChunk = 2048;
   const int64_t chunks = (k + kChunk - 1) / kChunk;
   // Few columns over many rows (a bias's gradient: [B T, C] -> [C]) would leave threads idle:
@@ -137,7 +126,7 @@ bool reduce_columns(ir::Op op, const T* x, const Shape& in, const std::vector<in
       }
     }
   });
-  if (bands == 1) return true;
+  if (bands == 1) return;
   if (is_sum) {  // band by band, each column's bands in order (rows of `part` read whole)
     std::vector<double> acc(static_cast<size_t>(k));
     for (int64_t ai = 0; ai < a; ++ai) {
@@ -150,7 +139,7 @@ bool reduce_columns(ir::Op op, const T* x, const Shape& in, const std::vector<in
       for (int64_t j = 0; j < k; ++j)
         out[ai * k + j] = static_cast<float>(acc[static_cast<size_t>(j)]);
     }
-    return true;
+    return;
   }
   for (int64_t ai = 0; ai < a; ++ai)
     for (int64_t j = 0; j < k; ++j) {
@@ -168,19 +157,36 @@ bool reduce_columns(ir::Op op, const T* x, const Shape& in, const std::vector<in
       }
       out[ai * k + j] = bad ? __builtin_nanf("") : static_cast<float>(acc);
     }
-  return true;
 }
 
 }  // namespace
 
-bool sum_columns_bf16(const uint16_t* x, const Shape& in, const std::vector<int64_t>& attrs,
-                      float* out) {
-  return reduce_layout(in, attrs).inner == 1 && reduce_columns(ir::Op::Sum, x, in, attrs, out);
+std::optional<ColumnReduction> column_reduction(const Shape& in,
+                                                const std::vector<int64_t>& attrs) {
+  std::vector<bool> reduced(in.size(), false);
+  for (size_t i = 1; i < attrs.size(); ++i) reduced[static_cast<size_t>(attrs[i])] = true;
+  size_t d = in.size();
+  ColumnReduction c;
+  while (d > 0 && (!reduced[d - 1] || in[d - 1] == 1)) c.k *= in[--d];
+  while (d > 0 && (reduced[d - 1] || in[d - 1] == 1)) c.r *= in[--d];
+  while (d > 0) {
+    if (reduced[d - 1] && in[d - 1] != 1) return std::nullopt;
+    c.a *= in[--d];
+  }
+  if (c.k < 16 || c.r < 2) return std::nullopt;
+  return c;
+}
+
+void sum_columns_bf16(const uint16_t* x, const ColumnReduction& c, float* out) {
+  reduce_columns(ir::Op::Sum, x, c, out);
+}
+
+void reduce_columns_f32(ir::Op op, const float* x, const ColumnReduction& c, float* out) {
+  reduce_columns(op, x, c, out);
 }
 
 void reduce_f32(ir::Op op, const float* x, const Shape& in, const std::vector<int64_t>& attrs,
                 float* out) {
-  if (reduce_layout(in, attrs).inner == 1 && reduce_columns(op, x, in, attrs, out)) return;
   reduce_f32(
       op, reduce_layout(in, attrs), [x](int64_t off, int64_t, float*, bool) { return x + off; },
       out, 0);
