@@ -159,8 +159,7 @@ Matrix matrix(const AttentionFusion& a, const Operand& o, const void* base, int6
   const int64_t at = o.rows.base[static_cast<size_t>(gi)];
   if (!a.bf16) return {static_cast<const float*>(base) + at, o.rows.ld};
   float* w = buffer(which, rows * cols);
-  const uint16_t* src = static_cast<const uint16_t*>(base) + at;
-  for (int64_t r = 0; r < rows; ++r) bf16_to_f32(src + r * o.rows.ld, cols, w + r * cols);
+  bf16_rows_to_f32(static_cast<const uint16_t*>(base) + at, rows, cols, o.rows.ld, w);
   return {w, cols};
 }
 

@@ -9,6 +9,9 @@ namespace lockstep::backends::cpu {
 LOCKSTEP_TARGET_CLONES void bf16_to_f32(const uint16_t* src, int64_t n, float* dst) {
   for (int64_t i = 0; i < n; ++i) dst[i] = bf16_value(src[i]);
 }
+void bf16_rows_to_f32(const uint16_t* src, int64_t rows, int64_t cols, int64_t ld, float* dst) {
+  for (int64_t r = 0; r < rows; ++r) bf16_to_f32(src + r * ld, cols, dst + r * cols);
+}
 LOCKSTEP_TARGET_CLONES void round_to_bf16(const float* x, int64_t n, float* y) {
   for (int64_t i = 0; i < n; ++i) y[i] = bf16_value(bfloat16(x[i]).bits);
 }

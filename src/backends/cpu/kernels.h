@@ -51,6 +51,8 @@ ReduceLayout reduce_layout(const Shape& in, const std::vector<int64_t>& attrs);
 // bf16 runs: widened to f32 (exact), f32 rounded to the nearest bf16 (ties to even, NaN kept a
 // quiet NaN) as ls::bfloat16 does, in place or into bf16.
 void bf16_to_f32(const uint16_t* src, int64_t n, float* dst);
+// A [rows x cols] bf16 matrix, its rows ld apart, widened into a dense f32 one.
+void bf16_rows_to_f32(const uint16_t* src, int64_t rows, int64_t cols, int64_t ld, float* dst);
 void round_to_bf16(float* y, int64_t n);
 void round_to_bf16(const float* x, int64_t n, float* y);  // y may be x
 void f32_to_bf16(const float* src, int64_t n, uint16_t* dst);

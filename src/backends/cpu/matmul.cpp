@@ -280,9 +280,9 @@ void widened_sgemm(MatMulLibrary lib, const GemmCall& c, DType out_dtype, const 
     // op(l)'s rows [i0, i0 + rows): plain, `rows` runs of k; transposed, k runs of `rows`.
     float* wl = buffers.take(rows * k);
     if (!lt)
-      for (int64_t i = 0; i < rows; ++i) bf16_to_f32(l + (i0 + i) * ll, k, wl + i * k);
+      bf16_rows_to_f32(l + i0 * ll, rows, k, ll, wl);
     else
-      for (int64_t q = 0; q < k; ++q) bf16_to_f32(l + q * ll + i0, rows, wl + q * rows);
+      bf16_rows_to_f32(l + i0, k, rows, ll, wl);
     const float* rp = wr + (rt ? j0 * r_cols : j0);
     float* y = to_f32 ? static_cast<float*>(out) + i0 * c.ldc + j0 : buffers.take(rows * cols);
     sgemm_on(lib, lt, rt, rows, cols, k, 1.0f, wl, lt ? rows : k, rp, r_cols, 0.0f, y,
