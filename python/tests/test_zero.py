@@ -291,5 +291,7 @@ def test_one_parameter_on_two_ranks_is_split_under_every_stage(tmp_path):
         assert len(losses[zero]) == 8 and losses[zero] == losses["plain"], outs
         state = sorted(int(n) for n in re.findall(r"rank \d state (\d+)", outs[zero]))
         assert state == [8 * 3, 8 * 3], outs[zero]
-        runs = sorted(re.findall(r"rank \d runs (\[.*\])", outs[zero]))
+        # Bounded by its bracket: the two ranks' lines may reach mpirun's output interleaved, one
+        # line's newline after the other line ("...runs [(0, 12)]rank 1 runs [(12, 12)]\n\n").
+        runs = sorted(re.findall(r"rank \d runs (\[[^]]*\])", outs[zero]))
         assert runs == ["[(0, 12)]", "[(12, 12)]"], outs[zero]
