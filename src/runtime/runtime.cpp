@@ -216,11 +216,10 @@ std::shared_ptr<Buffer> host_view_copy(const ir::NodePtr& value) {
   return upload(b->device, out.data(), out.size());
 }
 
-// Whether a value of `numel` elements, computed from computed values on the host by `n`, may be
-// computed there by the ref backend (host_eval): its result must be the one a program would give,
-// bit for bit, whenever the read happens, so only ops exact on every backend qualify (movements of
-// any dtype; integer and bool arithmetic, comparisons and reductions that cannot fail), on a value
-// small enough that computing it is cheaper than a program.
+// Whether node `n` may be computed on the host by the ref backend (host_eval). Its value must be
+// the one a program would give, bit for bit, whenever the read happens, so only ops exact on every
+// backend qualify (movements of any dtype; integer and bool arithmetic, comparisons and reductions
+// that cannot fail), on a value small enough that computing it costs less than a program.
 bool host_evaluable(const ir::Node& n) {
   if (shape_numel(n.shape) > kHostViewElements || n.grad.requires_grad) return false;
   const ir::OpFamily family = ir::op_info(n.op).family;
