@@ -180,19 +180,24 @@ const ir::Node* view_base(const ir::Node* n) {
   return n;
 }
 
+// Whether Data node `n` holds a computed value in host memory (cpu or ref), plain: its bytes
+// those of its shape.
+bool computed_on_host(const ir::Node& n) {
+  const std::shared_ptr<Buffer>& b = n.binding.buffer;
+  return b && b->done.load() && !b->error && b->storage &&
+         (b->device.kind == DeviceKind::Cpu || b->device.kind == DeviceKind::Ref) &&
+         b->bytes == static_cast<size_t>(shape_numel(n.shape)) * dtype_size(n.dtype);
+}
+
 // `value`, a few elements viewed through slices and reshapes of a computed value in host memory,
 // as a buffer of its own; null where it is not one.
 std::shared_ptr<Buffer> host_view_copy(const ir::NodePtr& value) {
   const int64_t numel = shape_numel(value->shape);
   if (numel == 0 || numel > kHostViewElements || value->grad.requires_grad) return nullptr;
   const ir::Node* base = view_base(value.get());
-  if (base == value.get() || base->op != ir::Op::Data) return nullptr;
+  if (base == value.get() || base->op != ir::Op::Data || !computed_on_host(*base)) return nullptr;
   const std::shared_ptr<Buffer>& b = base->binding.buffer;
   const size_t elem = dtype_size(value->dtype);
-  if (!b || !b->done.load() || b->error || !b->storage ||
-      (b->device.kind != DeviceKind::Cpu && b->device.kind != DeviceKind::Ref) ||
-      b->bytes != static_cast<size_t>(shape_numel(base->shape)) * elem)
-    return nullptr;
   const auto* src = static_cast<const unsigned char*>(b->storage->data());
   std::vector<unsigned char> out(static_cast<size_t>(numel) * elem);
   std::vector<int64_t> idx;
@@ -225,7 +230,6 @@ bool host_evaluable(const ir::Node& n) {
   const ir::OpFamily family = ir::op_info(n.op).family;
   switch (family) {
     case ir::OpFamily::Leaf:
-      return true;
     case ir::OpFamily::Movement:
       return true;
     case ir::OpFamily::Unary:
@@ -245,7 +249,8 @@ bool host_evaluable(const ir::Node& n) {
 // `value`, a few elements computed by a small graph of host-evaluable ops (above) from computed
 // values in host memory (nanoGPT's get_batch reads `i + 1` for each `i` of its indices), computed
 // on this thread by the ref backend, as a buffer of its own; null where it is not one. Caller holds
-// no lock; this takes the graph lock to number the graph.
+// no lock; this takes the graph lock to number the graph. (host_view_copy, tried first, covers the
+// views alone without a graph, and also through reshapes of a large value, which ref would copy.)
 std::shared_ptr<Buffer> host_eval(const ir::NodePtr& value) {
   constexpr size_t kMaxNodes = 32;  // computed nodes; a larger graph is left to a program
   if (value->op == ir::Op::Data || !host_evaluable(*value)) return nullptr;
@@ -258,10 +263,7 @@ std::shared_ptr<Buffer> host_eval(const ir::NodePtr& value) {
     todo.pop_back();
     if (n->device != value->device) return nullptr;
     if (n->op == ir::Op::Data) {
-      const std::shared_ptr<Buffer>& b = n->binding.buffer;
-      if (!b || !b->done.load() || b->error || !b->storage ||
-          b->bytes != static_cast<size_t>(shape_numel(n->shape)) * dtype_size(n->dtype))
-        return nullptr;
+      if (!computed_on_host(*n)) return nullptr;
       continue;
     }
     if (!host_evaluable(*n)) return nullptr;
