@@ -1,9 +1,11 @@
-// Transcendental functions over f32 runs, from glibc's vector math library (libmvec, glibc 2.35
-// and later: 8 lanes with AVX2 and FMA, 16 with AVX-512), picked by the CPU this process runs on.
-// libmvec's documented bound for these (glibc manual, "Known Maximum Errors in Math Functions",
-// x86_64 vector variants) is at most 4 ulp; tests/unit/vector_math_test.cpp checks every ISA this
-// CPU runs against double precision with that bound, and the special values (NaN, +-inf, 0, -0,
-// overflow and underflow) against the scalar libm. Without AVX2 the scalar libm computes them.
+// Transcendental functions over f32 runs, picked by the CPU this process runs on: exp, log, tanh,
+// sin and cos from glibc's vector math library (libmvec, glibc 2.35 and later: 8 lanes with AVX2
+// and FMA, 16 with AVX-512), erf of lockstep's own (vector_math.cpp; at most 1.61 ulp, cheaper
+// than libmvec's). libmvec's documented bound for its functions (glibc manual, "Known Maximum
+// Errors in Math Functions", x86_64 vector variants) is at most 4 ulp; tests/unit/
+// vector_math_test.cpp checks every ISA this CPU runs against double precision with that bound
+// (erf with 2), and the special values (NaN, +-inf, 0, -0, overflow and underflow) against the
+// scalar libm. Without AVX2 the scalar libm computes them.
 #pragma once
 
 #include <cstdint>
